@@ -1,0 +1,1 @@
+"""Context and data parallelism, applied to single-device model code from outside."""

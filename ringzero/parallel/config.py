@@ -1,0 +1,27 @@
+"""Typed parallelism settings of a run (validated against the world size when process groups are built)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from ringzero.config.base import StrictModel
+
+
+class CPPlan(StrictModel):
+    """Which context-parallel strategy each layer type uses."""
+
+    mla: Literal["a2a", "ring"] = Field("a2a", description="MLA: all-to-all over heads, or the ring reference")
+    lightning: Literal["allgather", "ring"] = Field(
+        "allgather", description="Lightning: one AllGather of states (LASP-2), or the ring (LASP-1)"
+    )
+
+
+class ParallelConfig(StrictModel):
+    dp: int = Field(1, ge=1, description="data-parallel degree")
+    cp: int = Field(1, ge=1, description="context-parallel degree")
+    cp_plan: CPPlan = CPPlan()
+    sharding: Literal["contiguous", "zigzag"] = Field(
+        "contiguous", description="sequence sharding over CP ranks; zigzag balances causal ring work"
+    )

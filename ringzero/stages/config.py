@@ -1,0 +1,132 @@
+"""Typed settings of each stage kind. A run's ``stages`` list is a discriminated union on ``kind``."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from ringzero.config.base import Slug, StrictModel
+from ringzero.config.gates import ThresholdExpr
+
+class StageBase(StrictModel):
+    name: Slug = Field(..., description="unique stage name (lowercase, digits, '-')")
+    init: str | None = Field(
+        None, description="input checkpoint: an earlier stage's name or a URI; null = the previous stage's output"
+    )
+    gate: list[ThresholdExpr] = Field(
+        default_factory=list, description="thresholds over this stage's summary; all must hold to go on"
+    )
+
+
+class OptimSettings(StrictModel):
+    lr: float = Field(1e-3, gt=0)
+    warmup_steps: int = Field(0, ge=0)
+    weight_decay: float = Field(0.0, ge=0)
+    grad_clip: float = Field(1.0, gt=0)
+    betas: tuple[float, float] = (0.9, 0.95)
+
+
+class SamplingSettings(StrictModel):
+    max_new_tokens: int = Field(128, ge=1)
+    temperature: float = Field(1.0, gt=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    top_k: int = Field(0, ge=0, description="0 = off")
+
+
+class PretrainStage(StageBase):
+    """Next-token training of the base model on the task's synthetic corpus."""
+
+    kind: Literal["pretrain"] = "pretrain"
+    steps: int = Field(1000, ge=1)
+    batch_size: int = Field(32, ge=1)
+    seq_len: int = Field(128, ge=8)
+    optim: OptimSettings = OptimSettings(lr=3e-3, warmup_steps=50, weight_decay=0.1)
+    checkpoint_every: int = Field(200, ge=1)
+
+
+class LossSettings(StrictModel):
+    kind: Literal["sg_clip_is", "ppo_clip"] = "sg_clip_is"
+    eps_high: float = Field(0.28, gt=0, description="upper clip: weight = min(r, 1 + eps_high)")
+    eps_low: float | None = Field(None, gt=0, lt=1, description="optional lower clip, for ablations only")
+    normalization: Literal["token_sum", "sample_mean"] = Field(
+        "token_sum", description="token_sum: unnormalized token-level (stage 1); sample_mean: per-sample (stage 2+)"
+    )
+    token_sum_denominator: int | None = Field(
+        None, ge=1, description="constant D for token_sum; null = sequences x max_new_tokens"
+    )
+    kl_coef: float = Field(0.0, ge=0, description="k3 KL to the frozen reference, as a loss term")
+    advantage_std: bool = Field(True, description="divide group-centered rewards by the group std")
+
+
+class Tier(StrictModel):
+    name: Slug
+    tag: str = Field(..., min_length=1, description="text put in the prompt to request this tier")
+    budget: int = Field(..., ge=1, description="token budget of the response")
+    weight: float = Field(1.0, gt=0, description="sampling weight among tiers")
+
+
+class RLStage(StageBase):
+    """One RL stage: stage 1 (token_sum), stage 2 (sample_mean) or tier RL (tiers set)."""
+
+    kind: Literal["rl"] = "rl"
+    steps: int = Field(100, ge=1)
+    prompts_per_step: int = Field(32, ge=1)
+    samples_per_prompt: int = Field(8, ge=1)
+    minibatches: int = Field(4, ge=1, description="optimizer updates per rollout batch (the paper: 512/32)")
+    optim: OptimSettings = OptimSettings(lr=2e-4, warmup_steps=20)
+    sampling: SamplingSettings = SamplingSettings()
+    loss: LossSettings = LossSettings()
+    reference: str | None = Field(None, description="frozen KL reference: stage name or URI; null = the init")
+    checkpoint_every: int = Field(25, ge=1)
+    min_steps: int = Field(10, ge=0, description="stop conditions are checked only after this many steps")
+    stop_when: list[ThresholdExpr] = Field(default_factory=list, description="any holding ends the stage")
+    reward_plateau_steps: int | None = Field(None, ge=2, description="stop if reward/mean has not improved in N steps")
+    max_wall_minutes: float | None = Field(None, gt=0)
+    tiers: list[Tier] = Field(default_factory=list)
+    tier_reward: Literal["cutoff", "linear"] = "cutoff"
+
+    @model_validator(mode="after")
+    def _minibatches_fit(self) -> RLStage:
+        total = self.prompts_per_step * self.samples_per_prompt
+        if total % self.minibatches:
+            raise ValueError(
+                f"minibatches ({self.minibatches}) must divide prompts_per_step x samples_per_prompt ({total})"
+            )
+        return self
+
+    @field_validator("tiers")
+    @classmethod
+    def _unique_tiers(cls, v: list[Tier]) -> list[Tier]:
+        names = [t.name for t in v]
+        if len(set(names)) != len(names):
+            raise ValueError(f"tier names must be unique (got {names})")
+        return v
+
+
+class DistillStage(StageBase):
+    """Self-distillation: keep the shortest correct of k samples per prompt and fine-tune on it."""
+
+    kind: Literal["distill"] = "distill"
+    prompts: int = Field(256, ge=1)
+    samples_per_prompt: int = Field(8, ge=1)
+    length_budget: int | None = Field(None, ge=1, description="drop correct samples longer than this")
+    sampling: SamplingSettings = SamplingSettings()
+    epochs: int = Field(3, ge=1)
+    batch_size: int = Field(32, ge=1)
+    max_seq_len: int = Field(256, ge=8)
+    optim: OptimSettings = OptimSettings(lr=7e-4, warmup_steps=10)
+    init_weights: Literal["input", "base"] = Field("input", description="fine-tune from the input policy or the base")
+
+
+class EvalStage(StageBase):
+    """Greedy and sampled accuracy, length per tier, ratio tail, CoT qualities; compares stage checkpoints."""
+
+    kind: Literal["eval"] = "eval"
+    prompts: int = Field(128, ge=1)
+    k: int = Field(4, ge=1, description="samples per prompt for pass@k and reproducibility")
+    sampling: SamplingSettings = SamplingSettings(temperature=1.0)
+    compare: list[str] = Field(default_factory=list, description="stage names whose checkpoints join the table")
+
+
+StageConfig = Annotated[PretrainStage | RLStage | DistillStage | EvalStage, Field(discriminator="kind")]
