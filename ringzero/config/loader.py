@@ -116,7 +116,11 @@ def parse_config(data: dict, source: str = "<config>") -> RunConfig:
     try:
         return RunConfig.model_validate(data)
     except ValidationError as exc:
-        problems = [p for err in exc.errors() for p in _describe(err, data).split("; ")]
+        problems = []
+        for err in exc.errors():
+            text = _describe(err, data)
+            # Model-level checks join several field-named problems with "; ".
+            problems += text.split("; ") if not err["loc"] else [text]
         stages = data.get("stages")
         if isinstance(stages, list):
             # Cross-stage checks run only once fields are valid; report them now too, once each.

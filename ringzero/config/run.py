@@ -111,6 +111,6 @@ def stage_graph_problems(stages: list) -> list[str]:
                 continue
             if ref not in seen:
                 problems.append(f"stages[{i}].{field}: {ref!r} is neither a URI nor an earlier stage (earlier: {seen})")
-        if isinstance(name, str):
+        if isinstance(name, str) and name not in seen:
             seen.append(name)
     return problems
