@@ -1,0 +1,85 @@
+"""``ringzero run CONFIG`` (the whole staged run) and ``ringzero stage run`` (one stage, as a cluster job runs it)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ringzero.cli.config_cmd import add_config_args
+
+
+def register(sub) -> None:
+    p = sub.add_parser("run", help="run every configured stage in order (skips stages already committed)")
+    add_config_args(p)
+    p.add_argument("--force", action="append", default=[], metavar="STAGE", help="rerun this stage even if cached")
+    p.set_defaults(handler=_run)
+
+    s = sub.add_parser("stage", help="run one stage of a config (what each pipeline step executes)")
+    ssub = s.add_subparsers(dest="stage_command", metavar="ACTION")
+    ssub.required = True
+    r = ssub.add_parser("run", help="run one named stage with explicit input URIs")
+    add_config_args(r)
+    r.add_argument("--stage", required=True, help="stage name in the config")
+    r.add_argument("--init", default=None, help="input checkpoint URI")
+    r.add_argument("--reference", default=None, help="KL reference checkpoint URI (RL stages)")
+    r.add_argument("--base", default=None, help="the run's pretrained base URI")
+    r.add_argument("--compare", action="append", default=[], metavar="NAME=URI", help="eval: checkpoints to compare")
+    r.add_argument("--result", default=None, help="write the stage result (outputs, summary, gate) as JSON here")
+    r.set_defaults(handler=_stage_run)
+
+
+def open_run(args):
+    """Load the config, attach the run log, seed, and open the store: shared by every training command."""
+    import torch
+
+    from ringzero.config import load_config
+    from ringzero.logs import attach_run_log
+    from ringzero.store import open_store
+
+    cfg = load_config(args.config, args.overrides)
+    run_dir = Path(cfg.run.run_dir)
+    attach_run_log(run_dir)
+    if cfg.run.threads:
+        torch.set_num_threads(cfg.run.threads)
+    torch.manual_seed(cfg.run.seed)
+    return cfg, open_store(cfg.storage.root, cfg.storage.s3), run_dir
+
+
+def _run(args) -> int:
+    from ringzero.pipeline.local import run_pipeline
+    from ringzero.pipeline.summary import print_summary, write_outputs
+
+    cfg, store, run_dir = open_run(args)
+    result = run_pipeline(cfg, store, run_dir, force=set(args.force))
+    print_summary(result)
+    write_outputs(cfg, result, run_dir)
+    return 0 if result.status == "succeeded" else 3
+
+
+def _stage_run(args) -> int:
+    from ringzero.errors import RingzeroError
+    from ringzero.pipeline.execute import execute_stage
+    from ringzero.stages.base import StageInputs
+
+    cfg, store, run_dir = open_run(args)
+    try:
+        stage = cfg.stage(args.stage)
+    except KeyError:
+        raise RingzeroError(f"--stage {args.stage!r}: no such stage; stages: {[s.name for s in cfg.stages]}") from None
+    compare = {}
+    for item in args.compare:
+        name, sep, uri = item.partition("=")
+        if not sep:
+            raise RingzeroError(f"--compare {item!r}: expected NAME=URI")
+        compare[name] = uri
+    inputs = StageInputs(init_uri=args.init, reference_uri=args.reference or args.init, base_uri=args.base,
+                         compare=compare)
+    ex = execute_stage(cfg, store, stage, inputs, {}, run_dir)
+    result = {"stage": ex.name, "stage_hash": ex.stage_hash, "output_uri": ex.outcome.output_uri,
+              "summary": ex.outcome.summary, "stop_reason": ex.outcome.stop_reason, "skipped": ex.skipped,
+              "gate": ex.gate.to_dict()}
+    text = json.dumps(result, indent=2, sort_keys=True)
+    if args.result:
+        Path(args.result).write_text(text)
+    print(text)
+    return 0 if ex.gate.passed else 3

@@ -1,0 +1,1 @@
+"""Staged runs: stage identity, gates, the run manifest, and the local runner."""

@@ -1,0 +1,42 @@
+"""A stage's identity: the hash of everything that determines its output.
+
+Two stages with equal hashes produce interchangeable outputs, so a re-run (or another run with the
+same upstream settings, e.g. the one-time pretrained base) reuses the committed result. The stage's
+name and its gate thresholds are excluded: renaming a stage or tightening a gate reruns nothing.
+"""
+
+from __future__ import annotations
+
+from ringzero.config.loader import config_hash
+from ringzero.config.run import RunConfig
+from ringzero.stages.base import StageInputs
+
+IDENTITY_VERSION = 1  # bump when a stage's semantics change in a way the config cannot show
+
+
+def stage_hash(cfg: RunConfig, stage, inputs: StageInputs, upstream: dict[str, str]) -> str:
+    """``upstream`` maps each input URI to the hash of the stage that produced it (if produced here)."""
+    stage_fields = stage.model_dump(mode="json", exclude={"name", "gate"})
+    for key in ("init", "reference"):
+        stage_fields.pop(key, None)
+    stage_fields.pop("compare", None)
+
+    def ident(uri: str | None) -> str | None:
+        return None if uri is None else upstream.get(uri, uri)
+
+    return config_hash(
+        {
+            "version": IDENTITY_VERSION,
+            "seed": cfg.run.seed,
+            "model": cfg.model.model_dump(mode="json"),
+            "tokenizer": cfg.tokenizer.model_dump(mode="json"),
+            "task": cfg.task.model_dump(mode="json"),
+            "precision": cfg.precision.model_dump(mode="json"),
+            "engines": {"training": cfg.engines.training.kind, "rollout": cfg.engines.rollout.kind},
+            "stage": stage_fields,
+            "init": ident(inputs.init_uri),
+            "reference": ident(inputs.reference_uri),
+            "base": ident(inputs.base_uri),
+            "compare": {k: ident(v) for k, v in sorted(inputs.compare.items())},
+        }
+    )

@@ -1,0 +1,68 @@
+"""The local runner: every configured stage in order, in this process, checkpoints passed as store URIs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import structlog
+
+from ringzero.config.run import RunConfig
+from ringzero.errors import RingzeroError
+from ringzero.pipeline.execute import ExecutedStage, execute_stage
+from ringzero.pipeline.manifest import RunManifest
+from ringzero.stages.base import StageInputs
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass
+class PipelineResult:
+    status: str  # succeeded | gate_failed
+    stages: list[ExecutedStage] = field(default_factory=list)
+    failed_gate: ExecutedStage | None = None
+
+
+def resolve_inputs(stage, done: dict[str, ExecutedStage]) -> StageInputs:
+    """Turn a stage's references (earlier stage names, URIs, or null = previous output) into URIs."""
+
+    def uri_of(ref: str | None, what: str) -> str | None:
+        if ref is None or "://" in ref:
+            return ref
+        out = done[ref].outcome.output_uri
+        if out is None:
+            raise RingzeroError(f"stage {stage.name!r}: {what} {ref!r} produced no checkpoint")
+        return out
+
+    produced = [ex for ex in done.values() if ex.outcome.output_uri]
+    init = uri_of(stage.init, "init") if stage.init else (produced[-1].outcome.output_uri if produced else None)
+    reference = uri_of(getattr(stage, "reference", None), "reference") or init
+    bases = [ex.outcome.output_uri for ex in done.values() if ex.kind == "pretrain" and ex.outcome.output_uri]
+    compare = {name: uri_of(name, "compare") for name in getattr(stage, "compare", [])}
+    return StageInputs(
+        init_uri=init,
+        reference_uri=reference if stage.kind == "rl" else None,
+        base_uri=bases[0] if bases else None,
+        compare=compare,
+    )
+
+
+def run_pipeline(cfg: RunConfig, store, run_dir: Path, force: set[str] = frozenset()) -> PipelineResult:
+    manifest = RunManifest(cfg, store, run_dir)
+    done: dict[str, ExecutedStage] = {}
+    upstream: dict[str, str] = {}  # output URI -> identity of the stage that made it
+    result = PipelineResult(status="succeeded")
+    for stage in cfg.stages:
+        inputs = resolve_inputs(stage, done)
+        ex = execute_stage(cfg, store, stage, inputs, upstream, run_dir, force=stage.name in force)
+        done[stage.name] = ex
+        result.stages.append(ex)
+        if ex.outcome.output_uri:
+            upstream[ex.outcome.output_uri] = ex.stage_hash
+        manifest.record(ex)
+        if not ex.gate.passed:
+            log.error("gate.failed", stage=stage.name, reasons=ex.gate.reasons)
+            result.status, result.failed_gate = "gate_failed", ex
+            break
+    manifest.finish(result.status)
+    return result

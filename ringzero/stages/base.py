@@ -1,0 +1,77 @@
+"""What every stage runner receives and returns, and the registry from stage kind to runner.
+
+A runner is ``run(ctx, stage, inputs) -> StageOutcome``. It reads its input checkpoints from
+``inputs``, writes intermediate checkpoints under ``ctx.checkpoint_prefix`` (so an interrupted stage
+resumes from ``ctx.resume_uri()``), logs metrics through ``ctx.metrics`` and returns its output URI
+and a flat summary of namespaced metrics that gates are evaluated on.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from ringzero.config.run import RunConfig
+from ringzero.errors import RingzeroError
+from ringzero.metrics import MetricWriter
+
+
+@dataclass(frozen=True)
+class StageInputs:
+    init_uri: str | None = None  # the checkpoint this stage starts from (None: fresh init)
+    reference_uri: str | None = None  # frozen KL reference for RL stages
+    base_uri: str | None = None  # the pretrained base of the run (distillation may restart from it)
+    compare: dict[str, str] = field(default_factory=dict)  # stage name -> checkpoint URI, for eval
+
+
+@dataclass
+class StageOutcome:
+    output_uri: str | None
+    summary: dict[str, float]
+    stop_reason: str
+    steps: int
+    wall_s: float
+    extra: dict[str, Any] = field(default_factory=dict)  # stage-specific tables (eval's comparison)
+
+
+@dataclass
+class StageContext:
+    cfg: RunConfig
+    store: Any  # ringzero.store.CheckpointStore
+    stage_hash: str
+    stage_dir: Path  # local folder for this stage's metrics and artifacts
+    metrics: MetricWriter
+
+    @property
+    def checkpoint_prefix(self) -> str:
+        return f"stages/{self.stage_hash[:16]}"
+
+    def resume_uri(self) -> str | None:
+        """Latest committed intermediate checkpoint of this exact stage configuration, if any."""
+        return self.store.latest(f"{self.checkpoint_prefix}/step-")
+
+
+class StageRunner(Protocol):
+    def __call__(self, ctx: StageContext, stage: Any, inputs: StageInputs) -> StageOutcome: ...
+
+
+_RUNNERS = {
+    "pretrain": "ringzero.stages.pretrain:run",
+    "rl": "ringzero.stages.rl:run",
+    "distill": "ringzero.stages.distill:run",
+    "eval": "ringzero.stages.evaluate:run",
+}
+
+
+def get_runner(kind: str) -> StageRunner:
+    if kind not in _RUNNERS:
+        raise RingzeroError(f"unknown stage kind {kind!r}; known: {sorted(_RUNNERS)}")
+    module, func = _RUNNERS[kind].split(":")
+    try:
+        return getattr(importlib.import_module(module), func)
+    except ModuleNotFoundError as exc:
+        if exc.name == module:
+            raise RingzeroError(f"stage kind {kind!r} has no runner installed ({module})") from None
+        raise
