@@ -38,6 +38,21 @@ class LightningConfig(StrictModel):
     rope_fraction: float = Field(0.5, ge=0.0, le=1.0, description="share of head_dim that gets RoPE")
     rope_theta: float = Field(10000.0, gt=0)
 
+    @model_validator(mode="after")
+    def _rope_pairs(self) -> LightningConfig:
+        dims = self.head_dim * self.rope_fraction
+        if dims != int(dims) or int(dims) % 2:
+            raise ValueError(
+                f"rope_fraction * head_dim must be an even whole number of rotary dims "
+                f"(got {self.rope_fraction} * {self.head_dim} = {dims:g})"
+            )
+        return self
+
+    @property
+    def rope_dim(self) -> int:
+        """Leading dims of each q/k head that get RoPE; the rest carry no position."""
+        return int(self.head_dim * self.rope_fraction)
+
 
 class ModelConfig(StrictModel):
     """Decoder-only HybridLM. Layer l is MLA iff ``(l + 1) % mla_every == 0`` under ``layout: hybrid``."""

@@ -1,0 +1,153 @@
+"""Lightning attention: causal linear attention with a per-head exponential decay (MiniMax-01, Ling 2.5).
+
+    o_t = sum_{j<=t} exp(log_decay * (t - j)) (q_t . k_j) v_j        per head
+    S_t = exp(log_decay) S_{t-1} + k_t^T v_t,   o_t = q_t S_t        (recurrent form, state dk x dv)
+
+Architecture choices of the layer (``LightningAttention``):
+- separate q/k/v projections, ``n_heads`` heads of ``head_dim``; q is scaled by ``head_dim**-0.5``
+  before the core (the core itself is unscaled, as MiniMax's);
+- optional per-head RMSNorm on q and k (``qk_norm``), RoPE on the leading ``rope_fraction`` of each head;
+- decay per head from ALiBi slopes ``2**(-8 (h+1) / H)`` scaled per layer by
+  ``1 - l / (L - 1) + 1e-5`` (MiniMax's convention: deep layers decay slowly and see far back);
+- optional group RMSNorm of the output per head and a sigmoid output gate from the layer input;
+- padding tokens (negative positions) get zero keys and values, so they never enter the state.
+
+The state is kept in at least fp32 whatever the body dtype: it sums thousands of decayed outer products.
+
+Letter legend: B batch, S sequence, H heads, k key/query head dim (dk), v value head dim (dv), D model.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ringzero.model.config import ModelConfig, PrecisionPolicy
+from ringzero.model.norms import GroupRMSNorm, RMSNorm
+from ringzero.model.precision import at_least_fp32, state_dtype
+from ringzero.model.rope import apply_rope, rope_cos_sin
+
+
+def decay_slopes(n_heads: int, layer_idx: int, n_layers: int) -> list[float]:
+    """Positive per-head decay rates; the decay per token is ``exp(-slope)``."""
+    base = 2.0 ** (-8.0 / n_heads)
+    layer_scale = 1.0 - layer_idx / (n_layers - 1 + 1e-5) + 1e-5
+    return [base ** (h + 1) * layer_scale for h in range(n_heads)]
+
+
+def lightning_blocks(q, k, v, log_decay, block_size: int, initial_state=None):
+    """Block-parallel form. q/k ``[B, S, H, dk]``, v ``[B, S, H, dv]``, log_decay ``[H]`` (<= 0).
+
+    Returns ``(o [B, S, H, dv] in q's dtype, final_state [B, H, dk, dv] in at least fp32)``. Within a block
+    of length L the intra part is a masked, decayed quadratic attention; the inter part reads the state
+    carried from earlier blocks; then ``S <- exp(L ld) S + (K * exp((L-1-a) ld))^T V``.
+    """
+    B, S, H, dk = q.shape
+    dv = v.shape[-1]
+    compute = at_least_fp32(q.dtype)
+    if initial_state is not None:
+        compute = torch.promote_types(compute, initial_state.dtype)
+    q_BHSk, k_BHSk, v_BHSv = (t.to(compute).transpose(1, 2) for t in (q, k, v))
+    ld_H = log_decay.to(device=q.device, dtype=compute)
+    if initial_state is None:
+        state_BHkv = q.new_zeros((B, H, dk, dv), dtype=compute)
+    else:
+        state_BHkv = initial_state.to(compute)
+    outs = []
+    for start in range(0, S, block_size):
+        L = min(block_size, S - start)
+        qb, kb, vb = (t[:, :, start:start + L] for t in (q_BHSk, k_BHSk, v_BHSv))
+        a = torch.arange(L, device=q.device, dtype=compute)
+        diff_LL = a[:, None] - a[None, :]
+        decay_HLL = torch.exp(ld_H[:, None, None] * diff_LL.clamp(min=0)) * (diff_LL >= 0)
+        intra = ((qb @ kb.transpose(-1, -2)) * decay_HLL) @ vb
+        inter = (qb * torch.exp(ld_H[:, None] * (a + 1))[..., None]) @ state_BHkv
+        outs.append(intra + inter)
+        k_decay_HL = torch.exp(ld_H[:, None] * (L - 1 - a))
+        state_BHkv = torch.exp(ld_H * L)[:, None, None] * state_BHkv + (
+            (kb * k_decay_HL[..., None]).transpose(-1, -2) @ vb
+        )
+    if outs:
+        o_BHSv = torch.cat(outs, dim=2)
+    else:
+        o_BHSv = q_BHSk.new_zeros((B, H, 0, dv))
+    return o_BHSv.transpose(1, 2).to(q.dtype), state_BHkv
+
+
+def lightning_step(q_BHk, k_BHk, v_BHv, log_decay_H, state_BHkv):
+    """One recurrent decoding step: ``S <- exp(ld) S + k^T v``; ``o = q S``. Returns (o in q's dtype, S)."""
+    compute = state_BHkv.dtype
+    ld_H = log_decay_H.to(device=q_BHk.device, dtype=compute)
+    q, k, v = q_BHk.to(compute), k_BHk.to(compute), v_BHv.to(compute)
+    state_BHkv = torch.exp(ld_H)[:, None, None] * state_BHkv + k[..., :, None] * v[..., None, :]
+    o_BHv = torch.einsum("bhk,bhkv->bhv", q, state_BHkv)
+    return o_BHv.to(q_BHk.dtype), state_BHkv
+
+
+class LightningCore(nn.Module):
+    """Single-device core (``parallelize`` swaps in a context-parallel one with the same call)."""
+
+    def forward(self, q_BSHk, k_BSHk, v_BSHv, log_decay_H, block_size: int):
+        return lightning_blocks(q_BSHk, k_BSHk, v_BSHv, log_decay_H, block_size)[0]
+
+
+class LightningAttention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_idx: int, policy: PrecisionPolicy):
+        super().__init__()
+        lc = cfg.lightning
+        self.n_heads, self.head_dim, self.block_size = cfg.n_heads, lc.head_dim, lc.block_size
+        self.rope_dim, self.rope_theta = lc.rope_dim, lc.rope_theta
+        self.slopes = decay_slopes(cfg.n_heads, layer_idx, cfg.n_layers)
+        self.state_dtype = state_dtype(policy)
+        inner = cfg.n_heads * lc.head_dim
+        self.q_proj = nn.Linear(cfg.d_model, inner, bias=False)
+        self.k_proj = nn.Linear(cfg.d_model, inner, bias=False)
+        self.v_proj = nn.Linear(cfg.d_model, inner, bias=False)
+        self.q_norm = RMSNorm(lc.head_dim, cfg.norm_eps) if lc.qk_norm else None
+        self.k_norm = RMSNorm(lc.head_dim, cfg.norm_eps) if lc.qk_norm else None
+        self.out_norm = GroupRMSNorm(cfg.n_heads, lc.head_dim, cfg.norm_eps) if lc.group_norm else None
+        self.gate_proj = nn.Linear(cfg.d_model, inner, bias=False) if lc.output_gate else None
+        self.o_proj = nn.Linear(inner, cfg.d_model, bias=False)
+        self.core = LightningCore()
+
+    def log_decay(self, device=None) -> torch.Tensor:
+        """``[H]``, built from floats on each call so casting the module never rounds the decay."""
+        return -torch.tensor(self.slopes, dtype=self.state_dtype, device=device)
+
+    def project(self, x_BSD: torch.Tensor, positions: torch.Tensor):
+        """q, k, v ``[B, S, H, d]`` with norms, RoPE, q scaling and padding zeroed."""
+        B, S, _ = x_BSD.shape
+        shape = (B, S, self.n_heads, self.head_dim)
+        q, k, v = (p(x_BSD).view(shape) for p in (self.q_proj, self.k_proj, self.v_proj))
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        if self.rope_dim:
+            cos, sin = rope_cos_sin(positions, self.rope_dim, self.rope_theta, x_BSD.dtype)
+            r = self.rope_dim
+            q = torch.cat([apply_rope(q[..., :r], cos, sin), q[..., r:]], dim=-1)
+            k = torch.cat([apply_rope(k[..., :r], cos, sin), k[..., r:]], dim=-1)
+        q = q * self.head_dim**-0.5
+        keep = (positions >= 0).to(x_BSD.dtype)
+        keep = keep[None, :, None, None] if keep.dim() == 1 else keep[:, :, None, None]
+        return q, k * keep, v * keep
+
+    def finish(self, x_BSD: torch.Tensor, o_BSHv: torch.Tensor) -> torch.Tensor:
+        if self.out_norm is not None:
+            o_BSHv = self.out_norm(o_BSHv)
+        o = o_BSHv.flatten(2)
+        if self.gate_proj is not None:
+            o = torch.sigmoid(self.gate_proj(x_BSD)) * o
+        return self.o_proj(o)
+
+    def forward(self, x_BSD, positions, cache=None, key_positions=None):
+        """Parallel form without ``cache``; with a ``LightningLayerCache`` it continues from its state."""
+        q, k, v = self.project(x_BSD, positions)
+        log_decay = self.log_decay(x_BSD.device)
+        if cache is None:
+            o = self.core(q, k, v, log_decay, self.block_size)
+        elif q.shape[1] == 1:
+            o, cache.state = lightning_step(q[:, 0], k[:, 0], v[:, 0], log_decay, cache.state)
+            o = o[:, None]
+        else:
+            o, cache.state = lightning_blocks(q, k, v, log_decay, self.block_size, cache.state)
+        return self.finish(x_BSD, o)

@@ -1,0 +1,43 @@
+"""RMSNorm, plain and grouped (one normalisation per head, per-channel weight)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ringzero.model.precision import at_least_fp32
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, out_dtype: torch.dtype | None = None):
+    """``x / rms(x) * weight`` over the last dim.
+
+    The mean of squares is taken in at least fp32, as every reference implementation does: a bf16 sum of
+    d squares loses the low bits that decide the scale. Output is ``x``'s dtype unless ``out_dtype``.
+    """
+    compute = at_least_fp32(x.dtype)
+    xc = x.to(compute)
+    y = xc * torch.rsqrt(xc.pow(2).mean(-1, keepdim=True) + eps)
+    return (y * weight.to(compute)).to(out_dtype or x.dtype)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+        return rms_norm(x, self.weight, self.eps, out_dtype)
+
+
+class GroupRMSNorm(nn.Module):
+    """RMS-normalise each head's ``d`` channels on its own; the weight has one entry per channel (H*d)."""
+
+    def __init__(self, n_groups: int, group_dim: int, eps: float):
+        super().__init__()
+        self.n_groups, self.group_dim, self.eps = n_groups, group_dim, eps
+        self.weight = nn.Parameter(torch.ones(n_groups * group_dim))
+
+    def forward(self, x_BSHd: torch.Tensor) -> torch.Tensor:
+        w_Hd = self.weight.view(self.n_groups, self.group_dim)
+        return rms_norm(x_BSHd, w_Hd, self.eps)
