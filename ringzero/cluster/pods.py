@@ -1,0 +1,116 @@
+"""The hardened pod pieces every launched workload shares (TrainJob patches, PyTorchJob, rollout servers).
+
+Each pod meets the Kubernetes "restricted" Pod Security Standard: non-root, no privilege escalation,
+every capability dropped, RuntimeDefault seccomp, and a read-only root filesystem with writable
+emptyDirs only where the software must write (/tmp, /dev/shm, the model folder).
+"""
+
+from __future__ import annotations
+
+from ringzero.cluster.config import ClusterSettings, NodeResources, S3SecretRef
+
+GPU_RESOURCE = "nvidia.com/gpu"
+RUN_CONFIG_DIR = "/etc/ringzero/run"
+RUN_CONFIG_FILE = "config.yaml"
+
+
+def pod_security(settings: ClusterSettings) -> dict:
+    uid = settings.run_user
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": uid,
+        "runAsGroup": uid,
+        "fsGroup": uid,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def container_security() -> dict:
+    return {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "runAsNonRoot": True,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def scratch_volumes(resources: NodeResources) -> list[dict]:
+    return [
+        {"name": "tmp", "emptyDir": {}},
+        # NCCL and torch dataloaders exchange tensors through /dev/shm; the runtime default is 64Mi.
+        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": resources.shm}},
+    ]
+
+
+def scratch_mounts() -> list[dict]:
+    return [{"name": "tmp", "mountPath": "/tmp"}, {"name": "dshm", "mountPath": "/dev/shm"}]
+
+
+def run_config_volume(config_map: str) -> dict:
+    return {"name": "run-config", "configMap": {"name": config_map}}
+
+
+def run_config_mount() -> dict:
+    return {"name": "run-config", "mountPath": RUN_CONFIG_DIR, "readOnly": True}
+
+
+def s3_credential_env(secret: S3SecretRef) -> list[dict]:
+    """The store reads these variables; their values stay in the Secret, only references are rendered."""
+    return [
+        {"name": "RINGZERO_S3_ACCESS_KEY",
+         "valueFrom": {"secretKeyRef": {"name": secret.name, "key": secret.access_key_key}}},
+        {"name": "RINGZERO_S3_SECRET_KEY",
+         "valueFrom": {"secretKeyRef": {"name": secret.name, "key": secret.secret_key_key}}},
+    ]
+
+
+def writable_home_env() -> list[dict]:
+    # The root filesystem is read-only: point every cache (triton, torch inductor, pip, HF) at /tmp.
+    return [{"name": "HOME", "value": "/tmp"}, {"name": "XDG_CACHE_HOME", "value": "/tmp/.cache"}]
+
+
+def resources(node: NodeResources, gpus: int) -> dict:
+    requests = {"cpu": node.cpu, "memory": node.memory}
+    limits = {"memory": node.memory}
+    if gpus:
+        requests[GPU_RESOURCE] = str(gpus)
+        limits[GPU_RESOURCE] = str(gpus)
+    return {"requests": requests, "limits": limits}
+
+
+def container(name: str, image: str, pull_policy: str, command: list[str], args: list[str], *,
+              env: list[dict], resources: dict, mounts: list[dict], **extra) -> dict:
+    """One container with the hardened security context; ``extra`` adds ports and probes."""
+    return {
+        "name": name,
+        "image": image,
+        "imagePullPolicy": pull_policy,
+        "command": list(command),
+        "args": list(args),
+        "env": list(env),
+        "resources": resources,
+        "securityContext": container_security(),
+        "volumeMounts": list(mounts),
+        **extra,
+    }
+
+
+def pod_spec(settings: ClusterSettings, containers: list[dict], *, volumes: list[dict],
+             init_containers: list[dict] = (), restart_policy: str = "Never") -> dict:
+    spec = {
+        "serviceAccountName": settings.service_account,
+        # Stage and rollout processes never call the Kubernetes API; only the launcher does.
+        "automountServiceAccountToken": False,
+        "securityContext": pod_security(settings),
+        "restartPolicy": restart_policy,
+        "containers": containers,
+        "volumes": volumes,
+    }
+    if init_containers:
+        spec["initContainers"] = list(init_containers)
+    if settings.node_selector:
+        spec["nodeSelector"] = dict(settings.node_selector)
+    if settings.tolerations:
+        spec["tolerations"] = [t.to_k8s() for t in settings.tolerations]
+    return spec
