@@ -17,6 +17,7 @@ from ringzero.errors import RingzeroError
 COMMAND_MODULES = [
     "ringzero.cli.config_cmd",
     "ringzero.cli.run_cmd",
+    "ringzero.cli.check_cmd",
 ]
 
 

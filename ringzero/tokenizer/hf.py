@@ -1,0 +1,63 @@
+"""Hugging Face ``tokenizers`` JSON files (``tokenizer.json``) behind the ringzero interface."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from ringzero.errors import RingzeroError
+from ringzero.tokenizer.base import Tokenizer
+
+# Tried in order when a special is not named explicitly.
+CANDIDATES = {
+    "bos": ("<|begin_of_text|>", "<|startoftext|>", "<s>", "[BOS]", "<bos>"),
+    "eos": ("<|endoftext|>", "<|end_of_text|>", "<|im_end|>", "</s>", "[EOS]", "<eos>"),
+    "pad": ("<|pad|>", "<pad>", "[PAD]"),
+}
+
+
+class HFJsonTokenizer(Tokenizer):
+    """Specials come from the arguments, else the first known name found in the vocabulary; a missing
+    pad falls back to eos (padding is masked anyway), a missing bos or eos is an error."""
+
+    def __init__(self, path: str | Path, bos: str | None = None, eos: str | None = None, pad: str | None = None):
+        from tokenizers import Tokenizer as _HF
+
+        path = Path(path)
+        if not path.is_file():
+            raise RingzeroError(f"tokenizer file {path} does not exist")
+        try:
+            self._tok = _HF.from_file(str(path))
+        except Exception as exc:  # tokenizers raises a bare Exception on malformed JSON
+            raise RingzeroError(f"tokenizer file {path} is not a valid tokenizers JSON file: {exc}") from None
+        self.path = path
+        self.bos_id = self._special("bos", bos)
+        self.eos_id = self._special("eos", eos)
+        self.pad_id = self._special("pad", pad, fallback=self.eos_id)
+
+    def _special(self, role: str, name: str | None, fallback: int | None = None) -> int:
+        names = (name,) if name else CANDIDATES[role]
+        for candidate in names:
+            tid = self._tok.token_to_id(candidate)
+            if tid is not None:
+                return tid
+        if fallback is not None and not name:
+            return fallback
+        raise RingzeroError(f"{self.path}: no {role} token among {list(names)}; name it explicitly")
+
+    @property
+    def vocab_size(self) -> int:
+        return self._tok.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, text: str, add_bos: bool = False, add_eos: bool = False) -> list[int]:
+        ids = self._tok.encode(text, add_special_tokens=False).ids
+        return ([self.bos_id] if add_bos else []) + ids + ([self.eos_id] if add_eos else [])
+
+    def decode(self, ids: Sequence[int], skip_special: bool = True) -> str:
+        ids = [int(i) for i in ids]
+        bad = [i for i in ids if not 0 <= i < self.vocab_size]
+        if bad:
+            raise RingzeroError(f"{self.path}: ids {bad[:5]} are outside the vocabulary of {self.vocab_size}")
+        if skip_special:
+            ids = [i for i in ids if i not in self.special_ids]
+        return self._tok.decode(ids, skip_special_tokens=False)
