@@ -1,0 +1,140 @@
+"""Context-parallel cores for MLA layers: ``a2a`` (heads over ranks) and ``ring`` (the reference).
+
+Both have the call of the single-device ``MLACore``; the layer around them is unchanged.
+
+``a2a`` (all-to-all over heads). The latent ``[c_kv; k_rope]`` has no head axis, so every rank
+all-gathers it over the sequence; at the same time one all-to-all moves the queries from sequence
+shards to head shards. Each rank then up-projects the whole sequence's latent with its own heads' slice
+of ``W_uk``/``W_uv`` and runs full-sequence causal attention for H/P heads, and a second all-to-all
+returns the outputs to sequence shards. Backward: all-to-all of dO, then of dQ together with a
+reduce-scatter of the latent's gradient. Two sequential steps each way, whatever P. A rank's
+``W_uk``/``W_uv`` gradient covers only its heads; summing gradients over the CP group (as for every
+replicated weight, ``sync_grads``) completes it.
+
+``ring``: each rank materialises per-head K/V for its own tokens and runs ring attention over them
+(P-1 sequential hops forward, P backward), moving ``H (dn+dr+dv)`` values per token instead of
+``r + dr``.
+
+Letter legend: B batch, S local tokens, T tokens of the whole sequence, H heads, h = H/P heads of this
+rank, n qk_nope_head_dim, p qk_rope_head_dim, v v_head_dim, r kv_lora_rank, c = r + p latent width.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ringzero.errors import RingzeroError
+from ringzero.model.mla import mla_expanded
+from ringzero.parallel.comm import (
+    CommLedger,
+    HeadsToSeq,
+    all_gather_dim0,
+    all_to_all_dim0,
+    book_all_gather,
+    book_all_to_all,
+    book_step,
+    pack_heads_to_seq,
+    pack_seq_to_heads,
+    reduce_scatter_dim0,
+    unpack_heads_to_seq,
+    unpack_seq_to_heads,
+    wait_all,
+)
+from ringzero.parallel.ring_attention import ring_attention
+
+
+def _seq_first(x: torch.Tensor, seq_dim: int) -> torch.Tensor:
+    """Sequence axis to the front, where the dim-0 collectives split and concatenate."""
+    return x.movedim(seq_dim, 0).contiguous()
+
+
+def _seq_back(x: torch.Tensor, seq_dim: int) -> torch.Tensor:
+    return x.movedim(0, seq_dim)
+
+
+class _GatherLatentScatterQueries(torch.autograd.Function):
+    """Step 1 of ``a2a``: all-gather latent and positions, all-to-all queries, issued together.
+
+    In: q ``[B, S, H, n+p]``, latent ``[B, S, c]``, positions ``[S]`` or ``[B, S]``.
+    Out: q ``[B, T, h, n+p]``, latent ``[B, T, c]``, positions of all T tokens (group-rank order)."""
+
+    @staticmethod
+    def forward(ctx, q_BSHd, latent_BSc, pos, group, rec):
+        P = dist.get_world_size(group)
+        lat_send = _seq_first(latent_BSc, 1)
+        pos_send = _seq_first(pos, -1)  # positions are [S] or [B, S]
+        q_send = pack_seq_to_heads(q_BSHd, P)
+        lat_all, w1 = all_gather_dim0(lat_send, group, async_op=True)
+        pos_all, w2 = all_gather_dim0(pos_send, group, async_op=True)
+        q_recv, w3 = all_to_all_dim0(q_send, group, async_op=True)
+        wait_all(w1, w2, w3)
+        book_all_gather(rec, False, lat_send, P)
+        book_all_gather(rec, False, pos_send, P)
+        book_all_to_all(rec, False, q_send, P)
+        book_step(rec, False)
+        ctx.group, ctx.rec = group, rec
+        return unpack_seq_to_heads(q_recv), _seq_back(lat_all, 1), _seq_back(pos_all, -1)
+
+    @staticmethod
+    def backward(ctx, dq_BThd, dlatent_BTc, _dpos):
+        group, rec = ctx.group, ctx.rec
+        P = dist.get_world_size(group)
+        dq_send = pack_heads_to_seq(dq_BThd, P)
+        dlat_send = _seq_first(dlatent_BTc, 1)
+        dq_recv, w1 = all_to_all_dim0(dq_send, group, async_op=True)
+        # Every rank holds the latent gradient of all tokens from its own heads: sum over ranks, keep mine.
+        dlat_mine, w2 = reduce_scatter_dim0(dlat_send, group, async_op=True)
+        wait_all(w1, w2)
+        book_all_to_all(rec, True, dq_send, P)
+        book_all_to_all(rec, True, dlat_send, P)
+        book_step(rec, True)
+        return unpack_heads_to_seq(dq_recv), _seq_back(dlat_mine, 1), None, None, None
+
+
+def check_heads(n_heads: int, cp: int) -> str | None:
+    if n_heads % cp:
+        return (f"a2a splits the {n_heads} attention heads over {cp} CP ranks, which needs n_heads % cp == 0 "
+                f"(use a head count divisible by {cp}, or strategy 'ring')")
+    return None
+
+
+class MLAAllToAllCore(nn.Module):
+    def __init__(self, group, ledger: CommLedger):
+        super().__init__()
+        self.group, self.ledger = group, ledger
+
+    def forward(self, q_nope_BSHn, q_rope_BSHp, c_kv_BSr, k_rope_BSp, w_uk_Hnr, w_uv_Hvr, positions,
+                scale: float, softmax_fp32: bool):
+        P, me = dist.get_world_size(self.group), dist.get_rank(self.group)
+        H, n = q_nope_BSHn.shape[2], q_nope_BSHn.shape[3]
+        problem = check_heads(H, P)
+        if problem:
+            raise RingzeroError(problem)
+        rec = self.ledger.new_call("mla", "a2a")
+        q_BSHd = torch.cat([q_nope_BSHn, q_rope_BSHp], dim=-1)
+        latent_BSc = torch.cat([c_kv_BSr, k_rope_BSp], dim=-1)
+        q_BThd, latent_BTc, pos_all = _GatherLatentScatterQueries.apply(q_BSHd, latent_BSc, positions,
+                                                                       self.group, rec)
+        r = c_kv_BSr.shape[-1]
+        heads = slice(me * (H // P), (me + 1) * (H // P))
+        o_BThv = mla_expanded(q_BThd[..., :n], q_BThd[..., n:], latent_BTc[..., :r], latent_BTc[..., r:],
+                              w_uk_Hnr[heads], w_uv_Hvr[heads], pos_all, pos_all, scale, softmax_fp32)
+        return HeadsToSeq.apply(o_BThv, self.group, rec)
+
+
+class MLARingCore(nn.Module):
+    def __init__(self, group, ledger: CommLedger):
+        super().__init__()
+        self.group, self.ledger = group, ledger
+
+    def forward(self, q_nope_BSHn, q_rope_BSHp, c_kv_BSr, k_rope_BSp, w_uk_Hnr, w_uv_Hvr, positions,
+                scale: float, softmax_fp32: bool):
+        rec = self.ledger.new_call("mla", "ring")
+        H = q_nope_BSHn.shape[2]
+        k_nope_BSHn = torch.einsum("bsr,hnr->bshn", c_kv_BSr, w_uk_Hnr)
+        v_BSHv = torch.einsum("bsr,hvr->bshv", c_kv_BSr, w_uv_Hvr)
+        k_BSHd = torch.cat([k_nope_BSHn, k_rope_BSp[:, :, None].expand(-1, -1, H, -1)], dim=-1)
+        q_BSHd = torch.cat([q_nope_BSHn, q_rope_BSHp], dim=-1)
+        return ring_attention(q_BSHd, k_BSHd, v_BSHv, positions, scale, softmax_fp32, self.group, rec)

@@ -1,0 +1,80 @@
+"""The context-parallel strategies, the layer type each one serves, and why any other pairing is refused.
+
+A strategy builds the CP core that replaces a layer's single-device ``.core``. ``refusal`` returns the
+reason a (layer type, strategy, layout) combination cannot work, or ``None``; ``parallelize`` calls it
+for every layer before touching the model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from torch import nn
+
+from ringzero.parallel.comm import CommLedger
+from ringzero.parallel.lightning_cp import LightningAllGatherCore, LightningRingCore
+from ringzero.parallel.mla_cp import MLAAllToAllCore, MLARingCore, check_heads
+
+LAYER_TYPES = ("mla", "lightning")
+
+
+@dataclass(frozen=True)
+class Strategy:
+    name: str
+    layer_type: str
+    summary: str
+    build: Callable[[object, CommLedger, str], nn.Module]  # (cp group, ledger, sharding) -> core
+    extra_check: Callable[[int, int, str], str | None] = lambda n_heads, cp, sharding: None
+
+
+def _lightning_ring_check(n_heads: int, cp: int, sharding: str) -> str | None:
+    if sharding != "contiguous":
+        return (f"the Lightning ring (LASP-1) hands the state from rank p to p+1 along the sequence, which "
+                f"needs contiguous shards; {sharding} shards are not in sequence order (use 'allgather')")
+    return None
+
+
+STRATEGIES: dict[tuple[str, str], Strategy] = {
+    ("mla", "a2a"): Strategy(
+        "a2a", "mla", "all-gather the latent, all-to-all queries to head shards and outputs back",
+        lambda group, ledger, sharding: MLAAllToAllCore(group, ledger),
+        lambda n_heads, cp, sharding: check_heads(n_heads, cp),
+    ),
+    ("mla", "ring"): Strategy(
+        "ring", "mla", "materialised K/V around the ring, log-sum-exp merge",
+        lambda group, ledger, sharding: MLARingCore(group, ledger),
+    ),
+    ("lightning", "allgather"): Strategy(
+        "allgather", "lightning", "one all-gather of chunk states, decayed prefix sum (LASP-2)",
+        lambda group, ledger, sharding: LightningAllGatherCore(group, ledger, sharding),
+    ),
+    ("lightning", "ring"): Strategy(
+        "ring", "lightning", "state handed from rank to rank, P-1 hops (LASP-1)",
+        lambda group, ledger, sharding: LightningRingCore(group, ledger),
+        _lightning_ring_check,
+    ),
+}
+
+_WHY_NOT = {
+    ("lightning", "a2a"): "a2a moves MLA's head-independent latent; Lightning layers keep a recurrent state "
+                          "instead, which 'allgather' or 'ring' pass between ranks",
+    ("mla", "allgather"): "allgather exchanges the fixed-size recurrent state of linear attention; softmax "
+                          "attention has no such state (use 'a2a' or 'ring')",
+}
+
+
+def strategy_names(layer_type: str) -> list[str]:
+    return sorted(name for (lt, name) in STRATEGIES if lt == layer_type)
+
+
+def refusal(layer_type: str, strategy: str, n_heads: int, cp: int, sharding: str) -> str | None:
+    """Why ``strategy`` cannot serve this layer, or ``None`` when it can."""
+    if layer_type not in LAYER_TYPES:
+        return f"unknown layer type {layer_type!r} (known: {', '.join(LAYER_TYPES)})"
+    found = STRATEGIES.get((layer_type, strategy))
+    if found is None:
+        why = _WHY_NOT.get((layer_type, strategy), "no such strategy")
+        return (f"strategy {strategy!r} does not support {layer_type} layers: {why}; "
+                f"{layer_type} supports {', '.join(strategy_names(layer_type))}")
+    return found.extra_check(n_heads, cp, sharding)
