@@ -9,6 +9,7 @@ and a flat summary of namespaced metrics that gates are evaluated on.
 from __future__ import annotations
 
 import importlib
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -65,10 +66,24 @@ _RUNNERS = {
 }
 
 
+# Test-only: tests replace runners with fast fakes, also inside the subprocesses they start (the KFP
+# local runner runs each pipeline step in its own process). "kind=module:func,..."; never set elsewhere.
+TEST_RUNNERS_ENV = "RINGZERO_TEST_STAGE_RUNNERS"
+
+
+def _runner_specs() -> dict[str, str]:
+    specs = dict(_RUNNERS)
+    for item in filter(None, os.environ.get(TEST_RUNNERS_ENV, "").split(",")):
+        kind, _, spec = item.partition("=")
+        specs[kind.strip()] = spec.strip()
+    return specs
+
+
 def get_runner(kind: str) -> StageRunner:
-    if kind not in _RUNNERS:
-        raise RingzeroError(f"unknown stage kind {kind!r}; known: {sorted(_RUNNERS)}")
-    module, func = _RUNNERS[kind].split(":")
+    specs = _runner_specs()
+    if kind not in specs:
+        raise RingzeroError(f"unknown stage kind {kind!r}; known: {sorted(specs)}")
+    module, func = specs[kind].split(":")
     try:
         return getattr(importlib.import_module(module), func)
     except ModuleNotFoundError as exc:
