@@ -1,1 +1,30 @@
-"""Verifiable tasks: prompts with ground truth and pure, deterministic rewards."""
+"""Verifiable tasks: prompts with ground truth and pure, deterministic rewards.
+
+``make_task(cfg)`` builds the task a run's ``task`` section describes; stages use only the ``Task``
+interface of ``ringzero.tasks.base`` (``prompts``, ``reward``, ``uses_trace``, ``step_check``,
+``with_tier``, ``stop``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+# The run config imports this package's config module, which needs ringzero.config.base: loading the
+# config package first lets ``import ringzero.tasks.config`` work as the first import of a process.
+import ringzero.config  # noqa: F401
+
+if TYPE_CHECKING:
+    from ringzero.tasks.base import Task
+    from ringzero.tasks.config import ArithmeticTask, JsonlTask
+
+
+def make_task(cfg: ArithmeticTask | JsonlTask, base_dir: str | Path | None = None) -> Task:
+    """``base_dir`` resolves relative JSONL paths (the config file's folder); the cwd when None."""
+    if cfg.kind == "arithmetic":
+        from ringzero.tasks.arithmetic import SyntheticArithmetic
+
+        return SyntheticArithmetic(cfg)
+    from ringzero.tasks.jsonl import JsonlDataset
+
+    return JsonlDataset(cfg, base_dir)

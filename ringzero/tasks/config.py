@@ -4,21 +4,58 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from ringzero.config.base import StrictModel
 
+MAX_LABELLED_DIGITS = 26
+"""digitsum and parity name each input digit with a letter a-z, so they take at most 26 digits."""
+
 
 class ArithmeticTask(StrictModel):
-    """Synthetic arithmetic with difficulty knobs and an optional worked-trace format."""
+    """Synthetic arithmetic with difficulty knobs, a worked-trace format and a web-like pretraining corpus.
+
+    ``digitsum`` (sum of the digits mod 10) is the default because no shortcut reaches it: see
+    ``ringzero.tasks.arithmetic`` for why the direct route stays out of reach and the trace does not.
+    """
 
     kind: Literal["arithmetic"] = "arithmetic"
-    operation: Literal["add", "mul", "parity"] = "add"
-    digits: int = Field(10, ge=1, le=64, description="operand digits (bits for parity)")
-    operands: int = Field(2, ge=2, le=8)
-    trace_fraction: float = Field(0.05, ge=0.0, le=1.0, description="share of corpus documents with worked traces")
+    operation: Literal["digitsum", "parity", "add"] = Field(
+        "digitsum",
+        description="digitsum: sum of the digits mod 10; parity: of bits; add: long addition with column steps",
+    )
+    digits: int = Field(12, ge=2, le=64, description="input digits (bits for parity; digits per operand for add)")
+    operands: int = Field(2, ge=2, le=8, description="numbers to add; add only")
+    trace_fraction: float = Field(
+        0.05, ge=0.0, le=1.0, description="share of corpus answers written as worked traces (always correct)"
+    )
+    verbose_fraction: float = Field(
+        0.5, ge=0.0, le=1.0, description="share of corpus traces in the verbose form (redundant arithmetic per step)"
+    )
     direct_noise: float = Field(0.5, ge=0.0, le=1.0, description="share of direct answers in the corpus that are wrong")
+    filler_fraction: float = Field(0.2, ge=0.0, le=1.0, description="share of corpus documents that are filler text")
+    drill_fraction: float = Field(
+        0.1, ge=0.0, le=1.0, description="share of corpus documents that drill the one-step facts traces use"
+    )
     eval_prompts: int = Field(128, ge=1, description="held-out prompts for evaluation")
+
+    @model_validator(mode="after")
+    def _knobs_fit_operation(self) -> ArithmeticTask:
+        problems = []
+        if self.operation != "add" and self.operands != 2:
+            problems.append(f"operands: only 'add' takes several operands (got {self.operands})")
+        if self.operation != "add" and self.digits > MAX_LABELLED_DIGITS:
+            problems.append(
+                f"digits: '{self.operation}' labels its digits a-z, so at most {MAX_LABELLED_DIGITS} (got {self.digits})"
+            )
+        if self.filler_fraction + self.drill_fraction >= 1.0:
+            problems.append(
+                "filler_fraction: filler_fraction + drill_fraction must leave room for question documents "
+                f"(got {self.filler_fraction} + {self.drill_fraction})"
+            )
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
 
 
 class JsonlTask(StrictModel):

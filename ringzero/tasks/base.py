@@ -1,0 +1,106 @@
+"""What every task offers the stages: problems with ground truth, a pure reward, and trace inspection.
+
+A response is the text the policy generated after the prompt. A *worked* response opens a trace with
+``<think>``, writes steps, closes it with ``</think>`` and then gives the answer; a *direct* response
+is the answer alone. Rewards look only at the final answer; the step checker is a diagnostic.
+"""
+
+from __future__ import annotations
+
+import random
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal, NamedTuple
+
+import numpy as np
+
+THINK_OPEN = "<think>"
+THINK_CLOSE = "</think>"
+PROMPT_TEMPLATE = "q: {question}\na: "
+"""Identical in the pretraining corpus and in RL, so the base sees RL prompts as familiar text."""
+
+ALPHABET = "abcdefghijklmnopqrstuvwxyz0123456789 \n<>/+=?:.,'-[]!"
+"""Every character an arithmetic prompt, response or corpus document uses: it fits a 64-symbol char vocab."""
+
+Split = Literal["train", "eval"]
+RngLike = random.Random | np.random.Generator | int
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One prompt with its ground truth. ``meta`` holds what the step checker needs (operands)."""
+
+    id: str
+    prompt: str
+    answer: str
+    meta: Mapping[str, Any] = field(default_factory=dict)
+    tier: str | None = None
+
+
+class StepCheck(NamedTuple):
+    """``steps``: trace steps found (unparseable fragments count as wrong steps); ``correct``: those that check."""
+
+    steps: int
+    correct: int
+
+
+def as_random(rng: RngLike) -> random.Random:
+    """One RNG type inside the tasks; numpy generators and integer seeds are accepted at the edge."""
+    if isinstance(rng, random.Random):
+        return rng
+    if isinstance(rng, np.random.Generator):
+        return random.Random(int(rng.integers(2**63)))
+    if isinstance(rng, int | np.integer):
+        return random.Random(int(rng))
+    raise TypeError(f"rng must be random.Random, numpy Generator or int (got {type(rng).__name__})")
+
+
+def first_line(response: str) -> str:
+    """Arithmetic answers end at the first newline; anything the engine generated past it is ignored."""
+    return response.split("\n", 1)[0]
+
+
+def split_trace(text: str) -> tuple[str | None, str | None]:
+    """``(trace_body, answer_text)``. A direct response has no body; an unclosed trace has no answer."""
+    start = text.find(THINK_OPEN)
+    if start < 0:
+        return None, text
+    end = text.rfind(THINK_CLOSE)
+    if end < start:
+        return text[start + len(THINK_OPEN) :], None
+    return text[start + len(THINK_OPEN) : end], text[end + len(THINK_CLOSE) :]
+
+
+def uses_trace(response: str) -> bool:
+    return THINK_OPEN in response
+
+
+class Task(ABC):
+    """The interface stages use. Rewards are pure and deterministic: same inputs, same float."""
+
+    stop: tuple[str, ...] = ("\n",)
+    """Strings that end a response; the rollout engine stops generation at the first one."""
+
+    @abstractmethod
+    def prompts(self, split: Split, n: int, rng: RngLike) -> list[Problem]:
+        """``n`` problems of ``split``; the eval split never overlaps the train split or the corpus."""
+
+    @abstractmethod
+    def reward(self, problem: Problem, response: str) -> float:
+        """1.0 for a correct final answer, else 0.0."""
+
+    def uses_trace(self, response: str) -> bool:
+        return uses_trace(response)
+
+    def step_check(self, response: str, problem: Problem | None = None) -> StepCheck:
+        """Parse and check each trace step; with ``problem`` the steps must also use its inputs."""
+        return StepCheck(0, 0)
+
+    def with_tier(self, problem: Problem, tag: str) -> Problem:
+        """The same problem asked at a reasoning tier: the tag opens the prompt (``[fast] q: ...``)."""
+        if not tag:
+            raise ValueError("tier tag must be non-empty")
+        if problem.tier is not None:
+            raise ValueError(f"problem {problem.id} is already asked at tier {problem.tier!r}")
+        return replace(problem, prompt=f"{tag} {problem.prompt}", tier=tag)

@@ -1,0 +1,93 @@
+"""A web-like pretraining corpus for the synthetic task: mostly answers, rarely worked, often wrong.
+
+Three kinds of documents, in the shares the task config sets:
+
+- question documents: one to three ``q: ...\\na: ...`` items, formatted exactly like RL prompts, sometimes
+  with a line of chatter around them. An answer is a worked trace with probability ``trace_fraction``
+  (always correct, ``verbose_fraction`` of them verbose) and otherwise direct, wrong with probability
+  ``direct_noise``, as answers on the web often are.
+- drill documents: lines of the one-step facts the trace uses (``7+3=10>0``), so the rare trace mode
+  is reliable without making it common.
+- filler documents: chatter with no questions at all.
+
+Only train-split problems appear. Each document ends with a newline; join them with ``DOC_SEPARATOR``.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+
+from ringzero.tasks.arithmetic import SyntheticArithmetic
+from ringzero.tasks.base import RngLike, as_random
+
+DOC_SEPARATOR = "\n"
+ITEMS_PER_DOCUMENT = (1, 3)
+DRILL_FACTS = (6, 14)
+FILLER_SENTENCES = (1, 4)
+CHATTER_AROUND_ITEMS = 0.4
+"""Chance that a question document opens (and, separately, closes) with a line of chatter."""
+
+_SUBJECTS = ["we", "my friend", "the club", "our teacher", "a neighbour", "the team", "nobody", "everyone"]
+_VERBS = ["talked about", "looked at", "wrote down", "forgot", "liked", "checked", "posted", "asked about"]
+_OBJECTS = ["the weather", "the homework", "an old map", "the numbers", "a long list", "the train times",
+            "the garden", "a new game", "the notes", "the results"]
+_TAILS = ["today", "again", "last week", "after lunch", "for a while", "before the meeting", "at home", ""]
+_OPENERS = ["homework thread.", "notes from the math club.", "quick question from a forum:",
+            "answers posted below.", "page 3 of the worksheet.", "copied from the board:"]
+_CLOSERS = ["thanks!", "hope that helps.", "not sure about the last one.", "reply if you see a mistake.",
+            "more next week.", "ok."]
+
+
+def _sentence(rng: random.Random) -> str:
+    tail = rng.choice(_TAILS)
+    words = [rng.choice(_SUBJECTS), rng.choice(_VERBS), rng.choice(_OBJECTS)] + ([tail] if tail else [])
+    return " ".join(words) + rng.choice([".", ".", "!", "?"])
+
+
+class CorpusGenerator:
+    def __init__(self, task: SyntheticArithmetic):
+        self.task = task
+        self.cfg = task.cfg
+
+    def answer_text(self, problem, rng: random.Random) -> str:
+        """One corpus answer to ``problem``: worked (reliable) or direct (noisy)."""
+        if rng.random() < self.cfg.trace_fraction:
+            return self.task.worked_response(problem, verbose=rng.random() < self.cfg.verbose_fraction)
+        if rng.random() < self.cfg.direct_noise:
+            return self.task.op.wrong_answer(self.task.op.instance_from_meta(problem.meta), rng)
+        return self.task.direct_response(problem)
+
+    def question_document(self, rng: random.Random) -> str:
+        lines = [rng.choice(_OPENERS)] if rng.random() < CHATTER_AROUND_ITEMS else []
+        for _ in range(rng.randint(*ITEMS_PER_DOCUMENT)):
+            problem = self.task.problem(self.task.sample_instance("train", rng))
+            lines.append(problem.prompt + self.answer_text(problem, rng))
+        if rng.random() < CHATTER_AROUND_ITEMS:
+            lines.append(rng.choice(_CLOSERS))
+        return "\n".join(lines) + "\n"
+
+    def drill_document(self, rng: random.Random) -> str:
+        facts = [self.task.op.drill(rng) for _ in range(rng.randint(*DRILL_FACTS))]
+        return "facts: " + " ".join(facts) + "\n"
+
+    def filler_document(self, rng: random.Random) -> str:
+        return " ".join(_sentence(rng) for _ in range(rng.randint(*FILLER_SENTENCES))) + "\n"
+
+    def document(self, rng: random.Random) -> str:
+        u = rng.random()
+        if u < self.cfg.filler_fraction:
+            return self.filler_document(rng)
+        if u < self.cfg.filler_fraction + self.cfg.drill_fraction:
+            return self.drill_document(rng)
+        return self.question_document(rng)
+
+    def documents(self, n: int, rng: RngLike) -> list[str]:
+        r = as_random(rng)
+        return [self.document(r) for _ in range(n)]
+
+    def stream(self, rng: RngLike) -> Iterator[str]:
+        """Documents without end, for a pretraining loader that packs them into windows."""
+        r = as_random(rng)
+        while True:
+            yield self.document(r)

@@ -1,0 +1,114 @@
+"""digitsum and parity: the sum of n labelled digits mod 10 (or of n bits mod 2), traced as a running sum.
+
+Question (digitsum, n=4): ``sum mod 10: a=7 b=3 c=9 d=1``; answer ``0``.
+Terse trace:   ``a=7>7 b=3>0 c=9>9 d=1>0`` (each step: label=digit>new state).
+Verbose trace: ``a=7 0+7=7>7 b=3 7+3=10>0 ...`` (adds the step's arithmetic: previous state + digit).
+
+The letter labels are there for the trace: a step finds its digit by matching ``label=`` in the
+question, the one lookup a small transformer learns most reliably (an induction head), instead of
+counting positions. The direct route gets no such help: see ``ringzero.tasks.arithmetic``.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import string
+from collections.abc import Mapping
+from typing import Any
+
+from ringzero.tasks.base import StepCheck
+from ringzero.tasks.operation import Instance, Operation
+
+LABELS = string.ascii_lowercase
+_TERSE = re.compile(r"([a-z])=(\d)>(\d)")
+_HEAD = re.compile(r"([a-z])=(\d)")
+_ARITH = re.compile(r"(\d)\+(\d)=(\d+)>(\d)")
+DRILL_FACTS_PER_LINE = (6, 14)
+
+
+class RunningSum(Operation):
+    """Sum of ``digits`` base-``modulus`` digits mod ``modulus``: digitsum (10) or parity (2)."""
+
+    def __init__(self, name: str, digits: int, modulus: int, header: str):
+        if digits > len(LABELS):
+            raise ValueError(f"digits: at most {len(LABELS)} labelled digits (got {digits})")
+        self.name, self.digits, self.modulus, self.header = name, digits, modulus, header
+
+    def sample(self, rng: random.Random) -> Instance:
+        return tuple(rng.randrange(self.modulus) for _ in range(self.digits))
+
+    def key(self, instance: Instance) -> str:
+        return f"{self.name}:{''.join(map(str, instance))}"
+
+    def question(self, instance: Instance) -> str:
+        items = " ".join(f"{LABELS[i]}={d}" for i, d in enumerate(instance))
+        return f"{self.header}: {items}"
+
+    def answer(self, instance: Instance) -> str:
+        return str(sum(instance) % self.modulus)
+
+    def trace_steps(self, instance: Instance, verbose: bool) -> list[str]:
+        steps, state = [], 0
+        for i, d in enumerate(instance):
+            new = (state + d) % self.modulus
+            arith = f" {state}+{d}={state + d}" if verbose else ""
+            steps.append(f"{LABELS[i]}={d}{arith}>{new}")
+            state = new
+        return steps
+
+    def wrong_answer(self, instance: Instance, rng: random.Random) -> str:
+        right = sum(instance) % self.modulus
+        return str(rng.choice([v for v in range(self.modulus) if v != right]))
+
+    def drill(self, rng: random.Random) -> str:
+        s, d = rng.randrange(self.modulus), rng.randrange(self.modulus)
+        return f"{s}+{d}={s + d}>{(s + d) % self.modulus}"
+
+    def meta(self, instance: Instance) -> Mapping[str, Any]:
+        return {"operation": self.name, "inputs": instance}
+
+    def instance_from_meta(self, meta: Mapping[str, Any]) -> Instance:
+        return tuple(int(d) for d in meta["inputs"])
+
+    def check_steps(self, body: str, instance: Instance | None) -> StepCheck:
+        tokens = body.split()
+        steps = correct = 0
+        state = 0  # each step is checked against the state the previous step claimed, so errors do not cascade
+        i = 0
+        while i < len(tokens):
+            parsed, i = self._parse_step(tokens, i)
+            if parsed is None:
+                steps += 1
+                continue
+            label, digit, arith, claimed = parsed
+            ok = label == LABELS[steps] if steps < len(LABELS) else False
+            if instance is not None:
+                ok = ok and steps < len(instance) and digit == instance[steps]
+            if arith is not None:
+                prev, d2, total = arith
+                ok = ok and prev == state and d2 == digit and total == prev + digit and claimed == total % self.modulus
+            ok = ok and digit < self.modulus and claimed == (state + digit) % self.modulus
+            steps += 1
+            correct += ok
+            state = claimed
+        return StepCheck(steps, correct)
+
+    @staticmethod
+    def _parse_step(tokens: list[str], i: int):
+        """``((label, digit, arith|None, state), next_i)``, or ``(None, i + 1)`` for a fragment that is no step."""
+        if m := _TERSE.fullmatch(tokens[i]):
+            return (m[1], int(m[2]), None, int(m[3])), i + 1
+        head = _HEAD.fullmatch(tokens[i])
+        arith = _ARITH.fullmatch(tokens[i + 1]) if head and i + 1 < len(tokens) else None
+        if head and arith:
+            return (head[1], int(head[2]), (int(arith[1]), int(arith[2]), int(arith[3])), int(arith[4])), i + 2
+        return None, i + 1
+
+
+def digitsum(digits: int) -> RunningSum:
+    return RunningSum("digitsum", digits, modulus=10, header="sum mod 10")
+
+
+def parity(digits: int) -> RunningSum:
+    return RunningSum("parity", digits, modulus=2, header="parity")
