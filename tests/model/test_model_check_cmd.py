@@ -1,0 +1,71 @@
+"""``ringzero check decode`` end to end, and the registry other checks plug into."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from ringzero.cli.check_cmd import check_subcommands
+from ringzero.cli.main import main
+
+RUN_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "tiny-cpu.yaml"
+
+SMALL = {
+    "vocab_size": 32, "d_model": 16, "n_layers": 2, "n_heads": 2, "mla_every": 2, "mlp_hidden": 24,
+    "mla": {"kv_lora_rank": 8, "qk_nope_head_dim": 4, "qk_rope_head_dim": 4, "v_head_dim": 4},
+    "lightning": {"head_dim": 4, "block_size": 4},
+}
+
+
+@pytest.mark.parametrize("layer", ["mla", "lightning", "model"])
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_check_decode_reports_within_tolerance(tmp_path, capsys, layer, dtype):
+    path = tmp_path / "model.yaml"
+    path.write_text(yaml.safe_dump({"model": SMALL}))
+    rc = main(["check", "decode", "--layer", layer, "--dtype", dtype, "--config", str(path), "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 0 and out["ok"] is True
+    assert out["layer"] == layer and out["dtype"] == dtype and out["seq_len"] == 13
+    assert set(out["forms"]) == {"token_by_token", "chunked_prefill"}
+    assert 0 <= out["max_abs"] <= out["atol"] + out["rtol"] * 100
+    assert out["atol"] == (1e-10 if dtype == "float64" else 1e-4)
+
+
+def test_check_decode_fails_past_tolerance(monkeypatch, capsys):
+    """A decoding path that drifts must turn the exit status non-zero."""
+    from ringzero.model import lightning
+
+    real_step = lightning.lightning_step
+
+    def drifting_step(q, k, v, log_decay, state):
+        o, state = real_step(q, k, v, log_decay, state)
+        return o * (1 + 1e-3), state
+
+    monkeypatch.setattr(lightning, "lightning_step", drifting_step)
+    rc = main(["check", "decode", "--layer", "lightning", "--dtype", "float64", "--seq-len", "9"])
+    assert rc == 1 and capsys.readouterr().out.startswith("FAIL")
+
+
+def test_check_decode_reads_a_run_config(capsys):
+    rc = main(["check", "decode", "--layer", "mla", "--config", str(RUN_CONFIG), "--seq-len", "6"])
+    assert rc == 0 and capsys.readouterr().out.startswith("ok: check decode mla float64")
+
+
+def test_bad_config_is_a_clean_error(tmp_path, capsys):
+    path = tmp_path / "m.yaml"
+    path.write_text(yaml.safe_dump({"model": {**SMALL, "n_heads": 0}}))
+    assert main(["check", "decode", "--config", str(path)]) == 2
+    assert "n_heads" in capsys.readouterr().err
+
+
+def test_other_modules_share_the_check_parser():
+    parser = argparse.ArgumentParser()
+    sub = parser.add_subparsers(dest="command")
+    first = check_subcommands(sub)
+    first.add_parser("gap").set_defaults(handler="gap")
+    assert check_subcommands(sub) is first
+    assert parser.parse_args(["check", "gap"]).handler == "gap"
