@@ -18,6 +18,7 @@ COMMAND_MODULES = [
     "ringzero.cli.config_cmd",
     "ringzero.cli.run_cmd",
     "ringzero.cli.check_cmd",
+    "ringzero.cli.kfp_cmd",
 ]
 
 

@@ -1,0 +1,36 @@
+"""The pipeline's lightweight components, built for one step image."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kfp import dsl
+
+from components.gate import gate
+from components.stages import distill_stage, eval_stage, pretrain_stage, rl_stage
+from components.status import record_status
+
+
+@dataclass(frozen=True)
+class Components:
+    stages: dict  # stage kind -> component
+    gate: object
+    record_status: object
+
+
+def make_components(base_image: str) -> Components:
+    """Components running in ``base_image``, which already has ringzero and kfp: steps install nothing."""
+
+    def build(func):
+        return dsl.component(func, base_image=base_image, install_kfp_package=False)
+
+    return Components(
+        stages={
+            "pretrain": build(pretrain_stage),
+            "rl": build(rl_stage),
+            "distill": build(distill_stage),
+            "eval": build(eval_stage),
+        },
+        gate=build(gate),
+        record_status=build(record_status),
+    )

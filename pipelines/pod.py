@@ -1,0 +1,42 @@
+"""Pod settings of the pipeline's steps, from ``KfpSettings``: every Kubernetes detail is set here."""
+
+from __future__ import annotations
+
+from kfp import kubernetes
+from kfp.dsl import PipelineTask
+
+from ringzero.kfp.settings import KfpSettings
+
+S3_ENV = {"access": "RINGZERO_S3_ACCESS_KEY", "secret": "RINGZERO_S3_SECRET_KEY"}
+
+
+def apply_pod_settings(task: PipelineTask, settings: KfpSettings, *, runs_stage: bool, uses_store: bool) -> PipelineTask:
+    """Resources, placement and credentials of one step.
+
+    ``runs_stage``: the step executes a stage; in in-process mode its pod does the training, so it gets
+    the GPUs, resources and node placement (in cluster mode the training job gets them instead).
+    ``uses_store``: the step reads or writes the checkpoint store, so it needs the S3 credentials.
+    """
+    # Stages are cached by identity in the checkpoint store; KFP's own cache cannot see the store
+    # (a wiped store, a resumable half-finished stage), so it would skip steps that must run.
+    task.set_caching_options(False)
+    if uses_store and settings.s3_secret is not None:
+        secret = settings.s3_secret
+        kubernetes.use_secret_as_env(
+            task, secret_name=secret.name,
+            secret_key_to_env={secret.access_key_key: S3_ENV["access"], secret.secret_key_key: S3_ENV["secret"]},
+        )
+    if not (runs_stage and settings.mode == "in-process"):
+        return task
+    pod = settings.stage_pod
+    if pod.cpu is not None:
+        task.set_cpu_request(pod.cpu)
+    if pod.memory is not None:
+        task.set_memory_request(pod.memory).set_memory_limit(pod.memory)
+    if pod.gpus:
+        task.set_accelerator_type(pod.accelerator).set_accelerator_limit(pod.gpus)
+    for key, value in sorted(pod.node_selector.items()):
+        kubernetes.add_node_selector(task, label_key=key, label_value=value)
+    for t in pod.tolerations:
+        kubernetes.add_toleration(task, key=t.key, operator=t.operator, value=t.value, effect=t.effect)
+    return task

@@ -1,0 +1,81 @@
+"""Build the staged pipeline from a run config: one step per stage in config order, gated, with an exit handler.
+
+Shape, for the tiny config::
+
+    exit handler (record final status)
+      base -> stage1 -> stage1-gate
+        if stage1-gate passed:
+          distill -> stage2 -> tier -> eval
+
+A stage's input checkpoint is the named stage's output, a URI, or (unset) the last checkpoint made
+before it, exactly as the local runner resolves them, so both runners compute the same inputs.
+"""
+
+import contextlib  # no "from __future__ import annotations": KFP reads the pipeline's annotations as types
+
+from kfp import dsl
+
+from components import Components, make_components
+from pipelines.pod import apply_pod_settings
+from ringzero.config.run import RunConfig
+from ringzero.errors import RingzeroError
+from ringzero.kfp.settings import KfpSettings
+from ringzero.kfp.tasks import config_text
+
+# Stage kinds whose step outputs a checkpoint (eval only reads them).
+MAKES_CHECKPOINT = frozenset({"pretrain", "rl", "distill"})
+
+
+def build_pipeline(cfg: RunConfig, settings: KfpSettings):
+    """The pipeline (a KFP graph component); its only parameter is the run config's YAML text."""
+    if not cfg.stages:
+        raise RingzeroError(f"run {cfg.run.name!r} has no stages: there is no pipeline to build")
+    comps = make_components(settings.base_image)
+    chain = " -> ".join(f"{s.name} ({s.kind})" for s in cfg.stages)
+
+    @dsl.pipeline(name=cfg.run.name, description=f"ringzero staged run: {chain}")
+    def staged_run(run_config: str = config_text(cfg)):
+        run_id = dsl.PIPELINE_JOB_ID_PLACEHOLDER
+        final = comps.record_status(run_config=run_config, run_id=run_id).set_display_name("final-status")
+        apply_pod_settings(final, settings, runs_stage=False, uses_store=True)
+        with dsl.ExitHandler(final, name="staged-run"):
+            _add_stages(cfg, settings, comps, run_config, run_id)
+
+    return staged_run
+
+
+def _add_stages(cfg: RunConfig, settings: KfpSettings, comps: Components, run_config, run_id) -> None:
+    checkpoints: dict[str, object] = {}  # stage name -> its checkpoint_uri output
+    latest, base = "", ""
+    with contextlib.ExitStack() as gates_passed:
+        for i, stage in enumerate(cfg.stages):
+            args = {"run_config": run_config, "stage_name": stage.name, "mode": settings.mode, "run_id": run_id}
+            init = _ref(stage, "init", stage.init, checkpoints) if stage.init else latest
+            args.update(init_uri=init, base_uri=base)
+            if stage.kind == "rl":
+                args["reference_uri"] = _ref(stage, "reference", stage.reference, checkpoints) or init
+            if stage.kind == "eval":
+                args["compare_uris"] = {name: _ref(stage, "compare", name, checkpoints) for name in stage.compare}
+            task = comps.stages[stage.kind](**args).set_display_name(stage.name)
+            apply_pod_settings(task, settings, runs_stage=True, uses_store=True)
+            if stage.kind in MAKES_CHECKPOINT:
+                checkpoints[stage.name] = latest = task.outputs["checkpoint_uri"]
+                if stage.kind == "pretrain" and not base:
+                    base = latest
+            if stage.gate:
+                verdict = comps.gate(
+                    run_config=run_config, stage_name=stage.name, summary_json=task.outputs["summary_json"]
+                ).set_display_name(f"{stage.name}-gate")
+                apply_pod_settings(verdict, settings, runs_stage=False, uses_store=False)
+                if i + 1 < len(cfg.stages):
+                    # Everything after a gate sits inside its condition: a failed gate runs nothing downstream.
+                    gates_passed.enter_context(dsl.If(verdict.outputs["Output"] == True, name=f"{stage.name}-passed"))  # noqa: E712
+
+
+def _ref(stage, field: str, ref: str | None, checkpoints: dict):
+    """A stage name or URI as a step input: an earlier step's checkpoint output, or the URI itself."""
+    if ref is None or "://" in ref:
+        return ref
+    if ref not in checkpoints:
+        raise RingzeroError(f"stage {stage.name!r}: {field} {ref!r} is not an earlier stage that makes a checkpoint")
+    return checkpoints[ref]

@@ -1,0 +1,154 @@
+"""What each pipeline step runs inside its pod: a stage, a gate, or the final-status record.
+
+Every step is its own process, so each one parses the run config it is handed, opens the store and
+continues the run manifest there. Values cross step boundaries as plain strings and booleans: an
+empty string stands for "no checkpoint", because pipeline parameters cannot be null.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import structlog
+
+from ringzero.config.loader import parse_config
+from ringzero.config.run import RunConfig
+from ringzero.errors import ConfigError, RingzeroError
+from ringzero.kfp import report
+from ringzero.kfp.manifest import open_run_manifest
+from ringzero.pipeline.execute import ExecutedStage, execute_stage
+from ringzero.pipeline.gates import evaluate_gate
+from ringzero.stages.base import StageInputs
+
+log = structlog.get_logger(__name__)
+
+MODES = ("in-process", "cluster")
+
+
+def config_text(cfg: RunConfig) -> str:
+    """The config as the pipeline carries it: one line of JSON holding only what was set.
+
+    One line, because the compiler copies parameter defaults into a comment header that a multi-line
+    string would break; only what was set, so new defaults elsewhere do not churn the compiled spec.
+    """
+    text = json.dumps(cfg.model_dump(mode="json", exclude_unset=True), sort_keys=True, separators=(",", ":"))
+    if parse_config_text(text) != cfg:
+        raise RingzeroError("the run config does not survive a JSON round trip; the pipeline cannot carry it")
+    return text
+
+
+def parse_config_text(text: str) -> RunConfig:
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError("run_config", [f"not JSON: {exc}"]) from None
+    if not isinstance(data, dict):
+        raise ConfigError("run_config", [f"top level must be an object of sections, got {type(data).__name__}"])
+    return parse_config(data, "run_config")
+
+
+def run_stage(
+    run_config: str, stage_name: str, kind: str, mode: str, run_id: str, *, init_uri: str, base_uri: str,
+    reference_uri: str = "", compare_uris: dict | None = None, metrics=None, summary=None, html_report=None,
+) -> tuple[str, str]:
+    """Run (or reuse) one stage; returns (checkpoint URI or "", summary as JSON) and fills the artifacts."""
+    cfg = parse_config_text(run_config)
+    stage = _stage(cfg, stage_name, kind)
+    inputs = StageInputs(
+        init_uri=init_uri or None,
+        reference_uri=reference_uri or None,
+        base_uri=base_uri or None,
+        compare=dict(compare_uris or {}),
+    )
+    store = _open_store(cfg)
+    run_dir = Path(cfg.run.run_dir)
+    if mode == "in-process":
+        _seed(cfg)
+        ex = execute_stage(cfg, store, stage, inputs, {}, run_dir)
+    elif mode == "cluster":
+        ex = _execute_on_cluster(cfg, store, stage, inputs, run_dir)
+    else:
+        raise RingzeroError(f"mode {mode!r}: expected one of {MODES}")
+    open_run_manifest(cfg, store, run_dir, run_id).record(ex)
+    _log_metrics(metrics, ex.outcome.summary)
+    _write(summary, report.stage_markdown(ex))
+    _write(html_report, report.stage_html(ex))
+    return ex.outcome.output_uri or "", json.dumps(ex.outcome.summary, sort_keys=True)
+
+
+def check_gate(run_config: str, stage_name: str, summary_json: str, reasons=None) -> bool:
+    """The stage's gate over its summary, as a plain bool (pipeline conditions compare it to ``true``)."""
+    cfg = parse_config_text(run_config)
+    stage = _stage(cfg, stage_name, None)
+    result = evaluate_gate(stage.gate, json.loads(summary_json))
+    _write(reasons, report.gate_markdown(stage_name, result))
+    if not result.passed:
+        log.error("gate.failed", stage=stage_name, reasons=result.reasons)
+    return bool(result.passed)
+
+
+def record_final_status(run_config: str, run_id: str, state: str, error: str | None, summary=None) -> str:
+    """Finish the run manifest: gate_failed if a gate stopped the run, else the pipeline's own final state."""
+    cfg = parse_config_text(run_config)
+    manifest = open_run_manifest(cfg, _open_store(cfg), Path(cfg.run.run_dir), run_id)
+    stages = manifest.doc["stages"]
+    if any(not s["gate"]["passed"] for s in stages):
+        status = "gate_failed"
+    elif state == "SUCCEEDED":
+        status = "succeeded"
+    else:
+        status = state.lower()  # failed, cancelled
+    manifest.doc["error"] = error or None
+    manifest.finish(status)
+    _write(summary, report.status_markdown(cfg.run.name, status, stages, error))
+    log.info("run.finished", run=cfg.run.name, status=status)
+    return status
+
+
+def _stage(cfg: RunConfig, name: str, kind: str | None):
+    try:
+        stage = cfg.stage(name)
+    except KeyError:
+        raise RingzeroError(f"stage {name!r} is not in the run config (stages: {[s.name for s in cfg.stages]})") from None
+    if kind is not None and stage.kind != kind:
+        raise RingzeroError(f"stage {name!r} is a {stage.kind} stage; this step runs {kind} stages")
+    return stage
+
+
+def _open_store(cfg: RunConfig):
+    from ringzero.store import open_store
+
+    return open_store(cfg.storage.root, cfg.storage.s3)
+
+
+def _seed(cfg: RunConfig) -> None:
+    import torch
+
+    if cfg.run.threads:
+        torch.set_num_threads(cfg.run.threads)
+    torch.manual_seed(cfg.run.seed)
+
+
+def _execute_on_cluster(cfg, store, stage, inputs, run_dir) -> ExecutedStage:
+    try:
+        from ringzero.cluster.stage import execute_stage_on_cluster
+    except ImportError as exc:
+        raise RingzeroError(f"cluster mode needs ringzero.cluster (its stage launcher): {exc}") from None
+    return execute_stage_on_cluster(cfg, store, stage, inputs, run_dir)
+
+
+def _log_metrics(metrics, summary: dict) -> None:
+    """Scalars the UI can show; non-finite values stay in the Markdown summary, which prints them."""
+    if metrics is None:
+        return
+    for key, value in sorted(summary.items()):
+        if isinstance(value, bool | int | float) and math.isfinite(value):
+            metrics.log_metric(key, float(value))
+
+
+def _write(artifact, text: str) -> None:
+    if artifact is not None:
+        Path(artifact.path).parent.mkdir(parents=True, exist_ok=True)
+        Path(artifact.path).write_text(text)

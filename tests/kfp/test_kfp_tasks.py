@@ -1,0 +1,92 @@
+"""What the steps run, called in-process: config transport, gate verdicts, metrics and reports."""
+
+import json
+import math
+
+import pytest
+from kfp_kit import micro_config
+
+from ringzero.errors import ConfigError, RingzeroError
+from ringzero.kfp import report, tasks
+from ringzero.kfp.settings import load_kfp_config
+from ringzero.pipeline.execute import ExecutedStage
+from ringzero.pipeline.gates import GateResult
+from ringzero.stages.base import StageInputs, StageOutcome
+
+pytestmark = pytest.mark.xdist_group("kfp")
+
+
+@pytest.fixture
+def cfg(tmp_path):
+    return load_kfp_config(micro_config(tmp_path, gate=["reward/mean >= 0.3", "ratio/p99 <= 0.05"]))[0]
+
+
+class Recorder:
+    """Stands in for an output artifact: a path to write, and the Metrics call."""
+
+    def __init__(self, path):
+        self.path = str(path)
+        self.logged = {}
+
+    def log_metric(self, key, value):
+        self.logged[key] = value
+
+
+def test_config_travels_as_one_json_line_and_comes_back_equal(cfg):
+    text = tasks.config_text(cfg)
+    assert "\n" not in text
+    assert tasks.parse_config_text(text) == cfg
+
+
+def test_a_config_parameter_that_is_not_json_is_a_config_error():
+    with pytest.raises(ConfigError, match="run_config: 1 problem"):
+        tasks.parse_config_text("run: {name: x}")
+
+
+@pytest.mark.parametrize(("reward", "passed"), [(0.5, True), (0.1, False)])
+def test_gate_returns_a_plain_bool_and_writes_the_reasons(cfg, tmp_path, reward, passed):
+    out = Recorder(tmp_path / "reasons.md")
+    summary = json.dumps({"reward/mean": reward, "ratio/p99": 0.01})
+    verdict = tasks.check_gate(tasks.config_text(cfg), "stage1", summary, out)
+    assert verdict is passed
+    text = (tmp_path / "reasons.md").read_text()
+    assert ("PASS" if passed else "FAIL") in text.splitlines()[0]
+    assert f"reward/mean = {reward:g}" in text
+
+
+def test_a_missing_metric_fails_the_gate(cfg):
+    assert tasks.check_gate(tasks.config_text(cfg), "stage1", json.dumps({"reward/mean": 0.9})) is False
+
+
+def test_a_step_refuses_a_stage_of_another_kind(cfg):
+    with pytest.raises(RingzeroError, match="stage 'base' is a pretrain stage; this step runs rl stages"):
+        tasks.run_stage(tasks.config_text(cfg), "base", "rl", "in-process", "run-1", init_uri="", base_uri="")
+
+
+def test_metrics_artifact_gets_finite_scalars_only(tmp_path):
+    out = Recorder(tmp_path / "m")
+    tasks._log_metrics(out, {"a/x": 1, "a/nan": math.nan, "a/inf": math.inf, "a/y": 0.5, "a/flag": True})
+    assert out.logged == {"a/x": 1.0, "a/y": 0.5, "a/flag": 1.0}
+
+
+def _executed(metrics):
+    outcome = StageOutcome(output_uri="file:///s/ckpt", summary={"len/mean": 3.0, "x/<b>": 1.0},
+                           stop_reason="max_steps", steps=len(metrics), wall_s=2.0)
+    gate = GateResult(passed=False, reasons=["FAIL: len/mean = 3 violates len/mean <= 2"])
+    return ExecutedStage("s1", "rl", "ab" * 32, StageInputs(), outcome, gate, False, metrics)
+
+
+def test_html_report_escapes_text_and_draws_logged_curves():
+    page = report.stage_html(_executed([{"step": 0, "len/mean": 1.0}, {"step": 1, "len/mean": 3.0}]))
+    assert "x/&lt;b&gt;" in page and "x/<b>" not in page
+    assert page.count("<polyline") == 1 and "len/mean against step" in page
+    assert "FAIL: len/mean = 3 violates" in page
+
+
+def test_html_report_has_no_curve_for_a_single_point():
+    assert "<polyline" not in report.stage_html(_executed([{"step": 0, "len/mean": 1.0}]))
+
+
+def test_stage_markdown_lists_the_summary_and_output():
+    text = report.stage_markdown(_executed([]))
+    assert "| len/mean | 3 |" in text and "output: `file:///s/ckpt`" in text
