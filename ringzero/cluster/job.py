@@ -27,7 +27,8 @@ class StageJob:
     owner: OwnerRef | None = None
 
     def __post_init__(self):
-        leaked = sorted(k for k in self.env if _SECRET_LOOKING.search(k))
+        # A *_FILE variable names a mounted secret's path, which is fine to pass in plain.
+        leaked = sorted(k for k in self.env if _SECRET_LOOKING.search(k) and not k.endswith("_FILE"))
         if leaked:
             raise RingzeroError(
                 f"env {leaked} look like credentials: they must come from the S3 Secret, not plain values"

@@ -95,6 +95,11 @@ helm.sh/chart: {{ include "ringzero.chart" .root }}
 
 {{/* Cross-field rules the schema cannot state clearly; each failure names the fields to change. */}}
 {{- define "ringzero.validate" -}}
+{{- range $name, $image := dict "images.trainer" .Values.images.trainer "images.rollout" .Values.images.rollout "images.cpu" .Values.images.cpu "minio.image" .Values.minio.image "minio.clientImage" .Values.minio.clientImage -}}
+{{- if eq $image.tag "latest" -}}
+{{- fail (printf "%s.tag: 'latest' is not a pinned tag; give a release tag or a sha256 digest" $name) -}}
+{{- end -}}
+{{- end -}}
 {{- if and .Values.minio.enabled .Values.s3.endpoint -}}
 {{- fail "s3.endpoint is set and minio.enabled is true: use the bundled MinIO (leave s3.endpoint empty) or an external store (set minio.enabled=false), not both" -}}
 {{- end -}}

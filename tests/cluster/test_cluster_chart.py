@@ -1,0 +1,137 @@
+"""The chart lints, renders for each documented combination, and every object validates offline."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+from cluster_helm_cli import REPO
+from cluster_kit import CHART, COMBINATIONS, NAMESPACE, RELEASE, helm, validate
+
+from ringzero.cluster.config import ClusterSettings
+from ringzero.config import parse_config
+
+
+def by_kind(objs, kind):
+    return [o for o in objs if o["kind"] == kind]
+
+
+def the(objs, kind, suffix):
+    (obj,) = [o for o in objs if o["kind"] == kind and o["metadata"]["name"].endswith(suffix)]
+    return obj
+
+
+@pytest.mark.parametrize("name", sorted(COMBINATIONS))
+def test_lint_strict(helm_bin, name):
+    args = ["lint", "--strict", str(CHART)]
+    for f in COMBINATIONS[name]:
+        args += ["-f", str(CHART / f)]
+    done = helm(helm_bin, *args)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("name", sorted(COMBINATIONS))
+def test_every_object_validates(rendered, name):
+    objs = rendered[name]
+    assert objs, "nothing rendered"
+    for obj in objs:
+        validate(obj)
+
+
+def test_default_install_has_the_documented_objects(rendered):
+    kinds = sorted(o["kind"] for o in rendered["defaults"])
+    for kind in ("ServiceAccount", "Role", "RoleBinding", "ConfigMap", "Deployment", "PersistentVolumeClaim",
+                 "Service", "Job", "NetworkPolicy", "TrainJob"):
+        assert kind in kinds, f"{kind} missing from {kinds}"
+    jobs = {o["metadata"]["name"] for o in by_kind(rendered["defaults"], "Job")}
+    assert jobs == {f"{RELEASE}-ringzero-create-bucket", f"{RELEASE}-ringzero-pipeline-upload"}
+
+
+def test_external_s3_drops_minio_and_points_at_the_endpoint(rendered):
+    objs = rendered["external-s3"]
+    assert not [o for o in objs if "minio" in o["metadata"]["name"]]
+    data = the(objs, "ConfigMap", "-cluster")["data"]
+    assert data["s3-endpoint"] == "s3.us-east-1.amazonaws.com"
+    assert data["s3-secure"] == "true"
+    assert data["s3-region"] == "us-east-1"
+    assert data["s3-root"] == "s3://my-ringzero-runs/runs"
+
+
+def test_bundled_minio_is_the_endpoint(rendered):
+    data = the(rendered["defaults"], "ConfigMap", "-cluster")["data"]
+    service = the(rendered["defaults"], "Service", "-minio")
+    assert data["s3-endpoint"] == f"{service['metadata']['name']}.{NAMESPACE}.svc:9000"
+    assert data["s3-secure"] == "false"
+
+
+@pytest.mark.parametrize("name", sorted(COMBINATIONS))
+def test_cluster_settings_load_into_the_launcher_model(rendered, name):
+    """The chart's rendering of ClusterSettings is what the launcher validates: they cannot drift apart."""
+    text = the(rendered[name], "ConfigMap", "-cluster")["data"]["cluster.yaml"]
+    settings = ClusterSettings.model_validate(yaml.safe_load(text))
+    assert settings.namespace == NAMESPACE
+    assert settings.s3_secret.name == "ringzero-s3"
+
+
+def test_gpu_profile_settings(rendered):
+    text = the(rendered["gpu"], "ConfigMap", "-cluster")["data"]["cluster.yaml"]
+    settings = ClusterSettings.model_validate(yaml.safe_load(text))
+    assert (settings.device, settings.num_nodes, settings.gpus_per_node) == ("gpu", 2, 8)
+    assert settings.node_selector == {"nvidia.com/gpu.product": "NVIDIA-H200"}
+    assert settings.tolerations[0].key == "nvidia.com/gpu"
+    assert settings.rollout.tp_size == 4
+
+
+def test_cpu_profile_runs_the_cpu_image_without_gpus(rendered):
+    smoke = the(rendered["cpu"], "TrainJob", "-smoke")
+    assert smoke["spec"]["trainer"]["image"].startswith("ringzero/cpu:")
+    assert "nvidia.com/gpu" not in str(smoke["spec"]["trainer"]["resourcesPerNode"])
+
+
+def test_smoke_job_follows_the_backend(rendered):
+    assert by_kind(rendered["defaults"], "TrainJob") and not by_kind(rendered["defaults"], "PyTorchJob")
+    job = the(rendered["gpu-pytorchjob"], "PyTorchJob", "-smoke")
+    assert job["spec"]["pytorchReplicaSpecs"]["Master"]["replicas"] == 1
+    assert job["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == 1  # 2 nodes in the GPU profile
+    trainjob = the(rendered["defaults"], "TrainJob", "-smoke")
+    assert trainjob["spec"]["runtimeRef"]["name"] == "torch-distributed"
+    assert trainjob["metadata"]["annotations"]["helm.sh/hook"] == "test"
+
+
+def test_run_config_map_ships_the_cluster_config(rendered):
+    shipped = the(rendered["defaults"], "ConfigMap", "-runs")["data"]
+    source = (REPO / "configs" / "cluster-h200.yaml").read_text()
+    assert shipped["cluster-h200.yaml"].rstrip("\n") == source.rstrip("\n")
+    cfg = parse_config(yaml.safe_load(shipped["cluster-h200.yaml"]), "cluster-h200.yaml")
+    assert cfg.run.name == "cluster-h200"
+
+
+def test_chart_copy_of_the_run_config_matches_configs():
+    chart_copy = CHART / "files" / "runs" / "cluster-h200.yaml"
+    assert chart_copy.read_text() == (REPO / "configs" / "cluster-h200.yaml").read_text(), (
+        "copy configs/cluster-h200.yaml to helm/ringzero/files/runs/ after changing it"
+    )
+
+
+def test_extra_run_configs_are_shipped_and_selectable(helm_bin, tmp_path):
+    from cluster_kit import render
+
+    objs = render(helm_bin, [], ("runConfigs.bundled=false", "runConfigs.extra.mine\\.yaml=run: {name: mine}",
+                                 "pipeline.runConfig=mine.yaml"))
+    data = the(objs, "ConfigMap", "-runs")["data"]
+    assert list(data) == ["mine.yaml"]
+    upload = the(objs, "Job", "-pipeline-upload")
+    env = {e["name"]: e.get("value") for e in upload["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["RUN_CONFIG"] == "mine.yaml"
+
+
+def test_upload_job_compiles_with_this_release_settings(rendered):
+    container = the(rendered["multiuser"], "Job", "-pipeline-upload")["spec"]["template"]["spec"]["containers"][0]
+    script = container["args"][0]
+    assert "ringzero kfp compile" in script and "python -m ringzero.cluster.kfp_upload" in script
+    assert '--set "storage.s3.endpoint=${S3_ENDPOINT}"' in script
+    assert '--set "cluster=$(cat /etc/ringzero/cluster/cluster.yaml)"' in script
+    volumes = the(rendered["multiuser"], "Job", "-pipeline-upload")["spec"]["template"]["spec"]["volumes"]
+    (token,) = [v for v in volumes if v["name"] == "kfp-token"]
+    assert token["projected"]["sources"][0]["serviceAccountToken"]["audience"] == "pipelines.kubeflow.org"
+    default = the(rendered["defaults"], "Job", "-pipeline-upload")["spec"]["template"]["spec"]
+    assert "kfp-token" not in str(default["volumes"])

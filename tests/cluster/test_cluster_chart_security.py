@@ -1,0 +1,173 @@
+"""Security properties of every rendered combination: restricted pods, namespaced least-privilege RBAC,
+no credential values, network isolation. Launcher-rendered objects are held to the same pod rules."""
+
+from __future__ import annotations
+
+import copy
+import re
+
+import pytest
+from cluster_kit import COMBINATIONS, pod_specs, validate
+
+SECRET_LOOKING = re.compile(r"(SECRET|PASSWORD|TOKEN|ACCESS_KEY|PRIVATE|CREDENTIAL)", re.IGNORECASE)
+
+
+def restricted_violations(where: str, pod: dict) -> list[str]:
+    """What in a pod spec breaks the "restricted" Pod Security Standard (plus our read-only root rule)."""
+    found = []
+    psc = pod.get("securityContext") or {}
+    if psc.get("runAsUser") == 0:
+        found.append(f"{where}: pod runAsUser 0")
+    if (psc.get("seccompProfile") or {}).get("type") != "RuntimeDefault":
+        found.append(f"{where}: pod seccompProfile is not RuntimeDefault")
+    for field in ("hostNetwork", "hostPID", "hostIPC"):
+        if pod.get(field):
+            found.append(f"{where}: {field}")
+    for vol in pod.get("volumes") or []:
+        if "hostPath" in vol:
+            found.append(f"{where}: hostPath volume {vol['name']}")
+    mounts_tmp = False
+    for c in (pod.get("initContainers") or []) + (pod.get("containers") or []):
+        csc = c.get("securityContext") or {}
+        name = f"{where}/{c['name']}"
+        if not (csc.get("runAsNonRoot") or psc.get("runAsNonRoot")):
+            found.append(f"{name}: runAsNonRoot not set")
+        if csc.get("runAsUser") == 0:
+            found.append(f"{name}: runAsUser 0")
+        if csc.get("allowPrivilegeEscalation") is not False:
+            found.append(f"{name}: allowPrivilegeEscalation not false")
+        if csc.get("privileged"):
+            found.append(f"{name}: privileged")
+        if (csc.get("capabilities") or {}).get("drop") != ["ALL"]:
+            found.append(f"{name}: capabilities not dropped ALL")
+        if (csc.get("capabilities") or {}).get("add"):
+            found.append(f"{name}: adds capabilities")
+        if csc.get("readOnlyRootFilesystem") is not True:
+            found.append(f"{name}: root filesystem writable")
+        if (csc.get("seccompProfile") or psc.get("seccompProfile") or {}).get("type") != "RuntimeDefault":
+            found.append(f"{name}: seccomp not RuntimeDefault")
+        mounts_tmp |= any(m["mountPath"] == "/tmp" for m in c.get("volumeMounts") or [])
+    if not mounts_tmp:
+        found.append(f"{where}: no writable /tmp for a read-only root")
+    return found
+
+
+def plain_secret_env(obj: dict) -> list[str]:
+    """Credential-looking env vars given as plain values anywhere in the object."""
+    bad = []
+
+    def walk(node):
+        if isinstance(node, dict):
+            if "name" in node and "value" in node and isinstance(node.get("name"), str):
+                # *_FILE names carry the path of a mounted secret, not the secret.
+                if SECRET_LOOKING.search(node["name"]) and not node["name"].endswith("_FILE"):
+                    bad.append(node["name"])
+            for v in node.values():
+                walk(v)
+        elif isinstance(node, list):
+            for v in node:
+                walk(v)
+
+    walk(obj)
+    return bad
+
+
+def test_the_pod_checker_flags_a_weak_pod():
+    """Guard against a checker that passes everything."""
+    weak = {"securityContext": {"runAsUser": 0}, "hostNetwork": True,
+            "containers": [{"name": "c", "securityContext": {"capabilities": {"add": ["NET_ADMIN"]}}}]}
+    problems = "\n".join(restricted_violations("weak", weak))
+    for expected in ("runAsUser 0", "hostNetwork", "allowPrivilegeEscalation", "capabilities not dropped",
+                     "root filesystem writable", "seccomp", "no writable /tmp"):
+        assert expected in problems
+
+
+@pytest.mark.parametrize("name", sorted(COMBINATIONS))
+def test_every_pod_is_restricted(rendered, name):
+    pods = [p for obj in rendered[name] for p in pod_specs(obj)]
+    assert len(pods) >= 2
+    problems = [v for where, pod in pods for v in restricted_violations(where, pod)]
+    assert not problems, "\n".join(problems)
+
+
+@pytest.mark.parametrize("name", sorted(COMBINATIONS))
+def test_rbac_is_namespaced_and_explicit(rendered, name):
+    objs = rendered[name]
+    kinds = {o["kind"] for o in objs}
+    assert not kinds & {"ClusterRole", "ClusterRoleBinding", "ClusterTrainingRuntime"}
+    (role,) = [o for o in objs if o["kind"] == "Role"]
+    for rule in role["rules"]:
+        for field in ("apiGroups", "resources", "verbs"):
+            assert "*" not in rule[field], f"wildcard in {field}: {rule}"
+        assert not set(rule["verbs"]) & {"escalate", "bind", "impersonate", "update", "patch"}, rule
+    (binding,) = [o for o in objs if o["kind"] == "RoleBinding"]
+    assert binding["roleRef"]["kind"] == "Role"
+
+
+def test_rbac_grants_exactly_what_the_launcher_uses(rendered):
+    grants = {(g, r): set(rule["verbs"])
+              for rule in next(o for o in rendered["defaults"] if o["kind"] == "Role")["rules"]
+              for g in rule["apiGroups"] for r in rule["resources"]}
+    lifecycle = {"create", "get", "list", "watch", "delete"}
+    assert grants[("trainer.kubeflow.org", "trainjobs")] == lifecycle
+    assert grants[("apps", "deployments")] == lifecycle
+    assert grants[("", "services")] == lifecycle
+    assert grants[("", "configmaps")] == lifecycle
+    assert grants[("", "pods/log")] == {"get"}
+    assert "create" not in grants[("", "pods")]
+    assert ("kubeflow.org", "pytorchjobs") not in grants
+    fallback = {r for rule in next(o for o in rendered["pytorchjob"] if o["kind"] == "Role")["rules"]
+                for r in rule["resources"]}
+    assert "pytorchjobs" in fallback and "trainjobs" not in fallback
+
+
+@pytest.mark.parametrize("name", sorted(COMBINATIONS))
+def test_no_credential_values_rendered(rendered, name):
+    objs = rendered[name]
+    assert not [o for o in objs if o["kind"] == "Secret"], "the chart must not create Secrets"
+    bad = [(o["kind"], o["metadata"]["name"], n) for o in objs for n in plain_secret_env(o)]
+    assert not bad, bad
+    refs = [e for o in objs for where, pod in pod_specs(o) for c in pod.get("containers", [])
+            for e in c.get("env", []) if "secretKeyRef" in str(e)]
+    assert all(e["valueFrom"]["secretKeyRef"]["name"] == "ringzero-s3" for e in refs)
+
+
+@pytest.mark.parametrize("name", ["defaults", "external-s3"])
+def test_network_policies_cover_every_chart_pod(rendered, name):
+    objs = rendered[name]
+    policies = [o for o in objs if o["kind"] == "NetworkPolicy"]
+    assert policies and all(p["spec"]["policyTypes"] == ["Ingress"] for p in policies)
+
+    def selected(labels, policy):
+        sel = policy["spec"]["podSelector"]
+        ok = all(labels.get(k) == v for k, v in (sel.get("matchLabels") or {}).items())
+        return ok and all(labels.get(e["key"]) in e["values"] for e in sel.get("matchExpressions") or [])
+
+    for obj in objs:
+        if obj["kind"] in ("Deployment", "Job"):
+            labels = obj["spec"]["template"]["metadata"]["labels"]
+            assert any(selected(labels, p) for p in policies), f"{obj['metadata']['name']} has no policy"
+    rollout = next(p for p in policies if p["metadata"]["name"].endswith("-rollout"))
+    assert rollout["spec"]["ingress"][0]["ports"] == [{"port": 30000, "protocol": "TCP"}]
+    assert rollout["spec"]["ingress"][0]["from"][0]["podSelector"]["matchLabels"][
+        "app.kubernetes.io/component"] == "trainer"
+
+
+def test_network_policies_can_be_turned_off(helm_bin):
+    from cluster_kit import render
+
+    objs = render(helm_bin, [], ("networkPolicy.enabled=false",))
+    assert not [o for o in objs if o["kind"] == "NetworkPolicy"]
+
+
+def test_validators_reject_typos(rendered):
+    """The schemas are closed: a misspelt field fails instead of being silently dropped by the server."""
+    objs = rendered["defaults"]
+    trainjob = copy.deepcopy(next(o for o in objs if o["kind"] == "TrainJob"))
+    trainjob["spec"]["trainer"]["numnodes"] = 2
+    with pytest.raises(AssertionError, match="numnodes"):
+        validate(trainjob)
+    deployment = copy.deepcopy(next(o for o in objs if o["kind"] == "Deployment"))
+    deployment["spec"]["template"]["spec"]["containers"][0]["imagePullPolicyy"] = "Always"
+    with pytest.raises(AssertionError):
+        validate(deployment)
