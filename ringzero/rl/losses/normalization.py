@@ -1,0 +1,47 @@
+"""How a per-token loss becomes a scalar: the denominator is the whole difference between stages.
+
+- ``token_sum`` (stage 1): every token's loss summed over the batch, divided by a constant ``D`` (for
+  example sequences x max_new_tokens). A longer correct response contributes more gradient, which is
+  how reasoning length is elicited, and what makes length run away.
+- ``sample_mean`` (stage 2 on): each sequence's token sum divided by its own token count, then the
+  mean over the N sequences; a sequence with no tokens contributes zero. Every response weighs the same.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+from ringzero.rl.losses.base import masked
+
+
+def token_sum(per_token_NT: torch.Tensor, mask_NT: torch.Tensor, denominator: float) -> torch.Tensor:
+    return masked(per_token_NT, mask_NT).sum() / denominator
+
+
+def sample_mean(per_token_NT: torch.Tensor, mask_NT: torch.Tensor) -> torch.Tensor:
+    lengths_N = mask_NT.sum(dim=1).clamp(min=1).to(per_token_NT.dtype)
+    return (masked(per_token_NT, mask_NT).sum(dim=1) / lengths_N).mean()
+
+
+@dataclass(frozen=True)
+class Normalization:
+    kind: Literal["token_sum", "sample_mean"]
+    denominator: float | None = None
+    """The constant D of ``token_sum``; must be None for ``sample_mean``."""
+
+    def __post_init__(self):
+        if self.kind == "token_sum" and (self.denominator is None or not self.denominator > 0):
+            raise ValueError(f"token_sum needs a positive denominator (got {self.denominator})")
+        if self.kind == "sample_mean" and self.denominator is not None:
+            raise ValueError("sample_mean divides by each sequence's own length; denominator must be None")
+        if self.kind not in ("token_sum", "sample_mean"):
+            raise ValueError(f"normalization must be token_sum or sample_mean (got {self.kind!r})")
+
+    def __call__(self, per_token_NT: torch.Tensor, mask_NT: torch.Tensor) -> torch.Tensor:
+        mask_NT = mask_NT.bool()
+        if self.kind == "token_sum":
+            return token_sum(per_token_NT, mask_NT, self.denominator)
+        return sample_mean(per_token_NT, mask_NT)

@@ -1,0 +1,48 @@
+"""A stage's objective from its ``LossSettings``: the chosen policy loss plus ``kl_coef`` x k3 KL,
+both reduced by the chosen normalization."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from ringzero.rl.losses.base import LossOutput
+from ringzero.rl.losses.kl import kl_k3_loss
+from ringzero.rl.losses.normalization import Normalization
+from ringzero.rl.losses.ppo_clip import ppo_clip_loss
+from ringzero.rl.losses.sg_clip_is import sg_clip_is_loss
+
+if TYPE_CHECKING:  # only attributes are read, and importing stage configs first would be circular
+    from ringzero.stages.config import LossSettings
+
+POLICY_LOSSES = {"sg_clip_is": sg_clip_is_loss, "ppo_clip": ppo_clip_loss}
+
+
+def make_normalization(settings: LossSettings, num_sequences: int, max_new_tokens: int) -> Normalization:
+    """``token_sum`` divides by ``token_sum_denominator``, or by sequences x max_new_tokens when unset:
+    a constant per minibatch size, never the number of tokens actually generated."""
+    if settings.normalization == "sample_mean":
+        return Normalization("sample_mean")
+    return Normalization("token_sum", float(settings.token_sum_denominator or num_sequences * max_new_tokens))
+
+
+def objective(settings: LossSettings, logp_train_NT: torch.Tensor, logp_rollout_NT: torch.Tensor,
+              advantages_N: torch.Tensor, mask_NT: torch.Tensor, normalization: Normalization,
+              logp_ref_NT: torch.Tensor | None = None) -> LossOutput:
+    policy = POLICY_LOSSES[settings.kind](
+        logp_train_NT, logp_rollout_NT, advantages_N, mask_NT, normalization,
+        eps_high=settings.eps_high, eps_low=settings.eps_low,
+    )
+    metrics = dict(policy.metrics)
+    total = policy.loss
+    if settings.kl_coef > 0:
+        if logp_ref_NT is None:
+            raise ValueError("kl_coef > 0 needs reference log-probs (logp_ref_NT)")
+        kl = kl_k3_loss(logp_train_NT, logp_ref_NT, mask_NT, normalization)
+        metrics.update(kl.metrics)
+        metrics["loss/nonfinite"] = max(policy.metrics["loss/nonfinite"], kl.metrics["loss/nonfinite"])
+        total = total + settings.kl_coef * kl.loss
+    finite = metrics["loss/nonfinite"] == 0.0
+    metrics["loss/total"] = float(total.detach()) if finite else float("nan")
+    return LossOutput(total if finite else torch.zeros((), dtype=total.dtype, device=total.device), metrics)

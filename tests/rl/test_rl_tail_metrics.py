@@ -1,0 +1,110 @@
+"""Tail metrics: the ratio distribution, drift by position, and rollout summaries."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from ringzero.metrics import MemoryMetricWriter
+from ringzero.rl.tail_metrics import (
+    entropy_summary,
+    kl_summary,
+    length_summary,
+    position_buckets,
+    ratio_tail,
+    reward_summary,
+    trace_summary,
+)
+
+LOG_R = [0.0, 0.1, -0.2, 0.5, -1.0, 0.05]  # 6 masked tokens in a [2, 4] batch; the rest is padding
+
+
+def batch():
+    rollout = torch.full((2, 4), -1.0)
+    log_r = torch.tensor([[0.0, 0.1, -0.2, 0.5], [-1.0, 0.05, 7.0, 7.0]])
+    mask = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0]], dtype=torch.bool)
+    return rollout + log_r, rollout, mask
+
+
+def test_ratio_and_logratio_distributions_over_masked_tokens():
+    train, rollout, mask = batch()
+    out = ratio_tail(train, rollout, mask, eps_high=0.28)
+    abs_r = np.abs(np.exp(LOG_R) - 1)
+    assert out["ratio/mean"] == pytest.approx(abs_r.mean(), rel=1e-6)
+    assert out["ratio/max"] == pytest.approx(abs_r.max(), rel=1e-6)  # e^0.5 - 1 = 0.65; the padded 7.0 is ignored
+    assert out["ratio/p50"] == pytest.approx(np.quantile(abs_r, 0.5), rel=1e-6)
+    assert out["logratio/max"] == pytest.approx(1.0, rel=1e-6)
+    assert out["logratio/p99.9"] == pytest.approx(np.quantile(np.abs(LOG_R), 0.999), rel=1e-6)
+    assert out["ratio/above_clip_frac"] == pytest.approx(1 / 6)  # only e^0.5 > 1.28
+    assert out["ratio/nonfinite_frac"] == 0.0
+
+
+def test_drift_by_position_bucket():
+    train, rollout, mask = batch()
+    out = ratio_tail(train, rollout, mask, eps_high=0.28, buckets=2)
+    assert out["drift/pos_0-1/mean"] == pytest.approx(np.mean([0.0, 0.1, 1.0, 0.05]), rel=1e-6)
+    assert out["drift/pos_2-3/mean"] == pytest.approx(np.mean([0.2, 0.5]), rel=1e-6)
+    out = ratio_tail(train, rollout, mask, eps_high=0.28, buckets=[0, 3])
+    assert out["drift/pos_3+/mean"] == pytest.approx(0.5, rel=1e-6)
+    assert out["drift/pos_0-2/p99"] == pytest.approx(np.quantile([0.0, 0.1, 0.2, 1.0, 0.05], 0.99), rel=1e-6)
+    assert not any(k.startswith("drift/pos_64") for k in ratio_tail(train, rollout, mask, eps_high=0.28))
+
+
+def test_non_finite_log_probs_are_counted_not_averaged():
+    train, rollout, mask = batch()
+    train[0, 1] = float("-inf")
+    out = ratio_tail(train, rollout, mask, eps_high=0.28)
+    assert out["ratio/nonfinite_frac"] == pytest.approx(1 / 6)
+    assert math.isfinite(out["ratio/mean"]) and out["logratio/max"] == pytest.approx(1.0, rel=1e-6)
+
+
+def test_position_buckets():
+    assert position_buckets(64, 130) == [("0-63", 0, 64), ("64-127", 64, 128), ("128-191", 128, 192)]
+    assert position_buckets([0, 16, 64], 300) == [("0-15", 0, 16), ("16-63", 16, 64), ("64+", 64, 300)]
+    for bad in (0, [], [1, 5], [0, 5, 5]):
+        with pytest.raises(ValueError):
+            position_buckets(bad, 10)
+
+
+def test_entropy_and_kl_summaries():
+    _, _, mask = batch()
+    entropy = torch.tensor([[1.0, 2.0, 3.0, 4.0], [5.0, 6.0, 100.0, 100.0]])
+    assert entropy_summary(entropy, mask)["entropy/max"] == 6.0
+    assert entropy_summary(entropy, mask)["entropy/mean"] == pytest.approx(3.5)
+    cur = torch.zeros(2, 4)
+    ref = torch.full((2, 4), math.log(2.0))
+    assert kl_summary(cur, ref, mask)["kl/mean"] == pytest.approx(2 - math.log(2) - 1, rel=1e-6)
+
+
+def test_length_reward_and_trace_summaries():
+    lengths = [10, 20, 30, 128]
+    out = length_summary(lengths, [False, False, False, True])
+    assert out == {"len/mean": 47.0, "len/p95": pytest.approx(np.percentile(lengths, 95)), "len/max": 128.0,
+                   "len/trunc_rate": 0.25}
+    rewards = [1.0, 0.0, 0.0, 0.0, 1.0, 1.0]
+    out = reward_summary(rewards, group_size=2)
+    assert out["reward/mean"] == pytest.approx(0.5)
+    assert out["reward/zero_std_groups"] == pytest.approx(2 / 3)  # (0, 0) and (1, 1)
+    assert out["reward/solved_groups"] == pytest.approx(2 / 3)
+    out = trace_summary([True, False, True, False, False, False], rewards, step_checks=[(4, 4), (0, 0), (4, 2)])
+    assert out["trace/rate"] == pytest.approx(1 / 3)
+    assert out["trace/accuracy"] == pytest.approx(0.5) and out["trace/direct_accuracy"] == pytest.approx(0.5)
+    assert out["trace/step_accuracy"] == pytest.approx(6 / 8)
+    assert math.isnan(trace_summary([False], [1.0])["trace/accuracy"])
+    with pytest.raises(ValueError):
+        length_summary([1, 2], [True])
+
+
+def test_every_key_is_accepted_by_the_metric_writer():
+    train, rollout, mask = batch()
+    metrics = {
+        **ratio_tail(train, rollout, mask, eps_high=0.28),
+        **entropy_summary(torch.ones(2, 4), mask),
+        **kl_summary(train, rollout, mask),
+        **length_summary([3, 4], [False, True]),
+        **reward_summary([1.0, 0.0], 2),
+        **trace_summary([True, False], [1.0, 0.0]),
+    }
+    record = MemoryMetricWriter().log(0, metrics)
+    assert {"ratio/p99", "ratio/p99.9", "logratio/p99", "drift/pos_0-63/mean", "len/p95", "trace/rate"} <= set(record)
