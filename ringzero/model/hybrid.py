@@ -68,7 +68,8 @@ class HybridLM(nn.Module):
             if p.dim() == 1:
                 p.fill_(1.0)
                 continue
-            scale = 1 / math.sqrt(2 * self.cfg.n_layers) if name.endswith(("o_proj.weight", "down_proj.weight")) else 1.0
+            residual_out = name.endswith(("o_proj.weight", "down_proj.weight"))
+            scale = 1 / math.sqrt(2 * self.cfg.n_layers) if residual_out else 1.0
             p.copy_(torch.randn(p.shape, generator=generator, dtype=torch.float64) * std * scale)
 
     @property
@@ -94,15 +95,14 @@ class HybridLM(nn.Module):
         B, S = input_ids_BS.shape
         device = input_ids_BS.device
         key_positions = None
+        if positions is None:
+            start = cache.next_positions()[:, None] if cache is not None else 0
+            positions = start + torch.arange(S, device=device)
+        positions = positions.to(device)
         if cache is not None:
-            if positions is None:
-                positions = cache.next_positions()[:, None] + torch.arange(S, device=device)
-            elif positions.dim() == 1:
+            if positions.dim() == 1:
                 positions = positions[None].expand(B, S)
             key_positions = cache.append_positions(positions)
-        elif positions is None:
-            positions = torch.arange(S, device=device)
-        positions = positions.to(device)
         x = self.embed(input_ids_BS)
         for i, block in enumerate(self.layers):
             x = block(x, positions, None if cache is None else cache.layers[i], key_positions)
