@@ -19,7 +19,7 @@ import random
 from collections.abc import Iterator
 
 from ringzero.tasks.arithmetic import SyntheticArithmetic
-from ringzero.tasks.base import RngLike, as_random
+from ringzero.tasks.base import Problem, RngLike, as_random
 
 DOC_SEPARATOR = "\n"
 ITEMS_PER_DOCUMENT = (1, 3)
@@ -50,7 +50,7 @@ class CorpusGenerator:
         self.task = task
         self.cfg = task.cfg
 
-    def answer_text(self, problem, rng: random.Random) -> str:
+    def answer_text(self, problem: Problem, rng: random.Random) -> str:
         """One corpus answer to ``problem``: worked (reliable) or direct (noisy)."""
         if rng.random() < self.cfg.trace_fraction:
             return self.task.worked_response(problem, verbose=rng.random() < self.cfg.verbose_fraction)

@@ -165,3 +165,15 @@ def test_gradient_support_of_both_losses(log_r, adv):
     outside = (r > 1 + EPS) if adv > 0 else (r < 1 - EPS)
     assert (grads[sg_clip_is_loss] != 0).all()
     assert ((grads[ppo_clip_loss] == 0) == outside).all()
+
+
+def test_bf16_log_probs_get_an_fp32_ratio():
+    lt = torch.tensor([[-1.0, -2.0]], dtype=torch.bfloat16, requires_grad=True)
+    rollout = torch.tensor([[-1.0078125, -2.0]], dtype=torch.bfloat16)  # a gap bf16 can hold exactly
+    out = sg_clip_is_loss(lt, rollout, torch.tensor([1.0]), torch.ones(1, 2, dtype=torch.bool),
+                          Normalization("token_sum", 2.0), eps_high=EPS)
+    out.loss.backward()
+    assert lt.grad.dtype == torch.bfloat16
+    # token 0: w = e^0.0078125 computed in fp32, then the grad -w/2 rounds once to bf16.
+    assert lt.grad[0, 0].item() == pytest.approx(-math.exp(0.0078125) / 2, rel=1e-2)
+    assert out.loss.dtype == torch.float32

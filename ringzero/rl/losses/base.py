@@ -51,8 +51,13 @@ def masked(x_NT: torch.Tensor, mask_NT: torch.Tensor) -> torch.Tensor:
 
 
 def log_ratio(logp_train_NT: torch.Tensor, logp_rollout_NT: torch.Tensor, mask_NT: torch.Tensor) -> torch.Tensor:
-    """log r = train minus rollout log-prob, zero outside the mask, clamped above at ``MAX_LOG_RATIO``."""
-    diff = masked(logp_train_NT, mask_NT) - masked(logp_rollout_NT, mask_NT)
+    """log r = train minus rollout log-prob, zero outside the mask, clamped above at ``MAX_LOG_RATIO``.
+
+    At least fp32: the ratio exponentiates a difference of log-probs, and bf16 would round that
+    difference to its 8-bit mantissa, which is the very gap the ratio is meant to measure.
+    """
+    dtype = torch.promote_types(logp_train_NT.dtype, torch.float32)
+    diff = masked(logp_train_NT, mask_NT).to(dtype) - masked(logp_rollout_NT, mask_NT).to(dtype)
     return diff.clamp(max=MAX_LOG_RATIO)
 
 
