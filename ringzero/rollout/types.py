@@ -1,0 +1,73 @@
+"""The records every rollout engine and client exchange (SGLang's native API maps onto these 1:1)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+from ringzero.errors import RingzeroError
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Per-request sampling settings, named as SGLang's ``sampling_params``."""
+
+    max_new_tokens: int = 128
+    temperature: float = 1.0  # 0 = greedy
+    top_p: float = 1.0
+    top_k: int = 0  # 0 or -1 = off (SGLang uses -1)
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    n: int = 1
+    seed: int | None = None  # SGLang: sampling_seed
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.max_new_tokens < 1:
+            problems.append(f"max_new_tokens must be >= 1 (got {self.max_new_tokens})")
+        if self.temperature < 0:
+            problems.append(f"temperature must be >= 0 (got {self.temperature})")
+        if not 0 < self.top_p <= 1:
+            problems.append(f"top_p must be in (0, 1] (got {self.top_p})")
+        if self.top_k < -1:
+            problems.append(f"top_k must be -1, 0 (off) or positive (got {self.top_k})")
+        if self.n < 1:
+            problems.append(f"n must be >= 1 (got {self.n})")
+        if problems:
+            raise RingzeroError("sampling_params: " + "; ".join(problems))
+
+
+@dataclass(frozen=True)
+class GenerateRequest:
+    input_ids: list[int]
+    params: SamplingParams = SamplingParams()
+    rid: str | None = None
+
+
+@dataclass
+class Completion:
+    """One sampled continuation. ``output_logprobs[i]`` is the rollout engine's log-prob of
+    ``output_ids[i]``: log-softmax of logits / temperature, before top-p/top-k renormalization
+    (SGLang's convention); under greedy decoding (temperature 0) the plain log-softmax."""
+
+    prompt_ids: list[int]
+    output_ids: list[int]
+    output_logprobs: list[float]
+    finish_reason: Literal["stop", "length", "abort"]
+    matched_stop: int | str | None = None
+    weight_version: str = "0"
+    meta: dict = field(default_factory=dict)
+
+
+class RolloutClient(Protocol):
+    """What the RL loop drives: the in-process engine or an SGLang-compatible HTTP server alike."""
+
+    def generate(self, requests: list[GenerateRequest]) -> list[list[Completion]]:
+        """``n`` completions per request, in request order."""
+        ...
+
+    def update_weights_from_disk(self, uri: str, weight_version: str) -> None:
+        """Load a committed checkpoint; later generations report ``weight_version``."""
+        ...
+
+    def health(self) -> bool: ...
