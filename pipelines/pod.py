@@ -26,6 +26,10 @@ def apply_pod_settings(task: PipelineTask, settings: KfpSettings, *, runs_stage:
             task, secret_name=secret.name,
             secret_key_to_env={secret.access_key_key: S3_ENV["access"], secret.secret_key_key: S3_ENV["secret"]},
         )
+    if runs_stage and settings.mode == "cluster":
+        # The launcher makes this pod the owner of the job it creates, so deleting the step cleans up.
+        kubernetes.use_field_path_as_env(task, env_name="RINGZERO_POD_NAME", field_path="metadata.name")
+        kubernetes.use_field_path_as_env(task, env_name="RINGZERO_POD_UID", field_path="metadata.uid")
     if not (runs_stage and settings.mode == "in-process"):
         return task
     pod = settings.stage_pod

@@ -32,6 +32,8 @@ def run_local(cfg: RunConfig, settings: KfpSettings, pipeline_root: Path) -> str
     with warnings.catch_warnings():
         # The runner warns when an image name lacks "python"; it never uses the image, only this interpreter.
         warnings.filterwarnings("ignore", message=".*non-Python base image.*", category=RuntimeWarning)
+        # Display names and pod settings only matter on a cluster; the runner warns once per step.
+        warnings.filterwarnings("ignore", message=".*have no effect in the current local runner.*")
         pipeline()
     store = open_store(cfg.storage.root, cfg.storage.s3)
     manifest = store.get_json(RunManifest(cfg, store, Path(cfg.run.run_dir)).key) or {}

@@ -132,10 +132,14 @@ def _seed(cfg: RunConfig) -> None:
 
 
 def _execute_on_cluster(cfg, store, stage, inputs, run_dir) -> ExecutedStage:
+    """The stage as a training job on the cluster; same signature and result as ``execute_stage``."""
     try:
-        from ringzero.cluster.stage import execute_stage_on_cluster
-    except ImportError as exc:
-        raise RingzeroError(f"cluster mode needs ringzero.cluster (its stage launcher): {exc}") from None
+        from ringzero.cluster import execute_stage_on_cluster
+    except ImportError:
+        raise RingzeroError(
+            "cluster mode needs ringzero.cluster.execute_stage_on_cluster(cfg, store, stage, inputs, run_dir), "
+            "the launcher's entry point for pipeline steps, which this installation lacks; use mode in-process"
+        ) from None
     return execute_stage_on_cluster(cfg, store, stage, inputs, run_dir)
 
 

@@ -110,7 +110,9 @@ def test_cluster_mode_steps_only_wait_and_need_no_gpus(tmp_path):
         label, executor = executor_of(spec, tasks[name][2])
         assert _param(tasks[name][2], "mode")["runtimeValue"]["constant"] == "cluster"
         assert "resources" not in executor["container"]
-        assert set(k8s[label]) == {"secretAsEnv"}
+        assert set(k8s[label]) == {"secretAsEnv", "fieldPathAsEnv"}  # the pod names itself owner of its job
+        assert {e["name"]: e["fieldPath"] for e in k8s[label]["fieldPathAsEnv"]} == {
+            "RINGZERO_POD_NAME": "metadata.name", "RINGZERO_POD_UID": "metadata.uid"}
 
 
 def test_no_kfp_section_means_no_platform_settings(tmp_path):
