@@ -6,6 +6,8 @@ variables (MASTER_ADDR, node rank, ``PET_*``) that torchrun reads.
 
 from __future__ import annotations
 
+import copy
+
 from ringzero.cluster import pods
 from ringzero.cluster.config import ClusterSettings
 from ringzero.cluster.job import StageJob
@@ -33,7 +35,8 @@ def render_pytorchjob(settings: ClusterSettings, job: StageJob, extra_args: tupl
     }
     replicas = {"Master": {"replicas": 1, "restartPolicy": "Never", "template": template}}
     if settings.num_nodes > 1:
-        replicas["Worker"] = {"replicas": settings.num_nodes - 1, "restartPolicy": "Never", "template": template}
+        replicas["Worker"] = {"replicas": settings.num_nodes - 1, "restartPolicy": "Never",
+                              "template": copy.deepcopy(template)}
     return {
         "apiVersion": API_VERSION,
         "kind": "PyTorchJob",

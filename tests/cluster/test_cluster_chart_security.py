@@ -1,75 +1,12 @@
 """Security properties of every rendered combination: restricted pods, namespaced least-privilege RBAC,
-no credential values, network isolation. Launcher-rendered objects are held to the same pod rules."""
+no credential values, network isolation."""
 
 from __future__ import annotations
 
 import copy
-import re
 
 import pytest
-from cluster_kit import COMBINATIONS, pod_specs, validate
-
-SECRET_LOOKING = re.compile(r"(SECRET|PASSWORD|TOKEN|ACCESS_KEY|PRIVATE|CREDENTIAL)", re.IGNORECASE)
-
-
-def restricted_violations(where: str, pod: dict) -> list[str]:
-    """What in a pod spec breaks the "restricted" Pod Security Standard (plus our read-only root rule)."""
-    found = []
-    psc = pod.get("securityContext") or {}
-    if psc.get("runAsUser") == 0:
-        found.append(f"{where}: pod runAsUser 0")
-    if (psc.get("seccompProfile") or {}).get("type") != "RuntimeDefault":
-        found.append(f"{where}: pod seccompProfile is not RuntimeDefault")
-    for field in ("hostNetwork", "hostPID", "hostIPC"):
-        if pod.get(field):
-            found.append(f"{where}: {field}")
-    for vol in pod.get("volumes") or []:
-        if "hostPath" in vol:
-            found.append(f"{where}: hostPath volume {vol['name']}")
-    mounts_tmp = False
-    for c in (pod.get("initContainers") or []) + (pod.get("containers") or []):
-        csc = c.get("securityContext") or {}
-        name = f"{where}/{c['name']}"
-        if not (csc.get("runAsNonRoot") or psc.get("runAsNonRoot")):
-            found.append(f"{name}: runAsNonRoot not set")
-        if csc.get("runAsUser") == 0:
-            found.append(f"{name}: runAsUser 0")
-        if csc.get("allowPrivilegeEscalation") is not False:
-            found.append(f"{name}: allowPrivilegeEscalation not false")
-        if csc.get("privileged"):
-            found.append(f"{name}: privileged")
-        if (csc.get("capabilities") or {}).get("drop") != ["ALL"]:
-            found.append(f"{name}: capabilities not dropped ALL")
-        if (csc.get("capabilities") or {}).get("add"):
-            found.append(f"{name}: adds capabilities")
-        if csc.get("readOnlyRootFilesystem") is not True:
-            found.append(f"{name}: root filesystem writable")
-        if (csc.get("seccompProfile") or psc.get("seccompProfile") or {}).get("type") != "RuntimeDefault":
-            found.append(f"{name}: seccomp not RuntimeDefault")
-        mounts_tmp |= any(m["mountPath"] == "/tmp" for m in c.get("volumeMounts") or [])
-    if not mounts_tmp:
-        found.append(f"{where}: no writable /tmp for a read-only root")
-    return found
-
-
-def plain_secret_env(obj: dict) -> list[str]:
-    """Credential-looking env vars given as plain values anywhere in the object."""
-    bad = []
-
-    def walk(node):
-        if isinstance(node, dict):
-            if "name" in node and "value" in node and isinstance(node.get("name"), str):
-                # *_FILE names carry the path of a mounted secret, not the secret.
-                if SECRET_LOOKING.search(node["name"]) and not node["name"].endswith("_FILE"):
-                    bad.append(node["name"])
-            for v in node.values():
-                walk(v)
-        elif isinstance(node, list):
-            for v in node:
-                walk(v)
-
-    walk(obj)
-    return bad
+from cluster_kit import COMBINATIONS, plain_secret_env, pod_specs, restricted_violations, validate
 
 
 def test_the_pod_checker_flags_a_weak_pod():

@@ -1,0 +1,191 @@
+"""What the launcher submits: valid TrainJob/PyTorchJob/rollout objects that carry the run's settings."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+from cluster_helm_cli import REPO
+from cluster_kit import plain_secret_env, pod_specs, restricted_violations, validate
+from pydantic import ValidationError
+
+from ringzero.cluster.config import ClusterSettings
+from ringzero.cluster.job import StageJob
+from ringzero.cluster.labels import OwnerRef, launch_name
+from ringzero.cluster.launch import render_stage
+from ringzero.cluster.rollout import RolloutSpec
+from ringzero.config import load_config
+from ringzero.errors import RingzeroError
+from ringzero.store.config import S3Settings
+
+IMAGES = {k: {"repository": f"registry.example/ringzero/{k}", "tag": "0.1.0"} for k in ("trainer", "rollout", "cpu")}
+
+
+def settings(**over) -> ClusterSettings:
+    base = {"namespace": "ml", "images": IMAGES, "s3_secret": {"name": "ringzero-s3"}, "num_nodes": 2,
+            "gpus_per_node": 8, "node_selector": {"nvidia.com/gpu.product": "NVIDIA-H200"},
+            "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+            "rollout": {"tp_size": 4, "replicas": 2}}
+    return ClusterSettings.model_validate({**base, **over})
+
+
+def job(**over) -> StageJob:
+    base = dict(run="h200", stage="stage1", name=launch_name("h200", "stage1", "pod-abc"), namespace="ml",
+                config_yaml="run: {name: h200}\n", stage_args=("--init", "s3://ringzero/runs/h200/base"),
+                owner=OwnerRef("v1", "Pod", "step-pod", "1234-uid"))
+    return StageJob(**{**base, **over})
+
+
+def rollout(lm_head_fp32=True, deterministic=False) -> RolloutSpec:
+    return RolloutSpec("s3://ringzero/runs/h200/base", S3Settings(endpoint="minio.ml.svc:9000"),
+                       lm_head_fp32, deterministic, seed=7)
+
+
+def kinds(objs):
+    return [o["kind"] for o in objs]
+
+
+@pytest.mark.parametrize("backend,kind", [("trainjob", "TrainJob"), ("pytorchjob", "PyTorchJob")])
+def test_every_launched_object_validates(backend, kind):
+    objs = render_stage(settings(backend=backend), job(), rollout())
+    assert kinds(objs) == ["ConfigMap", "Deployment", "Service", kind]
+    for obj in objs:
+        validate(obj)
+
+
+@pytest.mark.parametrize("backend", ["trainjob", "pytorchjob"])
+def test_launched_pods_are_restricted(backend):
+    objs = render_stage(settings(backend=backend), job(), rollout())
+    pods = [p for o in objs for p in pod_specs(o)]
+    assert len(pods) >= 2
+    assert not [v for where, pod in pods for v in restricted_violations(where, pod)]
+
+
+def test_trainjob_runs_the_stage_on_torch_distributed():
+    tj = render_stage(settings(), job())[-1]
+    spec, trainer = tj["spec"], tj["spec"]["trainer"]
+    assert spec["runtimeRef"] == {"apiGroup": "trainer.kubeflow.org", "kind": "ClusterTrainingRuntime",
+                                  "name": "torch-distributed"}
+    assert (trainer["numNodes"], trainer["numProcPerNode"]) == (2, 8)
+    assert trainer["resourcesPerNode"]["limits"]["nvidia.com/gpu"] == "8"
+    assert trainer["image"] == "registry.example/ringzero/trainer:0.1.0"
+    assert trainer["command"] == ["ringzero", "stage"]
+    assert trainer["args"] == ["run", "/etc/ringzero/run/config.yaml", "--stage", "stage1",
+                               "--init", "s3://ringzero/runs/h200/base"]
+    pod = pod_specs(tj)[0][1]
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H200"}
+    assert pod["tolerations"][0]["key"] == "nvidia.com/gpu"
+    assert {"name": "run-config", "configMap": {"name": f"{tj['metadata']['name']}-config"}} in pod["volumes"]
+
+
+def test_objects_are_tied_to_the_run_and_owned_by_the_step_pod():
+    j = job()
+    for obj in render_stage(settings(), j, rollout()):
+        labels = obj["metadata"]["labels"]
+        assert (labels["ringzero.dev/run"], labels["ringzero.dev/stage"], labels["ringzero.dev/launch"]) == (
+            "h200", "stage1", j.name)
+        assert obj["metadata"]["ownerReferences"] == [{"apiVersion": "v1", "kind": "Pod", "name": "step-pod",
+                                                       "uid": "1234-uid", "blockOwnerDeletion": False}]
+    tj = render_stage(settings(), j)[-1]
+    patch = tj["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0]
+    assert patch["template"]["spec"]["template"]["metadata"]["labels"]["ringzero.dev/launch"] == j.name
+
+
+def test_pytorchjob_fallback_has_master_and_workers():
+    pj = render_stage(settings(backend="pytorchjob", num_nodes=3), job())[-1]
+    replicas = pj["spec"]["pytorchReplicaSpecs"]
+    assert (replicas["Master"]["replicas"], replicas["Worker"]["replicas"]) == (1, 2)
+    assert pj["spec"]["nprocPerNode"] == "8"
+    container = replicas["Master"]["template"]["spec"]["containers"][0]
+    assert container["name"] == "pytorch" and container["command"] == ["ringzero", "stage"]
+    single = render_stage(settings(backend="pytorchjob", num_nodes=1), job())[-1]
+    assert "Worker" not in single["spec"]["pytorchReplicaSpecs"]
+
+
+def test_rollout_servers_follow_the_precision_policy():
+    deployment, service = render_stage(settings(), job(), rollout(lm_head_fp32=True))[1:3]
+    pod = deployment["spec"]["template"]["spec"]
+    server = pod["containers"][0]
+    args = server["args"]
+    assert args[args.index("--tp-size") + 1] == "4"
+    assert args[args.index("--random-seed") + 1] == "7"
+    assert args[args.index("--model-path") + 1] == "/models/policy"
+    assert "--enable-fp32-lm-head" in args and "--enable-deterministic-inference" not in args
+    assert server["resources"]["limits"]["nvidia.com/gpu"] == "4"
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert server[probe]["httpGet"] == {"path": "/health", "port": "http"}
+    assert server["ports"] == [{"name": "http", "containerPort": 30000, "protocol": "TCP"}]
+    assert service["spec"]["ports"][0]["port"] == 30000
+    assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
+    fetch = pod["initContainers"][0]
+    assert fetch["args"][:2] == ["s3://ringzero/runs/h200/base", "/models/policy"]
+    assert deployment["spec"]["replicas"] == 2
+    plain = render_stage(settings(), job(), rollout(lm_head_fp32=False, deterministic=True))[1]
+    plain_args = plain["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--enable-fp32-lm-head" not in plain_args and "--enable-deterministic-inference" in plain_args
+
+
+@pytest.mark.parametrize("preset,flag", [("fp32-islands", True), ("bf16", False)])
+def test_rollout_spec_comes_from_the_run_config(preset, flag):
+    cfg = load_config(REPO / "configs" / "tiny-cpu.yaml", [f"precision.rollout={preset}", "run.seed=3"])
+    spec = RolloutSpec.from_run_config(cfg, "s3://b/p/ckpt")
+    assert (spec.lm_head_fp32, spec.seed) == (flag, 3)
+
+
+def test_trainer_reaches_the_rollout_service_it_waits_for():
+    j = job()
+    objs = render_stage(settings(), j, rollout())
+    args = objs[-1]["spec"]["trainer"]["args"]
+    assert f"engines.rollout.endpoint=http://{j.name}-rollout.ml.svc:30000" in args
+    assert objs[2]["metadata"]["name"] == f"{j.name}-rollout"
+    assert "engines.rollout.endpoint" not in str(render_stage(settings(), j)[-1])
+
+
+def test_credentials_are_references_never_values(monkeypatch):
+    monkeypatch.setenv("RINGZERO_S3_ACCESS_KEY", "CANARY-ACCESS-9f3a")
+    monkeypatch.setenv("RINGZERO_S3_SECRET_KEY", "CANARY-SECRET-77b1")
+    for backend in ("trainjob", "pytorchjob"):
+        objs = render_stage(settings(backend=backend), job(), rollout())
+        text = yaml.safe_dump_all(objs)
+        assert "CANARY" not in text
+        assert not [n for o in objs for n in plain_secret_env(o)]
+        assert text.count("secretKeyRef") >= 4  # trainer + fetch-model, access and secret key each
+
+
+def test_secret_looking_plain_env_is_refused():
+    with pytest.raises(RingzeroError, match="HF_TOKEN"):
+        job(env={"HF_TOKEN": "hf_abc"})
+    assert job(env={"RINGZERO_S3_ACCESS_KEY_FILE": "/var/run/s3/key"}).env
+
+
+def test_cpu_device_uses_the_cpu_image_and_refuses_sglang():
+    cpu = settings(device="cpu", gpus_per_node=0, num_nodes=1, node_selector={}, tolerations=[])
+    tj = render_stage(cpu, job())[-1]
+    assert tj["spec"]["trainer"]["image"].startswith("registry.example/ringzero/cpu:")
+    assert tj["spec"]["trainer"]["numProcPerNode"] == 1
+    assert "nvidia.com/gpu" not in str(tj)
+    with pytest.raises(RingzeroError, match="need GPUs"):
+        render_stage(cpu, job(), rollout())
+
+
+@pytest.mark.parametrize("change,field", [
+    ({"images": {**IMAGES, "trainer": {"repository": "r/t", "tag": "latest"}}}, "images.trainer.tag"),
+    ({"images": {**IMAGES, "cpu": {"repository": "r/c:1.0", "tag": "1.0"}}}, "images.cpu.repository"),
+    ({"device": "cpu"}, "gpus_per_node must be 0"),
+    ({"gpus_per_node": 0}, "gpus_per_node must be at least 1"),
+    ({"namespace": "Not_A_Label"}, "namespace"),
+    ({"tolerations": [{"key": "k", "operator": "Exists", "value": "v"}]}, "tolerations.0"),
+    ({"s3_secret": {"name": "ringzero-s3", "access_key": "AKIA"}}, "s3_secret.access_key"),
+])
+def test_bad_cluster_settings_name_the_field(change, field):
+    with pytest.raises(ValidationError) as err:
+        settings(**change)
+    text = str(err.value).replace("\n", " ")
+    assert field.split(".")[0] in text and field.split(".")[-1] in text, text
+
+
+def test_launch_names_are_dns_labels_and_distinct():
+    long_run = "a-very-long-run-name-that-goes-on-and-on-for-quite-a-while"
+    names = {launch_name(long_run, "stage1", f"pod-{i}") for i in range(50)}
+    assert len(names) == 50
+    for name in names:
+        assert len(f"{name}-rollout") <= 63 and name[0].isalnum() and name[-1].isalnum()

@@ -1,0 +1,214 @@
+"""launch_stage against a scripted fake of the client boundary: success, failure with log tails, timeouts,
+interrupts and SIGTERM, and cleanup on every path. The clock is fake: nothing here depends on real time."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+
+from ringzero.cluster.api import ObjectRef, WatchEvent
+from ringzero.cluster.config import ClusterSettings
+from ringzero.cluster.job import StageJob
+from ringzero.cluster.launch import launch_stage
+from ringzero.cluster.rollout import RolloutSpec
+from ringzero.cluster.wait import StageFailed, StageTimeout
+from ringzero.store.config import S3Settings
+
+IMAGES = {k: {"repository": f"r/{k}", "tag": "1"} for k in ("trainer", "rollout", "cpu")}
+SETTINGS = ClusterSettings.model_validate({
+    "namespace": "ml", "images": IMAGES, "s3_secret": {"name": "s3"}, "gpus_per_node": 8, "log_lines": 3,
+    "job_timeout_s": 100, "rollout": {"ready_timeout_s": 50},
+})
+JOB = StageJob(run="r", stage="stage1", name="r-stage1-0a1b2c3d", namespace="ml", config_yaml="run: {name: r}\n")
+ROLLOUT = RolloutSpec("s3://b/ckpt", S3Settings(), lm_head_fp32=True, deterministic=False, seed=0)
+
+RUNNING = {"status": {"conditions": [{"type": "Created", "status": "True"}]}}
+COMPLETE = {"status": {"conditions": [{"type": "Complete", "status": "True"}]}}
+FAILED = {"status": {"conditions": [{"type": "Failed", "status": "True", "reason": "PodFailed",
+                                     "message": "node-0 exited with code 1"}]}}
+READY = {"metadata": {"generation": 1}, "spec": {"replicas": 1},
+         "status": {"observedGeneration": 1, "availableReplicas": 1}}
+
+
+class FakeClock:
+    """Each reading advances time by ``step`` seconds, so a wait that never ends reaches its deadline."""
+
+    def __init__(self, step: float = 10.0):
+        self.now, self.step = 0.0, step
+
+    def __call__(self) -> float:
+        self.now += self.step
+        return self.now
+
+
+class FakeApi:
+    """Per kind: a list of watch streams; each stream is a list of status patches, "DELETED", or a callable
+    (run when reached: raise KeyboardInterrupt, send a signal...). ``get`` returns the latest state."""
+
+    def __init__(self, streams: dict[str, list[list]], pods=(), logs=None, fail_create=(), fail_delete=()):
+        self.streams = {k: list(v) for k, v in streams.items()}
+        self.state: dict[ObjectRef, dict] = {}
+        self.created: list[str] = []
+        self.deleted: list[str] = []
+        self.pods, self.logs = list(pods), dict(logs or {})
+        self.fail_create, self.fail_delete = set(fail_create), set(fail_delete)
+
+    def create(self, obj):
+        if obj["kind"] in self.fail_create:
+            raise RuntimeError(f"the server has no resource for {obj['kind']}")
+        ref = ObjectRef.of(obj)
+        self.state[ref] = obj
+        self.created.append(obj["kind"])
+        return obj
+
+    def get(self, ref):
+        return self.state.get(ref)
+
+    def watch(self, ref, timeout_s):
+        assert timeout_s > 0
+        streams = self.streams.get(ref.kind) or [[]]
+        stream = streams.pop(0) if len(streams) > 1 else streams[0]
+        for item in stream:
+            if callable(item):
+                item()
+                continue
+            if item == "DELETED":
+                self.state.pop(ref, None)
+                yield WatchEvent("DELETED", {})
+                return
+            self.state[ref] = {**self.state[ref], **item}
+            yield WatchEvent("MODIFIED", self.state[ref])
+
+    def delete(self, ref):
+        if ref.kind in self.fail_delete:
+            raise RuntimeError("connection reset")
+        self.deleted.append(ref.kind)
+        self.state.pop(ref, None)
+
+    def list_pods(self, namespace, label_selector):
+        assert f"ringzero.dev/launch={JOB.name}" in label_selector
+        return self.pods
+
+    def log_tail(self, namespace, pod, container, lines):
+        return "\n".join(self.logs.get((pod, container), "").splitlines()[-lines:])
+
+
+def pod(name, phase, containers=("node",)):
+    return {"metadata": {"name": name}, "status": {"phase": phase},
+            "spec": {"containers": [{"name": c} for c in containers]}}
+
+
+def test_success_returns_the_finished_job_and_cleans_up():
+    api = FakeApi({"TrainJob": [[RUNNING, RUNNING, COMPLETE]]})
+    done = launch_stage(api, SETTINGS, JOB, clock=FakeClock())
+    assert done["status"] == COMPLETE["status"]
+    assert api.created == ["ConfigMap", "TrainJob"]
+    assert api.deleted == ["TrainJob", "ConfigMap"]
+
+
+def test_rollout_servers_become_ready_before_the_job_starts():
+    order = []
+    api = FakeApi({"Deployment": [[{"status": {}}, READY]],
+                   "TrainJob": [[lambda: order.append(list(api.deleted)), COMPLETE]]})
+    launch_stage(api, SETTINGS, JOB, ROLLOUT, clock=FakeClock())
+    assert api.created == ["ConfigMap", "Deployment", "Service", "TrainJob"]
+    assert order == [[]]  # the servers were still up while the job ran
+    assert api.deleted == ["TrainJob", "Service", "Deployment", "ConfigMap"]
+
+
+def test_failure_surfaces_the_reason_and_the_failed_pod_logs_first():
+    logs = {("r-node-0", "node"): "step 1\nstep 2\nTraceback\nValueError: loss is nan",
+            ("r-node-1", "node"): "waiting for peers"}
+    api = FakeApi({"TrainJob": [[RUNNING, FAILED]]}, pods=[pod("r-node-1", "Running"), pod("r-node-0", "Failed")],
+                  logs=logs)
+    with pytest.raises(StageFailed) as err:
+        launch_stage(api, SETTINGS, JOB, clock=FakeClock())
+    text = str(err.value)
+    assert "PodFailed: node-0 exited with code 1" in text and "'stage1'" in text
+    assert "ValueError: loss is nan" in text and "step 1" not in text  # only the last 3 lines
+    assert text.index("r-node-0") < text.index("r-node-1")
+    assert not isinstance(err.value, StageTimeout)
+    assert api.deleted == ["TrainJob", "ConfigMap"]
+
+
+def test_a_job_that_never_ends_times_out_and_is_deleted():
+    api = FakeApi({"TrainJob": [[RUNNING]]}, pods=[pod("r-node-0", "Running")],
+                  logs={("r-node-0", "node"): "step 99999"})
+    with pytest.raises(StageTimeout, match="did not finish within 100 s") as err:
+        launch_stage(api, SETTINGS, JOB, clock=FakeClock())
+    assert "step 99999" in str(err.value)
+    assert api.deleted == ["TrainJob", "ConfigMap"]
+
+
+def test_servers_that_never_get_ready_time_out_before_any_job():
+    api = FakeApi({"Deployment": [[{"status": {"availableReplicas": 0}}]]},
+                  pods=[pod("r-rollout-x", "Pending", containers=("sglang",))])
+    with pytest.raises(StageTimeout, match="Deployment ml/r-stage1-0a1b2c3d-rollout"):
+        launch_stage(api, SETTINGS, JOB, ROLLOUT, clock=FakeClock())
+    assert "TrainJob" not in api.created
+    assert api.deleted == ["Service", "Deployment", "ConfigMap"]
+
+
+def test_ctrl_c_while_waiting_deletes_everything_and_propagates():
+    def interrupt():
+        raise KeyboardInterrupt
+
+    api = FakeApi({"Deployment": [[READY]], "TrainJob": [[RUNNING, interrupt]]})
+    with pytest.raises(KeyboardInterrupt):
+        launch_stage(api, SETTINGS, JOB, ROLLOUT, clock=FakeClock())
+    assert api.deleted == ["TrainJob", "Service", "Deployment", "ConfigMap"]
+
+
+def test_sigterm_while_waiting_deletes_everything():
+    """A cancelled pipeline step gets SIGTERM: the launcher must unwind and clean up, not die silently."""
+    before = signal.getsignal(signal.SIGTERM)
+    api = FakeApi({"TrainJob": [[RUNNING, lambda: os.kill(os.getpid(), signal.SIGTERM), RUNNING]]})
+    with pytest.raises(KeyboardInterrupt):
+        launch_stage(api, SETTINGS, JOB, clock=FakeClock())
+    assert api.deleted == ["TrainJob", "ConfigMap"]
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_a_watch_that_ends_early_is_followed_by_a_fresh_read():
+    api = FakeApi({"TrainJob": [[], [], [COMPLETE]]})
+    assert launch_stage(api, SETTINGS, JOB, clock=FakeClock())["status"] == COMPLETE["status"]
+
+
+def test_a_job_deleted_by_someone_else_fails_the_stage():
+    api = FakeApi({"TrainJob": [[RUNNING, "DELETED"]]})
+    with pytest.raises(StageFailed, match="was deleted while the launcher waited"):
+        launch_stage(api, SETTINGS, JOB, clock=FakeClock())
+
+
+def test_a_refused_create_still_cleans_up_what_exists():
+    api = FakeApi({}, fail_create={"TrainJob"})
+    with pytest.raises(RuntimeError, match="no resource for TrainJob"):
+        launch_stage(api, SETTINGS, JOB, clock=FakeClock())
+    assert api.deleted == ["TrainJob", "ConfigMap"]  # deleting what was never made is harmless
+
+
+def test_one_failed_delete_does_not_stop_the_others():
+    api = FakeApi({"TrainJob": [[COMPLETE]]}, fail_delete={"TrainJob"})
+    launch_stage(api, SETTINGS, JOB, clock=FakeClock())
+    assert api.deleted == ["ConfigMap"]
+
+
+def test_pytorchjob_backend_reads_its_own_conditions():
+    settings = SETTINGS.model_copy(update={"backend": "pytorchjob"})
+    done = {"status": {"conditions": [{"type": "Running", "status": "False"},
+                                      {"type": "Succeeded", "status": "True"}]}}
+    api = FakeApi({"PyTorchJob": [[RUNNING, done]]})
+    launch_stage(api, settings, JOB, clock=FakeClock())
+    assert api.created == ["ConfigMap", "PyTorchJob"]
+    failed = FakeApi({"PyTorchJob": [[FAILED]]}, pods=[pod("r-master-0", "Failed", ("pytorch",))],
+                     logs={("r-master-0", "pytorch"): "CUDA out of memory"})
+    with pytest.raises(StageFailed, match="CUDA out of memory"):
+        launch_stage(failed, settings, JOB, clock=FakeClock())
+
+
+def test_no_pods_is_explained():
+    api = FakeApi({"TrainJob": [[FAILED]]})
+    with pytest.raises(StageFailed, match="no pods were created"):
+        launch_stage(api, SETTINGS, JOB, clock=FakeClock())
