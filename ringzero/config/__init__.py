@@ -1,6 +1,24 @@
-"""Typed run configuration: ``load_config(path, overrides)`` returns a validated ``RunConfig``."""
+"""Typed run configuration: ``load_config(path, overrides)`` returns a validated ``RunConfig``.
 
-from ringzero.config.loader import config_hash, load_config, parse_config
-from ringzero.config.run import RunConfig
+Exports resolve lazily: every component's config module imports ``ringzero.config.base``, and the
+run schema imports those modules, so an eager import here would make them circular.
+"""
 
-__all__ = ["RunConfig", "config_hash", "load_config", "parse_config"]
+from __future__ import annotations
+
+import importlib
+
+_EXPORTS = {
+    "RunConfig": "ringzero.config.run",
+    "config_hash": "ringzero.config.loader",
+    "load_config": "ringzero.config.loader",
+    "parse_config": "ringzero.config.loader",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'ringzero.config' has no attribute {name!r}")
+    return getattr(importlib.import_module(_EXPORTS[name]), name)

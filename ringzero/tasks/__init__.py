@@ -10,9 +10,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-# The run config imports this package's config module, which needs ringzero.config.base: loading the
-# config package first lets ``import ringzero.tasks.config`` work as the first import of a process.
-import ringzero.config  # noqa: F401
 
 if TYPE_CHECKING:
     from ringzero.tasks.base import Task
