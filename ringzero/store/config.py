@@ -20,6 +20,9 @@ class S3Settings(StrictModel):
     cert_check: bool = Field(True, description="verify TLS certificates")
     part_size_mb: int = Field(16, ge=5, description="multipart upload part size (S3 minimum is 5 MiB)")
     max_retries: int = Field(5, ge=0, description="retries on transient errors, with exponential backoff")
+    backoff_base_s: float = Field(0.5, gt=0, description="first retry waits about this long; each next one twice as long")
+    backoff_max_s: float = Field(20.0, gt=0, description="upper bound of one wait between retries")
+    timeout_s: float = Field(60.0, gt=0, description="connect and read timeout of one HTTP request")
 
     @field_validator("endpoint")
     @classmethod
