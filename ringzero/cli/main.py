@@ -16,6 +16,7 @@ from ringzero.errors import RingzeroError
 # Modules that contribute sub-commands, in the order they appear in --help.
 COMMAND_MODULES = [
     "ringzero.cli.config_cmd",
+    "ringzero.cli.store_cmd",
     "ringzero.cli.run_cmd",
     "ringzero.cli.check_cmd",
     "ringzero.cli.kfp_cmd",
