@@ -130,8 +130,61 @@ def test_upload_job_compiles_with_this_release_settings(rendered):
     assert "ringzero kfp compile" in script and "python -m ringzero.cluster.kfp_upload" in script
     assert '--set "storage.s3.endpoint=${S3_ENDPOINT}"' in script
     assert '--set "cluster=$(cat /etc/ringzero/cluster/cluster.yaml)"' in script
+    assert "--set kfp.mode=cluster" in script
     volumes = the(rendered["multiuser"], "Job", "-pipeline-upload")["spec"]["template"]["spec"]["volumes"]
     (token,) = [v for v in volumes if v["name"] == "kfp-token"]
     assert token["projected"]["sources"][0]["serviceAccountToken"]["audience"] == "pipelines.kubeflow.org"
     default = the(rendered["defaults"], "Job", "-pipeline-upload")["spec"]["template"]["spec"]
     assert "kfp-token" not in str(default["volumes"])
+
+
+def test_upload_script_overrides_load_with_the_real_config_loader(rendered, tmp_path):
+    """Run the upload Job's shell script with stand-ins for ringzero and python that record their argv,
+    then feed the recorded compile overrides to the loader `ringzero kfp compile` uses."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from ringzero.kfp.settings import load_kfp_config
+
+    objs = rendered["external-s3"]
+    job = the(objs, "Job", "-pipeline-upload")["spec"]["template"]["spec"]
+    container = job["containers"][0]
+    maps = {o["metadata"]["name"]: o["data"] for o in objs if o["kind"] == "ConfigMap"}
+    etc = tmp_path / "etc"
+    for volume in job["volumes"]:
+        if "configMap" in volume:
+            folder = etc / volume["name"]
+            folder.mkdir(parents=True)
+            for key, text in maps[volume["configMap"]["name"]].items():
+                (folder / key).write_text(text)
+    env = {"PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}", "ARGV_DIR": str(tmp_path)}
+    for e in container["env"]:
+        ref = (e.get("valueFrom") or {}).get("configMapKeyRef")
+        env[e["name"]] = maps[ref["name"]][ref["key"]] if ref else e["value"]
+    (tmp_path / "bin").mkdir()
+    for tool in ("ringzero", "python"):
+        stand_in = tmp_path / "bin" / tool
+        stand_in.write_text(f'#!/bin/sh\n"{sys.executable}" -c \'import json,sys; '
+                            f'json.dump(sys.argv[1:], open("{tmp_path}/{tool}.json", "w"))\' "$@"\n')
+        stand_in.chmod(0o755)
+    script = container["args"][0].replace("/etc/ringzero/runs", str(etc / "runs")).replace(
+        "/etc/ringzero/cluster", str(etc / "cluster"))
+    done = subprocess.run(["/bin/sh", "-c", script], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+
+    argv = json.loads((tmp_path / "ringzero.json").read_text())
+    assert argv[:2] == ["kfp", "compile"] and argv[argv.index("--output") + 1] == "/tmp/pipeline.yaml"
+    overrides = [argv[i + 1] for i, a in enumerate(argv) if a == "--set"]
+    cluster = [o for o in overrides if o.startswith("cluster=")]
+    ClusterSettings.model_validate(yaml.safe_load(cluster[0].removeprefix("cluster=")))
+    # `cluster` is not a RunConfig field yet; everything else must load as ringzero kfp compile loads it.
+    cfg, kfp = load_kfp_config(argv[2], [o for o in overrides if not o.startswith("cluster=")])
+    assert cfg.storage.root == "s3://my-ringzero-runs/runs/cluster-h200"
+    assert (cfg.storage.s3.endpoint, cfg.storage.s3.secure, cfg.storage.s3.region) == (
+        "s3.us-east-1.amazonaws.com", True, "us-east-1")
+    assert (kfp.mode, kfp.base_image, kfp.s3_secret.name) == ("cluster", "ringzero/cpu:0.1.0", "ringzero-s3")
+    upload = json.loads((tmp_path / "python.json").read_text())
+    assert upload[:3] == ["-m", "ringzero.cluster.kfp_upload", "/tmp/pipeline.yaml"]
+    assert upload[upload.index("--name") + 1] == "ringzero" and "--token-file" not in upload
