@@ -6,6 +6,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
+from ringzero.cluster.config import ClusterSettings
 from ringzero.config.base import RunName, StrictModel
 from ringzero.model.config import ModelConfig, PrecisionPolicy
 from ringzero.parallel.config import ParallelConfig
@@ -74,6 +75,9 @@ class RunConfig(StrictModel):
     task: TaskConfig = ArithmeticTask()
     storage: StorageConfig = StorageConfig()
     stages: list[StageConfig] = Field(default_factory=list)
+    cluster: ClusterSettings | None = Field(
+        None, description="cluster mode: where stage jobs and rollout servers run (not part of stage identity)"
+    )
 
     @model_validator(mode="after")
     def _stage_graph(self) -> RunConfig:

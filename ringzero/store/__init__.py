@@ -7,15 +7,23 @@
 Layout and commit protocol: ``checkpoint.py``. Backends: ``local.py``, ``s3.py``.
 """
 
-from ringzero.store.backend import MissingObjectError
-from ringzero.store.checkpoint import Checkpoint, CheckpointStore, GcResult
-from ringzero.store.opener import load_checkpoint, open_store
+import importlib
 
-__all__ = [
-    "Checkpoint",
-    "CheckpointStore",
-    "GcResult",
-    "MissingObjectError",
-    "load_checkpoint",
-    "open_store",
-]
+# Resolved lazily: the run config imports ``ringzero.store.config``, and loading a config must not pull
+# in torch/safetensors through the checkpoint module.
+_EXPORTS = {
+    "MissingObjectError": "ringzero.store.backend",
+    "Checkpoint": "ringzero.store.checkpoint",
+    "CheckpointStore": "ringzero.store.checkpoint",
+    "GcResult": "ringzero.store.checkpoint",
+    "load_checkpoint": "ringzero.store.opener",
+    "open_store": "ringzero.store.opener",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'ringzero.store' has no attribute {name!r}")
+    return getattr(importlib.import_module(_EXPORTS[name]), name)
