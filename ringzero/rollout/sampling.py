@@ -1,0 +1,134 @@
+"""Next-token sampling for a batch of rows that each carry their own settings and random stream.
+
+Per row: temperature (0 = greedy), top-k, top-p and a ``torch.Generator``. Everything is vectorised over
+rows; the only per-row Python work is refilling each row's block of uniforms every ``UNIFORM_BLOCK``
+steps, so a row's draws depend on its own seed and nothing else (not on which rows share the batch).
+
+The log-prob reported for a sampled token follows SGLang: ``log_softmax(logits / T)`` over the whole
+vocabulary, taken *before* top-k/top-p; greedy rows report the plain ``log_softmax(logits)``. Sampling
+itself draws from the top-k/top-p filtered, renormalised distribution by inverse CDF with one uniform.
+
+Letter legend: B rows, V vocab, K uniforms per refill.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+UNIFORM_BLOCK = 64
+"""Uniforms drawn per row at once: one generator call per row every 64 steps instead of every step."""
+
+_SEED_MIX = 0x9E3779B97F4A7C15  # odd 64-bit constant (golden ratio): neighbouring seeds land far apart
+
+
+def sample_seed(request_seed: int, sample_index: int) -> int:
+    """The generator seed of sample ``sample_index`` of a request seeded ``request_seed``."""
+    return (request_seed * _SEED_MIX + sample_index) % (1 << 63)
+
+
+@dataclass
+class RowSettings:
+    """Per-row sampling settings as tensors ``[B]``; ``select`` keeps (or repeats) rows like the cache."""
+
+    temperature_B: torch.Tensor  # float64; 0 = greedy
+    top_k_B: torch.Tensor  # long; <= 0 = off
+    top_p_B: torch.Tensor  # float64
+    generators: list[torch.Generator]
+
+    @classmethod
+    def build(cls, temperatures: Sequence[float], top_ks: Sequence[int], top_ps: Sequence[float],
+              seeds: Sequence[int]) -> RowSettings:
+        return cls(
+            torch.tensor(temperatures, dtype=torch.float64),
+            torch.tensor(top_ks, dtype=torch.long),
+            torch.tensor(top_ps, dtype=torch.float64),
+            [torch.Generator().manual_seed(s) for s in seeds],
+        )
+
+    def select(self, rows: torch.Tensor) -> RowSettings:
+        rows_list = rows.tolist()
+        return RowSettings(self.temperature_B[rows], self.top_k_B[rows], self.top_p_B[rows],
+                           [self.generators[i] for i in rows_list])
+
+    @property
+    def any_filter(self) -> bool:
+        return bool((self.top_k_B > 0).any() or (self.top_p_B < 1).any())
+
+
+class UniformStream:
+    """Per-row uniforms in blocks: ``next()`` returns ``[B]``, one fresh value per row and call."""
+
+    def __init__(self, rows: RowSettings):
+        self._rows = rows
+        self._block_BK: torch.Tensor | None = None
+        self._used = UNIFORM_BLOCK
+
+    def next(self) -> torch.Tensor:
+        if self._used == UNIFORM_BLOCK:
+            self._block_BK = torch.stack(
+                [torch.rand(UNIFORM_BLOCK, generator=g, dtype=torch.float64) for g in self._rows.generators]
+            ) if self._rows.generators else torch.empty((0, UNIFORM_BLOCK), dtype=torch.float64)
+            self._used = 0
+        u_B = self._block_BK[:, self._used]
+        self._used += 1
+        return u_B
+
+    def select(self, rows: torch.Tensor, settings: RowSettings) -> None:
+        """Follow a row selection (dropped or repeated rows) made on the cache."""
+        self._rows = settings
+        if self._block_BK is not None:
+            self._block_BK = self._block_BK[rows]
+
+
+def scaled_logprobs(logits_BV: torch.Tensor, temperature_B: torch.Tensor) -> torch.Tensor:
+    """``log_softmax(logits / T)`` per row in at least fp32; greedy rows (T = 0) use T = 1."""
+    compute = torch.promote_types(logits_BV.dtype, torch.float32)
+    # FP32 island: the reported log-prob is the importance ratio's denominator; never take it in bf16.
+    t_B1 = torch.where(temperature_B > 0, temperature_B, 1.0).to(compute)[:, None]
+    return torch.log_softmax(logits_BV.to(compute) / t_B1, dim=-1)
+
+
+def filter_mask(probs_BV: torch.Tensor, top_k_B: torch.Tensor, top_p_B: torch.Tensor):
+    """``(sorted_probs_BV, order_BV)`` with tokens outside top-k / top-p zeroed (SGLang's rule).
+
+    Top-p keeps the smallest prefix of the sorted distribution whose mass reaches ``top_p`` (the token
+    that crosses it stays); both cut-offs use the unfiltered probabilities, so the kept set is the
+    intersection of the top-k and top-p sets.
+    """
+    sorted_BV, order_BV = probs_BV.sort(dim=-1, descending=True)
+    mass_before_BV = sorted_BV.cumsum(dim=-1) - sorted_BV
+    rank_V = torch.arange(probs_BV.shape[-1], device=probs_BV.device)
+    k_B1 = torch.where(top_k_B > 0, top_k_B, probs_BV.shape[-1])[:, None]
+    drop_BV = (rank_V[None] >= k_B1) | (mass_before_BV > top_p_B.to(probs_BV.dtype)[:, None])
+    return sorted_BV.masked_fill(drop_BV, 0.0), order_BV
+
+
+def inverse_cdf(probs_BV: torch.Tensor, u_B: torch.Tensor) -> torch.Tensor:
+    """Index ``i`` per row with ``cdf[i-1] <= u * total < cdf[i]`` over unnormalised ``probs``."""
+    cdf_BV = probs_BV.cumsum(dim=-1)
+    target_B1 = (u_B.to(cdf_BV.dtype) * cdf_BV[:, -1])[:, None]
+    idx_B = (cdf_BV <= target_B1).sum(dim=-1)
+    # u * total can round up to total; and a zero-probability tail must never be chosen.
+    last_kept_B = (probs_BV > 0).cumsum(-1).argmax(-1)
+    return torch.minimum(idx_B, last_kept_B)
+
+
+def sample_next(logits_BV: torch.Tensor, rows: RowSettings, u_B: torch.Tensor):
+    """``(token_ids [B], logprobs [B])``: sampled (or greedy) tokens and their pre-filter log-probs."""
+    logp_BV = scaled_logprobs(logits_BV, rows.temperature_B)
+    greedy_B = rows.temperature_B == 0
+    if bool(greedy_B.all()):
+        tokens_B = logp_BV.argmax(dim=-1)
+    else:
+        probs_BV = logp_BV.exp()
+        if rows.any_filter:
+            kept_BV, order_BV = filter_mask(probs_BV, rows.top_k_B, rows.top_p_B)
+            tokens_B = order_BV.gather(-1, inverse_cdf(kept_BV, u_B)[:, None])[:, 0]
+        else:
+            tokens_B = inverse_cdf(probs_BV, u_B)
+        if bool(greedy_B.any()):
+            tokens_B = torch.where(greedy_B, logp_BV.argmax(dim=-1), tokens_B)
+    return tokens_B, logp_BV.gather(-1, tokens_B[:, None])[:, 0]
