@@ -19,6 +19,7 @@ COMMAND_MODULES = [
     "ringzero.cli.store_cmd",
     "ringzero.cli.run_cmd",
     "ringzero.cli.check_cmd",
+    "ringzero.cli.gap_cmd",
     "ringzero.cli.kfp_cmd",
 ]
 
