@@ -2,44 +2,89 @@
 
 from __future__ import annotations
 
+import math
+import sys
 from pathlib import Path
 
+import structlog
 from rich.console import Console
 from rich.table import Table
 
 from ringzero.pipeline.local import PipelineResult
 
-# The columns of the stage table, in order: the numbers a person compares across stages.
-TABLE_METRICS = ["reward/mean", "eval/accuracy", "trace/rate", "len/mean", "ratio/p99", "ratio/max"]
+log = structlog.get_logger(__name__)
+
+# The metric columns of the stage table, in order: the numbers a person compares across stages.
+TABLE_METRICS = ["reward/mean", "eval/accuracy", "eval/pass@k", "trace/rate", "len/mean", "ratio/p99", "ratio/max"]
+STAGE_COLUMNS = ["stage", "kind", "status", "stop", "steps", "wall s"]
+METRIC_LABELS = {
+    "reward/mean": "reward",
+    "eval/accuracy": "accuracy",
+    "eval/pass@k": "pass@k",
+    "trace/rate": "trace rate",
+    "len/mean": "length",
+    "ratio/p99": "ratio p99",
+    "ratio/max": "ratio max",
+}
+CONSOLE_WIDTH_PIPED = 200
+"""Rich assumes 80 columns when stdout is not a terminal, which folds the stage table into ellipses."""
+
+
+def fmt(v) -> str:
+    if v is None or isinstance(v, bool) or not isinstance(v, int | float):
+        return "-"
+    if not math.isfinite(v) or abs(v) >= 1e300:  # the metric writer stores inf as 1e308
+        return "inf" if v > 0 else ("-inf" if v < 0 else "nan")
+    return f"{v:.4g}"
 
 
 def stage_table(result: PipelineResult) -> Table:
     table = Table(title="stages")
-    for col in ["stage", "kind", "status", "stop", "steps", "wall s", *TABLE_METRICS, "gate"]:
+    for col in [*STAGE_COLUMNS, *(METRIC_LABELS.get(k, k) for k in TABLE_METRICS), "gate"]:
         table.add_column(col)
     for ex in result.stages:
         s = ex.outcome.summary
         table.add_row(
             ex.name, ex.kind, "cached" if ex.skipped else "ran", ex.outcome.stop_reason, str(ex.outcome.steps),
-            f"{ex.outcome.wall_s:.0f}", *(_fmt(s.get(k)) for k in TABLE_METRICS),
+            f"{ex.outcome.wall_s:.0f}", *(fmt(s.get(k)) for k in TABLE_METRICS),
             "pass" if ex.gate.passed else "FAIL",
         )
     return table
 
 
-def _fmt(v) -> str:
-    return "-" if v is None else f"{v:.4g}"
+def comparison_tables(result: PipelineResult) -> list[Table]:
+    """Each eval stage's checkpoint comparison (``extra['comparison']``), as the report shows it."""
+    tables = []
+    for ex in result.stages:
+        comparison = (ex.outcome.extra or {}).get("comparison")
+        if not comparison:
+            continue
+        table = Table(title=f"checkpoints compared by {ex.name}")
+        table.add_column("checkpoint")
+        columns = [tuple(c) for c in comparison["columns"]]
+        for _, label in columns:
+            table.add_column(label)
+        for row in comparison["rows"]:
+            table.add_row(row["checkpoint"], *(fmt(row["values"].get(k)) for k, _ in columns))
+        tables.append(table)
+    return tables
 
 
 def print_summary(result: PipelineResult) -> None:
-    console = Console()
+    console = Console(width=None if sys.stdout.isatty() else CONSOLE_WIDTH_PIPED)
     console.print(stage_table(result))
+    for table in comparison_tables(result):
+        console.print(table)
     if result.failed_gate is not None:
         console.print(f"[bold red]gate failed after stage {result.failed_gate.name!r}; nothing promoted:")
         for reason in result.failed_gate.gate.reasons:
             console.print(f"  {reason}")
 
 
-def write_outputs(cfg, result: PipelineResult, run_dir: Path) -> None:
-    """Hook for the HTML report; the manifest is already written by the runner."""
-    Path(run_dir).mkdir(parents=True, exist_ok=True)
+def write_outputs(cfg, result: PipelineResult, run_dir: Path) -> Path:
+    """Write ``<run_dir>/report.html`` (the manifest is already written by the runner); returns its path."""
+    from ringzero.pipeline.report import write_report
+
+    path = write_report(cfg, result, Path(run_dir))
+    log.info("report.written", path=str(path))
+    return path
