@@ -54,6 +54,8 @@ def run_stage(
     reference_uri: str = "", compare_uris: dict | None = None, metrics=None, summary=None, html_report=None,
 ) -> tuple[str, str]:
     """Run (or reuse) one stage; returns (checkpoint URI or "", summary as JSON) and fills the artifacts."""
+    if mode not in MODES:
+        raise RingzeroError(f"mode {mode!r}: expected one of {MODES}")
     cfg = parse_config_text(run_config)
     stage = _stage(cfg, stage_name, kind)
     inputs = StageInputs(
@@ -67,10 +69,8 @@ def run_stage(
     if mode == "in-process":
         _seed(cfg)
         ex = execute_stage(cfg, store, stage, inputs, {}, run_dir)
-    elif mode == "cluster":
-        ex = _execute_on_cluster(cfg, store, stage, inputs, run_dir)
     else:
-        raise RingzeroError(f"mode {mode!r}: expected one of {MODES}")
+        ex = _execute_on_cluster(cfg, store, stage, inputs, run_dir)
     open_run_manifest(cfg, store, run_dir, run_id).record(ex)
     _log_metrics(metrics, ex.outcome.summary)
     _write(summary, report.stage_markdown(ex))
@@ -132,14 +132,12 @@ def _seed(cfg: RunConfig) -> None:
 
 
 def _execute_on_cluster(cfg, store, stage, inputs, run_dir) -> ExecutedStage:
-    """The stage as a training job on the cluster; same signature and result as ``execute_stage``."""
-    try:
-        from ringzero.cluster import execute_stage_on_cluster
-    except ImportError:
-        raise RingzeroError(
-            "cluster mode needs ringzero.cluster.execute_stage_on_cluster(cfg, store, stage, inputs, run_dir), "
-            "the launcher's entry point for pipeline steps, which this installation lacks; use mode in-process"
-        ) from None
+    """The stage as a training job on the cluster; same signature and result as ``execute_stage``.
+
+    Imported here: only cluster mode needs the launcher and its Kubernetes client.
+    """
+    from ringzero.cluster import execute_stage_on_cluster
+
     return execute_stage_on_cluster(cfg, store, stage, inputs, run_dir)
 
 

@@ -90,3 +90,30 @@ def test_html_report_has_no_curve_for_a_single_point():
 def test_stage_markdown_lists_the_summary_and_output():
     text = report.stage_markdown(_executed([]))
     assert "| len/mean | 3 |" in text and "output: `file:///s/ckpt`" in text
+
+
+
+def test_an_unknown_mode_is_refused(cfg):
+    with pytest.raises(RingzeroError, match="mode 'elsewhere': expected one of"):
+        tasks.run_stage(tasks.config_text(cfg), "base", "pretrain", "elsewhere", "run-1", init_uri="", base_uri="")
+
+
+def test_cluster_mode_hands_the_stage_to_the_cluster_launcher(cfg, tmp_path, monkeypatch):
+    import ringzero.cluster
+
+    calls = []
+
+    def launched(cfg_, store, stage, inputs, run_dir):
+        calls.append((stage.name, inputs))
+        outcome = StageOutcome("file:///s/stage1", {"reward/mean": 0.5}, "max_steps", 3, 1.0)
+        return ExecutedStage(stage.name, stage.kind, "cd" * 32, inputs, outcome, GateResult(True, ["ok"]), False, [])
+
+    monkeypatch.setattr(ringzero.cluster, "execute_stage_on_cluster", launched)
+    summary = Recorder(tmp_path / "summary.md")
+    uri, summary_json = tasks.run_stage(
+        tasks.config_text(cfg), "stage1", "rl", "cluster", "run-1", init_uri="file:///s/base", base_uri="file:///s/base",
+        reference_uri="file:///s/ref", summary=summary,
+    )
+    assert calls == [("stage1", StageInputs("file:///s/base", "file:///s/ref", "file:///s/base", {}))]
+    assert (uri, json.loads(summary_json)) == ("file:///s/stage1", {"reward/mean": 0.5})
+    assert "## stage `stage1` (rl): ran" in (tmp_path / "summary.md").read_text()
