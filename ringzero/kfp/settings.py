@@ -8,34 +8,20 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
+from ringzero.cluster.config import S3SecretRef, Toleration
 from ringzero.config.base import StrictModel
-from ringzero.config.loader import apply_overrides, parse_config, read_yaml
-from ringzero.config.run import RunConfig
 from ringzero.errors import ConfigError
+
+if TYPE_CHECKING:
+    from ringzero.config.run import RunConfig
 
 # The quantities the KFP SDK accepts for task resources (it raises a bare ValueError otherwise).
 _CPU = re.compile(r"^([0-9]*[.])?[0-9]+m?$")
 _MEMORY = re.compile(r"^[0-9]+(E|Ei|P|Pi|T|Ti|G|Gi|M|Mi|K|Ki)?$")
-_K8S_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
-
-
-class Toleration(StrictModel):
-    key: str | None = Field(None, description="taint key; null with operator Exists tolerates every taint")
-    operator: Literal["Equal", "Exists"] = "Equal"
-    value: str | None = Field(None, description="taint value; must be empty with operator Exists")
-    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
-
-    @model_validator(mode="after")
-    def _value_with_equal(self) -> Toleration:
-        if self.operator == "Exists" and self.value is not None:
-            raise ValueError("value must be empty when operator is Exists")
-        if self.key is None and self.operator != "Exists":
-            raise ValueError("a toleration without key needs operator Exists")
-        return self
 
 
 class StagePod(StrictModel):
@@ -63,21 +49,6 @@ class StagePod(StrictModel):
         return v
 
 
-class S3Secret(StrictModel):
-    """A Kubernetes Secret holding the store's S3 keys; steps get them as ``RINGZERO_S3_*`` variables."""
-
-    name: str = Field(..., description="Secret name in the pipeline's namespace")
-    access_key_key: str = Field("access-key", description="data key of the access key id")
-    secret_key_key: str = Field("secret-key", description="data key of the secret access key")
-
-    @field_validator("name")
-    @classmethod
-    def _name(cls, v: str) -> str:
-        if not _K8S_NAME.match(v) or len(v) > 253:
-            raise ValueError(f"must be a Kubernetes object name (got {v!r})")
-        return v
-
-
 class KfpSettings(StrictModel):
     base_image: str = Field(
         "ringzero:0.1.0", min_length=1, description="image of every step; it must have ringzero with its kfp extra"
@@ -87,7 +58,9 @@ class KfpSettings(StrictModel):
         description="in-process: a step runs its stage in its own pod; cluster: a step launches the stage as a "
         "training job (cluster settings) and waits for it",
     )
-    s3_secret: S3Secret | None = Field(None, description="credentials of an s3:// store; null = none mounted")
+    s3_secret: S3SecretRef | None = Field(
+        None, description="Secret with the s3:// store's keys, given to steps as RINGZERO_S3_*; null = none mounted"
+    )
     stage_pod: StagePod = Field(StagePod(), description="pods of in-process stage steps")
 
     @model_validator(mode="after")
@@ -102,6 +75,9 @@ class KfpSettings(StrictModel):
 
 def load_kfp_config(path: str | Path, overrides: list[str] | None = None) -> tuple[RunConfig, KfpSettings]:
     """``load_config`` that also reads the ``kfp:`` section (overrides may address it: ``kfp.mode=cluster``)."""
+    # Imported here so that RunConfig can import this module's models without an import cycle.
+    from ringzero.config.loader import apply_overrides, parse_config, read_yaml
+
     path = Path(path)
     if not path.is_file():
         raise ConfigError(str(path), ["no such file"])
@@ -127,4 +103,6 @@ def _describe(err: dict) -> str:
     msg = err["msg"].removeprefix("Value error, ")
     if err["type"] == "extra_forbidden":
         msg = "unknown key"
+    if not err["loc"] and ": " in msg:  # model-level checks start with the field they are about
+        return f"{where}.{msg}"
     return f"{where}: {msg}"
