@@ -16,6 +16,9 @@ from ringzero.errors import StoreError
 ACCESS_KEY_ENV = "RINGZERO_S3_ACCESS_KEY"
 SECRET_KEY_ENV = "RINGZERO_S3_SECRET_KEY"
 _MASK = "***"
+# Masking a one- or two-letter value would garble every message it touches while hiding nothing
+# (real keys are far longer: S3 servers require at least 3 characters, most at least 8 for secrets).
+_MIN_MASKED = 4
 
 
 @dataclass(frozen=True, repr=False)
@@ -31,7 +34,7 @@ class S3Credentials:
     def scrub(self, text: str) -> str:
         """``text`` with both values masked."""
         for secret in (self.secret_key, self.access_key):
-            if secret:
+            if len(secret) >= _MIN_MASKED:
                 text = text.replace(secret, _MASK)
         return text
 

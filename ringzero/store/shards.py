@@ -31,6 +31,10 @@ def check_tensors(tensors: Mapping[str, torch.Tensor]) -> None:
     for name, t in tensors.items():
         if not isinstance(name, str):
             raise StoreError(f"tensor names must be strings (got {name!r})")
+        try:
+            name.encode("utf-8")
+        except UnicodeEncodeError:
+            raise StoreError(f"tensor name {name!r} cannot be encoded as UTF-8") from None
         if name == _RESERVED_NAME:
             raise StoreError(f"tensor name {name!r} is reserved by the safetensors format")
         if not isinstance(t, torch.Tensor):

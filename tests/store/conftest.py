@@ -1,0 +1,81 @@
+"""Store fixtures: file:// stores in tmp folders, and s3:// stores on moto (in this process) and on
+the Ceph RADOS Gateway (started outside pytest by tests/servers/rgw-start.sh).
+
+Tests sharing one server carry ``xdist_group`` marks so ``pytest -n 2 --dist loadgroup`` keeps
+them on one worker: a test that kills its server must not pull it away from another test.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from store_kit import GatewayTarget, MotoTarget, S3Target
+
+from ringzero.store import CheckpointStore, open_store
+from ringzero.store.credentials import ACCESS_KEY_ENV, SECRET_KEY_ENV
+
+
+def pytest_configure(config):
+    # pytest-xdist registers this marker itself; without xdist (-p no:xdist) --strict-markers needs it here.
+    config.addinivalue_line("markers", "xdist_group(name): run on the same xdist worker as the group's other tests")
+
+
+MOTO = pytest.param("moto", marks=[pytest.mark.s3, pytest.mark.xdist_group("store-moto")], id="moto")
+RGW = pytest.param("rgw", marks=[pytest.mark.s3, pytest.mark.rgw, pytest.mark.xdist_group("store-rgw")], id="rgw")
+
+
+@pytest.fixture(scope="session")
+def moto_target() -> MotoTarget:
+    return MotoTarget()
+
+
+@pytest.fixture(scope="session")
+def rgw_target() -> GatewayTarget:
+    error = os.environ.get("RINGZERO_RGW_ERROR")
+    if error:
+        pytest.fail(f"tests/servers/rgw-start.sh failed: {error}")
+    names = ["RINGZERO_RGW_ENDPOINT", "RINGZERO_RGW_ACCESS_KEY", "RINGZERO_RGW_SECRET_KEY", "RINGZERO_RGW_DIR"]
+    missing = [n for n in names if not os.environ.get(n)]
+    if missing:
+        pytest.skip(
+            f"no Ceph RADOS Gateway: {missing[0]} unset (make test starts one with tests/servers/rgw-start.sh)"
+        )
+    return GatewayTarget(*(os.environ[n] for n in names))
+
+
+@pytest.fixture(params=[MOTO, RGW])
+def s3_target(request) -> S3Target:
+    return request.getfixturevalue(f"{request.param}_target")
+
+
+@pytest.fixture
+def s3_env(s3_target, monkeypatch) -> S3Target:
+    """The target, with its credentials in the environment variables the store reads."""
+    for var in (ACCESS_KEY_ENV, SECRET_KEY_ENV):
+        monkeypatch.delenv(f"{var}_FILE", raising=False)
+    monkeypatch.setenv(ACCESS_KEY_ENV, s3_target.access_key)
+    monkeypatch.setenv(SECRET_KEY_ENV, s3_target.secret_key)
+    return s3_target
+
+
+@pytest.fixture
+def s3_store(s3_env) -> CheckpointStore:
+    """A store under a prefix of a fresh bucket, with 12 MiB shards so big_state_dict spans two."""
+    return open_store(f"s3://{s3_env.new_bucket()}/ckpts", s3_env.settings(), max_shard_bytes=12 * 1024 * 1024)
+
+
+@pytest.fixture
+def file_store(tmp_path) -> CheckpointStore:
+    return open_store(f"file://{tmp_path}/store", max_shard_bytes=1024)
+
+
+@pytest.fixture(params=["file", MOTO])
+def any_store(request, tmp_path, monkeypatch) -> CheckpointStore:
+    """A file:// store and a moto-backed s3:// store: for behaviour that must not depend on the backend."""
+    if request.param == "file":
+        return open_store(f"file://{tmp_path}/store", max_shard_bytes=1024)
+    target = request.getfixturevalue("moto_target")
+    monkeypatch.setenv(ACCESS_KEY_ENV, target.access_key)
+    monkeypatch.setenv(SECRET_KEY_ENV, target.secret_key)
+    return open_store(f"s3://{target.new_bucket()}/ckpts", target.settings(), max_shard_bytes=1024)
