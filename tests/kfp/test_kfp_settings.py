@@ -50,3 +50,13 @@ def test_problems_of_both_sections_are_reported_at_once(tmp_path):
 def test_a_config_without_kfp_section_gets_the_defaults(tmp_path):
     _, settings = load_kfp_config(micro_config(tmp_path, gate=[]))
     assert settings == KfpSettings()
+
+
+def test_a_whole_section_problem_names_the_field_it_is_about(tmp_path):
+    config = micro_config(tmp_path, gate=[], kfp={"mode": "cluster", "stage_pod": {"gpus": 1}})
+    with pytest.raises(ConfigError) as info:
+        load_kfp_config(config)
+    assert info.value.problems == [
+        "kfp.stage_pod: applies to mode in-process only; in cluster mode the training job's pods are set in "
+        "the cluster settings and the step itself only waits"
+    ]
