@@ -27,7 +27,7 @@ MAKES_CHECKPOINT = frozenset({"pretrain", "rl", "distill"})
 
 
 def build_pipeline(cfg: RunConfig, settings: KfpSettings):
-    """The pipeline (a KFP graph component); its only parameter is the run config's YAML text."""
+    """The pipeline (a KFP graph component); its one parameter, run_config, is the run config as JSON text."""
     if not cfg.stages:
         raise RingzeroError(f"run {cfg.run.name!r} has no stages: there is no pipeline to build")
     comps = make_components(settings.base_image)
