@@ -1,0 +1,176 @@
+"""``HttpRolloutClient``: the ``RolloutClient`` protocol over SGLang's native HTTP API.
+
+The same bodies work against ``ringzero serve`` and a real SGLang server: requests go out as one
+batched ``/generate`` per distinct ``n`` (SGLang refuses a batch whose prompts disagree on ``n``),
+with ``return_logprob`` on, and come back prompt-major (prompt ``i``'s samples at ``i * n + j``).
+
+Connection failures and 5xx answers are retried ``retries`` times with a short backoff (a sample
+drawn twice is still a fair sample); a 4xx is the caller's fault and raised at once. Every failure
+is a ``RingzeroError`` naming the endpoint and, when the server gave one, its message.
+
+Seeds: ``SamplingParams.seed`` travels as SGLang's ``sampling_seed``. SGLang gives all ``n`` copies
+of a request the same seed, so a real SGLang server returns ``n`` identical samples for a seeded
+request with ``n > 1``; leave ``seed`` unset there when samples must differ.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import uuid
+
+import requests
+
+from ringzero.errors import RingzeroError
+from ringzero.rollout.types import Completion, GenerateRequest, SamplingParams
+
+
+def sampling_params_body(p: SamplingParams) -> dict:
+    body = {"max_new_tokens": p.max_new_tokens, "temperature": p.temperature, "top_p": p.top_p,
+            # SGLang spells "no top-k" as -1; 0 is refused there.
+            "top_k": p.top_k if p.top_k > 0 else -1, "n": p.n}
+    if p.stop:
+        body["stop"] = list(p.stop)
+    if p.stop_token_ids:
+        body["stop_token_ids"] = list(p.stop_token_ids)
+    if p.seed is not None:
+        body["sampling_seed"] = p.seed
+    return body
+
+
+def _completion(item: dict, prompt_ids: list[int], where: str) -> Completion:
+    try:
+        meta = item["meta_info"]
+        output_ids = [int(t) for t in item["output_ids"]]
+        entries = meta.get("output_token_logprobs") or []
+        logprobs = [-math.inf if e[0] is None else float(e[0]) for e in entries]
+        reason = meta["finish_reason"] or {"type": "abort"}
+    except (KeyError, TypeError, IndexError, ValueError) as exc:
+        raise RingzeroError(f"{where}: unexpected /generate item ({exc!r}): {str(item)[:200]}") from None
+    if len(logprobs) != len(output_ids):
+        raise RingzeroError(f"{where}: {len(logprobs)} log-probs for {len(output_ids)} output tokens")
+    kind = reason.get("type")
+    if kind not in ("stop", "length", "abort"):
+        raise RingzeroError(f"{where}: unknown finish_reason {reason!r}")
+    extra = {k: v for k, v in meta.items() if k not in ("output_token_logprobs", "finish_reason")}
+    if kind == "abort":
+        extra["message"] = reason.get("message")
+    return Completion(
+        prompt_ids=list(prompt_ids),
+        output_ids=output_ids,
+        output_logprobs=logprobs,
+        finish_reason=kind,
+        matched_stop=reason.get("matched"),
+        weight_version=str(meta.get("weight_version", "")),
+        meta=extra,
+    )
+
+
+class HttpRolloutClient:
+    """``RolloutClient`` against ``endpoint`` (``http://host:port`` of ringzero serve or SGLang)."""
+
+    def __init__(self, endpoint: str, timeout_s: float = 600.0, retries: int = 2, backoff_s: float = 0.5):
+        if not endpoint.startswith(("http://", "https://")):
+            raise RingzeroError(f"rollout endpoint must start with http:// or https:// (got {endpoint!r})")
+        self.endpoint = endpoint.rstrip("/")
+        self.timeout_s = timeout_s
+        self.retries = retries
+        self.backoff_s = backoff_s
+        self._session = requests.Session()
+
+    def close(self) -> None:
+        self._session.close()
+
+    def _request(self, method: str, path: str, body: dict | None = None, *, timeout_s: float | None = None,
+                 retries: int | None = None) -> requests.Response:
+        url = f"{self.endpoint}{path}"
+        attempts = 1 + (self.retries if retries is None else retries)
+        problem = ""
+        for attempt in range(attempts):
+            if attempt:
+                time.sleep(self.backoff_s * 2 ** (attempt - 1))
+            try:
+                resp = self._session.request(method, url, json=body, timeout=timeout_s or self.timeout_s)
+            except requests.RequestException as exc:
+                problem = f"cannot reach the rollout server ({type(exc).__name__}: {exc})"
+                continue
+            if resp.status_code < 500:
+                return resp
+            problem = f"HTTP {resp.status_code}: {_message(resp)}"
+        raise RingzeroError(f"{method} {url}: {problem} (after {attempts} attempt(s))")
+
+    def _json(self, method: str, path: str, body: dict | None = None):
+        resp = self._request(method, path, body)
+        if resp.status_code >= 400:
+            raise RingzeroError(f"{method} {self.endpoint}{path}: HTTP {resp.status_code}: {_message(resp)}")
+        try:
+            return resp.json()
+        except ValueError:
+            raise RingzeroError(f"{method} {self.endpoint}{path}: answer is not JSON: {resp.text[:200]!r}") from None
+
+    # --- RolloutClient ---
+
+    def generate(self, requests_: list[GenerateRequest]) -> list[list[Completion]]:
+        results: list[list[Completion] | None] = [None] * len(requests_)
+        by_n: dict[int, list[int]] = {}
+        for i, req in enumerate(requests_):
+            by_n.setdefault(req.params.n, []).append(i)
+        for n, indices in by_n.items():
+            group = [requests_[i] for i in indices]
+            body = {
+                "input_ids": [list(r.input_ids) for r in group],
+                "sampling_params": [sampling_params_body(r.params) for r in group],
+                "return_logprob": True,
+                "rid": [r.rid or uuid.uuid4().hex for r in group],
+            }
+            items = self._json("POST", "/generate", body)
+            where = f"POST {self.endpoint}/generate"
+            if not isinstance(items, list) or len(items) != len(group) * n:
+                got = len(items) if isinstance(items, list) else type(items).__name__
+                raise RingzeroError(f"{where}: expected {len(group) * n} items, got {got}")
+            for k, i in enumerate(indices):
+                results[i] = [_completion(items[k * n + j], requests_[i].input_ids, where) for j in range(n)]
+        return results  # type: ignore[return-value]
+
+    def update_weights_from_disk(self, uri: str, weight_version: str) -> None:
+        body = {"model_path": uri, "weight_version": str(weight_version), "flush_cache": True}
+        resp = self._request("POST", "/update_weights_from_disk", body)
+        try:
+            answer = resp.json()
+        except ValueError:
+            answer = {}
+        if resp.status_code != 200 or not answer.get("success", False):
+            raise RingzeroError(
+                f"POST {self.endpoint}/update_weights_from_disk ({uri}, version {weight_version}): "
+                f"HTTP {resp.status_code}: {answer.get('message') or _message(resp)}"
+            )
+
+    def health(self) -> bool:
+        try:
+            return self._request("GET", "/health", timeout_s=30.0, retries=0).status_code == 200
+        except RingzeroError:
+            return False
+
+    # --- the rest of the native API the RL loop may want ---
+
+    def model_info(self) -> dict:
+        return self._json("GET", "/get_model_info")
+
+    def flush_cache(self) -> None:
+        resp = self._request("POST", "/flush_cache")
+        if resp.status_code != 200:
+            raise RingzeroError(f"POST {self.endpoint}/flush_cache: HTTP {resp.status_code}: {_message(resp)}")
+
+
+def _message(resp: requests.Response) -> str:
+    """The server's own words: SGLang answers ``{"message": ...}`` or ``{"error": {"message": ...}}``."""
+    try:
+        body = resp.json()
+    except ValueError:
+        return resp.text.strip()[:500] or resp.reason
+    if isinstance(body, dict):
+        if isinstance(body.get("error"), dict) and "message" in body["error"]:
+            return str(body["error"]["message"])
+        if "message" in body:
+            return str(body["message"])
+    return str(body)[:500]

@@ -1,0 +1,246 @@
+"""``ringzero serve``: any ``RolloutClient`` behind the subset of SGLang's HTTP API that RL needs.
+
+Native endpoints (SGLang's names and shapes, so a real SGLang server is a drop-in for the client):
+
+* ``POST /generate`` - ``text`` or ``input_ids`` (one prompt or a list), ``sampling_params`` (one
+  object or one per prompt), ``return_logprob``, ``return_text_in_logprobs``, ``rid``. Answers
+  ``{"text", "output_ids", "meta_info"}`` for one prompt with ``n == 1``, else a list of those,
+  prompt-major (prompt ``i``'s ``n`` samples at ``i * n + j``), as SGLang expands ``n``.
+* ``POST /update_weights_from_disk`` - ``{model_path, load_format?, weight_version?, flush_cache?}``
+  -> ``{success, message, num_paused_requests}``, 400 when the load fails.
+* ``GET /health`` (and ``/health_generate``), ``GET /get_model_info``, ``GET /get_weight_version``,
+  ``GET|POST /flush_cache``.
+* ``POST /v1/completions`` - OpenAI legacy completions with ``logprobs``.
+
+Bad bodies get HTTP 400 ``{"object": "error", "message", "type", "param", "code"}`` (SGLang's
+``ErrorResponse``) whose message and ``param`` name the field. Concurrent requests are batched by
+``EngineScheduler`` (see ``server_scheduler.py``), the only thread that touches the engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+from contextlib import asynccontextmanager
+
+import structlog
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+
+from ringzero.errors import RingzeroError
+from ringzero.rollout.server_format import EngineCrash, generate_item, openai_completion, sample_ids
+from ringzero.rollout.server_scheduler import EngineScheduler
+from ringzero.rollout.server_schema import (
+    BadRequest,
+    parse_completion,
+    parse_generate,
+    parse_weight_update,
+)
+
+log = structlog.get_logger(__name__)
+
+HEALTH_TIMEOUT_S = 20.0  # SGLang's default health-check patience
+
+
+def _error(status: int, message: str, param: str | None = None) -> JSONResponse:
+    phrase = {400: "Bad Request", 500: "Internal Server Error", 503: "Service Unavailable"}.get(status, "Error")
+    return JSONResponse({"object": "error", "message": message, "type": phrase, "param": param, "code": status},
+                        status_code=status)
+
+
+async def _body(request: Request):
+    try:
+        return await request.json()
+    except ValueError:
+        raise BadRequest("body", "is not valid JSON") from None
+
+
+class RolloutServer:
+    """The FastAPI app over one engine; ``app`` can be served by uvicorn or ``ServerThread``."""
+
+    def __init__(self, engine, tokenizer, *, model_path: str, tokenizer_path: str | None = None,
+                 weight_version: str | None = None, vocab_size: int | None = None,
+                 window_s: float = 0.005, max_batch_requests: int = 256):
+        self.tokenizer = tokenizer
+        self.vocab_size = vocab_size or tokenizer.vocab_size
+        self.model_path = model_path
+        self.tokenizer_path = tokenizer_path
+        self.weight_version = str(weight_version or getattr(engine, "weight_version", None) or "0")
+        self.scheduler = EngineScheduler(engine, window_s=window_s, max_batch_requests=max_batch_requests)
+        self.app = self._build_app()
+
+    async def _engine(self, future):
+        try:
+            return await asyncio.wrap_future(future)
+        except RingzeroError:
+            raise
+        except Exception as exc:
+            raise EngineCrash(f"{type(exc).__name__}: {exc}") from exc
+
+    def _build_app(self) -> FastAPI:
+        @asynccontextmanager
+        async def lifespan(_app):
+            self.scheduler.start()
+            log.info("rollout.server_ready", model_path=self.model_path, weight_version=self.weight_version)
+            try:
+                yield
+            finally:
+                self.scheduler.stop()
+
+        app = FastAPI(title="ringzero rollout server", lifespan=lifespan)
+
+        @app.exception_handler(BadRequest)
+        async def _bad_request(_request: Request, exc: BadRequest):
+            return _error(400, str(exc), exc.field)
+
+        @app.exception_handler(RingzeroError)
+        async def _refused(_request: Request, exc: RingzeroError):
+            # The engine refused the input (a prompt longer than the model's context, say).
+            return _error(400, str(exc))
+
+        @app.exception_handler(EngineCrash)
+        async def _crash(request: Request, exc: EngineCrash):
+            log.error("rollout.engine_failed", path=request.url.path, error=str(exc), exc_info=exc.__cause__)
+            return _error(500, str(exc))
+
+        app.add_api_route("/generate", self.generate, methods=["POST", "PUT"])
+        app.add_api_route("/v1/completions", self.completions, methods=["POST"])
+        app.add_api_route("/update_weights_from_disk", self.update_weights_from_disk, methods=["POST"])
+        app.add_api_route("/health", self.health, methods=["GET"])
+        app.add_api_route("/health_generate", self.health, methods=["GET"])
+        app.add_api_route("/get_model_info", self.model_info, methods=["GET"])
+        app.add_api_route("/get_weight_version", self.get_weight_version, methods=["GET"])
+        app.add_api_route("/flush_cache", self.flush_cache, methods=["GET", "POST"])
+        return app
+
+    async def generate(self, request: Request) -> JSONResponse:
+        plan = parse_generate(await _body(request), self.tokenizer, self.vocab_size)
+        start = time.perf_counter()
+        groups = await self._engine(self.scheduler.generate(plan.requests))
+        latency = time.perf_counter() - start
+        items = []
+        for i, (req, group) in enumerate(zip(plan.requests, groups, strict=True)):
+            if len(group) != req.params.n:
+                raise EngineCrash(f"engine returned {len(group)} completions for n={req.params.n}")
+            for c, rid in zip(group, sample_ids(req.rid, req.params.n), strict=True):
+                items.append(generate_item(
+                    c, rid, self.tokenizer, plan.text_options[i], return_logprob=plan.return_logprob[i],
+                    text_in_logprobs=plan.text_in_logprobs, e2e_latency=latency,
+                ))
+        return JSONResponse(items[0] if plan.single else items)
+
+    async def completions(self, request: Request) -> JSONResponse:
+        plan = parse_completion(await _body(request), self.tokenizer, self.vocab_size)
+        groups = await self._engine(self.scheduler.generate(plan.requests))
+        return JSONResponse(openai_completion(
+            groups, self.tokenizer, plan.text_options, model=plan.model, logprobs=plan.logprobs,
+            return_token_ids=plan.return_token_ids,
+        ))
+
+    async def update_weights_from_disk(self, request: Request) -> JSONResponse:
+        update = parse_weight_update(await _body(request))
+        # SGLang keeps the current version when the body names none.
+        version = update.weight_version or self.weight_version
+
+        def load(engine):
+            engine.update_weights_from_disk(update.model_path, version)
+            if update.flush_cache and hasattr(engine, "flush_cache"):
+                engine.flush_cache()
+
+        try:
+            await self._engine(self.scheduler.call(load))
+        except Exception as exc:  # noqa: BLE001 - any failed load is the client's 400, as in SGLang
+            log.warning("rollout.weight_update_failed", model_path=update.model_path, error=str(exc))
+            return JSONResponse({"success": False, "message": f"Failed to update weights: {exc}",
+                                 "num_paused_requests": 0}, status_code=400)
+        self.weight_version, self.model_path = version, update.model_path
+        message = "Succeeded to update model weights."
+        if update.weight_version is not None:
+            message += f" Weight version updated to {version}."
+        log.info("rollout.weights_updated", model_path=update.model_path, weight_version=version)
+        return JSONResponse({"success": True, "message": message, "num_paused_requests": 0})
+
+    async def health(self) -> Response:
+        if not self.scheduler.alive:
+            return Response(status_code=503)
+        if self.scheduler.busy:
+            # Working on a batch is alive; SGLang also skips its probe generation while busy.
+            return Response(status_code=200)
+        try:
+            ok = await asyncio.wait_for(self._engine(self.scheduler.call(lambda e: e.health())), HEALTH_TIMEOUT_S)
+        except Exception as exc:  # noqa: BLE001 - an unhealthy engine is a 503, not a crash
+            log.warning("rollout.health_failed", error=str(exc))
+            ok = False
+        return Response(status_code=200 if ok else 503)
+
+    async def model_info(self) -> dict:
+        return {
+            "model_path": self.model_path,
+            "tokenizer_path": self.tokenizer_path,
+            "is_generation": True,
+            "preferred_sampling_params": None,
+            "weight_version": self.weight_version,
+        }
+
+    async def get_weight_version(self) -> dict:
+        return {"weight_version": self.weight_version}
+
+    async def flush_cache(self) -> PlainTextResponse:
+        await self._engine(self.scheduler.call(lambda e: e.flush_cache() if hasattr(e, "flush_cache") else None))
+        return PlainTextResponse("Cache flushed.\n")
+
+
+class ServerThread:
+    """Serve an app with uvicorn on a background thread, on a socket bound before start (port 0 = any).
+
+    Binding first means the port is known and held before uvicorn runs: no free-port race in tests.
+    """
+
+    def __init__(self, app, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning"):
+        import uvicorn
+
+        self._sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._sock.bind((host, port))
+        self.host, self.port = host, self._sock.getsockname()[1]
+        # log_config=None: uvicorn logs through the root logger that ringzero's main() set up.
+        config = uvicorn.Config(app, log_config=None, log_level=log_level, access_log=False, lifespan="on")
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._sock]},
+                                        name="rollout-http", daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def start(self, timeout_s: float = 60.0) -> str:
+        self._thread.start()
+        deadline = time.monotonic() + timeout_s
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise RingzeroError(f"rollout server on {self.url} did not start")
+            time.sleep(0.01)
+        return self.url
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        self._server.should_exit = True
+        self._thread.join(timeout_s)
+        self._sock.close()
+
+    def __enter__(self) -> ServerThread:
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def serve(server: RolloutServer, host: str, port: int, log_level: str = "info") -> None:
+    """Serve in the foreground until interrupted (uvicorn handles SIGINT/SIGTERM)."""
+    import uvicorn
+
+    config = uvicorn.Config(server.app, host=host, port=port, log_config=None, log_level=log_level,
+                            access_log=False, lifespan="on")
+    uvicorn.Server(config).run()
