@@ -21,6 +21,7 @@ COMMAND_MODULES = [
     "ringzero.cli.check_cmd",
     "ringzero.cli.gap_cmd",
     "ringzero.cli.kfp_cmd",
+    "ringzero.cli.serve_cmd",
 ]
 
 

@@ -1,0 +1,115 @@
+"""``ringzero serve``: the embedded rollout engine behind SGLang's HTTP API.
+
+    ringzero serve --checkpoint file://runs/store/base --port 30000
+    ringzero serve --init random --config configs/tiny-cpu.yaml     # smoke tests, no checkpoint
+
+``--config`` takes a run config (its model, tokenizer and rollout precision are used) or a bare
+model section; explicit flags win over it.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+
+def register(sub) -> None:
+    from ringzero.model.config import PRESETS  # no torch behind it
+
+    p = sub.add_parser(
+        "serve", help="serve the embedded rollout engine over SGLang's native HTTP API",
+        description="Serves /generate, /update_weights_from_disk, /health, /get_model_info, /flush_cache "
+        "and the OpenAI-compatible /v1/completions, with SGLang's field names, so the HTTP rollout "
+        "client drives this server and a real SGLang server alike.",
+    )
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--checkpoint", metavar="URI", help="model checkpoint (file://... or s3://...)")
+    source.add_argument("--init", choices=["random"], help="random weights from --config's model section")
+    p.add_argument("--config", metavar="FILE", help="run config or bare model section (needed with --init)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=30000, help="SGLang's default port")
+    p.add_argument("--precision", default=None, choices=sorted(PRESETS),
+                   help="rollout precision preset (default: the config's precision.rollout, else fp32-islands)")
+    p.add_argument("--deterministic", action="store_true", default=None,
+                   help="batch-invariant log-probs, bitwise equal to the trainer's scoring")
+    p.add_argument("--tokenizer", default=None, metavar="char|FILE",
+                   help="'char' or a tokenizer.json (default: the config's tokenizer, else char)")
+    p.add_argument("--weight-version", default="0", help="reported until the first weight update")
+    p.add_argument("--seed", type=int, default=0, help="random init and the stream that seeds unseeded requests")
+    p.add_argument("--max-batch", type=int, default=64, help="rows the engine decodes together")
+    p.add_argument("--batch-window-ms", type=float, default=5.0,
+                   help="how long the scheduler waits for more requests once one arrives")
+    p.set_defaults(handler=_serve)
+
+
+@dataclass
+class _FromConfig:
+    """What ``--config`` contributes; every field None when there is no config or it is a bare model section."""
+
+    model: object = None
+    tokenizer: object = None
+    precision: object = None
+    deterministic: bool | None = None
+    s3: object = None
+
+
+def _from_config(path: str | None) -> _FromConfig:
+    if path is None:
+        return _FromConfig()
+    from pathlib import Path
+
+    from ringzero.cli.check_cmd import model_config_from_file
+    from ringzero.config.loader import load_config, read_yaml
+
+    if Path(path).is_file() and "run" in read_yaml(Path(path).read_text(), path):
+        cfg = load_config(path)
+        return _FromConfig(cfg.model, cfg.tokenizer, cfg.precision.rollout, cfg.precision.deterministic,
+                           cfg.storage.s3)
+    return _FromConfig(model=model_config_from_file(path))
+
+
+def _tokenizer(flag: str | None, section):
+    from ringzero.tokenizer import CharTokenizer, HFJsonTokenizer, build_tokenizer
+
+    if flag is None:
+        return (build_tokenizer(section), getattr(section, "path", "char")) if section else (CharTokenizer(), "char")
+    return (CharTokenizer(), "char") if flag == "char" else (HFJsonTokenizer(flag), flag)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import structlog
+    import torch
+
+    from ringzero.errors import RingzeroError
+    from ringzero.model.config import PrecisionPolicy
+    from ringzero.model.hybrid import HybridLM
+    from ringzero.rollout.engine import EmbeddedEngine
+    from ringzero.rollout.server import RolloutServer, serve
+
+    log = structlog.get_logger("ringzero.serve")
+    conf = _from_config(args.config)
+    policy = PrecisionPolicy.preset(args.precision) if args.precision else (conf.precision or PrecisionPolicy())
+    tokenizer, tokenizer_path = _tokenizer(args.tokenizer, conf.tokenizer)
+    if args.init == "random":
+        if conf.model is None:
+            raise RingzeroError("serve --init random needs --config with a model section")
+        model = HybridLM(conf.model, policy)
+        model.reset_parameters(torch.Generator().manual_seed(args.seed))
+        model_path = f"random://seed-{args.seed}"
+    else:
+        from ringzero.model.checkpoint import load_model
+
+        model = load_model(args.checkpoint, policy, s3=conf.s3).model
+        model_path = args.checkpoint
+    if tokenizer.vocab_size > model.cfg.vocab_size:
+        raise RingzeroError(f"tokenizer has {tokenizer.vocab_size} ids but the model only {model.cfg.vocab_size}")
+    engine = EmbeddedEngine(
+        model, tokenizer, policy, deterministic=bool(args.deterministic or conf.deterministic),
+        max_batch=args.max_batch, weight_version=args.weight_version, seed=args.seed, s3=conf.s3,
+    )
+    server = RolloutServer(engine, tokenizer, model_path=model_path, tokenizer_path=tokenizer_path,
+                           window_s=args.batch_window_ms / 1000.0)
+    log.info("serve.start", url=f"http://{args.host}:{args.port}", model_path=model_path,
+             precision=policy.name(), deterministic=engine.deterministic)
+    serve(server, args.host, args.port, log_level=args.log_level)
+    return 0
