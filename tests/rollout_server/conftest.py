@@ -1,0 +1,71 @@
+"""Servers on 127.0.0.1 (uvicorn on a thread, socket bound to a free port first) over a fake or real engine."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from server_kit import POLICY, FakeEngine, tiny_model  # noqa: E402
+
+from ringzero.rollout.engine import EmbeddedEngine  # noqa: E402
+from ringzero.rollout.server import RolloutServer, ServerThread  # noqa: E402
+from ringzero.tokenizer import CharTokenizer  # noqa: E402
+
+torch.set_num_threads(1)
+
+
+@dataclass
+class Served:
+    url: str
+    engine: object
+    server: RolloutServer
+
+
+def _serve(engine, **kwargs):
+    server = RolloutServer(engine, CharTokenizer(), model_path=kwargs.pop("model_path", "fake://salt/0"), **kwargs)
+    thread = ServerThread(server.app)
+    thread.start()
+    return Served(thread.url, engine, server), thread
+
+
+@pytest.fixture
+def fake():
+    """A fresh fake engine behind a fresh server (tests here may change weights or block the engine)."""
+    served, thread = _serve(FakeEngine())
+    yield served
+    if served.engine.gate is not None:
+        served.engine.gate.set()
+    thread.stop()
+
+
+@pytest.fixture(scope="module")
+def fake_shared():
+    """One fake server per module, for tests that only read."""
+    served, thread = _serve(FakeEngine())
+    yield served
+    thread.stop()
+
+
+def _real(deterministic: bool):
+    engine = EmbeddedEngine(tiny_model(0), CharTokenizer(), POLICY, max_batch=16, deterministic=deterministic)
+    served, thread = _serve(engine, model_path="random://seed-0")
+    yield served
+    thread.stop()
+
+
+@pytest.fixture
+def real():
+    """The embedded engine on a tiny random model (seed 0), behind a server."""
+    yield from _real(deterministic=False)
+
+
+@pytest.fixture
+def real_deterministic():
+    """As ``real``, with batch-invariant log-probs."""
+    yield from _real(deterministic=True)

@@ -1,0 +1,79 @@
+"""``ringzero serve`` as a user runs it: a subprocess on a free loopback port."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import requests
+from server_kit import TINY
+
+pytestmark = pytest.mark.xdist_group("rollout_server")
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def ringzero(*args: str, stderr=subprocess.PIPE) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "ringzero.cli.main", *args], cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=stderr, text=True)
+
+
+def wait_healthy(url: str, proc: subprocess.Popen, log: Path, limit_s: float = 120.0) -> None:
+    """Poll /health; the limit only keeps a server that never starts from hanging the suite."""
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"serve exited with {proc.returncode}: {log.read_text()}")
+        try:
+            if requests.get(url + "/health", timeout=5).status_code == 200:
+                return
+        except requests.ConnectionError:
+            pass
+        time.sleep(0.1)
+    raise AssertionError("serve never became healthy")
+
+
+def test_serve_random_init_answers_generate(tmp_path):
+    config = tmp_path / "model.yaml"
+    config.write_text(json.dumps({"model": TINY}))  # JSON is YAML
+    port, log = free_port(), tmp_path / "serve.log"
+    with log.open("w") as stderr:
+        proc = ringzero("serve", "--init", "random", "--config", str(config), "--port", str(port),
+                        "--precision", "fp32", "--seed", "3", stderr=stderr)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(url, proc, log)
+        info = requests.get(url + "/get_model_info", timeout=10).json()
+        assert (info["model_path"], info["tokenizer_path"], info["weight_version"]) == ("random://seed-3", "char", "0")
+        out = requests.post(url + "/generate", json={"text": "1+1=", "sampling_params": {"max_new_tokens": 3},
+                                                     "return_logprob": True}, timeout=60).json()
+        assert out["meta_info"]["completion_tokens"] == len(out["output_ids"]) <= 3
+        assert len(out["meta_info"]["output_token_logprobs"]) == len(out["output_ids"])
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def test_serve_random_init_without_a_config_is_refused():
+    proc = ringzero("serve", "--init", "random")
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 2
+    assert "needs --config with a model section" in err
+
+
+def test_serve_needs_a_weight_source():
+    proc = ringzero("serve")
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 2
+    assert "--checkpoint" in err and "--init" in err
