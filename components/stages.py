@@ -3,6 +3,7 @@
 Their bodies are copied into the compiled pipeline and run in the step's image, so they only import
 ringzero (inside the body) and hand over to ``ringzero.kfp.tasks.run_stage``. The signatures differ
 by what a kind consumes: RL stages take a KL reference, eval takes the checkpoints it compares.
+Each writes its summary (Markdown), its metrics and the run report so far (HTML) for the UI.
 Empty strings stand for "no checkpoint" (pipeline parameters cannot be null).
 """
 

@@ -1,13 +1,19 @@
-"""What a pipeline step shows in the Kubeflow UI: Markdown summaries and a self-contained HTML report."""
+"""What a pipeline step shows in the Kubeflow UI: Markdown summaries, and the run report as HTML.
+
+The HTML is the same report ``ringzero run`` writes, rebuilt from the run manifest and the outcomes and
+metrics each stage committed to the store, so every step can show the run as far as it has come.
+"""
 
 from __future__ import annotations
 
-import html
-import math
+import json
 
-from ringzero.pipeline.execute import ExecutedStage
+from ringzero.errors import RingzeroError
+from ringzero.pipeline.execute import ExecutedStage, metrics_key, outcome_key
 from ringzero.pipeline.gates import GateResult
-from ringzero.pipeline.summary import TABLE_METRICS
+from ringzero.pipeline.local import PipelineResult
+from ringzero.pipeline.report import render_report
+from ringzero.stages.base import StageInputs, StageOutcome
 
 
 def _fmt(v) -> str:
@@ -47,47 +53,20 @@ def status_markdown(run: str, status: str, stages: list[dict], error: str | None
     return "\n".join(lines) + "\n"
 
 
-def stage_html(ex: ExecutedStage) -> str:
-    """One page, no external resources (the UI shows it in a sandboxed frame): facts, curves, summary."""
-    o = ex.outcome
-    esc = html.escape
-    rows = "".join(f"<tr><td>{esc(k)}</td><td>{esc(_fmt(v))}</td></tr>" for k, v in sorted(o.summary.items()))
-    gate = "".join(f"<li>{esc(r)}</li>" for r in ex.gate.reasons)
-    curves = "".join(_curve(key, ex.metrics) for key in TABLE_METRICS)
-    return (
-        "<!doctype html><html><head><meta charset='utf-8'>"
-        f"<title>{esc(ex.name)}</title>"
-        "<style>body{font-family:sans-serif;margin:1em}table{border-collapse:collapse}"
-        "td{border:1px solid #ccc;padding:2px 8px}figure{display:inline-block;margin:0 1em 1em 0}</style>"
-        "</head><body>"
-        f"<h2>stage {esc(ex.name)} ({esc(ex.kind)})</h2>"
-        f"<p>stop: {esc(o.stop_reason)} · steps: {o.steps} · wall: {o.wall_s:.0f} s · "
-        f"output: <code>{esc(o.output_uri or 'no checkpoint')}</code></p>"
-        f"<h3>gate: {'pass' if ex.gate.passed else 'FAIL'}</h3><ul>{gate}</ul>"
-        f"<div>{curves}</div>"
-        f"<h3>summary</h3><table>{rows}</table>"
-        "</body></html>\n"
+def run_report_html(cfg, store, manifest: dict) -> str:
+    """The run report over the stages ``manifest`` records so far, with the manifest's status."""
+    stages = [_executed(store, entry) for entry in manifest["stages"]]
+    failed_gate = next((ex for ex in stages if not ex.gate.passed), None)
+    return render_report(cfg, PipelineResult(manifest["status"], stages, failed_gate), manifest)
+
+
+def _executed(store, entry: dict) -> ExecutedStage:
+    h = entry["stage_hash"]
+    outcome = store.get_json(outcome_key(h))  # the full outcome: the manifest leaves out eval's comparison
+    if outcome is None:
+        raise RingzeroError(f"stage {entry['name']!r}: {outcome_key(h)} is missing from the store")
+    lines = (store.get_bytes(metrics_key(h)) or b"").decode().splitlines()
+    return ExecutedStage(
+        entry["name"], entry["kind"], h, StageInputs(**entry["inputs"]), StageOutcome(**outcome),
+        GateResult(**entry["gate"]), entry["skipped"], [json.loads(line) for line in lines if line.strip()],
     )
-
-
-def _curve(key: str, records: list[dict], width: int = 320, height: int = 120) -> str:
-    """An inline SVG line of ``key`` against step; empty when the stage did not log it."""
-    pts = [(r["step"], r[key]) for r in records if isinstance(r.get(key), int | float) and math.isfinite(r[key])]
-    if len(pts) < 2:
-        return ""
-    (x0, x1), (y0, y1) = _span(p[0] for p in pts), _span(p[1] for p in pts)
-    xy = " ".join(
-        f"{(x - x0) / (x1 - x0) * (width - 10) + 5:.1f},{height - 5 - (y - y0) / (y1 - y0) * (height - 10):.1f}"
-        for x, y in pts
-    )
-    return (
-        f"<figure><figcaption>{html.escape(key)} ({y0:.4g} .. {y1:.4g})</figcaption>"
-        f"<svg width='{width}' height='{height}' role='img' aria-label='{html.escape(key)} against step'>"
-        f"<polyline fill='none' stroke='#1f77b4' stroke-width='1.5' points='{xy}'/></svg></figure>"
-    )
-
-
-def _span(values) -> tuple[float, float]:
-    vals = list(values)
-    lo, hi = min(vals), max(vals)
-    return (lo, hi) if hi > lo else (lo - 0.5, hi + 0.5)  # a flat line sits mid-height

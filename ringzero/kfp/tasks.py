@@ -71,10 +71,11 @@ def run_stage(
         ex = execute_stage(cfg, store, stage, inputs, {}, run_dir)
     else:
         ex = _execute_on_cluster(cfg, store, stage, inputs, run_dir)
-    open_run_manifest(cfg, store, run_dir, run_id).record(ex)
+    manifest = open_run_manifest(cfg, store, run_dir, run_id)
+    manifest.record(ex)
     _log_metrics(metrics, ex.outcome.summary)
     _write(summary, report.stage_markdown(ex))
-    _write(html_report, report.stage_html(ex))
+    _write(html_report, report.run_report_html(cfg, store, manifest.doc))
     return ex.outcome.output_uri or "", json.dumps(ex.outcome.summary, sort_keys=True)
 
 
@@ -89,10 +90,12 @@ def check_gate(run_config: str, stage_name: str, summary_json: str, reasons=None
     return bool(result.passed)
 
 
-def record_final_status(run_config: str, run_id: str, state: str, error: str | None, summary=None) -> str:
+def record_final_status(run_config: str, run_id: str, state: str, error: str | None, summary=None,
+                        html_report=None) -> str:
     """Finish the run manifest: gate_failed if a gate stopped the run, else the pipeline's own final state."""
     cfg = parse_config_text(run_config)
-    manifest = open_run_manifest(cfg, _open_store(cfg), Path(cfg.run.run_dir), run_id)
+    store = _open_store(cfg)
+    manifest = open_run_manifest(cfg, store, Path(cfg.run.run_dir), run_id)
     stages = manifest.doc["stages"]
     if any(not s["gate"]["passed"] for s in stages):
         status = "gate_failed"
@@ -103,6 +106,7 @@ def record_final_status(run_config: str, run_id: str, state: str, error: str | N
     manifest.doc["error"] = error or None
     manifest.finish(status)
     _write(summary, report.status_markdown(cfg.run.name, status, stages, error))
+    _write(html_report, report.run_report_html(cfg, store, manifest.doc))
     log.info("run.finished", run=cfg.run.name, status=status)
     return status
 

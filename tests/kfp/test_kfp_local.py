@@ -44,14 +44,17 @@ def test_a_passing_gate_runs_every_stage_with_checkpoints_wired_through(tmp_path
                                        "distill": distill["output_uri"]}
     assert ev["summary"]["eval/compared"] == 3.0
     assert stage1["gate"]["passed"] is True and all(r.startswith("pass: ") for r in stage1["gate"]["reasons"])
-    # What the UI renders: the stage's Markdown and HTML report, the gate's reasons, the final status.
+    # What the UI renders: each stage's Markdown and the run report so far, the gate's reasons, the final status.
     files = {p.name: p.read_text() for p in outputs_of(tmp_path, "rl-stage")}
     assert "## stage `stage1` (rl): ran" in files["summary"]
     assert files["report"].count("<polyline") == 4  # reward, len, ratio p99, ratio max were logged
+    assert "<span class='status running'>running</span>" in files["report"] and files["report"].count("not run") == 2
     (metrics,) = executor_output(tmp_path, "rl-stage")["artifacts"]["metrics"]["artifacts"]
     assert metrics["metadata"] == stage1["summary"]
     assert "PASS" in "".join(p.read_text() for p in outputs_of(tmp_path, "gate"))
-    assert "## run `micro`: succeeded" in "".join(p.read_text() for p in outputs_of(tmp_path, "record-status"))
+    final = {p.name: p.read_text() for p in outputs_of(tmp_path, "record-status")}
+    assert "## run `micro`: succeeded" in final["summary"]
+    assert "<span class='status succeeded'>succeeded</span>" in final["report"] and "not run" not in final["report"]
 
 
 def test_a_failing_gate_stops_the_run_with_nothing_downstream(tmp_path):
@@ -63,6 +66,8 @@ def test_a_failing_gate_stops_the_run_with_nothing_downstream(tmp_path):
     assert gate["reasons"] == ["FAIL: reward/mean = 0.5 violates reward/mean >= 0.9"]
     assert outputs_of(tmp_path, "distill-stage") == [] and outputs_of(tmp_path, "eval-stage") == []
     assert "FAIL" in "".join(p.read_text() for p in outputs_of(tmp_path, "gate"))
+    (final,) = [p.read_text() for p in outputs_of(tmp_path, "record-status") if p.name == "report"]
+    assert "The gate after stage <code>stage1</code> failed" in final and final.count("not run") == 2
 
 
 def test_a_failing_step_is_recorded_by_the_exit_handler(tmp_path, capsys):

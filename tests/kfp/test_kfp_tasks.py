@@ -2,6 +2,7 @@
 
 import json
 import math
+from dataclasses import asdict
 
 import pytest
 from kfp_kit import micro_config
@@ -9,9 +10,11 @@ from kfp_kit import micro_config
 from ringzero.errors import ConfigError, RingzeroError
 from ringzero.kfp import report, tasks
 from ringzero.kfp.settings import load_kfp_config
-from ringzero.pipeline.execute import ExecutedStage
+from ringzero.pipeline.execute import ExecutedStage, metrics_key, outcome_key
 from ringzero.pipeline.gates import GateResult
+from ringzero.pipeline.manifest import RunManifest
 from ringzero.stages.base import StageInputs, StageOutcome
+from ringzero.store import open_store
 
 pytestmark = pytest.mark.xdist_group("kfp")
 
@@ -69,22 +72,39 @@ def test_metrics_artifact_gets_finite_scalars_only(tmp_path):
     assert out.logged == {"a/x": 1.0, "a/y": 0.5, "a/flag": 1.0}
 
 
-def _executed(metrics):
+def _executed(metrics, name="stage1"):
     outcome = StageOutcome(output_uri="file:///s/ckpt", summary={"len/mean": 3.0, "x/<b>": 1.0},
                            stop_reason="max_steps", steps=len(metrics), wall_s=2.0)
     gate = GateResult(passed=False, reasons=["FAIL: len/mean = 3 violates len/mean <= 2"])
-    return ExecutedStage("s1", "rl", "ab" * 32, StageInputs(), outcome, gate, False, metrics)
+    return ExecutedStage(name, "rl", "ab" * 32, StageInputs(), outcome, gate, False, metrics)
 
 
-def test_html_report_escapes_text_and_draws_logged_curves():
-    page = report.stage_html(_executed([{"step": 0, "len/mean": 1.0}, {"step": 1, "len/mean": 3.0}]))
+def _committed(store, ex):
+    """What execute_stage leaves in the store for a finished stage."""
+    store.put_json(outcome_key(ex.stage_hash), asdict(ex.outcome))
+    store.put_bytes(metrics_key(ex.stage_hash), "".join(json.dumps(r) + "\n" for r in ex.metrics).encode())
+
+
+def test_run_report_shows_the_run_as_far_as_the_manifest_goes(cfg, tmp_path):
+    store = open_store(f"file://{tmp_path}/store")
+    ex = _executed([{"step": 0, "len/mean": 1.0}, {"step": 1, "len/mean": 3.0}])
+    _committed(store, ex)
+    manifest = RunManifest(cfg, store, tmp_path / "run")
+    manifest.record(ex)
+    page = report.run_report_html(cfg, store, manifest.doc)
+    assert "<span class='status running'>running</span>" in page
+    assert page.count("<polyline") == 1 and "data-stage='stage1'" in page  # len/mean, the one curve logged
+    assert page.count("not run") == 3  # base, distill and eval have not reached the manifest
     assert "x/&lt;b&gt;" in page and "x/<b>" not in page
-    assert page.count("<polyline") == 1 and "len/mean against step" in page
-    assert "FAIL: len/mean = 3 violates" in page
+    assert "The gate after stage <code>stage1</code> failed" in page
 
 
-def test_html_report_has_no_curve_for_a_single_point():
-    assert "<polyline" not in report.stage_html(_executed([{"step": 0, "len/mean": 1.0}]))
+def test_run_report_refuses_a_stage_whose_outcome_is_not_in_the_store(cfg, tmp_path):
+    store = open_store(f"file://{tmp_path}/store")
+    manifest = RunManifest(cfg, store, tmp_path / "run")
+    manifest.record(_executed([]))
+    with pytest.raises(RingzeroError, match="stage 'stage1': stages/abababababababab/outcome.json is missing"):
+        report.run_report_html(cfg, store, manifest.doc)
 
 
 def test_stage_markdown_lists_the_summary_and_output():
@@ -106,7 +126,9 @@ def test_cluster_mode_hands_the_stage_to_the_cluster_launcher(cfg, tmp_path, mon
     def launched(cfg_, store, stage, inputs, run_dir):
         calls.append((stage.name, inputs))
         outcome = StageOutcome("file:///s/stage1", {"reward/mean": 0.5}, "max_steps", 3, 1.0)
-        return ExecutedStage(stage.name, stage.kind, "cd" * 32, inputs, outcome, GateResult(True, ["ok"]), False, [])
+        ex = ExecutedStage(stage.name, stage.kind, "cd" * 32, inputs, outcome, GateResult(True, ["ok"]), False, [])
+        _committed(store, ex)  # as the stage's job does
+        return ex
 
     monkeypatch.setattr(ringzero.cluster, "execute_stage_on_cluster", launched)
     summary = Recorder(tmp_path / "summary.md")
