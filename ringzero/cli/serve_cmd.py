@@ -3,8 +3,9 @@
     ringzero serve --checkpoint file://runs/store/base --port 30000
     ringzero serve --init random --config configs/tiny-cpu.yaml     # smoke tests, no checkpoint
 
-``--config`` takes a run config (its model, tokenizer and rollout precision are used) or a bare
-model section; explicit flags win over it.
+``--config`` takes a run config or a bare model section. From a run config come the tokenizer, the
+rollout precision, ``deterministic`` and the S3 settings for ``s3://`` checkpoints; the model section
+is used only by ``--init random`` (a checkpoint carries its own). Explicit flags win over it.
 """
 
 from __future__ import annotations
@@ -77,10 +78,14 @@ def _tokenizer(flag: str | None, section):
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from ringzero.errors import RingzeroError
+
+    if args.init == "random" and args.config is None:  # before torch loads: fail fast
+        raise RingzeroError("serve --init random needs --config with a model section")
+
     import structlog
     import torch
 
-    from ringzero.errors import RingzeroError
     from ringzero.model.config import PrecisionPolicy
     from ringzero.model.hybrid import HybridLM
     from ringzero.rollout.engine import EmbeddedEngine
@@ -91,8 +96,6 @@ def _serve(args: argparse.Namespace) -> int:
     policy = PrecisionPolicy.preset(args.precision) if args.precision else (conf.precision or PrecisionPolicy())
     tokenizer, tokenizer_path = _tokenizer(args.tokenizer, conf.tokenizer)
     if args.init == "random":
-        if conf.model is None:
-            raise RingzeroError("serve --init random needs --config with a model section")
         model = HybridLM(conf.model, policy)
         model.reset_parameters(torch.Generator().manual_seed(args.seed))
         model_path = f"random://seed-{args.seed}"
