@@ -2,20 +2,15 @@
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 import torch
+from server_kit import POLICY, FakeEngine, tiny_model
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-from server_kit import POLICY, FakeEngine, tiny_model  # noqa: E402
-
-from ringzero.rollout.engine import EmbeddedEngine  # noqa: E402
-from ringzero.rollout.server import RolloutServer, ServerThread  # noqa: E402
-from ringzero.tokenizer import CharTokenizer  # noqa: E402
+from ringzero.rollout.engine import EmbeddedEngine
+from ringzero.rollout.server import RolloutServer, ServerThread
+from ringzero.tokenizer import CharTokenizer
 
 torch.set_num_threads(1)
 
