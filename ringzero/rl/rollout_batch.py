@@ -1,0 +1,122 @@
+"""Sampling and scoring of one rollout batch: prompts -> n completions each -> rewards, as padded tensors.
+
+The rollout client's log-probs become ``logp_rollout_NT``, the importance ratio's denominator. Responses
+of one prompt sit next to each other (``group_size`` rows), as ``group_advantages`` expects.
+
+Letter legend: N responses (prompts x samples), T response positions (the longest response).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+
+import torch
+
+from ringzero.rollout.types import Completion, GenerateRequest, RolloutClient, SamplingParams
+from ringzero.tasks.base import Problem, Task
+from ringzero.tokenizer.base import Tokenizer
+
+RewardFn = Callable[[Problem, str, int, bool], float]
+"""``reward(problem, response_text, response_tokens, truncated)``: see ``ringzero.rl.rewards``."""
+
+
+def encode_prompt(tokenizer: Tokenizer, problem: Problem) -> list[int]:
+    """BOS + prompt text: pretraining windows start the same way, so RL prompts look like corpus text."""
+    return tokenizer.encode(problem.prompt, add_bos=True)
+
+
+def stop_settings(task: Task, tokenizer: Tokenizer) -> tuple[tuple[str, ...], tuple[int, ...]]:
+    """``(stop_strings, stop_token_ids)``: a stop string that is one token becomes a stop id, which the
+    engine checks for all rows at once instead of decoding each row's tail every step."""
+    strings, ids = [], []
+    for s in task.stop:
+        encoded = tokenizer.encode(s)
+        if len(encoded) == 1:
+            ids.append(encoded[0])
+        else:
+            strings.append(s)
+    return tuple(strings), tuple(ids)
+
+
+def sampling_params(sampling, task: Task, tokenizer: Tokenizer, n: int, seed: int | None,
+                    temperature: float | None = None) -> SamplingParams:
+    """SGLang-named params from a stage's ``SamplingSettings``; ``temperature`` overrides (0 = greedy)."""
+    strings, ids = stop_settings(task, tokenizer)
+    return SamplingParams(
+        max_new_tokens=sampling.max_new_tokens,
+        temperature=sampling.temperature if temperature is None else temperature,
+        top_p=sampling.top_p, top_k=sampling.top_k, stop=strings, stop_token_ids=ids, n=n, seed=seed,
+    )
+
+
+@dataclass
+class RolloutBatch:
+    problems: list[Problem]  # per response (each prompt's problem repeated group_size times)
+    prompt_ids: list[list[int]]
+    output_ids: list[list[int]]
+    responses: list[str]
+    logp_rollout_NT: torch.Tensor  # float64 (as reported), 0 outside the mask
+    mask_NT: torch.Tensor  # bool: sampled response tokens
+    rewards_N: torch.Tensor  # float32
+    correct: list[bool]  # the task's own verdict, before any tier budget
+    truncated: list[bool]  # cut by max_new_tokens rather than a stop
+    uses_trace: list[bool]
+    group_size: int
+
+    def __len__(self) -> int:
+        return len(self.output_ids)
+
+    @property
+    def lengths(self) -> list[int]:
+        return [len(o) for o in self.output_ids]
+
+    def sequences(self, rows: Sequence[int]) -> tuple[list[list[int]], list[int]]:
+        """``(prompt + response ids, prompt lengths)`` of ``rows``: what ``score_sequences`` takes."""
+        return ([self.prompt_ids[i] + self.output_ids[i] for i in rows], [len(self.prompt_ids[i]) for i in rows])
+
+
+def pad_rows(rows: Sequence[Sequence[float]] | Sequence[torch.Tensor], width: int, dtype) -> torch.Tensor:
+    out = torch.zeros((len(rows), width), dtype=dtype)
+    for i, row in enumerate(rows):
+        out[i, : len(row)] = torch.as_tensor(row, dtype=dtype)
+    return out
+
+
+def collect(client: RolloutClient, task: Task, tokenizer: Tokenizer, problems: Sequence[Problem], *,
+            samples: int, params: SamplingParams, reward: RewardFn,
+            seeds: Sequence[int] | None = None) -> RolloutBatch:
+    """``samples`` completions per problem from ``client``, decoded and rewarded.
+
+    ``seeds``: one sampling seed per problem (overrides ``params.seed``), so prompts never share a
+    random stream while the whole batch stays reproducible.
+    """
+    per_request = [params] * len(problems) if seeds is None else [replace(params, seed=s) for s in seeds]
+    requests = [GenerateRequest(encode_prompt(tokenizer, p), sp, rid=p.id)
+                for p, sp in zip(problems, per_request, strict=True)]
+    results = client.generate(requests)
+    flat: list[tuple[Problem, list[int], Completion]] = []
+    for problem, req, completions in zip(problems, requests, results, strict=True):
+        if len(completions) != samples:
+            raise ValueError(f"rollout client returned {len(completions)} completions, asked for {samples}")
+        flat += [(problem, req.input_ids, c) for c in completions]
+    texts = [tokenizer.decode(c.output_ids) for _, _, c in flat]
+    truncated = [c.finish_reason == "length" for _, _, c in flat]
+    correct = [task.reward(p, text) >= 1.0 for (p, _, _), text in zip(flat, texts, strict=True)]
+    rewards = [reward(p, text, len(c.output_ids), cut)
+               for (p, _, c), text, cut in zip(flat, texts, truncated, strict=True)]
+    width = max((len(c.output_ids) for _, _, c in flat), default=0)
+    lengths = torch.tensor([len(c.output_ids) for _, _, c in flat])
+    return RolloutBatch(
+        problems=[p for p, _, _ in flat],
+        prompt_ids=[list(ids) for _, ids, _ in flat],
+        output_ids=[list(c.output_ids) for _, _, c in flat],
+        responses=texts,
+        logp_rollout_NT=pad_rows([c.output_logprobs for _, _, c in flat], width, torch.float64),
+        mask_NT=torch.arange(width)[None, :] < lengths[:, None],
+        rewards_N=torch.tensor(rewards, dtype=torch.float32),
+        correct=correct,
+        truncated=truncated,
+        uses_trace=[task.uses_trace(t) for t in texts],
+        group_size=samples,
+    )

@@ -1,0 +1,56 @@
+"""What every training stage builds first: threads, task, tokenizer, and the model it starts from."""
+
+from __future__ import annotations
+
+import torch
+
+from ringzero.errors import RingzeroError
+from ringzero.model.config import PrecisionPolicy
+from ringzero.model.hybrid import HybridLM
+from ringzero.rl.seeds import derive_seed as seeded
+from ringzero.tasks import make_task
+from ringzero.tasks.base import Task
+from ringzero.tokenizer import build_tokenizer
+from ringzero.tokenizer.base import Tokenizer
+
+
+def apply_threads(cfg) -> None:
+    if cfg.run.threads:
+        torch.set_num_threads(cfg.run.threads)
+
+
+def task_and_tokenizer(cfg) -> tuple[Task, Tokenizer]:
+    tokenizer = build_tokenizer(cfg.tokenizer)
+    if tokenizer.vocab_size > cfg.model.vocab_size:
+        raise RingzeroError(
+            f"model.vocab_size: {cfg.model.vocab_size} is smaller than the tokenizer's {tokenizer.vocab_size} ids"
+        )
+    return make_task(cfg.task), tokenizer
+
+
+def fresh_model(cfg, policy: PrecisionPolicy, salt: str = "init") -> HybridLM:
+    """A newly initialised model; the weights depend on the run seed only (and ``salt``)."""
+    model = HybridLM(cfg.model, policy)
+    generator = torch.Generator().manual_seed(seeded(cfg.run.seed, salt))
+    model.reset_parameters(generator)
+    return model
+
+
+def start_model(cfg, store, init_uri: str | None, policy: PrecisionPolicy) -> HybridLM:
+    """The stage's input checkpoint under ``policy``, or a fresh model when it has none."""
+    if init_uri is None:
+        return fresh_model(cfg, policy)
+    from ringzero.model.checkpoint import load_model
+
+    loaded = load_model(init_uri, policy, store=store if _under(store, init_uri) else None)
+    if loaded.config != cfg.model:
+        raise RingzeroError(f"{init_uri}: its model config differs from this run's model section")
+    return loaded.model
+
+
+def _under(store, uri: str) -> bool:
+    try:
+        store.name_of(uri)
+        return True
+    except RingzeroError:
+        return False

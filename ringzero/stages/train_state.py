@@ -1,0 +1,71 @@
+"""Resume points and final checkpoints of a training stage, through the checkpoint store.
+
+A resume point ``<prefix>/step-NNNNNN`` is ONE checkpoint holding the model's fp32 (master) weights
+under ``model.*``, the optimizer state under ``optim.*`` and the loop's counters in its meta: a single
+commit, so there is never a model without its optimizer state or the other way round. Step counters
+and RNG seeds are derived from the step number (see the stages), so nothing else needs saving.
+
+The final checkpoint ``<prefix>/final`` is a plain model checkpoint (``load_model`` reads it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ringzero.errors import RingzeroError
+from ringzero.model.checkpoint import hf_config
+from ringzero.model.hybrid import HybridLM
+from ringzero.rollout.weights import load_weights_
+from ringzero.stages.optimizer import TrainOptimizer
+
+MODEL, OPTIM = "model.", "optim."
+
+
+def step_name(prefix: str, step: int) -> str:
+    return f"{prefix}/step-{step:06d}"
+
+
+def final_name(prefix: str) -> str:
+    return f"{prefix}/final"
+
+
+@dataclass
+class ResumePoint:
+    step: int
+    uri: str
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+def save_resume_point(store, prefix: str, step: int, model: HybridLM, optimizer: TrainOptimizer,
+                      meta: dict | None = None) -> str:
+    optim_tensors, optim_meta = optimizer.state()
+    tensors = {MODEL + k: v.detach().float().contiguous() for k, v in optimizer.master_state_dict().items()}
+    tensors.update({OPTIM + k: v.contiguous() for k, v in optim_tensors.items()})
+    full_meta = {"step": step, "optimizer": optim_meta, **(meta or {})}
+    return store.save(step_name(prefix, step), tensors, hf_config(model.cfg, torch.float32), full_meta)
+
+
+def load_resume_point(store, uri: str, model: HybridLM, optimizer: TrainOptimizer) -> ResumePoint:
+    """Restore ``model`` and ``optimizer`` in place from the resume point at ``uri``."""
+    ckpt = store.load(uri)
+    if "step" not in ckpt.meta or "optimizer" not in ckpt.meta:
+        raise RingzeroError(f"{uri}: not a resume point of a training stage (meta lacks step/optimizer)")
+    weights = {k[len(MODEL):]: v for k, v in ckpt.tensors.items() if k.startswith(MODEL)}
+    load_weights_(model, weights, source=uri)
+    optimizer.load_state({k[len(OPTIM):]: v for k, v in ckpt.tensors.items() if k.startswith(OPTIM)},
+                         ckpt.meta["optimizer"])
+    extra = {k: v for k, v in ckpt.meta.items() if k not in ("step", "optimizer")}
+    return ResumePoint(int(ckpt.meta["step"]), ckpt.uri, extra)
+
+
+def save_final(store, prefix: str, model: HybridLM, state_dict: dict[str, torch.Tensor], meta: dict) -> str:
+    """The stage's output model; an earlier attempt that committed it already (then died) is reused."""
+    name = final_name(prefix)
+    existing = store.list(name)
+    if any(store.name_of(uri) == name for uri in existing):
+        return store.uri_of(name)
+    tensors = {k: v.detach().float().contiguous() for k, v in state_dict.items()}
+    return store.save(name, tensors, hf_config(model.cfg, torch.float32), meta)
