@@ -20,6 +20,7 @@ COMMAND_MODULES = [
     "ringzero.cli.run_cmd",
     "ringzero.cli.check_cmd",
     "ringzero.cli.gap_cmd",
+    "ringzero.cli.cp_cmd",
     "ringzero.cli.kfp_cmd",
     "ringzero.cli.serve_cmd",
 ]

@@ -14,6 +14,7 @@ from collections.abc import Iterable
 import torch
 import torch.distributed as dist
 
+from ringzero.model.precision import at_least_fp32
 from ringzero.parallel.dims import ParallelGroups
 
 
@@ -35,7 +36,7 @@ def token_mean(values_BS: torch.Tensor, mask_BS: torch.Tensor, groups: ParallelG
 
 @torch.no_grad()
 def sync_grads(params: Iterable[torch.nn.Parameter], groups: ParallelGroups) -> None:
-    """Sum gradients over the ``dp_cp`` group, one flat all-reduce per dtype.
+    """Sum gradients over the ``dp_cp`` group, one flat all-reduce per gradient dtype.
 
     A parameter without a gradient on this rank gets zeros, so every rank reduces the same buffers."""
     if groups.dims.world_size == 1:
@@ -47,8 +48,9 @@ def sync_grads(params: Iterable[torch.nn.Parameter], groups: ParallelGroups) -> 
         if p.grad is None:
             p.grad = torch.zeros_like(p)
         buckets[(p.grad.dtype, p.grad.device)].append(p)
-    for bucket in buckets.values():
-        flat = torch.cat([p.grad.reshape(-1) for p in bucket])
+    for (dtype, _), bucket in buckets.items():
+        # bf16 partial gradients are summed in fp32 and rounded once, as one process's matmul would.
+        flat = torch.cat([p.grad.reshape(-1) for p in bucket]).to(at_least_fp32(dtype))
         dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=groups.dp_cp)
         offset = 0
         for p in bucket:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import queue
+import time
 import traceback
 from dataclasses import dataclass, field
 
@@ -50,7 +51,11 @@ def _worker(rank: int, world_size: int, port: int, threads: int, jobs, results) 
             results.put((rank, True, fn(ctx, *args, **kwargs)))
         except BaseException:  # noqa: BLE001 - the traceback travels to the parent
             results.put((rank, False, traceback.format_exc()))
-    dist.destroy_process_group()
+    # Flush our answers, then leave without interpreter teardown: destroying the gloo group and
+    # unloading torch take seconds per rank and nothing is left to clean up.
+    results.close()
+    results.join_thread()
+    os._exit(0)
 
 
 class RankPool:
@@ -61,7 +66,10 @@ class RankPool:
             raise RingzeroError(f"a rank pool needs at least one rank (got {world_size})")
         self.world_size = world_size
         self.timeout_s = timeout_s
-        ctx = mp.get_context("spawn")
+        # forkserver: one clean, single-threaded server imports torch once and forks the ranks from
+        # it, instead of every rank importing torch again (spawn) or inheriting our threads (fork).
+        ctx = mp.get_context("forkserver")
+        ctx.set_forkserver_preload(["ringzero.parallel.launch"])
         # The parent hosts the rendezvous store on a free port the OS picks, so no port can collide.
         self._store = dist.TCPStore("127.0.0.1", 0, world_size + 1, is_master=True, wait_for_workers=False)
         self._results = ctx.Queue()
@@ -86,18 +94,28 @@ class RankPool:
         out: list = [None] * self.world_size
         errors = []
         pending = self.world_size
+        deadline = time.monotonic() + self.timeout_s
+        failed_at = 0.0
         while pending:
             try:
-                rank, ok, value = self._results.get(timeout=self.timeout_s if not errors else 10.0)
+                rank, ok, value = self._results.get(timeout=1.0)
             except queue.Empty:
-                self.close(force=True)
-                why = "\n".join(errors) or f"no answer within {self.timeout_s:.0f} s"
-                raise RingzeroError(f"rank job {getattr(fn, '__name__', fn)} failed:\n{why}") from None
+                dead = [r for r, p in enumerate(self._procs) if not p.is_alive()]
+                # Once a rank has failed, the others get a short grace period to report, then the
+                # pool is torn down: they are probably blocked in a collective the failed rank left.
+                if dead or time.monotonic() > (deadline if not errors else min(deadline, failed_at + 10)):
+                    codes = {r: self._procs[r].exitcode for r in dead}
+                    self.close(force=True)
+                    why = "\n".join(errors) or (f"ranks {list(codes)} exited with codes {list(codes.values())}"
+                                               if codes else f"no answer within {self.timeout_s:.0f} s")
+                    raise RingzeroError(f"rank job {getattr(fn, '__name__', fn)} failed:\n{why}") from None
+                continue
             pending -= 1
             if ok:
                 out[rank] = value
             else:
                 errors.append(f"[rank {rank}] {value}")
+                failed_at = time.monotonic()
         if errors:
             self.close(force=True)  # the other ranks may be waiting in a collective that never completes
             raise RingzeroError(f"rank job {getattr(fn, '__name__', fn)} failed:\n" + "\n".join(errors))

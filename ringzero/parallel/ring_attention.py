@@ -90,14 +90,16 @@ class RingAttention(torch.autograd.Function):
         B, Q, H, _ = q_BQHD.shape
         o_BQHE = q_BQHD.new_zeros((B, Q, H, v_BKHE.shape[-1]), dtype=acc)
         lse_BQH = q_BQHD.new_full((B, Q, H), float("-inf"), dtype=acc)
+        # Under the softmax island the partial outputs stay fp32 until the final cast, as in one process.
+        q_in = q_BQHD.to(acc) if softmax_fp32 else q_BQHD
         block = [k_BKHD, v_BKHE, pos]
         for step in range(P):
             # Start the next hop before computing this block, so the transfer overlaps the compute.
             incoming, hop = _exchange(block, group, rec, False) if step < P - 1 else (None, ([], []))
             k_blk, v_blk, k_pos = block
             if _any_visible(pos, k_pos):
-                o_blk, lse_blk = causal_attention(q_BQHD, k_blk, v_blk, pos, k_pos, scale, softmax_fp32,
-                                                  return_lse=True)
+                kv_in = (k_blk.to(acc), v_blk.to(acc)) if softmax_fp32 else (k_blk, v_blk)
+                o_blk, lse_blk = causal_attention(q_in, *kv_in, pos, k_pos, scale, softmax_fp32, return_lse=True)
                 o_BQHE, lse_BQH = merge_partial(o_BQHE, lse_BQH, o_blk.to(acc), lse_blk.to(acc))
             wait_all(*hop[0])
             block = incoming

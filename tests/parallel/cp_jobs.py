@@ -1,0 +1,81 @@
+"""Jobs the CP tests run on every rank of a pool (module level, so spawned ranks can import them)."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from ringzero.parallel.comm import CommLedger
+from ringzero.parallel.dims import ParallelDims
+from ringzero.parallel.sharding import SeqLayout
+from ringzero.parallel.strategies import STRATEGIES
+
+B, H = 2, 4
+MLA_DIMS = {"n": 8, "p": 4, "v": 6, "r": 10}
+LIGHTNING_DIMS = {"k": 5, "v": 6, "block": 4}
+SCALE = 0.3
+
+
+def core_inputs(kind: str, seq_len: int, seed: int, left_pad: int = 2) -> dict:
+    """Global fp64 inputs of one core call; row 1 is left-padded by ``left_pad`` tokens."""
+    gen = torch.Generator().manual_seed(seed)
+
+    def rnd(*shape):
+        return torch.randn(shape, generator=gen, dtype=torch.float64)
+
+    pos = torch.arange(seq_len).repeat(B, 1)
+    pos[1] -= left_pad
+    if kind == "mla":
+        d = MLA_DIMS
+        tokens = {"q_nope": rnd(B, seq_len, H, d["n"]), "q_rope": rnd(B, seq_len, H, d["p"]),
+                  "c_kv": rnd(B, seq_len, d["r"]), "k_rope": rnd(B, seq_len, d["p"])}
+        weights = {"w_uk": rnd(H, d["n"], d["r"]) / d["r"] ** 0.5, "w_uv": rnd(H, d["v"], d["r"]) / d["r"] ** 0.5}
+        cotangent = rnd(B, seq_len, H, d["v"])
+        return {"tokens": tokens, "weights": weights, "cotangent": cotangent, "positions": pos}
+    d = LIGHTNING_DIMS
+    keep = (pos >= 0).double()[..., None, None]  # padding carries no key/value, as the layer arranges
+    tokens = {"q": rnd(B, seq_len, H, d["k"]) * 0.5, "k": rnd(B, seq_len, H, d["k"]) * 0.5 * keep,
+              "v": rnd(B, seq_len, H, d["v"]) * keep}
+    log_decay = -torch.linspace(0.05, 0.6, H, dtype=torch.float64)
+    cotangent = rnd(B, seq_len, H, d["v"])
+    return {"tokens": tokens, "weights": {}, "cotangent": cotangent, "positions": pos, "log_decay": log_decay}
+
+
+def _call(kind, core, tokens, weights, pos, inputs, dtype):
+    if kind == "mla":
+        return core(tokens["q_nope"], tokens["q_rope"], tokens["c_kv"], tokens["k_rope"], weights["w_uk"],
+                    weights["w_uv"], pos, SCALE, True)
+    state = torch.promote_types(dtype, torch.float32)
+    return core(tokens["q"], tokens["k"], tokens["v"], inputs["log_decay"].to(state), LIGHTNING_DIMS["block"])
+
+
+def core_job(ctx, kind: str, strategies: list[str], seq_len: int, dtype: str, mode: str, seed: int = 0):
+    """Each strategy's CP core on the shared inputs; rank 0 returns gathered outputs and all gradients
+    (weight gradients summed over the group), every rank its comm records."""
+    P = ctx.world_size
+    groups = ctx.groups(ParallelDims(dp=1, cp=P, world_size=P))
+    tdtype = getattr(torch, dtype)
+    inputs = core_inputs(kind, seq_len, seed)
+    layout = SeqLayout(seq_len, P, mode)
+    me = groups.cp_rank
+    results = {}
+    for strategy in strategies:
+        ledger = CommLedger()
+        core = STRATEGIES[(kind, strategy)].build(groups.cp, ledger, mode)
+        tokens = {k: layout.shard(v, me).to(tdtype).requires_grad_(True) for k, v in inputs["tokens"].items()}
+        weights = {k: v.to(tdtype).clone().requires_grad_(True) for k, v in inputs["weights"].items()}
+        pos = layout.shard(inputs["positions"], me, pad_value=-1)
+        out = _call(kind, core, tokens, weights, pos, inputs, tdtype)
+        (out * layout.shard(inputs["cotangent"], me).to(tdtype)).sum().backward()
+        res = {"out": layout.gather(out.detach(), groups.cp)}
+        for k, t in tokens.items():
+            res["d_" + k] = layout.gather(t.grad, groups.cp)
+        for k, t in weights.items():
+            g = t.grad.clone()
+            dist.all_reduce(g, group=groups.cp)
+            res["d_" + k] = g
+        res["comm"] = [(c.fwd.__dict__.copy(), c.bwd.__dict__.copy()) for c in ledger.calls]
+        results[strategy] = res
+    if me != 0:
+        return {s: {"comm": r["comm"]} for s, r in results.items()}
+    return results
