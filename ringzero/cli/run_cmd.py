@@ -72,9 +72,10 @@ def _stage_run(args) -> int:
         if not sep:
             raise RingzeroError(f"--compare {item!r}: expected NAME=URI")
         compare[name] = uri
-    inputs = StageInputs(init_uri=args.init, reference_uri=args.reference or args.init, base_uri=args.base,
-                         compare=compare)
-    ex = execute_stage(cfg, store, stage, inputs, {}, run_dir)
+    # Resolved exactly as the local runner does, so a stage run here has the same identity.
+    reference = (args.reference or args.init) if stage.kind == "rl" else None
+    inputs = StageInputs(init_uri=args.init, reference_uri=reference, base_uri=args.base, compare=compare)
+    ex = execute_stage(cfg, store, stage, inputs, run_dir)
     result = {"stage": ex.name, "stage_hash": ex.stage_hash, "output_uri": ex.outcome.output_uri,
               "summary": ex.outcome.summary, "stop_reason": ex.outcome.stop_reason, "skipped": ex.skipped,
               "gate": ex.gate.to_dict()}

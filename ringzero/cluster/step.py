@@ -50,7 +50,7 @@ def execute_stage_on_cluster(cfg, store, stage, inputs, run_dir: Path, *, settin
     if settings is None:
         raise RingzeroError("cluster mode needs cluster settings (the run config's `cluster:` section, "
                             "which the Helm chart's pipeline upload fills in)")
-    key = outcome_key(stage_hash(cfg, stage, inputs, {}))
+    key = outcome_key(stage_hash(cfg, stage, inputs))
     if store.get_json(key) is None:
         if api is None:
             from ringzero.cluster.kube import KubernetesApi
@@ -71,4 +71,4 @@ def execute_stage_on_cluster(cfg, store, stage, inputs, run_dir: Path, *, settin
             # Checked before execute_stage, which would otherwise run the stage here, in the step's pod.
             raise RingzeroError(f"stage {stage.name!r}: the cluster job succeeded but committed no outcome "
                                 f"({key}); does the job use the same store as the pipeline?")
-    return execute_stage(cfg, store, stage, inputs, {}, run_dir)
+    return execute_stage(cfg, store, stage, inputs, run_dir)

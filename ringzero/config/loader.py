@@ -159,6 +159,12 @@ def _describe(err: dict, data: dict) -> str:
         return f"{path}: required field is missing"
     if not loc:
         return msg  # model-level checks already name their fields
+    if isinstance(err.get("input"), dict):
+        # A section-level check: it names the field it is about first ("stage_pod: ..."), if any.
+        head, sep, rest = msg.partition(": ")
+        if sep and head in _allowed_keys(loc, data):
+            return f"{path}.{head}: {rest}"
+        return f"{path}: {msg}"
     if "got" in msg:
         return f"{path}: {msg}"
     return f"{path}: {msg} (got {_short(err.get('input'))})"

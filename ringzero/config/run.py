@@ -8,6 +8,7 @@ from pydantic import Field, model_validator
 
 from ringzero.cluster.config import ClusterSettings
 from ringzero.config.base import RunName, StrictModel
+from ringzero.kfp.settings import KfpSettings
 from ringzero.model.config import ModelConfig, PrecisionPolicy
 from ringzero.parallel.config import ParallelConfig
 from ringzero.stages.config import StageConfig
@@ -75,6 +76,7 @@ class RunConfig(StrictModel):
     task: TaskConfig = ArithmeticTask()
     storage: StorageConfig = StorageConfig()
     stages: list[StageConfig] = Field(default_factory=list)
+    kfp: KfpSettings = Field(KfpSettings(), description="Kubeflow Pipelines: step image, resources, secrets, mode")
     cluster: ClusterSettings | None = Field(
         None, description="cluster mode: where stage jobs and rollout servers run (not part of stage identity)"
     )

@@ -1,7 +1,6 @@
 """Typed settings of the Kubeflow pipeline: the step image, where stages execute, and their pods.
 
-A run config may carry these under a top-level ``kfp:`` section. Until ``RunConfig`` has that field,
-``load_kfp_config`` takes the section off the YAML before the rest is validated as usual.
+A run config carries these under its top-level ``kfp:`` section (``RunConfig.kfp``).
 """
 
 from __future__ import annotations
@@ -10,11 +9,10 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from ringzero.cluster.config import S3SecretRef, Toleration
 from ringzero.config.base import StrictModel
-from ringzero.errors import ConfigError
 
 if TYPE_CHECKING:
     from ringzero.config.run import RunConfig
@@ -74,35 +72,8 @@ class KfpSettings(StrictModel):
 
 
 def load_kfp_config(path: str | Path, overrides: list[str] | None = None) -> tuple[RunConfig, KfpSettings]:
-    """``load_config`` that also reads the ``kfp:`` section (overrides may address it: ``kfp.mode=cluster``)."""
-    # Imported here so that RunConfig can import this module's models without an import cycle.
-    from ringzero.config.loader import apply_overrides, parse_config, read_yaml
+    """``load_config`` plus the run's ``kfp`` section (overrides may address it: ``kfp.mode=cluster``)."""
+    from ringzero.config.loader import load_config
 
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(str(path), ["no such file"])
-    data = read_yaml(path.read_text(), str(path))
-    apply_overrides(data, list(overrides or []))
-    section = data.pop("kfp", None) or {}
-    problems = []
-    try:
-        settings = KfpSettings.model_validate(section)
-    except ValidationError as exc:
-        problems = [_describe(err) for err in exc.errors()]
-    try:
-        cfg = parse_config(data, str(path))
-    except ConfigError as exc:
-        raise ConfigError(str(path), exc.problems + problems) from None
-    if problems:
-        raise ConfigError(str(path), problems)
-    return cfg, settings
-
-
-def _describe(err: dict) -> str:
-    where = "kfp" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in err["loc"])
-    msg = err["msg"].removeprefix("Value error, ")
-    if err["type"] == "extra_forbidden":
-        msg = "unknown key"
-    if not err["loc"] and ": " in msg:  # model-level checks start with the field they are about
-        return f"{where}.{msg}"
-    return f"{where}: {msg}"
+    cfg = load_config(path, overrides)
+    return cfg, cfg.kfp

@@ -68,7 +68,7 @@ def run_stage(
     run_dir = Path(cfg.run.run_dir)
     if mode == "in-process":
         _seed(cfg)
-        ex = execute_stage(cfg, store, stage, inputs, {}, run_dir)
+        ex = execute_stage(cfg, store, stage, inputs, run_dir)
     else:
         ex = _execute_on_cluster(cfg, store, stage, inputs, run_dir)
     manifest = open_run_manifest(cfg, store, run_dir, run_id)

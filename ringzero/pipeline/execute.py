@@ -43,9 +43,9 @@ def metrics_key(h: str) -> str:
 
 
 def execute_stage(
-    cfg: RunConfig, store, stage, inputs: StageInputs, upstream: dict[str, str], run_dir: Path, force: bool = False
+    cfg: RunConfig, store, stage, inputs: StageInputs, run_dir: Path, force: bool = False
 ) -> ExecutedStage:
-    h = stage_hash(cfg, stage, inputs, upstream)
+    h = stage_hash(cfg, stage, inputs)
     stage_dir = Path(run_dir) / stage.name
     stage_dir.mkdir(parents=True, exist_ok=True)
     cached = None if force else store.get_json(outcome_key(h))

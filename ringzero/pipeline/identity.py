@@ -14,15 +14,14 @@ from ringzero.stages.base import StageInputs
 IDENTITY_VERSION = 1  # bump when a stage's semantics change in a way the config cannot show
 
 
-def stage_hash(cfg: RunConfig, stage, inputs: StageInputs, upstream: dict[str, str]) -> str:
-    """``upstream`` maps each input URI to the hash of the stage that produced it (if produced here)."""
+def stage_hash(cfg: RunConfig, stage, inputs: StageInputs) -> str:
+    """Input checkpoints enter by URI: stage outputs live under their producer's identity
+    (``stages/<hash>/final``), so a URI already names everything upstream, for the local runner and a
+    pipeline step alike."""
     stage_fields = stage.model_dump(mode="json", exclude={"name", "gate"})
     for key in ("init", "reference"):
         stage_fields.pop(key, None)
     stage_fields.pop("compare", None)
-
-    def ident(uri: str | None) -> str | None:
-        return None if uri is None else upstream.get(uri, uri)
 
     return config_hash(
         {
@@ -34,9 +33,9 @@ def stage_hash(cfg: RunConfig, stage, inputs: StageInputs, upstream: dict[str, s
             "precision": cfg.precision.model_dump(mode="json"),
             "engines": {"training": cfg.engines.training.kind, "rollout": cfg.engines.rollout.kind},
             "stage": stage_fields,
-            "init": ident(inputs.init_uri),
-            "reference": ident(inputs.reference_uri),
-            "base": ident(inputs.base_uri),
-            "compare": {k: ident(v) for k, v in sorted(inputs.compare.items())},
+            "init": inputs.init_uri,
+            "reference": inputs.reference_uri,
+            "base": inputs.base_uri,
+            "compare": dict(sorted(inputs.compare.items())),
         }
     )

@@ -50,15 +50,12 @@ def resolve_inputs(stage, done: dict[str, ExecutedStage]) -> StageInputs:
 def run_pipeline(cfg: RunConfig, store, run_dir: Path, force: set[str] = frozenset()) -> PipelineResult:
     manifest = RunManifest(cfg, store, run_dir)
     done: dict[str, ExecutedStage] = {}
-    upstream: dict[str, str] = {}  # output URI -> identity of the stage that made it
     result = PipelineResult(status="succeeded")
     for stage in cfg.stages:
         inputs = resolve_inputs(stage, done)
-        ex = execute_stage(cfg, store, stage, inputs, upstream, run_dir, force=stage.name in force)
+        ex = execute_stage(cfg, store, stage, inputs, run_dir, force=stage.name in force)
         done[stage.name] = ex
         result.stages.append(ex)
-        if ex.outcome.output_uri:
-            upstream[ex.outcome.output_uri] = ex.stage_hash
         manifest.record(ex)
         if not ex.gate.passed:
             log.error("gate.failed", stage=stage.name, reasons=ex.gate.reasons)

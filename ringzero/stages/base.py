@@ -49,6 +49,12 @@ class StageContext:
     def checkpoint_prefix(self) -> str:
         return f"stages/{self.stage_hash[:16]}"
 
+    @property
+    def final_name(self) -> str:
+        """Where the stage commits its output checkpoint: under its own identity, so the output URI
+        names everything upstream of it (the identity hash of a downstream stage relies on that)."""
+        return f"{self.checkpoint_prefix}/final"
+
     def resume_uri(self) -> str | None:
         """Latest committed intermediate checkpoint of this exact stage configuration, if any."""
         return self.store.latest(f"{self.checkpoint_prefix}/step-")
