@@ -1,6 +1,6 @@
 """``ringzero check cp``: context-parallel strategies against the single-process reference.
 
-Spawns ``--cp`` gloo ranks on loopback, runs forward and backward on the same global inputs, and prints
+Spawns ``--dp`` x ``--cp`` gloo ranks on loopback, runs forward and backward on the same global inputs, and prints
 the max abs/rel errors of output, input gradient and every weight gradient, plus each rank's comm
 accounting. Exit status 1 past the dtype's tolerance, 2 for a refused configuration.
 """
@@ -23,7 +23,8 @@ def register(sub) -> None:
     p.add_argument("--layer", choices=["mla", "lightning", "model"], default="mla")
     p.add_argument("--strategy", choices=["ring", "a2a", "allgather"], default=None,
                    help="default: a2a for mla and model, allgather for lightning")
-    p.add_argument("--cp", type=int, default=2, help="number of CP ranks to spawn")
+    p.add_argument("--cp", type=int, default=2, help="context-parallel degree")
+    p.add_argument("--dp", type=int, default=1, help="data-parallel degree (dp*cp ranks are spawned)")
     p.add_argument("--seq-len", type=int, default=64, help="global sequence length (need not divide by cp)")
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--dtype", choices=["float64", "float32", "bfloat16"], default="float64")
@@ -38,7 +39,7 @@ def _check_cp(args: argparse.Namespace) -> int:
     from ringzero.parallel.equivalence import CheckSpec, run_check
 
     strategy = args.strategy or ("allgather" if args.layer == "lightning" else "a2a")
-    spec = CheckSpec(layer=args.layer, strategy=strategy, cp=args.cp, seq_len=args.seq_len, heads=args.heads,
+    spec = CheckSpec(layer=args.layer, strategy=strategy, cp=args.cp, dp=args.dp, seq_len=args.seq_len, heads=args.heads,
                      dtype=args.dtype, sharding=args.sharding, batch=args.batch, seed=args.seed)
     result = run_check(spec)
     if args.json:

@@ -4,7 +4,8 @@ Every rank builds the same weights and the same global batch from one seed, runs
 on its shard through the CP cores, and rank 0 compares against the unsharded single-process run:
 the output, the input gradient and every weight gradient (after the CP gradient sum). ``model`` runs a
 whole ``HybridLM`` step instead: loss with global token normalisation, logits, every parameter gradient
-and the parameters after one AdamW update. Row 1 of the batch is left-padded (negative positions), so
+and the parameters after one AdamW update. With ``dp > 1`` the batch rows are split over data-parallel
+replicas as well. Row 1 of the batch is left-padded (negative positions), so
 per-row positions are covered too. Tolerances per dtype come from ``ringzero.model.tolerances``.
 """
 
@@ -45,6 +46,11 @@ class CheckSpec:
     left_pad: int = 3
     seed: int = 0
     block_size: int = 8
+    dp: int = 1
+
+    @property
+    def world_size(self) -> int:
+        return self.dp * self.cp
 
     def plan(self) -> dict[str, str]:
         """Layer checks use ``strategy`` for their layer type; ``model`` maps ``ring`` to ring for both
@@ -65,8 +71,10 @@ class CheckSpec:
         problems = []
         if self.layer not in LAYERS:
             problems.append(f"layer must be one of {LAYERS} (got {self.layer!r})")
-        if self.cp < 1:
-            problems.append(f"cp must be >= 1 (got {self.cp})")
+        if self.cp < 1 or self.dp < 1:
+            problems.append(f"cp and dp must be >= 1 (got cp={self.cp}, dp={self.dp})")
+        elif self.batch % self.dp:
+            problems.append(f"batch {self.batch} does not split over dp={self.dp} data-parallel ranks")
         if self.heads < 1:
             problems.append(f"heads must be >= 1 (got {self.heads})")
         if self.seq_len <= self.left_pad:
@@ -129,9 +137,12 @@ def _adamw_step(module):
 
 
 def check_rank(ctx, spec: CheckSpec) -> dict | None:
-    """Runs on every rank of a ``RankPool`` of ``spec.cp`` ranks; rank 0 returns the report."""
+    """Runs on every rank of a ``RankPool`` of ``spec.world_size`` ranks; rank 0 returns the report.
+
+    With ``dp > 1`` each data-parallel replica takes its share of the batch rows; rank 0 compares the
+    outputs of its own rows, and the loss, gradients and update of the whole batch."""
     P = spec.cp
-    groups = ctx.groups(ParallelDims(dp=1, cp=P, world_size=P))
+    groups = ctx.groups(ParallelDims(dp=spec.dp, cp=P, world_size=spec.world_size))
     dtype = torch_dtype(spec.dtype)
     cfg = spec.model_config()
     gen = torch.Generator().manual_seed(spec.seed)
@@ -143,19 +154,20 @@ def check_rank(ctx, spec: CheckSpec) -> dict | None:
     cp_module = copy.deepcopy(base)
     ledger = parallelize(cp_module, groups, spec.plan(), spec.sharding)
     me = groups.cp_rank
-    local = {k: layout.shard(v, me, dim=1) for k, v in batch.items()}
-    local_pos = layout.shard(batch["positions"], me, dim=1, pad_value=-1)
+    rows = slice(groups.dp_rank * spec.batch // spec.dp, (groups.dp_rank + 1) * spec.batch // spec.dp)
+    local = {k: layout.shard(v[rows], me, dim=1) for k, v in batch.items()}
+    local_pos = layout.shard(batch["positions"][rows], me, dim=1, pad_value=-1)
     local_real = local_pos >= 0  # layout padding is marked -1 too: it never counts
     out_l, loss_l, dx_l = _step(cp_module, local, local_pos, local_real,
                                 lambda v, m: token_mean(v, m, groups))
     sync_grads(cp_module.parameters(), groups)
-    loss_cp = global_sum(loss_l, groups.cp)
+    loss_cp = global_sum(loss_l, groups.dp_cp)
     out_cp = layout.gather(out_l, groups.cp)
     dx_cp = layout.gather(dx_l, groups.cp) if dx_l is not None else None
     grads_cp = {n: p.grad.clone() for n, p in cp_module.named_parameters()}
     updated_cp = _adamw_step(cp_module) if spec.layer == "model" else None
     comm = ledger.metrics()
-    if me != 0:
+    if groups.rank != 0:
         return {"comm": comm}
 
     ref = copy.deepcopy(base)
@@ -165,13 +177,14 @@ def check_rank(ctx, spec: CheckSpec) -> dict | None:
 
     out_r, loss_r, dx_r = _step(ref, batch, batch["positions"], real_BS, ref_loss)
     grads_r = {n: p.grad.clone() for n, p in ref.named_parameters()}
-    rows = real_BS  # compare real tokens only; padding outputs are not defined to match
+    mine = real_BS.clone()
+    mine[rows.stop:] = False  # rank 0's rows; real tokens only (padding outputs are not defined to match)
     report = {
-        "output": compare(out_cp[rows], out_r[rows], dtype),
+        "output": compare(out_cp[mine[rows]], out_r[mine], dtype),
         "grads": {n: compare(grads_cp[n], grads_r[n], dtype) for n in grads_r},
     }
     if dx_r is not None:
-        report["input_grad"] = compare(dx_cp[rows], dx_r[rows], dtype)
+        report["input_grad"] = compare(dx_cp[mine[rows]], dx_r[mine], dtype)
     if spec.layer == "model":
         report["loss"] = compare(loss_cp, loss_r, dtype)
         updated_r = _adamw_step(ref)
@@ -214,8 +227,8 @@ def run_check(spec: CheckSpec, pool=None) -> dict:
 
     spec.validate()
     if pool is not None:
-        if pool.world_size != spec.cp:
-            raise RingzeroError(f"pool has {pool.world_size} ranks, the check needs cp={spec.cp}")
+        if pool.world_size != spec.world_size:
+            raise RingzeroError(f"pool has {pool.world_size} ranks, the check needs dp*cp={spec.world_size}")
         return summarize(spec, pool.run(check_rank, spec))
-    with RankPool(spec.cp) as fresh:
+    with RankPool(spec.world_size) as fresh:
         return summarize(spec, fresh.run(check_rank, spec))

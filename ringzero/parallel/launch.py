@@ -61,11 +61,12 @@ def _worker(rank: int, world_size: int, port: int, threads: int, jobs, results) 
 class RankPool:
     """``n`` local gloo ranks kept alive across jobs."""
 
-    def __init__(self, world_size: int, threads: int = 1, timeout_s: float = 300.0):
+    def __init__(self, world_size: int, threads: int = 1, timeout_s: float = 300.0, grace_s: float = 10.0):
         if world_size < 1:
             raise RingzeroError(f"a rank pool needs at least one rank (got {world_size})")
         self.world_size = world_size
         self.timeout_s = timeout_s
+        self.grace_s = grace_s  # how long the other ranks may take to report once one has failed
         # forkserver: one clean, single-threaded server imports torch once and forks the ranks from
         # it, instead of every rank importing torch again (spawn) or inheriting our threads (fork).
         ctx = mp.get_context("forkserver")
@@ -103,7 +104,7 @@ class RankPool:
                 dead = [r for r, p in enumerate(self._procs) if not p.is_alive()]
                 # Once a rank has failed, the others get a short grace period to report, then the
                 # pool is torn down: they are probably blocked in a collective the failed rank left.
-                if dead or time.monotonic() > (deadline if not errors else min(deadline, failed_at + 10)):
+                if dead or time.monotonic() > (deadline if not errors else min(deadline, failed_at + self.grace_s)):
                     codes = {r: self._procs[r].exitcode for r in dead}
                     self.close(force=True)
                     why = "\n".join(errors) or (f"ranks {list(codes)} exited with codes {list(codes.values())}"

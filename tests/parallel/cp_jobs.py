@@ -79,3 +79,27 @@ def core_job(ctx, kind: str, strategies: list[str], seq_len: int, dtype: str, mo
     if me != 0:
         return {s: {"comm": r["comm"]} for s, r in results.items()}
     return results
+
+
+LING = {"H": 32, "n": 128, "p": 64, "v": 128, "r": 512}  # Ling-like MLA dims (bytes tests and bench)
+
+
+def ling_mla_bytes_job(ctx, strategy: str, seq_len: int, dtype: str = "bfloat16"):
+    """One MLA core call with Ling-like dims (batch 1, positions ``[S]``); every rank's comm record."""
+    P = ctx.world_size
+    groups = ctx.groups(ParallelDims(dp=1, cp=P, world_size=P))
+    tdtype = getattr(torch, dtype)
+    d, S = LING, seq_len // P
+    gen = torch.Generator().manual_seed(ctx.rank)
+
+    def rnd(*shape):
+        return (torch.randn(shape, generator=gen) * 0.1).to(tdtype).requires_grad_(True)
+
+    ledger = CommLedger()
+    core = STRATEGIES[("mla", strategy)].build(groups.cp, ledger, "contiguous")
+    out = core(rnd(1, S, d["H"], d["n"]), rnd(1, S, d["H"], d["p"]), rnd(1, S, d["r"]), rnd(1, S, d["p"]),
+               rnd(d["H"], d["n"], d["r"]), rnd(d["H"], d["v"], d["r"]), SeqLayout(seq_len, P).positions(ctx.rank),
+               0.07, True)
+    out.float().sum().backward()
+    (call,) = ledger.calls
+    return call.fwd.__dict__.copy(), call.bwd.__dict__.copy()
