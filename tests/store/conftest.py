@@ -1,13 +1,16 @@
 """Store fixtures: file:// stores in tmp folders, and s3:// stores on moto (in this process) and on
 the Ceph RADOS Gateway (started outside pytest by tests/servers/rgw-start.sh).
 
-Tests sharing one server carry ``xdist_group`` marks so ``pytest -n 2 --dist loadgroup`` keeps
-them on one worker: a test that kills its server must not pull it away from another test.
+Each pytest process has its own moto server, so a test that kills it disturbs no other process.
+The gateway is shared by all processes: tests hold a shared lock on it, and tests marked
+``kills_server`` an exclusive one. (The ``xdist_group`` marks would keep them on one worker, but
+``--dist loadgroup`` does not group anything under pytest 9.2, so the lock is what protects them.)
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 
 import pytest
 from store_kit import GatewayTarget, MotoTarget, S3Target
@@ -19,6 +22,7 @@ from ringzero.store.credentials import ACCESS_KEY_ENV, SECRET_KEY_ENV
 def pytest_configure(config):
     # pytest-xdist registers this marker itself; without xdist (-p no:xdist) --strict-markers needs it here.
     config.addinivalue_line("markers", "xdist_group(name): run on the same xdist worker as the group's other tests")
+    config.addinivalue_line("markers", "kills_server: stops the S3 server mid-test; needs it to itself")
 
 
 MOTO = pytest.param("moto", marks=[pytest.mark.s3, pytest.mark.xdist_group("store-moto")], id="moto")
@@ -31,7 +35,7 @@ def moto_target() -> MotoTarget:
 
 
 @pytest.fixture(scope="session")
-def rgw_target() -> GatewayTarget:
+def rgw_server() -> GatewayTarget:
     error = os.environ.get("RINGZERO_RGW_ERROR")
     if error:
         pytest.fail(f"tests/servers/rgw-start.sh failed: {error}")
@@ -42,6 +46,13 @@ def rgw_target() -> GatewayTarget:
             f"no Ceph RADOS Gateway: {missing[0]} unset (make test starts one with tests/servers/rgw-start.sh)"
         )
     return GatewayTarget(*(os.environ[n] for n in names))
+
+
+@pytest.fixture
+def rgw_target(rgw_server, request) -> Iterator[GatewayTarget]:
+    """The gateway, locked for this test: exclusively if the test kills it, shared otherwise."""
+    with rgw_server.locked(exclusive=request.node.get_closest_marker("kills_server") is not None):
+        yield rgw_server
 
 
 @pytest.fixture(params=[MOTO, RGW])

@@ -3,12 +3,15 @@ that "crashes" at a chosen write, and bit-exact tensor comparison."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import signal
 import socket
 import subprocess
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -86,6 +89,16 @@ class GatewayTarget(S3Target):
     def __init__(self, endpoint: str, access_key: str, secret_key: str, state_dir: str):
         super().__init__("rgw", endpoint, access_key, secret_key)
         self.state_dir = Path(state_dir)
+
+    @contextmanager
+    def locked(self, exclusive: bool) -> Iterator[None]:
+        """Hold the gateway against other test processes: shared to use it, exclusive to kill it."""
+        with open(self.state_dir / "tests.lock", "a") as f:
+            fcntl.flock(f, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+            try:
+                yield
+            finally:
+                fcntl.flock(f, fcntl.LOCK_UN)
 
     def kill(self) -> None:
         pid = int((self.state_dir / "run" / "client.rgw.ringzero.pid").read_text())

@@ -44,6 +44,7 @@ def incomplete_uploads(target: S3Target, bucket: str) -> list[str]:
     return [u.object_name for u in target.client()._list_multipart_uploads(bucket).uploads]
 
 
+@pytest.mark.kills_server
 def test_killed_server_leaves_no_committed_checkpoint_and_a_retry_loads_bit_exact(s3_env):
     target, bucket = s3_env, s3_env.new_bucket()
     root = f"s3://{bucket}/ckpts"
@@ -78,6 +79,7 @@ def test_killed_server_leaves_no_committed_checkpoint_and_a_retry_loads_bit_exac
     assert incomplete_uploads(target, bucket) == []
 
 
+@pytest.mark.kills_server
 def test_a_server_back_within_the_retries_lets_the_same_save_finish(s3_env):
     target, bucket = s3_env, s3_env.new_bucket()
     tensors = big_state_dict(seed=6)
