@@ -1,0 +1,62 @@
+"""The RL stage runner: stage 1 (token_sum), stage 2 (sample_mean) and tier RL share this loop.
+
+Each step samples, rewards, updates and pushes weights (``ringzero.rl.step``); its metrics go to the
+stage's JSONL and a live console table. A resume point is committed every ``checkpoint_every``
+steps. After ``min_steps`` the stop conditions are checked (``ringzero.stages.stop_conditions``);
+the reason the stage ended is its ``stop_reason``. The summary, which gates read, is the mean of the
+last ``SUMMARY_STEPS`` steps' key metrics plus the held-out evaluation of the final policy.
+"""
+
+from __future__ import annotations
+
+import time
+
+from ringzero.stages.base import StageContext, StageInputs, StageOutcome
+from ringzero.stages.config import RLStage
+from ringzero.stages.heldout_eval import evaluate_heldout
+from ringzero.stages.live_table import LiveTable
+from ringzero.stages.progress import step_progress
+from ringzero.stages.rl_session import build_session
+from ringzero.stages.stop_conditions import StopConditions
+from ringzero.stages.summary_values import finite_only, mean_of_last
+from ringzero.stages.train_state import save_final, save_resume_point
+
+SUMMARY_STEPS = 5
+SUMMARY_KEYS = (
+    "reward/mean", "reward/accuracy", "len/mean", "len/p95", "len/max", "len/trunc_rate", "trace/rate",
+    "trace/accuracy", "trace/step_accuracy", "ratio/mean", "ratio/p99", "ratio/p99.9", "ratio/max",
+    "logratio/p99", "ratio/above_clip_frac", "grad/coverage", "grad/ppo_coverage", "entropy/mean", "kl/mean",
+    "loss/skipped", "time/generate", "time/train", "time/sync", "time/step",
+)
+EVAL_SAMPLES = 4
+
+
+def run(ctx: StageContext, stage: RLStage, inputs: StageInputs) -> StageOutcome:
+    started = time.time()
+    rl = build_session(ctx, stage, inputs)
+    stop = StopConditions(stage, rl.resumed.get("stop"))
+    history, wall_before = list(rl.resumed.get("history", [])), float(rl.resumed.get("wall_s", 0.0))
+    table, step, reason = LiveTable(f"rl {stage.name}"), rl.first_step, "steps"
+    with step_progress(f"rl {stage.name}", stage.steps, step) as advance:
+        while step < stage.steps:
+            metrics = rl.stepper.run(step)
+            step += 1
+            ctx.metrics.log(step, metrics)
+            table.add(step - 1, metrics)
+            advance(f"reward {metrics['reward/mean']:.3f} len {metrics['len/mean']:.0f}")
+            history = (history + [finite_only({k: metrics[k] for k in SUMMARY_KEYS if k in metrics})])[-SUMMARY_STEPS:]
+            wall_s = wall_before + time.time() - started
+            why = stop.check(step, metrics, wall_s / 60)
+            if why is None and step % stage.checkpoint_every == 0 and step < stage.steps:
+                save_resume_point(ctx.store, ctx.checkpoint_prefix, step, rl.model, rl.optimizer,
+                                  {"stop": stop.state(), "history": history, "wall_s": wall_s})
+            if why is not None:
+                reason = why
+                break
+    uri = save_final(ctx.store, ctx.checkpoint_prefix, rl.model, rl.optimizer.master_state_dict(),
+                     {"stage": stage.name, "steps": step, "stop_reason": reason})
+    summary = mean_of_last(history, SUMMARY_KEYS, SUMMARY_STEPS)
+    summary.update(evaluate_heldout(rl.client, rl.task, rl.tokenizer, prompts=getattr(ctx.cfg.task, "eval_prompts", 128),
+                                    samples=EVAL_SAMPLES, max_new_tokens=stage.sampling.max_new_tokens,
+                                    tiers=stage.tiers))
+    return StageOutcome(uri, finite_only(summary), reason, step, wall_s=time.time() - started)

@@ -1,0 +1,97 @@
+"""Everything an RL stage holds while it runs, built from the run config, the stage and its inputs.
+
+Start weights are the stage's init checkpoint, or the last committed resume point of this exact stage
+(weights, optimizer state, step, stop tracking and summary history); the rollout engine then receives
+those weights before the first step, so a resumed stage samples from where it stopped. The KL
+reference is a frozen copy of ``inputs.reference_uri`` (the init when unset), loaded only when used.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+
+from ringzero.errors import RingzeroError
+from ringzero.rl.rewards import TaskReward
+from ringzero.rl.step import RLStep, StepShape
+from ringzero.rl.sync import push_weights, weight_version
+from ringzero.rl.trainer import PolicyTrainer
+from ringzero.stages.optimizer import TrainOptimizer
+from ringzero.stages.setup import apply_threads, start_model, task_and_tokenizer
+from ringzero.stages.train_state import load_resume_point
+
+log = structlog.get_logger(__name__)
+
+ROLLOUT_MAX_BATCH = 256
+"""Rows the embedded engine decodes together: a whole tiny-config rollout batch in one group."""
+
+
+@dataclass
+class RLSession:
+    model: Any
+    optimizer: TrainOptimizer
+    client: Any
+    task: Any
+    tokenizer: Any
+    stepper: RLStep
+    first_step: int = 0
+    resumed: dict = field(default_factory=dict)
+
+    def push(self, step: int) -> None:
+        self.stepper.push(step)
+
+
+def rollout_client(cfg, model, tokenizer):
+    engine = cfg.engines.rollout
+    if engine.kind == "sglang":
+        from ringzero.rollout.http_client import HttpRolloutClient
+
+        return HttpRolloutClient(engine.endpoint, timeout_s=engine.timeout_s)
+    from ringzero.rollout.engine import EmbeddedEngine
+
+    return EmbeddedEngine(model, tokenizer, cfg.precision.rollout, deterministic=cfg.precision.deterministic,
+                          max_batch=ROLLOUT_MAX_BATCH, seed=cfg.run.seed)
+
+
+def frozen_reference(cfg, store, uri: str | None):
+    model = start_model(cfg, store, uri, cfg.precision.train).eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model
+
+
+def build_session(ctx, stage, inputs) -> RLSession:
+    cfg = ctx.cfg
+    if cfg.precision.deterministic and cfg.precision.train != cfg.precision.rollout:
+        raise RingzeroError("precision.deterministic: train and rollout must use the same policy "
+                            f"(got {cfg.precision.train.name()} and {cfg.precision.rollout.name()})")
+    apply_threads(cfg)
+    task, tokenizer = task_and_tokenizer(cfg)
+    model = start_model(cfg, ctx.store, inputs.init_uri, cfg.precision.train).train()
+    optimizer = TrainOptimizer(model, stage.optim, total_steps=stage.steps, schedule="constant")
+    first, resumed = 0, {}
+    if resume := ctx.resume_uri():
+        point = load_resume_point(ctx.store, resume, model, optimizer)
+        first, resumed = point.step, point.meta
+        log.info("rl.resume", uri=resume, step=first)
+    reference = None
+    if stage.loss.kl_coef > 0:
+        reference = frozen_reference(cfg, ctx.store, inputs.reference_uri or inputs.init_uri)
+    client = rollout_client(cfg, model, tokenizer)
+
+    def push(step: int):
+        return push_weights(client, optimizer.master_state_dict(), weight_version(step + 1), store=ctx.store,
+                            prefix=ctx.checkpoint_prefix, model_cfg=cfg.model)
+
+    trainer = PolicyTrainer(model, optimizer, stage.loss, minibatches=stage.minibatches,
+                            max_new_tokens=stage.sampling.max_new_tokens, temperature=stage.sampling.temperature,
+                            reference=reference, batch_invariant=cfg.precision.deterministic,
+                            pad_id=tokenizer.pad_id)
+    stepper = RLStep(client=client, trainer=trainer, task=task, tokenizer=tokenizer,
+                     reward=TaskReward(task, stage.tiers, stage.tier_reward), sampling=stage.sampling,
+                     shape=StepShape(stage.prompts_per_step, stage.samples_per_prompt, stage.loss.advantage_std),
+                     seed=cfg.run.seed, push=push, seeded_sampling=cfg.engines.rollout.kind == "embedded")
+    push(first - 1)  # the engine serves the start (or resumed) weights, as the trainer holds them
+    return RLSession(model, optimizer, client, task, tokenizer, stepper, first, resumed)

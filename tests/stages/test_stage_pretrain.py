@@ -1,0 +1,77 @@
+"""The pretrain stage through the local pipeline runner: output, summary, metrics, caching and resume."""
+
+import pytest
+from stage_kit import run_config, state_equal
+
+from ringzero.model.checkpoint import load_model
+from ringzero.pipeline.local import run_pipeline
+from ringzero.stages.corpus_windows import CorpusWindows
+from ringzero.store import open_store
+from ringzero.tokenizer import CharTokenizer
+
+BASE = {"name": "base", "kind": "pretrain", "steps": 6, "batch_size": 2, "seq_len": 32, "checkpoint_every": 3,
+        "optim": {"lr": 3e-3, "warmup_steps": 2}}
+
+
+def pipeline(root):
+    cfg = run_config(root, [BASE])
+    return cfg, run_pipeline(cfg, open_store(cfg.storage.root), root / "run")
+
+
+def test_pretrain_stage_through_the_pipeline(tmp_path):
+    cfg, result = pipeline(tmp_path)
+    assert result.status == "succeeded"
+    ex = result.stages[0]
+    assert ex.outcome.stop_reason == "steps" and ex.outcome.steps == 6
+    loaded = load_model(ex.outcome.output_uri)
+    assert loaded.config == cfg.model
+    summary = ex.outcome.summary
+    for key in ("train/loss", "eval/accuracy", "eval/greedy_accuracy", "eval/forced_trace_accuracy",
+                "trace/rate", "len/mean"):
+        assert key in summary, key
+    assert 0.0 <= summary["trace/rate"] <= 1.0 and summary["len/mean"] >= 1.0
+    records = ex.metrics
+    assert records and {"train/loss", "train/lr", "train/tokens_per_s"} <= set(records[-1])
+    assert records[-1]["step"] == 6
+    again = run_pipeline(cfg, open_store(cfg.storage.root), tmp_path / "run")
+    assert again.stages[0].skipped and again.stages[0].outcome.output_uri == ex.outcome.output_uri
+
+
+def test_windows_open_with_bos_and_a_document_and_depend_only_on_seed_and_step(tmp_path):
+    cfg = run_config(tmp_path, [BASE])
+    from ringzero.tasks import make_task
+
+    tok = CharTokenizer()
+    windows = CorpusWindows(make_task(cfg.task), tok, 64, seed=0)
+    batch = windows.batch(5, 4)
+    assert batch.shape == (4, 65) and (batch[:, 0] == tok.bos_id).all()
+    texts = [tok.decode(row) for row in batch.tolist()]
+    assert all(t.startswith(("q: ", "facts: ")) or t[0].isalpha() for t in texts)
+    assert (windows.batch(5, 4) == batch).all() and not (windows.batch(6, 4) == batch).all()
+
+
+def test_interrupted_pretrain_resumes_with_its_optimizer_state(tmp_path, monkeypatch):
+    _, whole = pipeline(tmp_path / "whole")
+    original = CorpusWindows.batch
+
+    def dies_at_step_5(self, step, batch_size):
+        if step == 4:  # 0-based; the resume point after step 3 is committed
+            raise KeyboardInterrupt("preempted")
+        return original(self, step, batch_size)
+
+    monkeypatch.setattr(CorpusWindows, "batch", dies_at_step_5)
+    with pytest.raises(KeyboardInterrupt):
+        pipeline(tmp_path / "cut")
+    seen = []
+
+    def records_steps(self, step, batch_size):
+        seen.append(step)
+        return original(self, step, batch_size)
+
+    monkeypatch.setattr(CorpusWindows, "batch", records_steps)
+    _, resumed = pipeline(tmp_path / "cut")
+    ex = resumed.stages[0]
+    assert seen == [3, 4, 5, 6]  # steps 4-6 (0-based 3-5) after the resume point, then the unseen loss batch
+    a = load_model(whole.stages[0].outcome.output_uri).model.state_dict()
+    b = load_model(ex.outcome.output_uri).model.state_dict()
+    assert state_equal(a, b)  # weights, Adam moments and the schedule all came back
