@@ -9,6 +9,10 @@ implements the collective:
 - all-to-all or reduce-scatter of ``N`` bytes per rank: sends and receives ``N (P-1) / P``
 - point-to-point: the message size
 
+Each step also books its *path bytes*: what this rank's link must carry before the step completes (the
+bytes it sends in a collective step, one message per ring hop). Steps and path bytes together give the
+critical path ``steps * latency + path_bytes / bandwidth``.
+
 The same code runs on gloo (CPU) and NCCL (GPU); nothing here looks at the backend.
 """
 
@@ -26,11 +30,13 @@ class PhaseCount:
     steps: int = 0
     bytes_sent: int = 0
     bytes_recv: int = 0
+    path_bytes: int = 0
 
-    def add(self, steps: int, sent: int, recv: int) -> None:
+    def add(self, steps: int, sent: int, recv: int, path: int = 0) -> None:
         self.steps += steps
         self.bytes_sent += sent
         self.bytes_recv += recv
+        self.path_bytes += path
 
 
 @dataclass
@@ -71,6 +77,7 @@ class CommLedger:
             t["steps_bwd"] += rec.bwd.steps
             t["bytes_sent"] += rec.fwd.bytes_sent + rec.bwd.bytes_sent
             t["bytes_recv"] += rec.fwd.bytes_recv + rec.bwd.bytes_recv
+            t["path_bytes"] += rec.fwd.path_bytes + rec.bwd.path_bytes
         out: dict[str, float] = {}
         for layer, t in sorted(totals.items()):
             for key, value in t.items():
@@ -118,21 +125,26 @@ def all_to_all_dim0(x: torch.Tensor, group, async_op: bool = False):
     return out, work
 
 
-def book_all_gather(rec: CallRecord | None, backward: bool, per_rank: torch.Tensor, size: int) -> None:
+def book_all_gather(rec: CallRecord | None, backward: bool, per_rank: torch.Tensor, size: int) -> int:
+    """Books the bytes of an all-gather; returns what this rank sends."""
+    n = nbytes(per_rank) * (size - 1)
     if rec is not None:
-        n = nbytes(per_rank) * (size - 1)
         rec.phase(backward).add(0, n, n)
+    return n
 
 
-def book_all_to_all(rec: CallRecord | None, backward: bool, per_rank: torch.Tensor, size: int) -> None:
+def book_all_to_all(rec: CallRecord | None, backward: bool, per_rank: torch.Tensor, size: int) -> int:
+    """Books the bytes of an all-to-all or reduce-scatter; returns what this rank sends."""
+    n = nbytes(per_rank) * (size - 1) // size
     if rec is not None:
-        n = nbytes(per_rank) * (size - 1) // size
         rec.phase(backward).add(0, n, n)
+    return n
 
 
-def book_step(rec: CallRecord | None, backward: bool, steps: int = 1) -> None:
+def book_step(rec: CallRecord | None, backward: bool, path_bytes: int, steps: int = 1) -> None:
+    """``steps`` sequential steps on the critical path, carrying ``path_bytes`` over this rank's link."""
     if rec is not None:
-        rec.phase(backward).add(steps, 0, 0)
+        rec.phase(backward).add(steps, 0, 0, path_bytes)
 
 
 def book_p2p(rec: CallRecord | None, backward: bool, sent: int, recv: int) -> None:
@@ -179,8 +191,7 @@ def seq_to_heads(x_BSHD: torch.Tensor, group, rec: CallRecord | None, backward: 
     P = dist.get_world_size(group)
     send = pack_seq_to_heads(x_BSHD, P)
     recv, _ = all_to_all_dim0(send, group)
-    book_all_to_all(rec, backward, send, P)
-    book_step(rec, backward)
+    book_step(rec, backward, book_all_to_all(rec, backward, send, P))
     return unpack_seq_to_heads(recv)
 
 
@@ -189,8 +200,7 @@ def heads_to_seq(x_BThD: torch.Tensor, group, rec: CallRecord | None, backward: 
     P = dist.get_world_size(group)
     send = pack_heads_to_seq(x_BThD, P)
     recv, _ = all_to_all_dim0(send, group)
-    book_all_to_all(rec, backward, send, P)
-    book_step(rec, backward)
+    book_step(rec, backward, book_all_to_all(rec, backward, send, P))
     return unpack_heads_to_seq(recv)
 
 

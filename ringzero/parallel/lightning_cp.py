@@ -48,8 +48,7 @@ class _GatherPrefixStates(torch.autograd.Function):
     def forward(ctx, F_nBHkv, log_decay_H, chunk_len, group, rec, mode):
         P, me = dist.get_world_size(group), dist.get_rank(group)
         F_all, _ = all_gather_dim0(F_nBHkv, group)
-        book_all_gather(rec, False, F_nBHkv, P)
-        book_step(rec, False)
+        book_step(rec, False, book_all_gather(rec, False, F_nBHkv, P))
         # Gathered in group-rank order; place each chunk at its global index.
         order = torch.tensor([g for r in range(P) for g in chunk_ids(r, P, mode)], device=F_all.device)
         F_GBHkv = torch.empty_like(F_all).index_copy_(0, order, F_all)
@@ -65,8 +64,7 @@ class _GatherPrefixStates(torch.autograd.Function):
         group, rec = ctx.group, ctx.rec
         P = dist.get_world_size(group)
         dh0_all, _ = all_gather_dim0(dh0_nBHkv, group)
-        book_all_gather(rec, True, dh0_nBHkv, P)
-        book_step(rec, True)
+        book_step(rec, True, book_all_gather(rec, True, dh0_nBHkv, P))
         dh0_GBHkv = torch.empty_like(dh0_all).index_copy_(0, order, dh0_all)
         dF = torch.einsum("cjh,cbhkv->jbhkv", w_GGH[:, mine], dh0_GBHkv)
         return dF, None, None, None, None, None
@@ -92,8 +90,8 @@ class _RingStates(torch.autograd.Function):
         if me < P - 1:
             _p2p(dist.isend, (decay_H11 * h0_BHkv + F_BHkv).contiguous(), me + 1, group)
             book_p2p(rec, False, nbytes(F_BHkv), 0)
-        # The chain's length, which every rank's layer output ends up waiting on in the worst case.
-        book_step(rec, False, P - 1)
+        # The whole chain (P-1 hops of one state), which the last rank's output waits on.
+        book_step(rec, False, (P - 1) * nbytes(F_BHkv), steps=P - 1)
         ctx.save_for_backward(decay_H11)
         ctx.group, ctx.rec = group, rec
         return h0_BHkv
@@ -111,7 +109,7 @@ class _RingStates(torch.autograd.Function):
         if me > 0:
             _p2p(dist.isend, (dh0_BHkv + decay_H11 * dend_BHkv).contiguous(), me - 1, group)
             book_p2p(rec, True, nbytes(dend_BHkv), 0)
-        book_step(rec, True, P - 1)
+        book_step(rec, True, (P - 1) * nbytes(dend_BHkv), steps=P - 1)
         return dend_BHkv, None, None, None, None
 
 

@@ -70,10 +70,9 @@ class _GatherLatentScatterQueries(torch.autograd.Function):
         pos_all, w2 = all_gather_dim0(pos_send, group, async_op=True)
         q_recv, w3 = all_to_all_dim0(q_send, group, async_op=True)
         wait_all(w1, w2, w3)
-        book_all_gather(rec, False, lat_send, P)
-        book_all_gather(rec, False, pos_send, P)
-        book_all_to_all(rec, False, q_send, P)
-        book_step(rec, False)
+        # Issued together, so one step whose link carries all three payloads.
+        book_step(rec, False, book_all_gather(rec, False, lat_send, P) + book_all_gather(rec, False, pos_send, P)
+                  + book_all_to_all(rec, False, q_send, P))
         ctx.group, ctx.rec = group, rec
         return unpack_seq_to_heads(q_recv), _seq_back(lat_all, 1), _seq_back(pos_all, -1)
 
@@ -87,9 +86,7 @@ class _GatherLatentScatterQueries(torch.autograd.Function):
         # Every rank holds the latent gradient of all tokens from its own heads: sum over ranks, keep mine.
         dlat_mine, w2 = reduce_scatter_dim0(dlat_send, group, async_op=True)
         wait_all(w1, w2)
-        book_all_to_all(rec, True, dq_send, P)
-        book_all_to_all(rec, True, dlat_send, P)
-        book_step(rec, True)
+        book_step(rec, True, book_all_to_all(rec, True, dq_send, P) + book_all_to_all(rec, True, dlat_send, P))
         return unpack_heads_to_seq(dq_recv), _seq_back(dlat_mine, 1), None, None, None
 
 

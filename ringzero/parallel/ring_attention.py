@@ -43,7 +43,7 @@ def _exchange(tensors: list[torch.Tensor], group, rec: CallRecord | None, backwa
     works = dist.batch_isend_irecv(ops)
     size = sum(nbytes(t) for t in sent)
     book_p2p(rec, backward, size, size)
-    book_step(rec, backward)
+    book_step(rec, backward, size)
     return received, (works, sent)
 
 

@@ -2,7 +2,7 @@
 
 Steps: ring P-1 forward (P backward: the last hop returns dK/dV to their owners); a2a 2 each way and
 allgather 1 each way, whatever P. Bytes: each collective's logical payload per rank, derived here from
-the tensor shapes (``comm.py`` states the convention). The Lightning all-gather volume does not depend
+the tensor shapes (``comm.py`` states the convention), and the bytes on the critical path. The Lightning all-gather volume does not depend
 on the sequence length; the ring's does.
 """
 
@@ -43,9 +43,11 @@ def test_mla_steps_and_bytes(pools, cp):
     for fwd, bwd in _records(per_rank, "a2a"):
         assert (fwd["steps"], bwd["steps"]) == (2, 2)
         assert (fwd["bytes_sent"], fwd["bytes_recv"], bwd["bytes_sent"]) == (a2a_fwd, a2a_fwd, a2a_bwd)
+        assert (fwd["path_bytes"], bwd["path_bytes"]) == (a2a_fwd, a2a_bwd)
     for fwd, bwd in _records(per_rank, "ring"):
         assert (fwd["steps"], bwd["steps"]) == (P - 1, P)
         assert (fwd["bytes_sent"], fwd["bytes_recv"], bwd["bytes_sent"]) == (ring_fwd, ring_fwd, ring_bwd)
+        assert (fwd["path_bytes"], bwd["path_bytes"]) == (ring_fwd, ring_bwd)  # every hop is on the path
 
 
 @pytest.mark.parametrize("cp", CP_SIZES)
@@ -59,6 +61,7 @@ def test_lightning_steps_and_bytes(pools, cp):
         for fwd, bwd in _records(per_rank, "allgather"):
             assert (fwd["steps"], bwd["steps"]) == (1, 1)
             assert fwd["bytes_sent"] == fwd["bytes_recv"] == bwd["bytes_sent"] == (P - 1) * state
+            assert fwd["path_bytes"] == bwd["path_bytes"] == (P - 1) * state
         volumes[seq_len] = [f["bytes_sent"] + b["bytes_sent"] for f, b in _records(per_rank, "allgather")]
         for rank, (fwd, bwd) in enumerate(_records(per_rank, "ring")):
             assert (fwd["steps"], bwd["steps"]) == (P - 1, P - 1)
@@ -66,6 +69,8 @@ def test_lightning_steps_and_bytes(pools, cp):
             assert fwd["bytes_sent"] == (state if rank < P - 1 else 0)
             assert fwd["bytes_recv"] == (state if rank > 0 else 0)
             assert bwd["bytes_sent"] == (state if rank > 0 else 0)
+            # one state per rank, but the P-1 hops of the chain run one after another
+            assert fwd["path_bytes"] == bwd["path_bytes"] == (P - 1) * state
     assert volumes[16] == volumes[48]
 
 

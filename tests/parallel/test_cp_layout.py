@@ -106,11 +106,11 @@ def test_ledger_metrics_are_namespaced_sums():
     ledger = CommLedger()
     for _ in range(2):
         rec = ledger.new_call("mla", "a2a")
-        rec.fwd.add(2, 100, 90)
-        rec.bwd.add(2, 50, 40)
+        rec.fwd.add(2, 100, 90, 100)
+        rec.bwd.add(2, 50, 40, 30)
     ledger.new_call("lightning", "allgather").fwd.add(1, 8, 8)
     m = ledger.metrics()
     assert m["cp/mla/calls"] == 2 and m["cp/mla/steps"] == 8 and m["cp/mla/steps_per_call"] == 4
-    assert (m["cp/mla/bytes_sent"], m["cp/mla/bytes_recv"]) == (300, 260)
+    assert (m["cp/mla/bytes_sent"], m["cp/mla/bytes_recv"], m["cp/mla/path_bytes"]) == (300, 260, 260)
     assert m["cp/lightning/steps_fwd"] == 1 and m["cp/lightning/steps_bwd"] == 0
     MemoryMetricWriter().log(0, m)  # the project's metric writer accepts every key
