@@ -13,7 +13,10 @@ set -euo pipefail
 log() { echo "rgw-start: $*" >&2; }
 fail() {
   log "FAILED: $*"
-  [ -n "${STATE:-}" ] && [ -d "$STATE/log" ] && tail -n 20 "$STATE"/log/*.log >&2 2>/dev/null || true
+  if [ -n "${STATE:-}" ]; then
+    tail -n 20 "$STATE"/log/*.log >&2 2>/dev/null || true
+    RINGZERO_RGW_DIR=$STATE "$(dirname "$0")/rgw-stop.sh"  # stop what did start, delete the state
+  fi
   printf 'export RINGZERO_RGW_ERROR=%q\n' "Ceph RADOS Gateway did not start: $*"
   exit 1
 }
