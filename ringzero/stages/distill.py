@@ -1,0 +1,163 @@
+"""The self-distillation stage: reset a verbose policy onto its own shortest correct traces.
+
+Stage-1 RL with the unnormalized token-level loss lets responses grow, and a long trajectory widens
+the train/rollout gap. Distillation compresses before RL resumes:
+
+1. the input policy samples ``samples_per_prompt`` responses to each of ``prompts`` training prompts;
+2. per prompt, the shortest correct response that finished by itself (optionally only those within
+   ``length_budget`` tokens) becomes the target; prompts with none are dropped;
+3. a model (the input policy, or the run's base with ``init_weights: base``) is fine-tuned on the
+   targets: next-token loss on the response tokens only, ``epochs`` passes in a seeded order;
+4. the held-out prompts are measured before and after (``ringzero.stages.heldout_eval``, temperature 1):
+   the summary reports ``distill/len_before``, ``distill/len_after``, ``distill/compression`` (the share
+   of the mean length removed) and ``distill/acc_before`` / ``distill/acc_after``.
+
+Resumable: the chosen targets and the "before" measurement are stored once
+(``<prefix>/distill-set.json``), and a resume point is committed after every epoch, so an interrupted
+stage neither samples again nor repeats a finished epoch.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import structlog
+import torch
+
+from ringzero.errors import RingzeroError
+from ringzero.rl.rewards import TaskReward
+from ringzero.rl.rollout_batch import collect, sampling_params
+from ringzero.rollout.engine import EmbeddedEngine
+from ringzero.stages.base import StageContext, StageInputs, StageOutcome
+from ringzero.stages.config import DistillStage
+from ringzero.stages.distill_data import epoch_order, response_loss, select_traces, sft_batch
+from ringzero.stages.eval_metrics import json_safe
+from ringzero.stages.heldout_eval import evaluate_heldout
+from ringzero.stages.optimizer import TrainOptimizer
+from ringzero.stages.progress import step_progress
+from ringzero.stages.setup import apply_threads, seeded, start_model, task_and_tokenizer
+from ringzero.stages.train_state import load_resume_point, save_final, save_resume_point
+
+log = structlog.get_logger(__name__)
+
+ENGINE_BATCH = 256
+EVAL_SAMPLES = 4
+"""Samples per held-out prompt at temperature 1, before and after: length is a property of the sampled policy."""
+LOG_EVERY = 5
+HELDOUT_KEYS = {"eval/accuracy": "eval/accuracy", "len/mean": "eval/len_mean", "trace/rate": "eval/trace_rate"}
+"""The run-wide keys the report plots, read from a held-out measurement."""
+
+
+def run(ctx: StageContext, stage: DistillStage, inputs: StageInputs) -> StageOutcome:
+    cfg, started = ctx.cfg, time.time()
+    apply_threads(cfg)
+    task, tokenizer = task_and_tokenizer(cfg)
+    if inputs.init_uri is None:
+        raise RingzeroError(f"distill stage {stage.name!r}: no input policy to sample from (init)")
+    start_uri = inputs.init_uri if stage.init_weights == "input" else inputs.base_uri
+    if start_uri is None:
+        raise RingzeroError(f"distill stage {stage.name!r}: init_weights is 'base' but the run has no base checkpoint")
+    torch.manual_seed(cfg.run.seed)
+
+    plan = distill_set(ctx, stage, inputs.init_uri, task, tokenizer)
+    examples = [e for e in plan["examples"] if len(e["prompt_ids"]) + len(e["output_ids"]) <= stage.max_seq_len]
+    if not examples:
+        raise RingzeroError(
+            f"distill stage {stage.name!r}: no target to train on: {plan['stats']['distill/kept']:.0f} of "
+            f"{stage.prompts} prompts had a correct finished sample, none of them within max_seq_len {stage.max_seq_len}"
+        )
+    ctx.metrics.log(0, {k: plan["before"][v] for k, v in HELDOUT_KEYS.items() if v in plan["before"]})
+
+    model = start_model(cfg, ctx.store, start_uri, cfg.precision.train).train()
+    steps_per_epoch = math.ceil(len(examples) / stage.batch_size)
+    total = stage.epochs * steps_per_epoch
+    optimizer = TrainOptimizer(model, stage.optim, total_steps=total, schedule="cosine")
+    first = 0
+    if resume := ctx.resume_uri():
+        first = load_resume_point(ctx.store, resume, model, optimizer).step
+        log.info("distill.resume", uri=resume, step=first)
+    order_seed = seeded(cfg.run.seed, "distill-order")
+    losses = []
+    with step_progress("distill", total, first) as advance:
+        for step in range(first, total):
+            epoch, index = divmod(step, steps_per_epoch)
+            order = epoch_order(len(examples), order_seed, epoch)
+            chosen = order[index * stage.batch_size:(index + 1) * stage.batch_size]
+            ids_BS, mask_BS1 = sft_batch([examples[i] for i in chosen], tokenizer.pad_id)
+            loss = response_loss(model, ids_BS, mask_BS1)
+            loss.backward()
+            report = optimizer.step()
+            losses.append(value := float(loss.detach()))
+            if (step + 1) % LOG_EVERY == 0 or step + 1 == total:
+                ctx.metrics.log(step + 1, {"distill/loss": sum(losses) / len(losses), "train/lr": report.lr,
+                                           "grad/norm": report.grad_norm, "distill/epoch": epoch})
+                losses = []
+            advance(f"loss {value:.3f}")
+            if (step + 1) % steps_per_epoch == 0 and step + 1 < total:
+                save_resume_point(ctx.store, ctx.checkpoint_prefix, step + 1, model, optimizer)
+
+    model.eval()
+    uri = save_final(ctx.store, ctx.checkpoint_prefix, model, optimizer.master_state_dict(),
+                     {"stage": stage.name, "steps": total, "examples": len(examples)})
+    after = heldout(cfg, model, task, tokenizer, stage)
+    ctx.metrics.log(total, {k: after[v] for k, v in HELDOUT_KEYS.items() if v in after})
+    summary = json_safe({**plan["stats"], **compression(plan["before"], after), **after,
+                         **{k: after[v] for k, v in HELDOUT_KEYS.items() if v in after},
+                         "distill/examples": float(len(examples)), "loss/skipped": float(optimizer.skipped)})
+    log.info("distill.done", uri=uri, len_before=summary.get("distill/len_before"),
+             len_after=summary.get("distill/len_after"), acc_before=summary.get("distill/acc_before"),
+             acc_after=summary.get("distill/acc_after"))
+    return StageOutcome(uri, summary, stop_reason="epochs", steps=total, wall_s=time.time() - started)
+
+
+def distill_set(ctx: StageContext, stage: DistillStage, policy_uri: str, task, tokenizer) -> dict:
+    """The targets and the input policy's held-out numbers, sampled once and stored for resumes."""
+    key = f"{ctx.checkpoint_prefix}/distill-set.json"
+    if (plan := ctx.store.get_json(key)) is not None:
+        log.info("distill.set_reused", examples=len(plan["examples"]))
+        return plan
+    cfg = ctx.cfg
+    policy = start_model(cfg, ctx.store, policy_uri, cfg.precision.train).eval()
+    before = heldout(cfg, policy, task, tokenizer, stage)
+    engine = EmbeddedEngine(policy, tokenizer, cfg.precision.rollout, max_batch=ENGINE_BATCH,
+                            seed=seeded(cfg.run.seed, "distill-engine"))
+    problems = task.prompts("train", stage.prompts, seeded(cfg.run.seed, "distill-prompts"))
+    params = sampling_params(stage.sampling, task, tokenizer, stage.samples_per_prompt,
+                             seeded(cfg.run.seed, "distill-samples"))
+    batch = collect(engine, task, tokenizer, problems, samples=stage.samples_per_prompt, params=params,
+                    reward=TaskReward(task))
+    examples = select_traces(batch, stage.length_budget)
+    kept_lengths = [len(e["output_ids"]) for e in examples]
+    stats = json_safe({
+        "distill/sample_accuracy": sum(batch.correct) / len(batch),
+        "distill/sample_len_mean": sum(batch.lengths) / len(batch),
+        "distill/sample_trace_rate": sum(batch.uses_trace) / len(batch),
+        "distill/kept": float(len(examples)),
+        "distill/kept_frac": len(examples) / len(problems),
+        "distill/kept_len_mean": sum(kept_lengths) / len(kept_lengths) if kept_lengths else float("nan"),
+    })
+    plan = {"examples": examples, "before": json_safe(before), "stats": stats}
+    ctx.store.put_json(key, plan)
+    log.info("distill.set", prompts=len(problems), kept=len(examples), **{k: round(v, 3) for k, v in stats.items()})
+    return plan
+
+
+def heldout(cfg, model, task, tokenizer, stage: DistillStage) -> dict[str, float]:
+    engine = EmbeddedEngine(model, tokenizer, cfg.precision.rollout, max_batch=ENGINE_BATCH,
+                            seed=seeded(cfg.run.seed, "distill-heldout"))
+    return evaluate_heldout(engine, task, tokenizer, prompts=getattr(cfg.task, "eval_prompts", 128),
+                            samples=EVAL_SAMPLES, max_new_tokens=stage.sampling.max_new_tokens, forced_trace=False)
+
+
+def compression(before: dict, after: dict) -> dict[str, float]:
+    len_before, len_after = before.get("eval/len_mean", math.nan), after.get("eval/len_mean", math.nan)
+    acc_before, acc_after = before.get("eval/accuracy", math.nan), after.get("eval/accuracy", math.nan)
+    return {
+        "distill/len_before": len_before,
+        "distill/len_after": len_after,
+        "distill/compression": 1.0 - len_after / len_before if len_before else math.nan,
+        "distill/acc_before": acc_before,
+        "distill/acc_after": acc_after,
+        "distill/acc_delta": acc_after - acc_before,
+    }

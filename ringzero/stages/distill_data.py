@@ -1,0 +1,73 @@
+"""The pieces of self-distillation that need no engine: choosing the trace per prompt, batching, the loss.
+
+Letter legend: B examples in a batch, S columns (prompt + response, right-padded), V vocab.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from ringzero.rl.rollout_batch import RolloutBatch
+
+
+@dataclass(frozen=True)
+class Sample:
+    output_ids: list[int]
+    correct: bool
+    truncated: bool  # cut by the length cap: it never learned to stop, so it is never a target
+
+
+def shortest_correct(samples: Sequence[Sample], length_budget: int | None = None) -> int | None:
+    """Index of the shortest correct, finished sample (the first of equals), or None when there is none.
+
+    ``length_budget`` drops correct samples longer than it (in tokens) before choosing.
+    """
+    eligible = [i for i, s in enumerate(samples)
+                if s.correct and not s.truncated and (length_budget is None or len(s.output_ids) <= length_budget)]
+    return min(eligible, key=lambda i: len(samples[i].output_ids), default=None)
+
+
+def select_traces(batch: RolloutBatch, length_budget: int | None) -> list[dict]:
+    """One ``{"prompt_ids", "output_ids"}`` example per prompt that has an eligible sample."""
+    examples = []
+    for start in range(0, len(batch), batch.group_size):
+        group = range(start, start + batch.group_size)
+        samples = [Sample(batch.output_ids[i], batch.correct[i], batch.truncated[i]) for i in group]
+        pick = shortest_correct(samples, length_budget)
+        if pick is not None:
+            examples.append({"prompt_ids": batch.prompt_ids[start + pick], "output_ids": samples[pick].output_ids})
+    return examples
+
+
+def epoch_order(n: int, seed: int, epoch: int) -> list[int]:
+    """The example order of one epoch: a function of (seed, epoch) only, so a resumed run sees the same."""
+    order = list(range(n))
+    random.Random(seed * 1_000_003 + epoch).shuffle(order)
+    return order
+
+
+def sft_batch(examples: Sequence[dict], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(ids_BS, target_mask_BS1)``: prompt + response right-padded; the mask marks the positions whose
+    *next* token is a response token, i.e. the logits the loss reads (``S - 1`` columns)."""
+    seqs = [list(e["prompt_ids"]) + list(e["output_ids"]) for e in examples]
+    width = max(len(s) for s in seqs)
+    ids_BS = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    mask_BS1 = torch.zeros((len(seqs), width - 1), dtype=torch.bool)
+    for row, (seq, e) in enumerate(zip(seqs, examples, strict=True)):
+        ids_BS[row, : len(seq)] = torch.as_tensor(seq)
+        plen = len(e["prompt_ids"])
+        mask_BS1[row, plen - 1: len(seq) - 1] = True
+    return ids_BS, mask_BS1
+
+
+def response_loss(model, ids_BS: torch.Tensor, mask_BS1: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy over response tokens: the prompt is given, not learned."""
+    logits_BSV = model(ids_BS[:, :-1])
+    # FP32 island: the log-softmax of the loss, whatever the body dtype.
+    nll_BS1 = F.cross_entropy(logits_BSV.float().transpose(1, 2), ids_BS[:, 1:], reduction="none")
+    return (nll_BS1 * mask_BS1).sum() / mask_BS1.sum().clamp(min=1)
