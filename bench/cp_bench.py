@@ -11,7 +11,8 @@ Three parts, all from real calls of the CP cores over local gloo ranks:
    ``steps * latency + path_bytes / bandwidth`` at a target sequence length, where path bytes are what
    one link carries along the chain of sequential steps (for LASP-1 the P-1 hops of one state each).
 
-Usage: python bench/cp_bench.py [--seq-lens 2048 8192] [--cps 2 4] [--iters 2] [--json out.json]
+Usage: python bench/cp_bench.py [--seq-lens 2048 8192] [--lightning-only-seq-lens 32768] [--cps 2 4]
+       [--iters 2] [--model-cps 4 8 16 32] [--json out.json]
 Prints markdown tables. Letter legend as in ``ringzero.parallel``.
 """
 
@@ -38,6 +39,9 @@ TIMED_LIGHTNING = {"H": 8, "k": 64, "v": 64, "block": 128}
 LING_MLA = {"H": 32, "n": 128, "p": 64, "v": 128, "r": 512}
 LING_LIGHTNING = {"H": 32, "k": 128, "v": 128, "block": 64}
 PAIRS = {"mla": ("ring", "a2a"), "lightning": ("ring", "allgather")}
+# Timed variants: (strategy, sharding). The zigzag ring is the reference at its causal load balance.
+TIMED_VARIANTS = {"mla": [("ring", "contiguous"), ("ring", "zigzag"), ("a2a", "contiguous")],
+                  "lightning": [("ring", "contiguous"), ("allgather", "contiguous")]}
 
 
 def _inputs(layer: str, dims: dict, local_len: int, dtype, seed: int):
@@ -61,15 +65,16 @@ def _call(layer, core, inputs, dims, positions, dtype):
     return core(*inputs, log_decay, dims["block"])
 
 
-def layer_job(ctx, layer: str, strategy: str, seq_len: int, dims: dict, iters: int, dtype: str = "float32"):
+def layer_job(ctx, layer: str, strategy: str, seq_len: int, dims: dict, iters: int, dtype: str = "float32",
+              mode: str = "contiguous"):
     """``iters`` timed forward+backward calls after one warm-up; returns (seconds per call, fwd, bwd)."""
     P = ctx.world_size
     groups = ctx.groups(ParallelDims(dp=1, cp=P, world_size=P))
     tdtype = getattr(torch, dtype)
-    layout = SeqLayout(seq_len, P)
+    layout = SeqLayout(seq_len, P, mode)
     positions = layout.positions(groups.cp_rank)
     ledger = CommLedger()
-    core = STRATEGIES[(layer, strategy)].build(groups.cp, ledger, "contiguous")
+    core = STRATEGIES[(layer, strategy)].build(groups.cp, ledger, mode)
     times = []
     for i in range(iters + 1):
         inputs = _inputs(layer, dims, layout.local_len, tdtype, seed=groups.cp_rank)
@@ -90,21 +95,24 @@ def _fmt_bytes(n: float) -> str:
     return f"{n:.0f} B"
 
 
-def timed_section(cps, seq_lens, iters) -> list[dict]:
+def timed_section(cps, seq_lens, iters, lightning_only=()) -> list[dict]:
     rows = []
     for cp in cps:
         with RankPool(cp) as pool:
-            for seq_len in seq_lens:
-                for layer, pair in PAIRS.items():
+            for seq_len in [*seq_lens, *lightning_only]:
+                for layer, variants in TIMED_VARIANTS.items():
+                    if layer == "mla" and seq_len in lightning_only and seq_len not in seq_lens:
+                        continue
                     dims = TIMED_MLA if layer == "mla" else TIMED_LIGHTNING
-                    for strategy in pair:
-                        per_rank = pool.run(layer_job, layer, strategy, seq_len, dims, iters)
+                    for strategy, mode in variants:
+                        per_rank = pool.run(layer_job, layer, strategy, seq_len, dims, iters, "float32", mode)
                         seconds = max(r[0] for r in per_rank)
                         sent = max(r[1]["bytes_sent"] + r[2]["bytes_sent"] for r in per_rank)
                         rows.append({"cp": cp, "seq_len": seq_len, "layer": layer, "strategy": strategy,
+                                     "sharding": mode,
                                      "seconds": seconds, "bytes_sent_max_rank": sent,
                                      "steps_fwd": per_rank[0][1]["steps"], "steps_bwd": per_rank[0][2]["steps"]})
-                        print(f"# timed cp={cp} S={seq_len} {layer} {strategy}: {seconds:.3f} s", flush=True)
+                        print(f"# timed cp={cp} S={seq_len} {layer} {strategy} {mode}: {seconds:.3f} s", flush=True)
     return rows
 
 
@@ -157,12 +165,15 @@ def model_rows(recorded, target_seq, latency_s, bandwidth_Bps) -> list[dict]:
 def print_markdown(timed, recorded, modeled, args) -> None:
     if timed:
         print("\n### Forward+backward wall time per core call (gloo loopback, fp32)\n")
-        print("| CP | seq | layer | strategy | steps fwd/bwd | bytes sent (max rank) | time (s) | vs ring |")
-        print("|---:|---:|---|---|---:|---:|---:|---:|")
-        ring = {(r["cp"], r["seq_len"], r["layer"]): r["seconds"] for r in timed if r["strategy"] == "ring"}
+        print("| CP | seq | layer | strategy | sharding | steps fwd/bwd | bytes sent (max rank) | time (s) "
+              "| vs contiguous ring |")
+        print("|---:|---:|---|---|---|---:|---:|---:|---:|")
+        ring = {(r["cp"], r["seq_len"], r["layer"]): r["seconds"] for r in timed
+                if r["strategy"] == "ring" and r["sharding"] == "contiguous"}
         for r in timed:
             ratio = r["seconds"] / ring[(r["cp"], r["seq_len"], r["layer"])]
-            print(f"| {r['cp']} | {r['seq_len']} | {r['layer']} | {r['strategy']} | {r['steps_fwd']}/{r['steps_bwd']} "
+            print(f"| {r['cp']} | {r['seq_len']} | {r['layer']} | {r['strategy']} | {r['sharding']} "
+                  f"| {r['steps_fwd']}/{r['steps_bwd']} "
                   f"| {_fmt_bytes(r['bytes_sent_max_rank'])} | {r['seconds']:.3f} | {ratio:.2f}x |")
     rec = {(r["cp"], r["layer"], r["strategy"], r["seq_len"]): r for r in recorded}
     print("\n### Recorded MLA bytes, Ling-like dims (H=32, d_qk=192, d_v=128, r=512, d_r=64), bf16\n")
@@ -191,6 +202,8 @@ def print_markdown(timed, recorded, modeled, args) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seq-lens", type=int, nargs="*", default=[2048, 8192])
+    parser.add_argument("--lightning-only-seq-lens", type=int, nargs="*", default=[],
+                        help="extra lengths for Lightning only (MLA's S^2 scores do not fit at 32k on a small host)")
     parser.add_argument("--cps", type=int, nargs="*", default=[2, 4])
     parser.add_argument("--iters", type=int, default=2, help="timed calls per case (the minimum is reported)")
     parser.add_argument("--model-cps", type=int, nargs="*", default=[4, 8, 16, 32])
@@ -199,7 +212,8 @@ def main() -> None:
     parser.add_argument("--bandwidth-gbs", type=float, default=50.0)
     parser.add_argument("--json", help="also write every row as JSON here")
     args = parser.parse_args()
-    timed = timed_section(args.cps, args.seq_lens, args.iters) if args.seq_lens else []
+    timed = timed_section(args.cps, args.seq_lens, args.iters, args.lightning_only_seq_lens) \
+        if args.seq_lens or args.lightning_only_seq_lens else []
     recorded = recorded_section(args.model_cps)
     modeled = model_rows(recorded, args.target_seq, args.latency_us * 1e-6, args.bandwidth_gbs * 1e9)
     print(f"\nhost: {platform.machine()}, {torch.get_num_threads()} torch threads in the parent, "

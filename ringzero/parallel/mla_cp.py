@@ -5,7 +5,8 @@ Both have the call of the single-device ``MLACore``; the layer around them is un
 ``a2a`` (all-to-all over heads). The latent ``[c_kv; k_rope]`` has no head axis, so every rank
 all-gathers it over the sequence; at the same time one all-to-all moves the queries from sequence
 shards to head shards. Each rank then up-projects the whole sequence's latent with its own heads' slice
-of ``W_uk``/``W_uv`` and runs full-sequence causal attention for H/P heads, and a second all-to-all
+of ``W_uk``/``W_uv`` and runs full-sequence causal attention for H/P heads (in blocks of queries, each
+over only the keys it can see), and a second all-to-all
 returns the outputs to sequence shards. Backward: all-to-all of dO, then of dQ together with a
 reduce-scatter of the latent's gradient. Two sequential steps each way, whatever P. A rank's
 ``W_uk``/``W_uv`` gradient covers only its heads; summing gradients over the CP group (as for every
@@ -26,7 +27,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ringzero.errors import RingzeroError
-from ringzero.model.mla import mla_expanded
+from ringzero.model.attention import causal_attention
 from ringzero.parallel.comm import (
     CommLedger,
     HeadsToSeq,
@@ -90,6 +91,38 @@ class _GatherLatentScatterQueries(torch.autograd.Function):
         return unpack_heads_to_seq(dq_recv), _seq_back(dlat_mine, 1), None, None, None
 
 
+# Queries per block of the a2a core's full-sequence attention (see ``blocked_causal_attention``).
+QUERY_BLOCK = 512
+
+
+def _expand_heads(q_nope, q_rope, c_kv, k_rope, w_uk_hnr, w_uv_hvr):
+    """The training form's per-head q, k, v from the latent (what ``mla_expanded`` attends over)."""
+    h = w_uk_hnr.shape[0]
+    k_nope = torch.einsum("btr,hnr->bthn", c_kv, w_uk_hnr)
+    v = torch.einsum("btr,hvr->bthv", c_kv, w_uv_hvr)
+    k = torch.cat([k_nope, k_rope[:, :, None].expand(-1, -1, h, -1)], dim=-1)
+    return torch.cat([q_nope, q_rope], dim=-1), k, v
+
+
+def blocked_causal_attention(q_BThd, k_BThd, v_BThv, pos, scale: float, softmax_fp32: bool,
+                             block: int = QUERY_BLOCK):
+    """Full-sequence causal attention one block of queries at a time, each block over only the keys
+    some of its queries can see: about half the work of one masked T x T product, and a score
+    matrix of ``block x T`` instead of ``T x T``. Exact: the skipped keys are masked anyway."""
+    T = q_BThd.shape[1]
+    if T <= block:
+        return causal_attention(q_BThd, k_BThd, v_BThv, pos, pos, scale, softmax_fp32)
+    k_pos_any = pos if pos.dim() == 1 else pos.max(0).values  # a key is needed if any row can see it
+    outs = []
+    for start in range(0, T, block):
+        rows = slice(start, start + block)
+        q_pos = pos[..., rows]
+        keys = ((k_pos_any >= 0) & (k_pos_any <= q_pos.max())).nonzero().squeeze(-1)
+        outs.append(causal_attention(q_BThd[:, rows], k_BThd[:, keys], v_BThv[:, keys], q_pos,
+                                     pos[..., keys], scale, softmax_fp32))
+    return torch.cat(outs, dim=1)
+
+
 def check_heads(n_heads: int, cp: int) -> str | None:
     if n_heads % cp:
         return (f"a2a splits the {n_heads} attention heads over {cp} CP ranks, which needs n_heads % cp == 0 "
@@ -116,8 +149,9 @@ class MLAAllToAllCore(nn.Module):
                                                                        self.group, rec)
         r = c_kv_BSr.shape[-1]
         heads = slice(me * (H // P), (me + 1) * (H // P))
-        o_BThv = mla_expanded(q_BThd[..., :n], q_BThd[..., n:], latent_BTc[..., :r], latent_BTc[..., r:],
-                              w_uk_Hnr[heads], w_uv_Hvr[heads], pos_all, pos_all, scale, softmax_fp32)
+        q, k, v = _expand_heads(q_BThd[..., :n], q_BThd[..., n:], latent_BTc[..., :r], latent_BTc[..., r:],
+                                w_uk_Hnr[heads], w_uv_Hvr[heads])
+        o_BThv = blocked_causal_attention(q, k, v, pos_all, scale, softmax_fp32)
         return HeadsToSeq.apply(o_BThv, self.group, rec)
 
 
@@ -129,9 +163,5 @@ class MLARingCore(nn.Module):
     def forward(self, q_nope_BSHn, q_rope_BSHp, c_kv_BSr, k_rope_BSp, w_uk_Hnr, w_uv_Hvr, positions,
                 scale: float, softmax_fp32: bool):
         rec = self.ledger.new_call("mla", "ring")
-        H = q_nope_BSHn.shape[2]
-        k_nope_BSHn = torch.einsum("bsr,hnr->bshn", c_kv_BSr, w_uk_Hnr)
-        v_BSHv = torch.einsum("bsr,hvr->bshv", c_kv_BSr, w_uv_Hvr)
-        k_BSHd = torch.cat([k_nope_BSHn, k_rope_BSp[:, :, None].expand(-1, -1, H, -1)], dim=-1)
-        q_BSHd = torch.cat([q_nope_BSHn, q_rope_BSHp], dim=-1)
+        q_BSHd, k_BSHd, v_BSHv = _expand_heads(q_nope_BSHn, q_rope_BSHp, c_kv_BSr, k_rope_BSp, w_uk_Hnr, w_uv_Hvr)
         return ring_attention(q_BSHd, k_BSHd, v_BSHv, positions, scale, softmax_fp32, self.group, rec)
