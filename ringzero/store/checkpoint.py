@@ -93,9 +93,10 @@ class CheckpointStore:
         """The checkpoint name within this store of a name or a full URI under the root."""
         if isinstance(uri_or_name, str) and "://" in uri_or_name:
             root, target = str(parse_uri(self.uri)), str(parse_uri(uri_or_name))
-            if not target.startswith(root.rstrip("/") + "/"):
+            inside = root if root.endswith("/") else root + "/"  # file:/// is the one root ending in '/'
+            if not target.startswith(inside):
                 raise StoreError(f"{uri_or_name} is not under this store's root {root}")
-            uri_or_name = target[len(root.rstrip("/")) + 1:]
+            uri_or_name = target[len(inside):]
         return check_key(uri_or_name, "checkpoint name")
 
     # -- checkpoints -------------------------------------------------------------------------

@@ -22,7 +22,7 @@ class StoreURI:
     def parent(self) -> tuple[StoreURI, str]:
         """The folder holding this location, and the last segment of the name within it."""
         head, _, last = self.path.rstrip("/").rpartition("/")
-        if not last or (self.scheme == "file" and not head):
+        if not last:
             raise StoreError(f"{self} names no checkpoint folder")
         return StoreURI(self.scheme, self.bucket, head or ("/" if self.scheme == "file" else "")), last
 

@@ -96,6 +96,10 @@ mon allow pool size one = true
 mon allow pool delete = true
 mon warn on pool no redundancy = false
 mon max pg per osd = 1000
+# A one-monitor cluster has nobody to batch map updates with: commit them at once. The gateway
+# creates its pools one after another at first start, each waiting for a map update.
+paxos propose interval = 0.05
+paxos min wait = 0.01
 mon data avail warn = 1
 mon data avail crit = 0
 [mon]
@@ -136,6 +140,7 @@ monmaptool --create --fsid "$FSID" --addv a "[v2:127.0.0.1:$MON_PORT]" "$STATE/m
 ceph-mon -c "$CONF" --mkfs -i a --monmap "$STATE/monmap" >&2 || fail "ceph-mon --mkfs failed"
 ceph-mon -c "$CONF" -i a >&2 || fail "ceph-mon did not start"
 wait_for 30 ceph -c "$CONF" --connect-timeout 5 mon stat || fail "the monitor did not answer"
+log "monitor up after $((SECONDS - T0)) s"
 
 OSD_UUID=$(uuidgen)
 OSD_ID=$(ceph -c "$CONF" osd new "$OSD_UUID") || fail "ceph osd new failed"
@@ -144,9 +149,11 @@ ceph-osd -c "$CONF" -i "$OSD_ID" --mkfs --osd-uuid "$OSD_UUID" >&2 2>>"$STATE/lo
 ceph-osd -c "$CONF" -i "$OSD_ID" >&2 || fail "ceph-osd did not start"
 osd_up() { ceph -c "$CONF" osd dump 2>/dev/null | grep -q "^osd.$OSD_ID up"; }
 wait_for 60 osd_up || fail "osd.$OSD_ID did not come up"
+log "osd.$OSD_ID up after $((SECONDS - T0)) s"
 
 radosgw -c "$CONF" -n client.rgw.ringzero >&2 || fail "radosgw did not start"
 wait_for 60 curl -fsS -o /dev/null "http://127.0.0.1:$RGW_PORT/" || fail "radosgw did not answer on port $RGW_PORT"
+log "gateway up after $((SECONDS - T0)) s"
 radosgw-admin -c "$CONF" user create --uid=ringzero --display-name=ringzero \
   --access-key="$ACCESS_KEY" --secret-key="$SECRET_KEY" >/dev/null 2>>"$STATE/log/radosgw-admin.log" \
   || fail "radosgw-admin user create failed"

@@ -11,6 +11,7 @@ from store_kit import assert_bit_exact
 from ringzero.errors import StoreError
 from ringzero.store import load_checkpoint, open_store
 from ringzero.store.manifest import COMMIT_FILE, CONFIG_FILE, MANIFEST_FILE, STARTED_FILE
+from ringzero.store.uri import parse_uri
 
 
 def small_state() -> dict[str, torch.Tensor]:
@@ -169,3 +170,18 @@ def test_load_checkpoint_opens_the_store_from_a_full_uri(tmp_path, monkeypatch):
 def test_checkpoint_repr_summarises_instead_of_printing_tensors(file_store):
     ckpt = file_store.load(file_store.save("r", {"w": torch.zeros(1000)}, {}))
     assert repr(ckpt) == f"Checkpoint({ckpt.uri}, 1 tensors, 4000 bytes)"
+
+
+@pytest.mark.parametrize(
+    ("uri", "root", "name"),
+    [
+        ("s3://bucket/runs/r1/step-1", "s3://bucket/runs/r1", "step-1"),
+        ("s3://bucket/step-1/", "s3://bucket", "step-1"),
+        ("file:///data/store/ck", "file:///data/store", "ck"),
+        ("file:///ck", "file:///", "ck"),
+        ("file:///data/./store/../ck", "file:///data", "ck"),
+    ],
+)
+def test_a_checkpoint_uri_splits_into_its_store_root_and_name(uri, root, name):
+    parent, last = parse_uri(uri).parent()
+    assert (str(parent), last) == (root, name)
