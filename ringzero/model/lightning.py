@@ -75,11 +75,20 @@ def lightning_blocks(q, k, v, log_decay, block_size: int, initial_state=None):
 
 
 def lightning_step(q_BHk, k_BHk, v_BHv, log_decay_H, state_BHkv):
-    """One recurrent decoding step: ``S <- exp(ld) S + k^T v``; ``o = q S``. Returns (o in q's dtype, S)."""
+    """One recurrent decoding step: ``S <- exp(ld) S + k^T v``; ``o = q S``. Returns (o in q's dtype, S).
+
+    Inside ``torch.inference_mode()`` the given state is updated in place and returned: a rollout engine
+    decodes thousands of steps, and a fresh ``[B, H, dk, dv]`` state per token and layer costs more
+    than the step's arithmetic. Elsewhere (autograd, tests) the input state is left untouched.
+    """
     compute = state_BHkv.dtype
     ld_H = log_decay_H.to(device=q_BHk.device, dtype=compute)
     q, k, v = q_BHk.to(compute), k_BHk.to(compute), v_BHv.to(compute)
-    state_BHkv = torch.exp(ld_H)[:, None, None] * state_BHkv + k[..., :, None] * v[..., None, :]
+    decay_H11 = torch.exp(ld_H)[:, None, None]
+    if torch.is_inference_mode_enabled():
+        state_BHkv = state_BHkv.mul_(decay_H11).addcmul_(k[..., :, None], v[..., None, :])
+    else:
+        state_BHkv = decay_H11 * state_BHkv + k[..., :, None] * v[..., None, :]
     o_BHv = torch.einsum("bhk,bhkv->bhv", q, state_BHkv)
     return o_BHv.to(q_BHk.dtype), state_BHkv
 

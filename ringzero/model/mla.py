@@ -38,13 +38,16 @@ def mla_expanded(q_nope_BSHn, q_rope_BSHp, c_kv_BTr, k_rope_BTp, w_uk_Hnr, w_uv_
 
 
 def mla_absorbed(q_nope_BSHn, q_rope_BSHp, c_kv_BTr, k_rope_BTp, w_uk_Hnr, w_uv_Hvr, q_pos, k_pos,
-                 scale: float, softmax_fp32: bool):
+                 scale: float, softmax_fp32: bool, latent_BTc=None):
     """Same result as ``mla_expanded``: ``q_nope . (W_uk c) = (q_nope W_uk) . c`` and the value
     up-projection commutes with the probability-weighted sum, so attention runs in latent space with one
-    key/value head shared by all query heads."""
+    key/value head shared by all query heads. ``latent_BTc``, when given, is ``[c_kv; k_rope]`` already
+    concatenated (the decode cache's layout): it spares copying the whole cache once per token."""
     q_lat_BSHr = torch.einsum("bshn,hnr->bshr", q_nope_BSHn, w_uk_Hnr)
     q = torch.cat([q_lat_BSHr, q_rope_BSHp], dim=-1)
-    k = torch.cat([c_kv_BTr, k_rope_BTp], dim=-1)[:, :, None]
+    if latent_BTc is None:
+        latent_BTc = torch.cat([c_kv_BTr, k_rope_BTp], dim=-1)
+    k = latent_BTc[:, :, None]
     o_lat_BSHr = causal_attention(q, k, c_kv_BTr[:, :, None], q_pos, k_pos, scale, softmax_fp32)
     return torch.einsum("bshr,hvr->bshv", o_lat_BSHr, w_uv_Hvr)
 
@@ -117,7 +120,10 @@ class MLAttention(nn.Module):
         else:
             latent_BTc = cache.append(torch.cat([c_kv, k_rope], dim=-1))
             c_all, k_rope_all = latent_BTc.split([self.kv_lora_rank, self.rope_dim], dim=-1)
-            form = mla_absorbed if S == 1 else mla_expanded
-            o = form(q_nope, q_rope, c_all, k_rope_all, w_uk, w_uv, positions, key_positions,
-                     self.scale, self.softmax_fp32)
+            if S == 1:
+                o = mla_absorbed(q_nope, q_rope, c_all, k_rope_all, w_uk, w_uv, positions, key_positions,
+                                 self.scale, self.softmax_fp32, latent_BTc=latent_BTc)
+            else:
+                o = mla_expanded(q_nope, q_rope, c_all, k_rope_all, w_uk, w_uv, positions, key_positions,
+                                 self.scale, self.softmax_fp32)
         return self.o_proj(o.reshape(B, S, self.n_heads * self.v_dim))
