@@ -126,7 +126,7 @@ class CheckpointStore:
                 data = serialize(tensors, names)
                 self.backend.write(f"{name}/{shard_file(index)}", data, advance)
                 files[shard_file(index)] = FileEntry(len(data), sha256_hex(data), tuple(names))
-                del data
+                del data  # let this shard's bytes go before the next is built: peak memory stays one shard
         self.backend.write(f"{name}/{CONFIG_FILE}", config_bytes)
         files[CONFIG_FILE] = FileEntry(len(config_bytes), sha256_hex(config_bytes))
         manifest = Manifest(files=files, meta=meta, created_at=time.time()).to_bytes()
