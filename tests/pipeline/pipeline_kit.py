@@ -41,3 +41,37 @@ def fake_calls(run_dir: Path) -> list[dict]:
 
 def manifest(run_dir: Path) -> dict:
     return json.loads((Path(run_dir) / "manifest.json").read_text())
+
+
+MICRO_MODEL = {
+    "vocab_size": 64, "d_model": 32, "n_layers": 2, "n_heads": 2, "layout": "LM", "mlp_hidden": 64,
+    "max_seq_len": 96, "mla": {"kv_lora_rank": 8, "qk_nope_head_dim": 8, "qk_rope_head_dim": 4, "v_head_dim": 8},
+    "lightning": {"head_dim": 8, "block_size": 16},
+}
+
+
+def real_micro_config(root: Path, rl_steps: int) -> Path:
+    """base (pretrain) -> stage1 (RL, a resume point every step) -> eval, sized for seconds on a CPU."""
+    data = {
+        "run": {"name": "micro-real", "seed": 0, "run_dir": str(root / "run"), "threads": 1},
+        "model": MICRO_MODEL,
+        "task": {"kind": "arithmetic", "operation": "digitsum", "digits": 2, "eval_prompts": 4,
+                 "trace_fraction": 0.2},
+        "precision": {"train": "fp32", "rollout": "fp32"},
+        "storage": {"root": f"file://{root / 'store'}"},
+        "stages": [
+            {"name": "base", "kind": "pretrain", "steps": 20, "batch_size": 8, "seq_len": 48, "checkpoint_every": 10},
+            {"name": "stage1", "kind": "rl", "steps": rl_steps, "prompts_per_step": 2, "samples_per_prompt": 2,
+             "minibatches": 1, "checkpoint_every": 1, "min_steps": 0, "sampling": {"max_new_tokens": 12}},
+            {"name": "eval", "kind": "eval", "prompts": 4, "k": 2, "sampling": {"max_new_tokens": 12},
+             "compare": ["base", "stage1"]},
+        ],
+    }
+    path = root / "micro-real.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def log_events(run_dir: Path) -> list[dict]:
+    path = Path(run_dir) / "log.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
