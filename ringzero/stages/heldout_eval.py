@@ -39,7 +39,7 @@ def _route_accuracy(batch: RolloutBatch, traced: bool) -> float:
 def evaluate_heldout(client, task: Task, tokenizer: Tokenizer, *, prompts: int, samples: int,
                      max_new_tokens: int, tiers=(), forced_trace: bool = True) -> dict[str, float]:
     problems = task.prompts("eval", prompts)
-    reward = TaskReward(task)
+    reward = TaskReward(task, tiers)  # tier-tagged prompts are scored against their tier's budget
     sampling = SamplingSettings(max_new_tokens=max_new_tokens, temperature=1.0)
 
     def run(probs, n, temperature, reward_fn=reward):
