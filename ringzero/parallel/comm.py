@@ -1,7 +1,8 @@
-"""Autograd-aware collectives over a context-parallel group, each one booked in a communication ledger.
+"""Communication accounting of the CP cores, and the collectives they share (booked as they run).
 
-Every collective here moves a whole tensor in one sequential step and records, for the layer call it
-belongs to, one step on the critical path plus the bytes this rank sends and receives. Byte counts are
+Every CP layer call gets a ``CallRecord``; each collective or ring hop it performs books, for the
+forward or the backward, its sequential steps on the critical path and the bytes this rank sends and
+receives. Byte counts are
 the logical payload (what an optimal algorithm must move per rank), independent of how the backend
 implements the collective:
 
@@ -65,6 +66,12 @@ class CommLedger:
 
     def reset(self) -> None:
         self.calls.clear()
+
+    def drain(self) -> dict[str, float]:
+        """``metrics()`` then ``reset()``: what a training loop calls once per step."""
+        out = self.metrics()
+        self.reset()
+        return out
 
     def metrics(self) -> dict[str, float]:
         """Totals since the last reset, plus per-call steps (layers run one after another, so the

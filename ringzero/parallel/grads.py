@@ -34,6 +34,16 @@ def token_mean(values_BS: torch.Tensor, mask_BS: torch.Tensor, groups: ParallelG
     return (values_BS * mask).sum() / count
 
 
+def sequence_mean(values_BS: torch.Tensor, mask_BS: torch.Tensor, groups: ParallelGroups) -> torch.Tensor:
+    """This rank's share of sample-level normalisation: each sequence's token sum over its own length,
+    averaged over the sequences of the global batch. A sequence's length is summed over its CP shards;
+    the sequence count over the data-parallel replicas (every CP rank of a replica holds the same rows)."""
+    mask = mask_BS.to(values_BS.dtype)
+    lengths_B = global_sum(mask.sum(-1), groups.cp).clamp(min=1)
+    n_seqs = global_sum(torch.tensor(float(values_BS.shape[0]), dtype=values_BS.dtype), groups.dp)
+    return ((values_BS * mask).sum(-1) / lengths_B).sum() / n_seqs
+
+
 @torch.no_grad()
 def sync_grads(params: Iterable[torch.nn.Parameter], groups: ParallelGroups) -> None:
     """Sum gradients over the ``dp_cp`` group, one flat all-reduce per gradient dtype.

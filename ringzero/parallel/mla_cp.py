@@ -44,6 +44,7 @@ from ringzero.parallel.comm import (
     wait_all,
 )
 from ringzero.parallel.ring_attention import ring_attention
+from ringzero.parallel.sharding import chunks_per_rank
 
 
 def _seq_first(x: torch.Tensor, seq_dim: int) -> torch.Tensor:
@@ -156,12 +157,13 @@ class MLAAllToAllCore(nn.Module):
 
 
 class MLARingCore(nn.Module):
-    def __init__(self, group, ledger: CommLedger):
+    def __init__(self, group, ledger: CommLedger, sharding: str = "contiguous"):
         super().__init__()
-        self.group, self.ledger = group, ledger
+        self.group, self.ledger, self.pieces = group, ledger, chunks_per_rank(sharding)
 
     def forward(self, q_nope_BSHn, q_rope_BSHp, c_kv_BSr, k_rope_BSp, w_uk_Hnr, w_uv_Hvr, positions,
                 scale: float, softmax_fp32: bool):
         rec = self.ledger.new_call("mla", "ring")
         q_BSHd, k_BSHd, v_BSHv = _expand_heads(q_nope_BSHn, q_rope_BSHp, c_kv_BSr, k_rope_BSp, w_uk_Hnr, w_uv_Hvr)
-        return ring_attention(q_BSHd, k_BSHd, v_BSHv, positions, scale, softmax_fp32, self.group, rec)
+        return ring_attention(q_BSHd, k_BSHd, v_BSHv, positions, scale, softmax_fp32, self.group, rec,
+                              self.pieces)

@@ -3,8 +3,9 @@
 Each rank keeps its queries; the key/value shards (with their positions) travel around the ring, one
 hop per step, P-1 hops in the forward. Each step's partial output is merged by log-sum-exp. A row that
 sees no key in a block (its keys lie in the future, or a zigzag rank's early chunk) has ``lse = -inf``
-there and is left untouched by the merge instead of turning into NaN. Blocks no query can see are not
-computed at all (that is where zigzag sharding's load balance comes from).
+there and is left untouched by the merge instead of turning into NaN. Each shard is handled as
+``pieces`` equal parts (its chunks: 2 under zigzag), and a pair of query and key pieces that no query
+can see is not computed at all; that is where zigzag sharding's load balance comes from.
 
 The backward is a second ring: key/value blocks travel again together with their gradient
 accumulators, each rank adds its queries' contribution, and after P-1 hops one last hop returns every
@@ -67,7 +68,12 @@ def merge_partial(o_BQHE, lse_BQH, o_blk_BQHE, lse_blk_BQH):
     return o, lse
 
 
-def _block_grads(q, k, v, q_pos, k_pos, o_acc, lse, do_acc, delta, scale, compute):
+def _pieces(length: int, n: int) -> list[slice]:
+    step = length // n
+    return [slice(i * step, (i + 1) * step) for i in range(n)]
+
+
+def _block_grads(q, k, v, q_pos, k_pos, lse, do_acc, delta, scale, compute):
     """dq, dk, dv of one key block given the final output's log-sum-exp (all in ``compute`` dtype)."""
     qc, kc, vc, doc = q.to(compute), k.to(compute), v.to(compute), do_acc.to(compute)
     visible_B1QK = visible_mask(q_pos, k_pos)[:, None]
@@ -84,8 +90,9 @@ def _block_grads(q, k, v, q_pos, k_pos, o_acc, lse, do_acc, delta, scale, comput
 
 class RingAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q_BQHD, k_BKHD, v_BKHE, pos, scale, softmax_fp32, group, rec):
+    def forward(ctx, q_BQHD, k_BKHD, v_BKHE, pos, scale, softmax_fp32, group, rec, pieces):
         P = dist.get_world_size(group)
+        parts = _pieces(q_BQHD.shape[1], pieces)
         acc = at_least_fp32(q_BQHD.dtype)
         B, Q, H, _ = q_BQHD.shape
         o_BQHE = q_BQHD.new_zeros((B, Q, H, v_BKHE.shape[-1]), dtype=acc)
@@ -97,14 +104,19 @@ class RingAttention(torch.autograd.Function):
             # Start the next hop before computing this block, so the transfer overlaps the compute.
             incoming, hop = _exchange(block, group, rec, False) if step < P - 1 else (None, ([], []))
             k_blk, v_blk, k_pos = block
-            if _any_visible(pos, k_pos):
-                kv_in = (k_blk.to(acc), v_blk.to(acc)) if softmax_fp32 else (k_blk, v_blk)
-                o_blk, lse_blk = causal_attention(q_in, *kv_in, pos, k_pos, scale, softmax_fp32, return_lse=True)
-                o_BQHE, lse_BQH = merge_partial(o_BQHE, lse_BQH, o_blk.to(acc), lse_blk.to(acc))
+            kv_in = (k_blk.to(acc), v_blk.to(acc)) if softmax_fp32 else (k_blk, v_blk)
+            for qi in parts:
+                for kj in parts:
+                    if not _any_visible(pos[..., qi], k_pos[..., kj]):
+                        continue
+                    o_blk, lse_blk = causal_attention(q_in[:, qi], kv_in[0][:, kj], kv_in[1][:, kj], pos[..., qi],
+                                                      k_pos[..., kj], scale, softmax_fp32, return_lse=True)
+                    o_BQHE[:, qi], lse_BQH[:, qi] = merge_partial(o_BQHE[:, qi], lse_BQH[:, qi], o_blk.to(acc),
+                                                                  lse_blk.to(acc))
             wait_all(*hop[0])
             block = incoming
         ctx.save_for_backward(q_BQHD, k_BKHD, v_BKHE, pos, o_BQHE, lse_BQH)
-        ctx.scale, ctx.softmax_fp32, ctx.group, ctx.rec = scale, softmax_fp32, group, rec
+        ctx.scale, ctx.softmax_fp32, ctx.group, ctx.rec, ctx.parts = scale, softmax_fp32, group, rec, parts
         return o_BQHE.to(q_BQHD.dtype)
 
     @staticmethod
@@ -120,13 +132,17 @@ class RingAttention(torch.autograd.Function):
         block = [k, v, pos, torch.zeros(k.shape, dtype=acc, device=k.device),
                  torch.zeros(v.shape, dtype=acc, device=v.device)]
         for step in range(P):
-            k_blk, v_blk, k_pos, dk_blk, dv_blk = block
-            if _any_visible(pos, k_pos):
-                dq_b, dk_b, dv_b = _block_grads(q, k_blk, v_blk, pos, k_pos, o_acc, lse, do_acc, delta_BQH,
-                                                ctx.scale, compute)
-                dq += dq_b
-                dk_blk = dk_blk + dk_b
-                dv_blk = dv_blk + dv_b
+            k_blk, v_blk, k_pos, dk_blk, dv_blk = block  # dk/dv: fresh buffers of this step, updated in place
+            for qi in ctx.parts:
+                for kj in ctx.parts:
+                    if not _any_visible(pos[..., qi], k_pos[..., kj]):
+                        continue
+                    dq_b, dk_b, dv_b = _block_grads(q[:, qi], k_blk[:, kj], v_blk[:, kj], pos[..., qi],
+                                                    k_pos[..., kj], lse[:, qi], do_acc[:, qi], delta_BQH[:, qi],
+                                                    ctx.scale, compute)
+                    dq[:, qi] += dq_b
+                    dk_blk[:, kj] += dk_b
+                    dv_blk[:, kj] += dv_b
             if step < P - 1:
                 block, hop = _exchange([k_blk, v_blk, k_pos, dk_blk, dv_blk], group, rec, True)
             else:
@@ -134,13 +150,16 @@ class RingAttention(torch.autograd.Function):
                 block, hop = _exchange([dk_blk, dv_blk], group, rec, True)
             wait_all(*hop[0])
         dk, dv = block
-        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None, None
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None, None, None
 
 
 def ring_attention(q_BQHD, k_BKHD, v_BKHE, positions, scale: float, softmax_fp32: bool, group,
-                   rec: CallRecord | None = None):
+                   rec: CallRecord | None = None, pieces: int = 1):
     """Causal attention of the local queries over the keys of every rank of ``group``.
 
     ``positions`` (``[Q]`` or ``[B, Q]``, global, negative = padding) belong to the local tokens; keys
-    carry their own positions around the ring, so any sharding (contiguous, zigzag, padded) works."""
-    return RingAttention.apply(q_BQHD, k_BKHD, v_BKHE, positions, scale, softmax_fp32, group, rec)
+    carry their own positions around the ring, so any sharding (contiguous, zigzag, padded) is computed
+    correctly. ``pieces`` (the chunks per shard, 2 under zigzag) only decides what can be skipped."""
+    if q_BQHD.shape[1] % pieces:
+        raise ValueError(f"local length {q_BQHD.shape[1]} does not split into {pieces} pieces")
+    return RingAttention.apply(q_BQHD, k_BKHD, v_BKHE, positions, scale, softmax_fp32, group, rec, pieces)

@@ -43,7 +43,7 @@ STRATEGIES: dict[tuple[str, str], Strategy] = {
     ),
     ("mla", "ring"): Strategy(
         "ring", "mla", "materialised K/V around the ring, log-sum-exp merge",
-        lambda group, ledger, sharding: MLARingCore(group, ledger),
+        lambda group, ledger, sharding: MLARingCore(group, ledger, sharding),
     ),
     ("lightning", "allgather"): Strategy(
         "allgather", "lightning", "one all-gather of chunk states, decayed prefix sum (LASP-2)",

@@ -103,3 +103,27 @@ def ling_mla_bytes_job(ctx, strategy: str, seq_len: int, dtype: str = "bfloat16"
     out.float().sum().backward()
     (call,) = ledger.calls
     return call.fwd.__dict__.copy(), call.bwd.__dict__.copy()
+
+
+def loss_job(ctx, dp: int, cp: int, mode: str = "zigzag"):
+    """token_mean and sequence_mean on (dp, cp) shards of one batch: the globally summed value and each
+    rank's gradient, with the batch, to compare against the unsharded formulas."""
+    from ringzero.parallel.grads import global_sum, sequence_mean, token_mean
+
+    groups = ctx.groups(ParallelDims(dp=dp, cp=cp, world_size=dp * cp))
+    gen = torch.Generator().manual_seed(7)
+    Bg, S = 2 * dp, 13
+    values = torch.randn(Bg, S, generator=gen, dtype=torch.float64)
+    mask = torch.rand(Bg, S, generator=gen) < 0.7
+    layout = SeqLayout(S, cp, mode)
+    rows = slice(groups.dp_rank * 2, groups.dp_rank * 2 + 2)
+    out = {}
+    for name, fn in (("token", token_mean), ("sequence", sequence_mean)):
+        v = layout.shard(values[rows], groups.cp_rank).requires_grad_(True)
+        m = layout.shard(mask[rows], groups.cp_rank, pad_value=False)
+        term = fn(v, m, groups)
+        term.backward()
+        full_grad = torch.zeros(Bg, layout.padded_len, dtype=torch.float64)
+        full_grad[rows, layout.positions(groups.cp_rank)] = v.grad
+        out[name] = (global_sum(term, groups.dp_cp).item(), global_sum(full_grad, groups.dp_cp)[:, :S])
+    return out, values, mask

@@ -5,6 +5,7 @@ and for the model the globally normalised loss and the parameters after one Adam
 from __future__ import annotations
 
 import pytest
+from cp_jobs import loss_job
 from cp_params import CP_SIZES, cp_param
 
 from ringzero.parallel.equivalence import CheckSpec, run_check
@@ -60,3 +61,22 @@ def test_hybrid_training_step_dp2_cp2_equals_one_process(pools, world):
     """Rows split over two data-parallel replicas, each sequence over two CP ranks."""
     spec = CheckSpec(layer="model", strategy="a2a", cp=2, dp=2, batch=4, seq_len=26)
     _assert_ok(run_check(spec, pools(world)))
+
+
+@pytest.mark.parametrize("world", [cp_param(4)])
+@pytest.mark.parametrize("dp,cp", [(1, 4), (2, 2)])
+def test_token_and_sequence_normalisation_over_shards(pools, world, dp, cp):
+    """Both RL normalisations, computed from (dp, cp) shards with padding, equal the unsharded formulas
+    in value and in gradient."""
+    import torch
+
+    (out, values, mask), *_ = pools(world).run(loss_job, dp, cp)
+    v = values.clone().requires_grad_(True)
+    m = mask.double()
+    token = (v * m).sum() / m.sum()
+    sequence = ((v * m).sum(-1) / m.sum(-1)).mean()
+    for name, ref in (("token", token), ("sequence", sequence)):
+        (grad,) = torch.autograd.grad(ref, v)
+        value, sharded_grad = out[name]
+        assert value == pytest.approx(ref.item(), abs=1e-12)
+        torch.testing.assert_close(sharded_grad, grad, atol=1e-12, rtol=0)
