@@ -125,17 +125,17 @@ def _curves(result: PipelineResult, colors: dict[str, str]) -> str:
 
 
 def _comparisons(result: PipelineResult) -> list[str]:
-    """Each eval stage's table comparing checkpoints (``extra['comparison']``: columns and rows)."""
+    """Each eval stage's checkpoint comparison (``extra['comparison']``), one column per checkpoint so
+    the stages read side by side, one row per metric."""
     out = []
     for ex in result.stages:
         comparison = ex.outcome.extra.get("comparison") if ex.outcome.extra else None
         if not comparison:
             continue
-        columns = [tuple(c) for c in comparison["columns"]]
-        rows = [[html.escape(r["checkpoint"]), *(fmt(r["values"].get(k)) for k, _ in columns)]
-                for r in comparison["rows"]]
+        rows = comparison["rows"]
+        body = [[html.escape(label), *(fmt(r["values"].get(key)) for r in rows)] for key, label in comparison["columns"]]
         out += [f"<h2>Checkpoint comparison (<code>{html.escape(ex.name)}</code>)</h2>",
-                table(["checkpoint", *(label for _, label in columns)], rows)]
+                f"<div class='scroll'>{table(['metric', *(r['checkpoint'] for r in rows)], body)}</div>"]
         if comparison.get("notes"):
             out.append(f"<p class='muted'>{html.escape(comparison['notes'])}</p>")
     return out

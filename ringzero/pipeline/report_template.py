@@ -34,7 +34,7 @@ svg .frame { fill: #fcfcfc; stroke: #bbb; } svg .grid { stroke: #eee; } svg .bou
 svg text { font-size: 10px; fill: #555; } svg .stage-label { font-size: 10px; font-weight: 600; }
 svg .axis { fill: #777; } .series.hidden { display: none; }
 ul.reasons { margin: 0.2em 0 0.8em 0; } li.fail { color: #c62828; font-weight: 600; }
-details { margin: 0.3em 0; } summary { cursor: pointer; }
+details { margin: 0.3em 0; } .scroll { overflow-x: auto; } summary { cursor: pointer; }
 """
 
 # Legend entries toggle every element carrying their stage in data-stage; a stage hidden on one plot

@@ -53,19 +53,19 @@ def stage_table(result: PipelineResult) -> Table:
 
 
 def comparison_tables(result: PipelineResult) -> list[Table]:
-    """Each eval stage's checkpoint comparison (``extra['comparison']``), as the report shows it."""
+    """Each eval stage's checkpoint comparison (``extra['comparison']``): a column per checkpoint, a row
+    per metric, as the report shows it (a dozen metrics fit a terminal's height better than its width)."""
     tables = []
     for ex in result.stages:
         comparison = (ex.outcome.extra or {}).get("comparison")
         if not comparison:
             continue
         table = Table(title=f"checkpoints compared by {ex.name}")
-        table.add_column("checkpoint")
-        columns = [tuple(c) for c in comparison["columns"]]
-        for _, label in columns:
-            table.add_column(label)
+        table.add_column("metric")
         for row in comparison["rows"]:
-            table.add_row(row["checkpoint"], *(fmt(row["values"].get(k)) for k, _ in columns))
+            table.add_column(row["checkpoint"], justify="right")
+        for key, label in comparison["columns"]:
+            table.add_row(label, *(fmt(row["values"].get(key)) for row in comparison["rows"]))
         tables.append(table)
     return tables
 

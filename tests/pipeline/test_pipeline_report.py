@@ -10,7 +10,7 @@ from pipeline_kit import load, staged_config
 
 from ringzero.pipeline import report_plots as plots
 from ringzero.pipeline.local import run_pipeline
-from ringzero.pipeline.summary import write_outputs
+from ringzero.pipeline.summary import print_summary, write_outputs
 from ringzero.store import open_store
 
 pytestmark = pytest.mark.usefixtures("fake_runners")
@@ -55,9 +55,10 @@ def test_a_finished_run_reports_every_stage_gate_curve_and_the_checkpoint_compar
     assert [a["data-metric"] for a in elements(doc, "figure") if "data-metric" in a] == CURVE_KEYS
     assert stage_lines(doc, "reward/mean") == {"stage1": RL_STEPS, "stage2": RL_STEPS}
     assert stage_lines(doc, "len/mean") == {"stage1": RL_STEPS, "distill": 2, "stage2": RL_STEPS}
-    comparison = table_with_header(doc, "checkpoint")
-    assert [r["checkpoint"] for r in comparison] == ["base", "stage1", "distill", "stage2", "input"]
-    assert comparison[0]["greedy accuracy"] == "0.5" and comparison[-1]["pass@4"] == "1"
+    comparison = {r["metric"]: r for r in table_with_header(doc, "metric")}
+    assert list(comparison) == ["greedy accuracy", "pass@4"]
+    assert list(comparison["pass@4"]) == ["metric", "base", "stage1", "distill", "stage2", "input"]
+    assert comparison["greedy accuracy"]["base"] == "0.5" and comparison["pass@4"]["input"] == "1"
 
 
 def test_the_report_needs_nothing_from_the_network(tmp_path):
@@ -136,3 +137,16 @@ def test_a_plot_puts_the_extremes_on_the_edges_and_lays_stages_side_by_side():
     assert ys[0] == pytest.approx(plots.HEIGHT - plots.MARGIN_BOTTOM - pad, abs=0.1)  # 10: the minimum
     assert ys[1] == pytest.approx(plots.MARGIN_TOP + pad, abs=0.1)  # 20: the maximum
     assert [g["data-stage"] for g in elements(doc, "g")] == ["a", "c"]  # b logged nothing: no room taken
+
+
+def test_the_console_summary_shows_every_stage_and_the_comparison(tmp_path, capsys):
+    cfg = load(staged_config(tmp_path, rl_steps=RL_STEPS))
+    result = run_pipeline(cfg, open_store(cfg.storage.root, cfg.storage.s3), Path(cfg.run.run_dir))
+    capsys.readouterr()
+    print_summary(result)
+    lines = capsys.readouterr().out.splitlines()
+    stage1 = [c.strip() for c in next(line for line in lines if line.startswith("│ stage1")).strip("│").split("│")]
+    del stage1[5]  # wall seconds: measured, not asserted
+    assert stage1 == ["stage1", "rl", "ran", "max_steps", "6", "0.55", "-", "-", "1", "90", "0.03", "3.5", "pass"]
+    pass_at_4 = next(line for line in lines if line.startswith("│ pass@4"))
+    assert [c.strip() for c in pass_at_4.strip("│").split("│")] == ["pass@4", "0.6", "0.7", "0.8", "0.9", "1"]
