@@ -5,7 +5,8 @@ the train/rollout gap. Distillation compresses before RL resumes:
 
 1. the input policy samples ``samples_per_prompt`` responses to each of ``prompts`` training prompts;
 2. per prompt, the shortest correct response that finished by itself (optionally only those within
-   ``length_budget`` tokens) becomes the target; prompts with none are dropped;
+   ``length_budget`` tokens) becomes the target, preferring worked traces whose steps all check over
+   lucky guesses (``ringzero.stages.distill_data.shortest_correct``); prompts with none are dropped;
 3. a model (the input policy, or the run's base with ``init_weights: base``) is fine-tuned on the
    targets: next-token loss on the response tokens only, ``epochs`` passes in a seeded order;
 4. the held-out prompts are measured before and after (``ringzero.stages.heldout_eval``, temperature 1):
@@ -127,7 +128,7 @@ def distill_set(ctx: StageContext, stage: DistillStage, policy_uri: str, task, t
                              seeded(cfg.run.seed, "distill-samples"))
     batch = collect(engine, task, tokenizer, problems, samples=stage.samples_per_prompt, params=params,
                     reward=TaskReward(task))
-    examples = select_traces(batch, stage.length_budget)
+    examples = select_traces(batch, task, stage.length_budget)
     kept_lengths = [len(e["output_ids"]) for e in examples]
     stats = json_safe({
         "distill/sample_accuracy": sum(batch.correct) / len(batch),
@@ -136,6 +137,8 @@ def distill_set(ctx: StageContext, stage: DistillStage, policy_uri: str, task, t
         "distill/kept": float(len(examples)),
         "distill/kept_frac": len(examples) / len(problems),
         "distill/kept_len_mean": sum(kept_lengths) / len(kept_lengths) if kept_lengths else float("nan"),
+        "distill/kept_verified_frac": (sum(e["verified"] for e in examples) / len(examples)
+                                       if examples else float("nan")),
     })
     plan = {"examples": examples, "before": json_safe(before), "stats": stats}
     ctx.store.put_json(key, plan)

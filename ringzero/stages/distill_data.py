@@ -20,27 +20,40 @@ class Sample:
     output_ids: list[int]
     correct: bool
     truncated: bool  # cut by the length cap: it never learned to stop, so it is never a target
+    verified: bool = False  # a worked trace whose every step checks (``Task.step_check``)
 
 
 def shortest_correct(samples: Sequence[Sample], length_budget: int | None = None) -> int | None:
-    """Index of the shortest correct, finished sample (the first of equals), or None when there is none.
+    """Index of the shortest correct, finished sample, or None when there is none.
 
+    Verified traces go first: a correct answer after a trace whose steps do not hold, or a bare answer
+    from a policy that otherwise reasons, is usually a lucky guess (digit-sum's direct route is right
+    one time in ten), and the shortest correct sample of a prompt is exactly where such guesses win.
+    Training on them would distil guessing, not a shorter trace. Among equals the first sample wins;
     ``length_budget`` drops correct samples longer than it (in tokens) before choosing.
     """
     eligible = [i for i, s in enumerate(samples)
                 if s.correct and not s.truncated and (length_budget is None or len(s.output_ids) <= length_budget)]
-    return min(eligible, key=lambda i: len(samples[i].output_ids), default=None)
+    return min(eligible, key=lambda i: (not samples[i].verified, len(samples[i].output_ids)), default=None)
 
 
-def select_traces(batch: RolloutBatch, length_budget: int | None) -> list[dict]:
-    """One ``{"prompt_ids", "output_ids"}`` example per prompt that has an eligible sample."""
+def verified_trace(task, problem, response: str) -> bool:
+    steps, correct = task.step_check(response, problem)
+    return steps > 0 and correct == steps
+
+
+def select_traces(batch: RolloutBatch, task, length_budget: int | None) -> list[dict]:
+    """One ``{"prompt_ids", "output_ids", "verified"}`` example per prompt that has an eligible sample."""
     examples = []
     for start in range(0, len(batch), batch.group_size):
         group = range(start, start + batch.group_size)
-        samples = [Sample(batch.output_ids[i], batch.correct[i], batch.truncated[i]) for i in group]
+        samples = [Sample(batch.output_ids[i], batch.correct[i], batch.truncated[i],
+                          batch.correct[i] and verified_trace(task, batch.problems[i], batch.responses[i]))
+                   for i in group]
         pick = shortest_correct(samples, length_budget)
         if pick is not None:
-            examples.append({"prompt_ids": batch.prompt_ids[start + pick], "output_ids": samples[pick].output_ids})
+            examples.append({"prompt_ids": batch.prompt_ids[start + pick], "output_ids": samples[pick].output_ids,
+                             "verified": samples[pick].verified})
     return examples
 
 

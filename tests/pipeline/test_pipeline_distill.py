@@ -18,8 +18,8 @@ STAGE = {"name": "distill", "kind": "distill", "prompts": 8, "samples_per_prompt
          "max_seq_len": 160, "sampling": {"max_new_tokens": 100}, "optim": {"lr": 1e-3, "warmup_steps": 2}}
 
 
-def s(length: int, correct: bool = True, truncated: bool = False) -> Sample:
-    return Sample(list(range(length)), correct, truncated)
+def s(length: int, correct: bool = True, truncated: bool = False, verified: bool = False) -> Sample:
+    return Sample(list(range(length)), correct, truncated, verified)
 
 
 def test_the_target_is_the_shortest_correct_finished_sample():
@@ -28,6 +28,12 @@ def test_the_target_is_the_shortest_correct_finished_sample():
     assert shortest_correct(samples, length_budget=4) == 3
     assert shortest_correct(samples, length_budget=3) is None
     assert shortest_correct([s(3, correct=False), s(2, truncated=True)]) is None
+
+
+def test_a_verified_trace_beats_a_shorter_lucky_answer():
+    samples = [s(2), s(40, verified=True), s(30, verified=True), s(25)]  # a bare guess, two checked traces
+    assert shortest_correct(samples) == 2
+    assert shortest_correct(samples, length_budget=28) == 0  # no checked trace fits: the shortest correct
 
 
 def test_the_loss_reads_response_tokens_only():
@@ -73,7 +79,7 @@ def test_distillation_trains_on_terse_traces_and_shortens_the_policy(policy, tmp
              for p in task.fixed}
     # Every sampled prompt had a correct terse trace among its 8 samples, so each target is one.
     assert len(plan["examples"]) == 8 == s["distill/kept"]
-    assert all(e["output_ids"] == terse[repr(e["prompt_ids"])] for e in plan["examples"])
+    assert all(e["output_ids"] == terse[repr(e["prompt_ids"])] and e["verified"] for e in plan["examples"])
     assert s["distill/kept_len_mean"] < s["distill/sample_len_mean"]
     # The policy answered half verbosely before; after, its held-out responses are about terse length.
     assert s["distill/compression"] == pytest.approx(1 - s["distill/len_after"] / s["distill/len_before"])
