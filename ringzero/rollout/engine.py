@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 
@@ -35,33 +34,15 @@ from ringzero.errors import RingzeroError
 from ringzero.model.cache import left_padded
 from ringzero.model.config import PrecisionPolicy
 from ringzero.model.hybrid import HybridLM
-from ringzero.rollout.sampling import RowSettings, UniformStream, sample_next, sample_seed
+from ringzero.rollout.rows import DecodingRows, Finished, RowSpec
+from ringzero.rollout.sampling import sample_next, sample_seed
 from ringzero.rollout.scoring import score_sequences
-from ringzero.rollout.stopping import LENGTH, STOP, StopStrings, StopTable
+from ringzero.rollout.stopping import StopStrings
 from ringzero.rollout.types import Completion, GenerateRequest
 from ringzero.rollout.weights import copy_under_policy, load_weights_
 from ringzero.tokenizer.base import Tokenizer
 
 DEFAULT_MAX_BATCH = 64
-
-
-@dataclass
-class _Row:
-    """One sample to generate: request index, sample index, its prompt, settings and generator seed."""
-
-    request: int
-    prompt: list[int]
-    request_obj: GenerateRequest
-    seed: int
-    max_new: int
-
-
-@dataclass
-class _Finished:
-    output_ids: list[int]
-    logprobs: list[float]
-    reason: str
-    matched: int | str | None
 
 
 class EmbeddedEngine:
@@ -99,7 +80,7 @@ class EmbeddedEngine:
     def generate(self, requests: Sequence[GenerateRequest]) -> list[list[Completion]]:
         """``n`` completions per request, in request order."""
         rows = self._rows(requests)
-        finished: list[_Finished] = []
+        finished: list[Finished] = []
         with torch.inference_mode():
             for start in range(0, len(rows), self.max_batch):
                 finished += self._run_group(rows[start:start + self.max_batch])
@@ -107,7 +88,7 @@ class EmbeddedEngine:
                 self._rescore(rows, finished)
         out: list[list[Completion]] = [[] for _ in requests]
         for row, done in zip(rows, finished, strict=True):
-            meta = {"rid": row.request_obj.rid} if row.request_obj.rid is not None else {}
+            meta = {"rid": row.rid} if row.rid is not None else {}
             out[row.request].append(Completion(
                 prompt_ids=list(row.prompt), output_ids=done.output_ids, output_logprobs=done.logprobs,
                 finish_reason=done.reason, matched_stop=done.matched, weight_version=self.weight_version,
@@ -132,31 +113,32 @@ class EmbeddedEngine:
 
     # -- internals -----------------------------------------------------------------------------
 
-    def _rows(self, requests: Sequence[GenerateRequest]) -> list[_Row]:
-        vocab, limit = self.model.cfg.vocab_size, self.model.cfg.max_seq_len
+    def _rows(self, requests: Sequence[GenerateRequest]) -> list[RowSpec]:
+        """One row per sample, with its generator seed, length cap and stop ids; bad requests refused."""
         rows = []
+        eos = {self.tokenizer.eos_id} if self.tokenizer is not None else set()
         for i, req in enumerate(requests):
-            prompt = [int(t) for t in req.input_ids]
-            if not prompt:
-                raise RingzeroError(f"request {i}: input_ids is empty; a prompt needs at least one token")
-            bad = [t for t in prompt if not 0 <= t < vocab]
-            if bad:
-                raise RingzeroError(f"request {i}: token ids {bad[:5]} outside the vocabulary of {vocab}")
-            room = limit - len(prompt)
-            if room < 1:
-                raise RingzeroError(f"request {i}: a prompt of {len(prompt)} tokens leaves no room under "
-                                    f"max_seq_len {limit}")
-            p = req.params
+            prompt, p = self._checked_prompt(i, req), req.params
             StopStrings(p.stop, self.tokenizer)  # refuse bad stop strings before any work
             base = p.seed if p.seed is not None else self._seeds.getrandbits(62)
-            rows += [_Row(i, prompt, req, sample_seed(base, k), min(p.max_new_tokens, room)) for k in range(p.n)]
+            room = self.model.cfg.max_seq_len - len(prompt)
+            stop_ids = tuple(sorted(set(p.stop_token_ids) | eos))
+            rows += [RowSpec(i, prompt, p, sample_seed(base, k), min(p.max_new_tokens, room), stop_ids, req.rid)
+                     for k in range(p.n)]
         return rows
 
-    def _stop_ids(self, row: _Row) -> list[int]:
-        ids = set(row.request_obj.params.stop_token_ids)
-        if self.tokenizer is not None:
-            ids.add(self.tokenizer.eos_id)
-        return sorted(ids)
+    def _checked_prompt(self, i: int, req: GenerateRequest) -> list[int]:
+        vocab, limit = self.model.cfg.vocab_size, self.model.cfg.max_seq_len
+        prompt = [int(t) for t in req.input_ids]
+        if not prompt:
+            raise RingzeroError(f"request {i}: input_ids is empty; a prompt needs at least one token")
+        bad = [t for t in prompt if not 0 <= t < vocab]
+        if bad:
+            raise RingzeroError(f"request {i}: token ids {bad[:5]} outside the vocabulary of {vocab}")
+        if len(prompt) >= limit:
+            raise RingzeroError(f"request {i}: a prompt of {len(prompt)} tokens leaves no room under "
+                                f"max_seq_len {limit}")
+        return prompt
 
     def _prefill(self, prompts: list[list[int]], capacity: int):
         """Last-position logits ``[P, V]`` of each prompt and the cache holding them."""
@@ -170,75 +152,34 @@ class EmbeddedEngine:
         # Only the last column's logits are needed: skip the LM head on the rest of the prompt.
         return self.model.logits(hidden_PSD[:, -1:])[:, 0], cache
 
-    def _run_group(self, rows: list[_Row]) -> list[_Finished]:
+    def _run_group(self, rows: list[RowSpec]) -> list[Finished]:
+        """Prefill each distinct prompt once, fan out to the rows, decode until every row finished."""
         first_row_of: dict[int, int] = {}
-        prompts = []
         for r in rows:
-            if r.request not in first_row_of:
-                first_row_of[r.request] = len(prompts)
-                prompts.append(r.prompt)
-        steps = max(r.max_new for r in rows)
-        logits_BV, cache = self._prefill(prompts, max(len(p) for p in prompts) + steps)
+            first_row_of.setdefault(r.request, len(first_row_of))
+        prompts = list({r.request: r.prompt for r in rows}.values())
+        state = DecodingRows(rows, self.tokenizer)
+        logits_BV, cache = self._prefill(prompts, max(len(p) for p in prompts) + state.steps)
         fan_out_B = torch.tensor([first_row_of[r.request] for r in rows], device=logits_BV.device)
         cache.select(fan_out_B)
         logits_BV = logits_BV[fan_out_B]
+        for t in range(state.steps):
+            tokens_B, logp_B = sample_next(logits_BV, state.settings, state.uniforms.next())
+            keep_B = state.advance(t, tokens_B, logp_B)
+            if keep_B is not None:  # some rows finished: stop paying for them
+                if keep_B.numel() == 0:
+                    break
+                keep_B = keep_B.to(tokens_B.device)
+                cache.select(keep_B)
+                tokens_B = tokens_B[keep_B]
+            logits_BV = self.model(tokens_B[:, None], cache=cache)[:, -1]
+        return state.results
 
-        params = [r.request_obj.params for r in rows]
-        settings = RowSettings.build([p.temperature for p in params], [p.top_k for p in params],
-                                     [p.top_p for p in params], [r.seed for r in rows])
-        uniforms = UniformStream(settings)
-        table = StopTable([self._stop_ids(r) for r in rows], [r.max_new for r in rows])
-        strings = [StopStrings(p.stop, self.tokenizer) if p.stop else None for p in params]
-        ids_BT = torch.zeros((len(rows), steps), dtype=torch.long)
-        logp_BT = torch.zeros((len(rows), steps), dtype=torch.float64)
-        alive_B = torch.arange(len(rows))  # original row of each cache row
-        results: list[_Finished | None] = [None] * len(rows)
-
-        device = logits_BV.device
-        string_rows = {row for row, s in enumerate(strings) if s is not None}
-        for t in range(steps):
-            tokens_B, logp_B = sample_next(logits_BV, settings, uniforms.next())
-            tokens_B = tokens_B.cpu()
-            ids_BT[alive_B, t] = tokens_B
-            logp_BT[alive_B, t] = logp_B.to(device="cpu", dtype=torch.float64)
-            by_id_B, by_len_B = table.hit_stop_id(tokens_B), table.at_length(t + 1)
-            matched_string = {}
-            if string_rows:  # the only per-row Python work of a step, and only for rows with stop strings
-                for b, row in enumerate(alive_B.tolist()):
-                    if row in string_rows and not by_id_B[b]:
-                        matched_string[b] = strings[row].match(ids_BT[row, : t + 1].tolist())
-            done_B = by_id_B | by_len_B
-            for b, s in matched_string.items():
-                done_B[b] |= s is not None
-            if not bool(done_B.any()):
-                logits_BV = self.model(tokens_B[:, None].to(device), cache=cache)[:, -1]
-                continue
-            for b in done_B.nonzero()[:, 0].tolist():
-                row = int(alive_B[b])
-                if by_id_B[b]:
-                    reason, matched = STOP, int(tokens_B[b])
-                elif matched_string.get(b) is not None:
-                    reason, matched = STOP, matched_string[b]
-                else:
-                    reason, matched = LENGTH, None
-                results[row] = _Finished(ids_BT[row, : t + 1].tolist(), logp_BT[row, : t + 1].tolist(),
-                                         reason, matched)
-            keep_B = (~done_B).nonzero()[:, 0]
-            if keep_B.numel() == 0:
-                break
-            cache.select(keep_B)
-            settings = settings.select(keep_B)
-            uniforms.select(keep_B, settings)
-            table.select(keep_B)
-            alive_B, tokens_B = alive_B[keep_B], tokens_B[keep_B]
-            logits_BV = self.model(tokens_B[:, None].to(device), cache=cache)[:, -1]
-        return results
-
-    def _rescore(self, rows: list[_Row], finished: list[_Finished]) -> None:
+    def _rescore(self, rows: list[RowSpec], finished: list[Finished]) -> None:
         """Deterministic mode: replace decoding log-probs with the trainer's batch-invariant scoring."""
         for row, done in zip(rows, finished, strict=True):
             (logp,) = score_sequences(self.model, [row.prompt + done.output_ids], [len(row.prompt)],
-                                      row.request_obj.params.temperature, batch_invariant=True)
+                                      row.params.temperature, batch_invariant=True)
             done.logprobs = logp.double().tolist()
 
 

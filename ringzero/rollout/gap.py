@@ -47,40 +47,45 @@ def gap_stats(logp_train: Sequence[torch.Tensor], logp_rollout: Sequence[torch.T
     """Tail statistics of ``r = exp(train - rollout)`` per token, one tensor pair per trajectory.
 
     Returns ``{"all": {...}, "by_length": {label: {...}}}``; each entry holds ``ratio/*`` (``|r - 1|``),
-    ``logratio/*`` (``|log r|``), ``trajectories``, ``tokens`` and ``nonfinite`` (tokens left out of the
-    distributions because a log-prob was not finite). Buckets no trajectory reached are omitted.
+    ``logratio/*`` (``|log r|``), ``trajectories``, ``tokens``, ``nonfinite`` (tokens left out of the
+    distributions because a log-prob was not finite) and ``train_nll/mean`` (mean ``-logp_train``).
+    Buckets no trajectory reached are omitted.
     """
     if len(logp_train) != len(logp_rollout):
         raise RingzeroError(f"{len(logp_train)} train trajectories but {len(logp_rollout)} rollout ones")
-    log_r = []
+    pairs = []
     for i, (a, b) in enumerate(zip(logp_train, logp_rollout, strict=True)):
         a, b = torch.as_tensor(a).detach().double().cpu(), torch.as_tensor(b).detach().double().cpu()
         if a.shape != b.shape:
             raise RingzeroError(f"trajectory {i}: {a.numel()} train log-probs but {b.numel()} rollout ones")
-        log_r.append((a - b).numpy())
+        pairs.append(((a - b).numpy(), a.numpy()))
 
-    def summary(members: list[np.ndarray]) -> dict:
-        values = np.concatenate(members) if members else np.zeros(0)
-        finite = np.isfinite(values)
-        return {**_tail(values[finite]), "trajectories": len(members), "tokens": int(values.size),
-                "nonfinite": int((~finite).sum())}
+    def summary(members: list[tuple[np.ndarray, np.ndarray]]) -> dict:
+        log_r = np.concatenate([m[0] for m in members]) if members else np.zeros(0)
+        train = np.concatenate([m[1] for m in members]) if members else np.zeros(0)
+        finite = np.isfinite(log_r)
+        return {**_tail(log_r[finite]), "trajectories": len(members), "tokens": int(log_r.size),
+                "nonfinite": int((~finite).sum()),
+                # How peaked the policy is where it sampled: the gap matters most on confident tokens.
+                "train_nll/mean": float(-train[np.isfinite(train)].mean()) if train.size else float("nan")}
 
     by_length = {}
     for label, lo, hi in length_buckets(length_edges):
-        members = [x for x in log_r if x.size >= lo and (hi is None or x.size <= hi)]
+        members = [m for m in pairs if m[0].size >= lo and (hi is None or m[0].size <= hi)]
         if members:
             by_length[label] = summary(members)
-    return {"all": summary(log_r), "by_length": by_length}
+    return {"all": summary(pairs), "by_length": by_length}
 
 
 def measure_gap(model: HybridLM, prompts: Sequence[Sequence[int]], params: SamplingParams, *,
                 train_policy: PrecisionPolicy, rollout_policy: PrecisionPolicy, deterministic: bool = False,
                 tokenizer: Tokenizer | None = None, length_edges: Sequence[int] = DEFAULT_LENGTH_EDGES,
-                max_batch: int = 64, seed: int = 0) -> dict:
+                max_batch: int = 64, seed: int = 0, micro_batch: int = 16) -> dict:
     """Sample ``params.n`` completions per prompt with an engine under ``rollout_policy``, rescore them
     under ``train_policy`` and return ``gap_stats`` plus the settings and the completions' lengths.
 
-    Requests without a ``params.seed`` draw theirs from ``seed``, so one call is reproducible.
+    Requests without a ``params.seed`` draw theirs from ``seed``, so one call is reproducible;
+    ``micro_batch`` bounds the trainer's scoring batch (long sequences need small ones).
     ``model`` only supplies weights: each side takes its own copy cast to its own policy. With
     ``deterministic`` both sides must run the same policy; the trainer then scores batch-invariantly.
     """
@@ -98,7 +103,7 @@ def measure_gap(model: HybridLM, prompts: Sequence[Sequence[int]], params: Sampl
     with torch.no_grad():
         logp_train = score_sequences(
             trainer, [c.prompt_ids + c.output_ids for c in completions], [len(c.prompt_ids) for c in completions],
-            params.temperature, batch_invariant=deterministic,
+            params.temperature, batch_invariant=deterministic, micro_batch=micro_batch,
         )
     logp_rollout = [torch.tensor(c.output_logprobs, dtype=torch.float64) for c in completions]
     lengths = [len(c.output_ids) for c in completions]

@@ -34,6 +34,7 @@ def test_gap_stats_by_hand():
     assert (a["trajectories"], a["tokens"], a["nonfinite"]) == (2, 7, 0)
     assert a["ratio/max"] == pytest.approx(1.0) and a["ratio/mean"] == pytest.approx(1.5 / 7)
     assert a["logratio/max"] == pytest.approx(math.log(2)) and a["logratio/p50"] == 0.0
+    assert a["train_nll/mean"] == pytest.approx(-math.log(2) / 7)
     assert set(out["by_length"]) == {"1-2", ">4"}  # no trajectory of 3-4 tokens
     assert out["by_length"]["1-2"]["ratio/max"] == pytest.approx(1.0)
     assert out["by_length"][">4"]["ratio/max"] == pytest.approx(0.5)
