@@ -3,6 +3,7 @@
 import os
 
 import pytest
+from micro_policy import trained_store
 from pipeline_kit import PLUGINS
 
 from ringzero.stages.base import TEST_RUNNERS_ENV
@@ -16,3 +17,9 @@ def fake_runners(monkeypatch):
 
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(PLUGINS), os.environ.get("PYTHONPATH")])))
     monkeypatch.setenv(TEST_RUNNERS_ENV, ",".join(f"{k}=pipeline_fake_runners:{f}" for k, f in RUNNERS.items()))
+
+
+@pytest.fixture(scope="session")
+def micro_policy_store(tmp_path_factory):
+    """The micro policy, trained once per worker (its tests share an xdist group, hence one worker)."""
+    return trained_store(tmp_path_factory.mktemp("micro-policy"))

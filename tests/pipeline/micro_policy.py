@@ -93,7 +93,14 @@ class Micro:
                             metrics=MemoryMetricWriter())
 
 
-def micro(root: Path, stages: list[dict]) -> Micro:
+def trained_store(root: Path) -> tuple[Path, str]:
+    """A store under ``root`` holding the trained micro policy; returns (root, policy URI)."""
+    cfg = run_config(root, [])
+    return root, train_policy(cfg, open_store(cfg.storage.root, cfg.storage.s3))
+
+
+def micro(trained: tuple[Path, str], stages: list[dict]) -> Micro:
+    """The trained policy's store, under a run config with ``stages`` (the model section is the same)."""
+    root, policy_uri = trained
     cfg = run_config(root, stages)
-    store = open_store(cfg.storage.root, cfg.storage.s3)
-    return Micro(cfg, store, train_policy(cfg, store))
+    return Micro(cfg, open_store(cfg.storage.root, cfg.storage.s3), policy_uri)

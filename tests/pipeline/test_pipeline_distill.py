@@ -58,9 +58,9 @@ def test_epoch_orders_are_permutations_fixed_by_seed_and_epoch():
     assert epoch_order(10, 3, 1) == epoch_order(10, 3, 1) != epoch_order(10, 3, 0)
 
 
-@pytest.fixture(scope="module")
-def policy(tmp_path_factory) -> Micro:
-    return micro(tmp_path_factory.mktemp("distill"), [STAGE])
+@pytest.fixture
+def policy(micro_policy_store) -> Micro:
+    return micro(micro_policy_store, [STAGE])
 
 
 def run_distill(m: Micro, root, **changes):

@@ -128,12 +128,13 @@ TIER_STAGE = {"name": "tier", "kind": "rl", "steps": 1, "prompts_per_step": 1, "
 EVAL = {"name": "eval", "kind": "eval", "prompts": 4, "k": 4, "sampling": {"max_new_tokens": 100}}
 
 
-@pytest.fixture(scope="module")
-def models(tmp_path_factory) -> tuple[Micro, str]:
-    m = micro(tmp_path_factory.mktemp("eval"), [TIER_STAGE, EVAL])
-    torch.manual_seed(1)
-    base_uri = save_model(m.store, "untrained", HybridLM(m.cfg.model, m.cfg.precision.train))
-    return m, base_uri
+@pytest.fixture
+def models(micro_policy_store) -> tuple[Micro, str]:
+    m = micro(micro_policy_store, [TIER_STAGE, EVAL])
+    if not (uris := m.store.list("untrained")):
+        torch.manual_seed(1)
+        uris = [save_model(m.store, "untrained", HybridLM(m.cfg.model, m.cfg.precision.train))]
+    return m, uris[0]
 
 
 def run_eval(m: Micro, root, compare: dict, cfg=None):
