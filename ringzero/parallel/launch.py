@@ -35,7 +35,17 @@ class RankContext:
         return self._groups[dims]
 
 
-def _worker(rank: int, world_size: int, port: int, threads: int, jobs, results) -> None:
+def _owner_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _worker(rank: int, world_size: int, port: int, threads: int, jobs, results, owner_pid: int) -> None:
     # Loopback only: gloo otherwise picks the interface of the host name, which may not route.
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     torch.set_num_threads(threads)
@@ -43,7 +53,12 @@ def _worker(rank: int, world_size: int, port: int, threads: int, jobs, results) 
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size)
     ctx = RankContext(rank, world_size)
     while True:
-        job = jobs.get()
+        try:
+            job = jobs.get(timeout=5.0)
+        except queue.Empty:
+            if _owner_alive(owner_pid):
+                continue
+            break  # the process that owns the pool is gone (killed, crashed): nobody will send a job
         if job is None:
             break
         fn, args, kwargs = job
@@ -77,7 +92,7 @@ class RankPool:
         self._jobs = [ctx.Queue() for _ in range(world_size)]
         self._procs = [
             ctx.Process(target=_worker, args=(r, world_size, self._store.port, threads, self._jobs[r],
-                                              self._results), daemon=True)
+                                              self._results, os.getpid()), daemon=True)
             for r in range(world_size)
         ]
         for p in self._procs:

@@ -106,11 +106,12 @@ def _expand_heads(q_nope, q_rope, c_kv, k_rope, w_uk_hnr, w_uv_hvr):
 
 
 def blocked_causal_attention(q_BThd, k_BThd, v_BThv, pos, scale: float, softmax_fp32: bool,
-                             block: int = QUERY_BLOCK):
+                             block: int | None = None):
     """Full-sequence causal attention one block of queries at a time, each block over only the keys
     some of its queries can see: about half the work of one masked T x T product, and a score
     matrix of ``block x T`` instead of ``T x T``. Exact: the skipped keys are masked anyway."""
     T = q_BThd.shape[1]
+    block = block or QUERY_BLOCK
     if T <= block:
         return causal_attention(q_BThd, k_BThd, v_BThv, pos, pos, scale, softmax_fp32)
     k_pos_any = pos if pos.dim() == 1 else pos.max(0).values  # a key is needed if any row can see it

@@ -3,9 +3,10 @@
 Each rank keeps its queries; the key/value shards (with their positions) travel around the ring, one
 hop per step, P-1 hops in the forward. Each step's partial output is merged by log-sum-exp. A row that
 sees no key in a block (its keys lie in the future, or a zigzag rank's early chunk) has ``lse = -inf``
-there and is left untouched by the merge instead of turning into NaN. Each shard is handled as
-``pieces`` equal parts (its chunks: 2 under zigzag), and a pair of query and key pieces that no query
-can see is not computed at all; that is where zigzag sharding's load balance comes from.
+there and is left untouched by the merge instead of turning into NaN. Shards are handled in pieces of
+at most ``PIECE_ROWS`` tokens that never straddle a chunk (2 chunks per shard under zigzag); a pair of
+query and key pieces that no query can see is not computed at all, which is where zigzag sharding's
+load balance comes from, and the score matrices stay ``PIECE_ROWS`` square.
 
 The backward is a second ring: key/value blocks travel again together with their gradient
 accumulators, each rank adds its queries' contribution, and after P-1 hops one last hop returns every
@@ -68,9 +69,14 @@ def merge_partial(o_BQHE, lse_BQH, o_blk_BQHE, lse_blk_BQH):
     return o, lse
 
 
-def _pieces(length: int, n: int) -> list[slice]:
-    step = length // n
-    return [slice(i * step, (i + 1) * step) for i in range(n)]
+PIECE_ROWS = 512
+
+
+def _pieces(length: int, chunks: int) -> list[slice]:
+    """Slices of at most ``PIECE_ROWS`` rows, none straddling a chunk boundary."""
+    C = length // chunks
+    return [slice(s, min(s + PIECE_ROWS, (c + 1) * C))
+            for c in range(chunks) for s in range(c * C, (c + 1) * C, PIECE_ROWS)]
 
 
 def _block_grads(q, k, v, q_pos, k_pos, lse, do_acc, delta, scale, compute):
@@ -161,5 +167,5 @@ def ring_attention(q_BQHD, k_BKHD, v_BKHE, positions, scale: float, softmax_fp32
     carry their own positions around the ring, so any sharding (contiguous, zigzag, padded) is computed
     correctly. ``pieces`` (the chunks per shard, 2 under zigzag) only decides what can be skipped."""
     if q_BQHD.shape[1] % pieces:
-        raise ValueError(f"local length {q_BQHD.shape[1]} does not split into {pieces} pieces")
+        raise ValueError(f"local length {q_BQHD.shape[1]} does not split into {pieces} chunks")
     return RingAttention.apply(q_BQHD, k_BKHD, v_BKHE, positions, scale, softmax_fp32, group, rec, pieces)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from ringzero.parallel import mla_cp, ring_attention
 from ringzero.parallel.comm import CommLedger
 from ringzero.parallel.dims import ParallelDims
 from ringzero.parallel.sharding import SeqLayout
@@ -49,9 +50,18 @@ def _call(kind, core, tokens, weights, pos, inputs, dtype):
     return core(tokens["q"], tokens["k"], tokens["v"], inputs["log_decay"].to(state), LIGHTNING_DIMS["block"])
 
 
-def core_job(ctx, kind: str, strategies: list[str], seq_len: int, dtype: str, mode: str, seed: int = 0):
+def core_job(ctx, kind: str, strategies: list[str], seq_len: int, dtype: str, mode: str, seed: int = 0,
+             block_rows: int | None = None):
     """Each strategy's CP core on the shared inputs; rank 0 returns gathered outputs and all gradients
-    (weight gradients summed over the group), every rank its comm records."""
+    (weight gradients summed over the group), every rank its comm records. ``block_rows`` shrinks the
+    ring's pieces and the a2a query blocks (512 in production) so short test sequences use many."""
+    if block_rows is not None:
+        saved = ring_attention.PIECE_ROWS, mla_cp.QUERY_BLOCK
+        ring_attention.PIECE_ROWS = mla_cp.QUERY_BLOCK = block_rows
+        try:
+            return core_job(ctx, kind, strategies, seq_len, dtype, mode, seed)
+        finally:
+            ring_attention.PIECE_ROWS, mla_cp.QUERY_BLOCK = saved
     P = ctx.world_size
     groups = ctx.groups(ParallelDims(dp=1, cp=P, world_size=P))
     tdtype = getattr(torch, dtype)
