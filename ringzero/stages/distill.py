@@ -33,11 +33,11 @@ from ringzero.rollout.engine import EmbeddedEngine
 from ringzero.stages.base import StageContext, StageInputs, StageOutcome
 from ringzero.stages.config import DistillStage
 from ringzero.stages.distill_data import epoch_order, response_loss, select_traces, sft_batch
-from ringzero.stages.eval_metrics import json_safe
 from ringzero.stages.heldout_eval import evaluate_heldout
 from ringzero.stages.optimizer import TrainOptimizer
 from ringzero.stages.progress import step_progress
 from ringzero.stages.setup import apply_threads, seeded, start_model, task_and_tokenizer
+from ringzero.stages.summary_values import finite_only
 from ringzero.stages.train_state import load_resume_point, save_final, save_resume_point
 
 log = structlog.get_logger(__name__)
@@ -103,7 +103,7 @@ def run(ctx: StageContext, stage: DistillStage, inputs: StageInputs) -> StageOut
                      {"stage": stage.name, "steps": total, "examples": len(examples)})
     after = heldout(cfg, model, task, tokenizer, stage)
     ctx.metrics.log(total, {k: after[v] for k, v in HELDOUT_KEYS.items() if v in after})
-    summary = json_safe({**plan["stats"], **compression(plan["before"], after), **after,
+    summary = finite_only({**plan["stats"], **compression(plan["before"], after), **after,
                          **{k: after[v] for k, v in HELDOUT_KEYS.items() if v in after},
                          "distill/examples": float(len(examples)), "loss/skipped": float(optimizer.skipped)})
     log.info("distill.done", uri=uri, len_before=summary.get("distill/len_before"),
@@ -130,7 +130,7 @@ def distill_set(ctx: StageContext, stage: DistillStage, policy_uri: str, task, t
                     reward=TaskReward(task))
     examples = select_traces(batch, task, stage.length_budget)
     kept_lengths = [len(e["output_ids"]) for e in examples]
-    stats = json_safe({
+    stats = finite_only({
         "distill/sample_accuracy": sum(batch.correct) / len(batch),
         "distill/sample_len_mean": sum(batch.lengths) / len(batch),
         "distill/sample_trace_rate": sum(batch.uses_trace) / len(batch),
@@ -140,7 +140,7 @@ def distill_set(ctx: StageContext, stage: DistillStage, policy_uri: str, task, t
         "distill/kept_verified_frac": (sum(e["verified"] for e in examples) / len(examples)
                                        if examples else float("nan")),
     })
-    plan = {"examples": examples, "before": json_safe(before), "stats": stats}
+    plan = {"examples": examples, "before": finite_only(before), "stats": stats}
     ctx.store.put_json(key, plan)
     log.info("distill.set", prompts=len(problems), kept=len(examples), **{k: round(v, 3) for k, v in stats.items()})
     return plan

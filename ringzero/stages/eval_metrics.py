@@ -21,8 +21,6 @@ from collections.abc import Sequence
 from ringzero.tasks.answers import extract_answer, normalize_answer
 
 NAN = float("nan")
-INF_STORED = 1e308
-"""How an infinite value is stored: JSON has no infinity (the metrics files use the same convention)."""
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -72,8 +70,3 @@ def efficiency(correct: Sequence[bool], lengths: Sequence[int]) -> float:
     tokens = sum(lengths)
     return 1000.0 * sum(map(bool, correct)) / tokens if tokens else NAN
 
-
-def json_safe(values: dict[str, float]) -> dict[str, float]:
-    """Stored documents are strict JSON: NaN (a route no response took, a quality with no trace to judge)
-    is dropped, so a gate on it fails as missing; an infinite value becomes +-1e308."""
-    return {k: max(-INF_STORED, min(INF_STORED, float(v))) for k, v in values.items() if not math.isnan(v)}

@@ -39,11 +39,11 @@ from ringzero.stages.eval_metrics import (
     comprehensibility,
     efficiency,
     final_answer,
-    json_safe,
     mean_pass_at_k,
     reproducibility,
 )
 from ringzero.stages.setup import apply_threads, seeded, start_model, task_and_tokenizer
+from ringzero.stages.summary_values import finite_only
 
 log = structlog.get_logger(__name__)
 
@@ -136,7 +136,7 @@ def measure_checkpoint(cfg, store, uri: str, stage: EvalStage, task, tokenizer, 
     for tier in tiers:
         batch = sample([task.with_tier(p, tier.tag) for p in problems], stage.k)
         values.update(tier_metrics(batch, tier))
-    return json_safe(values)
+    return finite_only(values)
 
 
 def sampled_qualities(batch: RolloutBatch, task, k: int) -> dict[str, float]:
