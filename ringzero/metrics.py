@@ -86,6 +86,16 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     return out
 
 
+def merge_by_step(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One record per step, in step order; a later record's keys win. A stage that resumes from its
+    last checkpoint logs again the steps it had done after that checkpoint, and those replace the
+    interrupted attempt's; records of one step from different sources (train, eval) merge."""
+    merged: dict[int, dict[str, Any]] = {}
+    for record in records:
+        merged.setdefault(int(record["step"]), {}).update(record)
+    return [merged[step] for step in sorted(merged)]
+
+
 def distribution(prefix: str, values: np.ndarray | list[float]) -> dict[str, float]:
     """mean, p50, p90, p99, p99.9 and max of ``values`` under ``prefix/``."""
     arr = np.asarray(values, dtype=np.float64).ravel()

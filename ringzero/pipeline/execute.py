@@ -14,7 +14,7 @@ from pathlib import Path
 import structlog
 
 from ringzero.config.run import RunConfig
-from ringzero.metrics import MetricWriter, read_metrics
+from ringzero.metrics import MetricWriter, merge_by_step, read_metrics
 from ringzero.pipeline.gates import GateResult, evaluate_gate
 from ringzero.pipeline.identity import stage_hash
 from ringzero.stages.base import StageContext, StageInputs, StageOutcome, get_runner
@@ -51,12 +51,17 @@ def execute_stage(
     cached = None if force else store.get_json(outcome_key(h))
     if cached is not None:
         outcome = StageOutcome(**cached)
-        metrics = _parse_jsonl(store.get_bytes(metrics_key(h)) or b"")
+        metrics = merge_by_step(_parse_jsonl(store.get_bytes(metrics_key(h)) or b""))
         log.info("stage.cached", stage=stage.name, hash=h[:16], output=outcome.output_uri)
         skipped = True
     else:
         metrics_path = stage_dir / "metrics.jsonl"
-        metrics_path.unlink(missing_ok=True)
+        identity_path = stage_dir / "identity"
+        if not identity_path.exists() or identity_path.read_text() != h:
+            # Another configuration ran here before: its curves are not this stage's. The same identity
+            # keeps its records, so a resumed stage's curves start at step 1, not at the resume point.
+            metrics_path.unlink(missing_ok=True)
+            identity_path.write_text(h)
         log.info("stage.start", stage=stage.name, kind=stage.kind, hash=h[:16], init=inputs.init_uri)
         started = time.time()
         with MetricWriter(metrics_path) as writer:
@@ -65,7 +70,7 @@ def execute_stage(
         outcome.wall_s = time.time() - started
         store.put_bytes(metrics_key(h), metrics_path.read_bytes())
         store.put_json(outcome_key(h), asdict(outcome))  # last: its presence means the stage finished
-        metrics = read_metrics(metrics_path)
+        metrics = merge_by_step(read_metrics(metrics_path))
         skipped = False
         log.info("stage.done", stage=stage.name, stop=outcome.stop_reason, wall_s=round(outcome.wall_s, 1))
     gate = evaluate_gate(stage.gate, outcome.summary)

@@ -56,3 +56,18 @@ def test_distribution_matches_numpy():
     assert d["ratio/max"] == x.max()
     assert d["ratio/p99"] == pytest.approx(np.quantile(x, 0.99))
     assert d["ratio/p50"] < d["ratio/p90"] < d["ratio/p99"] < d["ratio/p99.9"] <= d["ratio/max"]
+
+
+def test_merge_by_step_prefers_the_rerun_and_merges_sources():
+    from ringzero.metrics import merge_by_step
+
+    records = [
+        {"step": 1, "reward/mean": 0.1},
+        {"step": 2, "reward/mean": 0.2},  # logged, then the process died before checkpointing step 2
+        {"step": 2, "reward/mean": 0.25},  # the resumed attempt's step 2
+        {"step": 2, "eval/accuracy": 0.5},
+        {"step": 3, "reward/mean": 0.3},
+    ]
+    merged = merge_by_step(records)
+    assert [r["step"] for r in merged] == [1, 2, 3]
+    assert merged[1] == {"step": 2, "reward/mean": 0.25, "eval/accuracy": 0.5}
