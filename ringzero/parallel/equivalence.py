@@ -4,7 +4,7 @@ Every rank builds the same weights and the same global batch from one seed, runs
 on its shard through the CP cores, and rank 0 compares against the unsharded single-process run:
 the output, the input gradient and every weight gradient (after the CP gradient sum). ``model`` runs a
 whole ``HybridLM`` step instead: loss with global token normalisation, logits, every parameter gradient
-and the parameters after one AdamW update. With ``dp > 1`` the batch rows are split over data-parallel
+and the parameters after one step of the training optimizer. With ``dp > 1`` the batch rows are split over data-parallel
 replicas as well. Row 1 of the batch is left-padded (negative positions), so
 per-row positions are covered too. Tolerances per dtype come from ``ringzero.model.tolerances``.
 """
@@ -130,8 +130,12 @@ def _step(module, batch, positions, real_BS, loss_fn):
     return out.detach(), loss.detach(), (inputs.grad if inputs.is_floating_point() else None)
 
 
-def _adamw_step(module):
-    opt = torch.optim.AdamW(module.parameters(), lr=1e-2, weight_decay=0.1)
+def _optimizer_step(module):
+    """One step of the project's training optimizer (AdamW, fp32 masters, global-norm clipping)."""
+    from ringzero.stages.config import OptimSettings
+    from ringzero.stages.optimizer import TrainOptimizer
+
+    opt = TrainOptimizer(module, OptimSettings(lr=1e-3, weight_decay=0.1), total_steps=1, schedule="constant")
     opt.step()
     return {n: p.detach().clone() for n, p in module.named_parameters()}
 
@@ -165,7 +169,7 @@ def check_rank(ctx, spec: CheckSpec) -> dict | None:
     out_cp = layout.gather(out_l, groups.cp)
     dx_cp = layout.gather(dx_l, groups.cp) if dx_l is not None else None
     grads_cp = {n: p.grad.clone() for n, p in cp_module.named_parameters()}
-    updated_cp = _adamw_step(cp_module) if spec.layer == "model" else None
+    updated_cp = _optimizer_step(cp_module) if spec.layer == "model" else None
     comm = ledger.metrics()
     if groups.rank != 0:
         return {"comm": comm}
@@ -187,7 +191,7 @@ def check_rank(ctx, spec: CheckSpec) -> dict | None:
         report["input_grad"] = compare(dx_cp[mine[rows]], dx_r[mine], dtype)
     if spec.layer == "model":
         report["loss"] = compare(loss_cp, loss_r, dtype)
-        updated_r = _adamw_step(ref)
+        updated_r = _optimizer_step(ref)
         report["update"] = {n: compare(updated_cp[n], updated_r[n], dtype) for n in updated_r}
     report["comm"] = comm
     return report

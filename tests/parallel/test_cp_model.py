@@ -1,6 +1,7 @@
 """Whole layers (projections, norms, RoPE around the CP core) and whole HybridLM training steps under
 context parallelism equal the single-process run: output, input gradient, every parameter gradient,
-and for the model the globally normalised loss and the parameters after one AdamW update."""
+and for the model the globally normalised loss and the parameters after one step of the training
+optimizer (AdamW on fp32 masters with global-norm clipping)."""
 
 from __future__ import annotations
 
