@@ -16,9 +16,10 @@ from ringzero.cli.check_cmd import check_subcommands
 def register(sub) -> None:
     p = check_subcommands(sub).add_parser(
         "cp", help="context-parallel strategies vs the single-process reference (spawns gloo ranks)",
-        description="Runs one layer (or a whole HybridLM step) with context parallelism over --cp local gloo "
-        "ranks and compares output and gradients with one process. For --layer model, 'ring' means ring for "
-        "both layer types; 'a2a' or 'allgather' means the default plan (MLA a2a, Lightning allgather).",
+        description="Runs one layer (or a whole HybridLM step) with context parallelism over --dp x --cp local "
+        "gloo ranks and compares output and gradients with one process. For --layer model, 'ring' means ring "
+        "for both layer types; 'a2a' or 'allgather' means the default plan (MLA a2a, Lightning allgather). "
+        "Exit status 1 past the dtype's tolerance, 2 for a configuration that is refused.",
     )
     p.add_argument("--layer", choices=["mla", "lightning", "model"], default="mla")
     p.add_argument("--strategy", choices=["ring", "a2a", "allgather"], default=None,
