@@ -1,10 +1,11 @@
 """Starting ranks: a pool of local gloo processes (checks, tests, benchmarks) and torchrun's environment.
 
 ``RankPool(n)`` starts ``n`` processes once (forked from a clean forkserver), joins them into one gloo
-job over loopback and then runs any number of jobs on them: ``pool.run(fn, *args)`` calls ``fn(ctx, *args)`` on every rank and returns
-the per-rank results. ``fn`` must be importable (module level). Process groups for a ``ParallelDims``
-are built once per pool and handed out through ``ctx.groups(dims)``. A job that fails or stops
-answering tears the pool down, since its ranks may be stuck in a collective.
+job over loopback and then runs any number of jobs on them: ``pool.run(fn, *args)`` calls
+``fn(ctx, *args)`` on every rank and returns the per-rank results. ``fn`` must be importable (module
+level). Process groups for a ``ParallelDims`` are built once per pool and handed out through
+``ctx.groups(dims)``. A job that fails or stops answering tears the pool down, since its ranks may be
+stuck in a collective.
 """
 
 from __future__ import annotations
