@@ -36,7 +36,7 @@ def commit_outcome(cfg, store, stage):
     """What `ringzero stage run` in the job does at the end: commit the outcome under the stage identity."""
     outcome = StageOutcome(output_uri="file:///ckpt/stage1", summary={"reward/mean": 0.5}, stop_reason="steps",
                            steps=60, wall_s=1.0)
-    store.put_json(outcome_key(stage_hash(cfg, stage, INPUTS, {})), asdict(outcome))
+    store.put_json(outcome_key(stage_hash(cfg, stage, INPUTS)), asdict(outcome))
 
 
 def test_launches_the_stage_then_returns_the_committed_outcome(run, tmp_path):
