@@ -19,6 +19,7 @@ import numpy as np
 
 from ringzero.rl.rewards import TaskReward
 from ringzero.rl.rollout_batch import RolloutBatch, collect, sampling_params
+from ringzero.rl.seeds import derive_seed
 from ringzero.stages.config import SamplingSettings
 from ringzero.tasks.base import THINK_OPEN, Task
 from ringzero.tokenizer.base import Tokenizer
@@ -37,14 +38,19 @@ def _route_accuracy(batch: RolloutBatch, traced: bool) -> float:
 
 
 def evaluate_heldout(client, task: Task, tokenizer: Tokenizer, *, prompts: int, samples: int,
-                     max_new_tokens: int, tiers=(), forced_trace: bool = True) -> dict[str, float]:
+                     max_new_tokens: int, tiers=(), forced_trace: bool = True, seeded: bool = True) -> dict[str, float]:
+    """``seeded``: reproducible per-prompt sampling streams; turn off for a real SGLang server, which gives
+    the n copies of a seeded request one stream (n identical samples)."""
     problems = task.prompts("eval", prompts)
     reward = TaskReward(task, tiers)  # tier-tagged prompts are scored against their tier's budget
     sampling = SamplingSettings(max_new_tokens=max_new_tokens, temperature=1.0)
 
     def run(probs, n, temperature, reward_fn=reward):
-        params = sampling_params(sampling, task, tokenizer, n, seed=EVAL_SEED, temperature=temperature)
-        return collect(client, task, tokenizer, probs, samples=n, params=params, reward=reward_fn)
+        params = sampling_params(sampling, task, tokenizer, n, seed=None, temperature=temperature)
+        # One stream per prompt: a shared seed would give sample k of every prompt the same uniforms,
+        # so rare choices (opening a trace) would happen for all prompts at once or for none.
+        seeds = [derive_seed(EVAL_SEED, i) for i in range(len(probs))] if seeded else None
+        return collect(client, task, tokenizer, probs, samples=n, params=params, reward=reward_fn, seeds=seeds)
 
     sampled, greedy = run(problems, samples, 1.0), run(problems, 1, 0.0)
     out = {

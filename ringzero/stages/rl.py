@@ -55,8 +55,12 @@ def run(ctx: StageContext, stage: RLStage, inputs: StageInputs) -> StageOutcome:
                 break
     uri = save_final(ctx.store, ctx.checkpoint_prefix, rl.model, rl.optimizer.master_state_dict(),
                      {"stage": stage.name, "steps": step, "stop_reason": reason})
-    summary = mean_of_last(history, SUMMARY_KEYS, SUMMARY_STEPS)
-    summary.update(evaluate_heldout(rl.client, rl.task, rl.tokenizer, prompts=getattr(ctx.cfg.task, "eval_prompts", 128),
-                                    samples=EVAL_SAMPLES, max_new_tokens=stage.sampling.max_new_tokens,
-                                    tiers=stage.tiers))
+    summary = {**mean_of_last(history, SUMMARY_KEYS, SUMMARY_STEPS), **heldout(ctx.cfg, rl, stage)}
     return StageOutcome(uri, finite_only(summary), reason, step, wall_s=time.time() - started)
+
+
+def heldout(cfg, rl, stage: RLStage) -> dict[str, float]:
+    """The final policy, as the rollout engine serves it, on the task's held-out prompts (per tier too)."""
+    return evaluate_heldout(rl.client, rl.task, rl.tokenizer, prompts=getattr(cfg.task, "eval_prompts", 128),
+                            samples=EVAL_SAMPLES, max_new_tokens=stage.sampling.max_new_tokens, tiers=stage.tiers,
+                            seeded=cfg.engines.rollout.kind == "embedded")
