@@ -46,10 +46,13 @@ def gap_stats(logp_train: Sequence[torch.Tensor], logp_rollout: Sequence[torch.T
               length_edges: Sequence[int] = DEFAULT_LENGTH_EDGES) -> dict:
     """Tail statistics of ``r = exp(train - rollout)`` per token, one tensor pair per trajectory.
 
-    Returns ``{"all": {...}, "by_length": {label: {...}}}``; each entry holds ``ratio/*`` (``|r - 1|``),
-    ``logratio/*`` (``|log r|``), ``trajectories``, ``tokens``, ``nonfinite`` (tokens left out of the
-    distributions because a log-prob was not finite) and ``train_nll/mean`` (mean ``-logp_train``).
-    Buckets no trajectory reached are omitted.
+    Returns ``{"all": {...}, "by_length": {label: {...}}, "by_position": {label: {...}}}``: overall, per
+    bucket of trajectory length, and per bucket of token position inside the responses (same edges).
+    Each entry holds ``ratio/*`` (``|r - 1|``), ``logratio/*`` (``|log r|``), ``trajectories``,
+    ``tokens``, ``nonfinite`` (tokens left out of the distributions because a log-prob was not finite)
+    and ``train_nll/mean`` (mean ``-logp_train``).
+    Buckets no trajectory reached are omitted; ``trajectories`` of a position bucket counts the
+    responses that reach it.
     """
     if len(logp_train) != len(logp_rollout):
         raise RingzeroError(f"{len(logp_train)} train trajectories but {len(logp_rollout)} rollout ones")
@@ -69,12 +72,16 @@ def gap_stats(logp_train: Sequence[torch.Tensor], logp_rollout: Sequence[torch.T
                 # How peaked the policy is where it sampled: the gap matters most on confident tokens.
                 "train_nll/mean": float(-train[np.isfinite(train)].mean()) if train.size else float("nan")}
 
-    by_length = {}
+    by_length, by_position = {}, {}
     for label, lo, hi in length_buckets(length_edges):
         members = [m for m in pairs if m[0].size >= lo and (hi is None or m[0].size <= hi)]
         if members:
             by_length[label] = summary(members)
-    return {"all": summary(pairs), "by_length": by_length}
+        # The same edges over positions inside each response (1-based): the gap compounds along it.
+        segments = [(m[0][lo - 1: hi], m[1][lo - 1: hi]) for m in pairs if m[0].size >= lo]
+        if segments:
+            by_position[label] = summary(segments)
+    return {"all": summary(pairs), "by_length": by_length, "by_position": by_position}
 
 
 def measure_gap(model: HybridLM, prompts: Sequence[Sequence[int]], params: SamplingParams, *,

@@ -38,6 +38,10 @@ def test_gap_stats_by_hand():
     assert set(out["by_length"]) == {"1-2", ">4"}  # no trajectory of 3-4 tokens
     assert out["by_length"]["1-2"]["ratio/max"] == pytest.approx(1.0)
     assert out["by_length"][">4"]["ratio/max"] == pytest.approx(0.5)
+    # Positions 1-2 hold both trajectories' first two tokens (r = 1, 2, 1, 1); 3-4 only B's (r = 1/2, 1).
+    assert out["by_position"]["1-2"]["tokens"] == 4 and out["by_position"]["1-2"]["ratio/max"] == pytest.approx(1.0)
+    assert out["by_position"]["3-4"]["tokens"] == 2 and out["by_position"]["3-4"]["ratio/max"] == pytest.approx(0.5)
+    assert out["by_position"][">4"]["tokens"] == 1 and out["by_position"][">4"]["ratio/max"] == 0.0
 
 
 def test_gap_stats_leaves_out_nonfinite_tokens_and_counts_them():
