@@ -54,8 +54,13 @@ class RowSettings:
                            [self.generators[i] for i in rows_list])
 
     @property
+    def filters_B(self) -> torch.Tensor:
+        """Rows whose settings filter the distribution (top-k or top-p)."""
+        return (self.top_k_B > 0) | (self.top_p_B < 1)
+
+    @property
     def any_filter(self) -> bool:
-        return bool((self.top_k_B > 0).any() or (self.top_p_B < 1).any())
+        return bool(self.filters_B.any())
 
 
 class UniformStream:
@@ -124,11 +129,13 @@ def sample_next(logits_BV: torch.Tensor, rows: RowSettings, u_B: torch.Tensor):
         tokens_B = logp_BV.argmax(dim=-1)
     else:
         probs_BV = logp_BV.exp()
+        tokens_B = inverse_cdf(probs_BV, u_B)
         if rows.any_filter:
+            # Chosen per row, never per batch: a row's tokens must not depend on its batch neighbours'
+            # settings (the sorted and the vocab-order inverse CDF map one uniform to different tokens).
             kept_BV, order_BV = filter_mask(probs_BV, rows.top_k_B, rows.top_p_B)
-            tokens_B = order_BV.gather(-1, inverse_cdf(kept_BV, u_B)[:, None])[:, 0]
-        else:
-            tokens_B = inverse_cdf(probs_BV, u_B)
+            filtered_B = order_BV.gather(-1, inverse_cdf(kept_BV, u_B)[:, None])[:, 0]
+            tokens_B = torch.where(rows.filters_B, filtered_B, tokens_B)
         if bool(greedy_B.any()):
             tokens_B = torch.where(greedy_B, logp_BV.argmax(dim=-1), tokens_B)
     return tokens_B, logp_BV.gather(-1, tokens_B[:, None])[:, 0]

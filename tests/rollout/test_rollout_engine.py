@@ -100,6 +100,16 @@ def test_seeded_request_is_independent_of_batch_composition():
     assert reseeded.output_ids != alone.output_ids
 
 
+@pytest.mark.parametrize("neighbour", [{"top_k": 5}, {"top_p": 0.5}, {}])
+def test_unfiltered_seeded_request_ignores_its_neighbours_filters(neighbour):
+    model = tiny_model("float64")
+    probe = GenerateRequest(prompts([6])[0], SamplingParams(max_new_tokens=16, seed=77))
+    alone = EmbeddedEngine(model).generate([probe])[0][0]
+    other = requests(prompts([9], seed=3), max_new_tokens=4, **neighbour)[0]
+    beside = EmbeddedEngine(model).generate([other, probe])[1][0]
+    assert beside.output_ids == alone.output_ids
+
+
 def test_unseeded_requests_follow_the_engine_seed():
     model = tiny_model("float64")
     batch = requests(prompts([4, 4]), max_new_tokens=12)
