@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 import torch
+from mdsection import write_section
 
 from ringzero.model.config import ModelConfig, PrecisionPolicy
 from ringzero.model.hybrid import HybridLM
@@ -153,17 +154,6 @@ def position_table(rows: list[dict]) -> list[str]:
     return lines
 
 
-def write_section(path: Path, name: str, body: str) -> None:
-    """Replace (or append) the block between ``<!-- bench:name -->`` markers in ``path``."""
-    start, end = f"<!-- bench:{name} -->", f"<!-- /bench:{name} -->"
-    text = path.read_text() if path.exists() else "# Rollout benchmarks\n"
-    block = f"{start}\n{body.rstrip()}\n{end}"
-    if start in text and end in text:
-        text = text[: text.index(start)] + block + text[text.index(end) + len(end):]
-    else:
-        text = text.rstrip() + "\n\n" + block + "\n"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
 
 
 def main() -> None:

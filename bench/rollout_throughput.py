@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 import torch
+from mdsection import write_section
 
 from ringzero.model.config import ModelConfig, PrecisionPolicy
 from ringzero.model.hybrid import HybridLM
@@ -101,17 +102,6 @@ def run(batch: int, prompt_len: int, new_tokens: int, repeats: int, with_naive: 
     return out
 
 
-def write_section(path: Path, name: str, body: str) -> None:
-    """Replace (or append) the block between ``<!-- bench:name -->`` markers in ``path``."""
-    start, end = f"<!-- bench:{name} -->", f"<!-- /bench:{name} -->"
-    text = path.read_text() if path.exists() else "# Rollout benchmarks\n"
-    block = f"{start}\n{body.rstrip()}\n{end}"
-    if start in text and end in text:
-        text = text[: text.index(start)] + block + text[text.index(end) + len(end):]
-    else:
-        text = text.rstrip() + "\n\n" + block + "\n"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
 
 
 def main() -> None:

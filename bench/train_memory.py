@@ -28,6 +28,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from mdsection import write_section
+
 POLICIES = ("fp32-islands", "bf16", "fp32")
 TINY = dict(vocab_size=64, d_model=128, n_layers=4, n_heads=4, mlp_hidden=352, max_seq_len=512,
             mla=dict(kv_lora_rank=32, qk_nope_head_dim=32, qk_rope_head_dim=16, v_head_dim=32),
@@ -92,17 +94,6 @@ def measure(policy: str, method: str, batch: int, seq_len: int) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def write_section(path: Path, name: str, body: str) -> None:
-    """Replace (or append) the block between ``<!-- bench:name -->`` markers in ``path``."""
-    start, end = f"<!-- bench:{name} -->", f"<!-- /bench:{name} -->"
-    text = path.read_text() if path.exists() else "# Rollout benchmarks\n"
-    block = f"{start}\n{body.rstrip()}\n{end}"
-    if start in text and end in text:
-        text = text[: text.index(start)] + block + text[text.index(end) + len(end):]
-    else:
-        text = text.rstrip() + "\n\n" + block + "\n"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
 
 
 def main() -> None:
