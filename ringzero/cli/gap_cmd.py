@@ -12,6 +12,7 @@ import argparse
 import json
 
 from ringzero.cli.check_cmd import check_subcommands, model_config_from_file
+from ringzero.cli.model_source import add_model_source_args, load_source_model, refuse_config_with_checkpoint
 from ringzero.errors import RingzeroError
 
 PRESET_NAMES = ["fp32-islands", "bf16", "fp32", "fp64"]
@@ -24,10 +25,7 @@ def register(sub) -> None:
         "teacher-forced) and prints mean/p50/p90/p99/p99.9/max of |r-1| and |log r|, overall and per "
         "trajectory-length bucket.",
     )
-    source = p.add_mutually_exclusive_group(required=True)
-    source.add_argument("--checkpoint", metavar="URI", help="committed model checkpoint (file:// or s3://)")
-    source.add_argument("--init", choices=["random"], help="random initial weights (with --config)")
-    p.add_argument("--config", metavar="FILE", help="model for --init random: a run config or a model section")
+    add_model_source_args(p, "model for --init random: a run config or a model section")
     p.add_argument("--train-policy", choices=PRESET_NAMES, default="fp32-islands")
     p.add_argument("--rollout-policy", choices=PRESET_NAMES, default="fp32-islands")
     p.add_argument("--deterministic", action="store_true",
@@ -44,22 +42,11 @@ def register(sub) -> None:
 
 def _load_weights(args: argparse.Namespace):
     """The weights to compare, in fp32: each side casts its own copy to its own policy."""
-    import torch
+    from ringzero.model.config import PrecisionPolicy
 
-    from ringzero.model.config import ModelConfig, PrecisionPolicy
-    from ringzero.model.hybrid import HybridLM
-
-    master = PrecisionPolicy.preset("fp32")
-    if args.checkpoint:
-        if args.config:
-            raise RingzeroError("--config goes with --init random; a checkpoint carries its own model config")
-        from ringzero.model.checkpoint import load_model
-
-        return load_model(args.checkpoint, master).model
-    cfg = model_config_from_file(args.config) if args.config else ModelConfig()
-    model = HybridLM(cfg, master)
-    model.reset_parameters(torch.Generator().manual_seed(args.seed))
-    return model
+    refuse_config_with_checkpoint(args)
+    cfg = model_config_from_file(args.config) if args.config else None
+    return load_source_model(args, PrecisionPolicy.preset("fp32"), cfg)[0]
 
 
 def _edges(text: str) -> list[int]:

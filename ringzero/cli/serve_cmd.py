@@ -13,6 +13,8 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
+from ringzero.cli.model_source import add_model_source_args, load_source_model
+
 
 def register(sub) -> None:
     from ringzero.model.config import PRESETS  # no torch behind it
@@ -23,10 +25,7 @@ def register(sub) -> None:
         "and the OpenAI-compatible /v1/completions, with SGLang's field names, so the HTTP rollout "
         "client drives this server and a real SGLang server alike.",
     )
-    source = p.add_mutually_exclusive_group(required=True)
-    source.add_argument("--checkpoint", metavar="URI", help="model checkpoint (file://... or s3://...)")
-    source.add_argument("--init", choices=["random"], help="random weights from --config's model section")
-    p.add_argument("--config", metavar="FILE", help="run config or bare model section (needed with --init)")
+    add_model_source_args(p, "run config or bare model section (needed with --init)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=30000, help="SGLang's default port")
     p.add_argument("--precision", default=None, choices=sorted(PRESETS),
@@ -84,10 +83,8 @@ def _serve(args: argparse.Namespace) -> int:
         raise RingzeroError("serve --init random needs --config with a model section")
 
     import structlog
-    import torch
 
     from ringzero.model.config import PrecisionPolicy
-    from ringzero.model.hybrid import HybridLM
     from ringzero.rollout.engine import EmbeddedEngine
     from ringzero.rollout.server import RolloutServer, serve
 
@@ -95,15 +92,7 @@ def _serve(args: argparse.Namespace) -> int:
     conf = _from_config(args.config)
     policy = PrecisionPolicy.preset(args.precision) if args.precision else (conf.precision or PrecisionPolicy())
     tokenizer, tokenizer_path = _tokenizer(args.tokenizer, conf.tokenizer)
-    if args.init == "random":
-        model = HybridLM(conf.model, policy)
-        model.reset_parameters(torch.Generator().manual_seed(args.seed))
-        model_path = f"random://seed-{args.seed}"
-    else:
-        from ringzero.model.checkpoint import load_model
-
-        model = load_model(args.checkpoint, policy, s3=conf.s3).model
-        model_path = args.checkpoint
+    model, model_path = load_source_model(args, policy, conf.model, s3=conf.s3)
     if tokenizer.vocab_size > model.cfg.vocab_size:
         raise RingzeroError(f"tokenizer has {tokenizer.vocab_size} ids but the model only {model.cfg.vocab_size}")
     engine = EmbeddedEngine(
