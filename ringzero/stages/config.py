@@ -9,6 +9,7 @@ from pydantic import Field, field_validator, model_validator
 from ringzero.config.base import Slug, StrictModel
 from ringzero.config.gates import ThresholdExpr
 
+
 class StageBase(StrictModel):
     name: Slug = Field(..., description="unique stage name (lowercase, digits, '-')")
     init: str | None = Field(

@@ -10,7 +10,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-
 if TYPE_CHECKING:
     from ringzero.tasks.base import Task
     from ringzero.tasks.config import ArithmeticTask, JsonlTask
