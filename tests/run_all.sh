@@ -17,4 +17,5 @@ for start in tests/servers/*-start.sh; do
   eval "$("$start")"
 done
 
+"$BIN"/ruff check ringzero tests bench components pipelines
 "$BIN"/python -m pytest -n "${PYTEST_WORKERS:-2}" --dist loadgroup "$@"
