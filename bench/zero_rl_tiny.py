@@ -6,7 +6,8 @@ Targets (issue: zero RL on a CPU): held-out accuracy up by >= 25 points absolute
 The same script measures the ratio tail with the rollout engine under ``bf16`` versus ``fp32-islands``
 while the trainer runs ``fp32-islands``: short RL runs from the same base, same seed and prompts.
 
-    python bench/zero_rl_tiny.py --config configs/tiny-cpu.yaml --out runs/bench-zero-rl
+    python bench/zero_rl_tiny.py --config configs/tiny-cpu.yaml --out runs/bench-zero-rl \
+        --set precision.train=fp32 --set precision.rollout=fp32
 
 Stages are cached by identity in ``--out``'s store: a second invocation reuses the base (and the RL
 run) and only redoes what changed. Wall times on a shared machine are inflated; the CPU time of the
@@ -46,6 +47,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--gap-steps", type=int, default=5, help="steps of each ratio-tail run (0 = skip them)")
     p.add_argument("--gap-prompts", type=int, default=8, help="prompts per step of the ratio-tail runs")
     p.add_argument("--plot", default="docs/img/zero_rl_tiny.png")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override (repeatable)")
     return p.parse_args()
 
 
@@ -60,16 +62,16 @@ class Clock:
         self.wall, self.cpu = time.time() - self.wall, time.process_time() - self.cpu
 
 
-def run_stage(cfg, store, run_dir, stage, inputs, upstream):
+def run_stage(cfg, store, run_dir, stage, inputs):
     with Clock() as clock:
-        ex = execute_stage(cfg, store, stage, inputs, upstream, run_dir)
+        ex = execute_stage(cfg, store, stage, inputs, run_dir)
     return ex, clock
 
 
 def main() -> None:
     args = parse_args()
     out = Path(args.out)
-    overrides = [f"storage.root=file://{out.resolve() / 'store'}", f"run.run_dir={out / 'run'}",
+    overrides = [*args.set, f"storage.root=file://{out.resolve() / 'store'}", f"run.run_dir={out / 'run'}",
                  f"stages.{args.rl}.max_wall_minutes={args.rl_minutes}"]
     cfg = load_config(args.config, overrides)
     threads = cfg.run.threads or torch.get_num_threads()
@@ -77,11 +79,10 @@ def main() -> None:
     store, run_dir = open_store(cfg.storage.root), out / "run"
     base_stage, rl_stage = cfg.stage(args.pretrain), cfg.stage(args.rl)
 
-    base, base_clock = run_stage(cfg, store, run_dir, base_stage, StageInputs(), {})
+    base, base_clock = run_stage(cfg, store, run_dir, base_stage, StageInputs())
     base_uri = base.outcome.output_uri
-    upstream = {base_uri: base.stage_hash}
     inputs = StageInputs(init_uri=base_uri, reference_uri=base_uri, base_uri=base_uri)
-    rl, rl_clock = run_stage(cfg, store, run_dir, rl_stage, inputs, upstream)
+    rl, rl_clock = run_stage(cfg, store, run_dir, rl_stage, inputs)
 
     tails = {"main run (train " + cfg.precision.train.name() + ", rollout " + cfg.precision.rollout.name() + ")":
              mean_tail(rl.metrics)}
@@ -92,7 +93,7 @@ def main() -> None:
             "precision.train=fp32-islands", f"precision.rollout={rollout}", f"stages.{args.rl}.steps={args.gap_steps}",
             f"stages.{args.rl}.prompts_per_step={args.gap_prompts}", f"stages.{args.rl}.min_steps={args.gap_steps}",
         ])
-        gap, _ = run_stage(gap_cfg, store, run_dir / f"gap-{rollout}", gap_cfg.stage(args.rl), inputs, upstream)
+        gap, _ = run_stage(gap_cfg, store, run_dir / f"gap-{rollout}", gap_cfg.stage(args.rl), inputs)
         tails[f"train fp32-islands, rollout {rollout}"] = mean_tail(gap.metrics)
 
     results = {
