@@ -18,15 +18,20 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import time
+from collections import defaultdict
 from pathlib import Path
 
 import torch
 
 from ringzero.config.loader import load_config
+from ringzero.model.checkpoint import load_model
 from ringzero.pipeline.execute import execute_stage
 from ringzero.stages.base import StageInputs
 from ringzero.store import open_store
+from ringzero.tasks import make_task
+from ringzero.tokenizer import build_tokenizer
 
 PLOTTED = (("reward/mean", "reward (mean)"), ("trace/rate", "trace usage"), ("len/mean", "response length (tokens)"),
            ("ratio/p99", "|r - 1| p99"))
@@ -35,6 +40,10 @@ TAIL_KEYS = ("ratio/first_minibatch_max", "ratio/p99", "ratio/p99.9", "ratio/max
 HELDOUT = (("eval/accuracy", "accuracy (T=1)"), ("eval/greedy_accuracy", "accuracy (greedy)"),
            ("eval/trace_rate", "trace usage (T=1)"), ("eval/trace_accuracy", "accuracy when tracing"),
            ("eval/forced_trace_accuracy", "accuracy with a forced trace"), ("eval/len_mean", "mean length (tokens)"))
+
+
+STEP = re.compile(r"([a-z])=(\d)( (\d)\+(\d)=(\d+))?>(\d)")
+"""One worked step, verbose (``b=3 7+3=10>0``) or terse (``b=3>0``)."""
 
 
 def parse_args() -> argparse.Namespace:
@@ -96,8 +105,10 @@ def main() -> None:
         gap, _ = run_stage(gap_cfg, store, run_dir / f"gap-{rollout}", gap_cfg.stage(args.rl), inputs)
         tails[f"train fp32-islands, rollout {rollout}"] = mean_tail(gap.metrics)
 
+    roles = {name: trace_roles(load_model(uri, cfg.precision.train).model, cfg)
+             for name, uri in (("base", base_uri), ("rl", rl.outcome.output_uri))}
     results = {
-        "config": args.config, "threads": threads,
+        "config": args.config, "threads": threads, "trace_roles": roles,
         "base": {k: base.outcome.summary.get(k) for k, _ in HELDOUT},
         "rl": {k: rl.outcome.summary.get(k) for k, _ in HELDOUT},
         "rl_steps": rl.outcome.steps, "rl_stop_reason": rl.outcome.stop_reason,
@@ -109,6 +120,29 @@ def main() -> None:
     (out / "results.json").write_text(json.dumps(results, indent=1))
     plot(rl.metrics, args.plot)
     print(report(results))
+
+
+@torch.no_grad()
+def trace_roles(model, cfg, prompts: int = 64) -> dict[str, float]:
+    """Teacher-forced next-token accuracy on correct worked traces of held-out problems, per kind of token:
+    where a trace mode that does not work breaks (the lookup of a digit in the question, the sums...)."""
+    task, tokenizer = make_task(cfg.task), build_tokenizer(cfg.tokenizer)
+    hits = defaultdict(list)
+    for problem in task.prompts("eval", prompts):
+        for form in ("verbose", "terse"):
+            response = task.worked_response(problem, verbose=form == "verbose")
+            ids = tokenizer.encode(problem.prompt + response, add_bos=True)
+            predicted = model(torch.tensor([ids[:-1]])).argmax(-1)[0].tolist()
+            roles = ["format"] * len(response)
+            for m in STEP.finditer(response):
+                roles[m.start(1)], roles[m.start(2)], roles[m.start(7)] = "label", "question_digit", f"{form}_state"
+                if m.group(3):
+                    roles[m.start(4)], roles[m.start(5)] = "previous_state", "repeated_digit"
+                    roles[m.start(6):m.end(6)] = ["sum"] * len(m.group(6))
+            first = len(ids) - len(response)
+            for j, role in enumerate(roles):
+                hits[role].append(predicted[first - 1 + j] == ids[first + j])
+    return {role: sum(v) / len(v) for role, v in sorted(hits.items())}
 
 
 def mean_tail(records: list[dict]) -> dict[str, float]:
@@ -153,6 +187,9 @@ def report(r: dict) -> str:
               "", "| ratio tail (mean over steps) | " + " | ".join(TAIL_KEYS) + " |",
               "|---|" + "---:|" * len(TAIL_KEYS)]
     lines += [f"| {name} | " + " | ".join(f"{t[k]:.2e}" for k in TAIL_KEYS) + " |" for name, t in r["ratio_tail"].items()]
+    roles = sorted(r["trace_roles"]["base"])
+    lines += ["", "| teacher-forced accuracy on correct traces | " + " | ".join(roles) + " |", "|---|" + "---:|" * len(roles)]
+    lines += [f"| {name} | " + " | ".join(f"{acc[k]:.3f}" for k in roles) + " |" for name, acc in r["trace_roles"].items()]
     return "\n".join(lines)
 
 
