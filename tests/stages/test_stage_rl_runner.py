@@ -4,11 +4,13 @@ import pytest
 from stage_kit import context, run_config, state_equal
 
 from ringzero.model.checkpoint import load_model
+from ringzero.model.config import PrecisionPolicy
 from ringzero.rl.step import RLStep
 from ringzero.stages import rl as rl_stage
 from ringzero.stages.base import StageInputs
 from ringzero.store import open_store
 
+FP32_POLICY = PrecisionPolicy.preset("fp32")  # compare resumed weights exactly, not after a bf16 cast
 RL = {"name": "stage1", "kind": "rl", "steps": 4, "prompts_per_step": 2, "samples_per_prompt": 4,
       "minibatches": 2, "checkpoint_every": 2, "min_steps": 0, "sampling": {"max_new_tokens": 8},
       "optim": {"lr": 1e-3, "warmup_steps": 1}, "loss": {"kl_coef": 0.01}}
@@ -55,7 +57,7 @@ def test_resume_after_interruption_equals_an_uninterrupted_run(tmp_path, monkeyp
     ctx, resumed = run_stage(tmp_path / "cut")
     assert [r["step"] for r in ctx.metrics.records] == [3, 4]  # continued from the saved step
     assert resumed.steps == 4
-    a = load_model(whole.output_uri).model.state_dict()
-    b = load_model(resumed.output_uri).model.state_dict()
+    a = load_model(whole.output_uri, FP32_POLICY).model.state_dict()
+    b = load_model(resumed.output_uri, FP32_POLICY).model.state_dict()
     assert state_equal(a, b)
     assert resumed.summary["reward/mean"] == whole.summary["reward/mean"]  # history came back with the resume point
