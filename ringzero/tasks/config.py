@@ -37,6 +37,16 @@ class ArithmeticTask(StrictModel):
     drill_fraction: float = Field(
         0.1, ge=0.0, le=1.0, description="share of corpus documents that drill the one-step facts traces use"
     )
+    lookup_fraction: float = Field(
+        0.0, ge=0.0, le=1.0,
+        description="share of corpus documents that list labelled digits and read them back by label "
+        "(the lookup each trace step makes); digitsum and parity only",
+    )
+    worked_fraction: float = Field(
+        0.0, ge=0.0, le=1.0,
+        description="share of corpus documents that are textbook worked examples (`example:` ... `solution:`), "
+        "outside the q/a format whose answers set the base's trace usage",
+    )
     eval_prompts: int = Field(128, ge=1, description="held-out prompts for evaluation")
 
     @model_validator(mode="after")
@@ -48,10 +58,13 @@ class ArithmeticTask(StrictModel):
             problems.append(
                 f"digits: '{self.operation}' labels its digits a-z, so at most {MAX_LABELLED_DIGITS} (got {self.digits})"
             )
-        if self.filler_fraction + self.drill_fraction >= 1.0:
+        if self.operation == "add" and self.lookup_fraction > 0:
+            problems.append("lookup_fraction: 'add' has no labelled digits to look up (set it to 0)")
+        shares = (self.filler_fraction, self.drill_fraction, self.lookup_fraction, self.worked_fraction)
+        if sum(shares) >= 1.0:
             problems.append(
-                "filler_fraction: filler_fraction + drill_fraction must leave room for question documents "
-                f"(got {self.filler_fraction} + {self.drill_fraction})"
+                "filler_fraction: filler_fraction + drill_fraction + lookup_fraction + worked_fraction must leave "
+                "room for question documents (got " + " + ".join(map(str, shares)) + ")"
             )
         if problems:
             raise ValueError("; ".join(problems))

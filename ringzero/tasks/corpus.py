@@ -8,6 +8,11 @@ Three kinds of documents, in the shares the task config sets:
   ``direct_noise``, as answers on the web often are.
 - drill documents: lines of the one-step facts the trace uses (``7+3=10>0``), so the rare trace mode
   is reliable without making it common.
+- lookup documents: a question's labelled digits read back by label, the lookup each trace step makes
+  (web pages quote their inputs back far more often than they work a problem through).
+- worked examples: a question and its worked trace in textbook form (``example:`` / ``solution:``),
+  which teach the trace without touching how often ``a:`` answers open one, so the base knows how to
+  reason but seldom does when asked.
 - filler documents: chatter with no questions at all.
 
 Only train-split problems appear. Each document ends with a newline; join them with ``DOC_SEPARATOR``.
@@ -71,15 +76,27 @@ class CorpusGenerator:
         facts = [self.task.op.drill(rng) for _ in range(rng.randint(*DRILL_FACTS))]
         return "facts: " + " ".join(facts) + "\n"
 
+    def lookup_document(self, rng: random.Random) -> str:
+        return self.task.op.lookup_drill(self.task.sample_instance("train", rng), rng) + "\n"
+
+    def worked_document(self, rng: random.Random) -> str:
+        problem = self.task.problem(self.task.sample_instance("train", rng))
+        verbose = rng.random() < self.cfg.verbose_fraction
+        return f"example: {self.task.op.question(self.task.op.instance_from_meta(problem.meta))}\n" \
+               f"solution: {self.task.worked_response(problem, verbose=verbose)}\n"
+
     def filler_document(self, rng: random.Random) -> str:
         return " ".join(_sentence(rng) for _ in range(rng.randint(*FILLER_SENTENCES))) + "\n"
 
     def document(self, rng: random.Random) -> str:
         u = rng.random()
-        if u < self.cfg.filler_fraction:
-            return self.filler_document(rng)
-        if u < self.cfg.filler_fraction + self.cfg.drill_fraction:
-            return self.drill_document(rng)
+        for share, make in ((self.cfg.filler_fraction, self.filler_document),
+                            (self.cfg.drill_fraction, self.drill_document),
+                            (self.cfg.lookup_fraction, self.lookup_document),
+                            (self.cfg.worked_fraction, self.worked_document)):
+            if u < share:
+                return make(rng)
+            u -= share
         return self.question_document(rng)
 
     def documents(self, n: int, rng: RngLike) -> list[str]:

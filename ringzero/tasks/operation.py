@@ -50,6 +50,10 @@ class Operation(ABC):
     def drill(self, rng: random.Random) -> str:
         """One single-step fact in the trace's notation (drill documents list several)."""
 
+    def lookup_drill(self, instance: Instance, rng: random.Random) -> str:
+        """The instance's labelled inputs, then read back by label: the lookup every trace step makes."""
+        raise NotImplementedError(f"{self.name} has no labelled inputs to look up")
+
     @abstractmethod
     def meta(self, instance: Instance) -> Mapping[str, Any]:
         """What ``instance_from_meta`` needs to rebuild the instance from a ``Problem``."""

@@ -65,6 +65,13 @@ class RunningSum(Operation):
         s, d = rng.randrange(self.modulus), rng.randrange(self.modulus)
         return f"{s}+{d}={s + d}>{(s + d) % self.modulus}"
 
+    def lookup_drill(self, instance: Instance, rng: random.Random) -> str:
+        order = list(range(len(instance)))
+        if rng.random() < 0.5:  # in trace order half the time; shuffled, only the label can find the digit
+            rng.shuffle(order)
+        items = " ".join(f"{LABELS[i]}={instance[i]}" for i in order)
+        return f"{self.question(instance)}\nread back: {items}"
+
     def meta(self, instance: Instance) -> Mapping[str, Any]:
         return {"operation": self.name, "inputs": instance}
 

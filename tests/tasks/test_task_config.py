@@ -19,6 +19,8 @@ def problems_of(task: dict) -> str:
         ({"operation": "digitsum", "operands": 3}, "operands"),
         ({"operation": "parity", "digits": 27}, "digits"),
         ({"filler_fraction": 0.6, "drill_fraction": 0.4}, "filler_fraction"),
+        ({"lookup_fraction": 0.5, "worked_fraction": 0.3, "drill_fraction": 0.2}, "filler_fraction"),
+        ({"operation": "add", "lookup_fraction": 0.1}, "lookup_fraction"),
         ({"operation": "mul"}, "task.operation"),
         ({"digits": 1}, "task.digits"),
         ({"trace_fraction": 1.5}, "task.trace_fraction"),

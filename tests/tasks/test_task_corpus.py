@@ -83,3 +83,29 @@ def test_same_seed_same_corpus():
     assert gen.documents(50, 4) != gen.documents(50, 5)
     stream = gen.stream(4)
     assert [next(stream) for _ in range(50)] == gen.documents(50, 4)
+
+
+def test_lookup_documents_read_the_question_back_by_label():
+    task = make_task(ArithmeticTask(digits=8, lookup_fraction=1.0 - 1e-9, filler_fraction=0.0, drill_fraction=0.0))
+    docs = CorpusGenerator(task).documents(400, 3)
+    shuffled = 0
+    for doc in docs:
+        question, readback = doc.rstrip("\n").split("\nread back: ")
+        listed = dict(item.split("=") for item in question.split(": ", 1)[1].split())
+        read = [item.split("=") for item in readback.split()]
+        assert sorted(label for label, _ in read) == sorted(listed)  # every label once
+        assert all(listed[label] == digit for label, digit in read)  # each with its own digit
+        shuffled += [label for label, _ in read] != sorted(listed)
+    assert 0.4 < shuffled / len(docs) < 0.6  # half in trace order, half shuffled
+
+
+def test_worked_examples_are_correct_traces_outside_the_qa_format():
+    task = make_task(ArithmeticTask(digits=6, worked_fraction=1.0 - 1e-9, filler_fraction=0.0, drill_fraction=0.0))
+    docs = CorpusGenerator(task).documents(300, 5)
+    for doc in docs:
+        assert "\na: " not in doc and not doc.startswith("q: ")  # trace usage after `a:` is left to trace_fraction
+        head, solution = doc.rstrip("\n").split("\nsolution: ")
+        instance = tuple(int(item.split("=")[1]) for item in head.removeprefix("example: ").split(": ", 1)[1].split())
+        problem = task.problem(instance)
+        assert not in_eval_split(problem.id)
+        assert task.reward(problem, solution) == 1.0 and task.step_check(solution, problem).correct == 6
