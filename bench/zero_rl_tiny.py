@@ -6,11 +6,11 @@ Targets (issue: zero RL on a CPU): held-out accuracy up by >= 25 points absolute
 The same script measures the ratio tail with the rollout engine under ``bf16`` versus ``fp32-islands``
 while the trainer runs ``fp32-islands``: short RL runs from the same base, same seed and prompts.
 
-    python bench/zero_rl_tiny.py --config configs/tiny-cpu.yaml --out runs/bench-zero-rl \
-        --set precision.train=fp32 --set precision.rollout=fp32
+    python bench/zero_rl_tiny.py --config configs/tiny-cpu.yaml --out runs/bench-zero-rl
 
-Stages are cached by identity in ``--out``'s store: a second invocation reuses the base (and the RL
-run) and only redoes what changed. Wall times on a shared machine are inflated; the CPU time of the
+Stages are cached by identity in the store (``--store``, default ``--out``'s): a second invocation
+reuses the base (and the RL run) and only redoes what changed; ``--store file://runs/store`` measures
+the very base and stage 1 that ``make run`` produced. Wall times on a shared machine are inflated; the CPU time of the
 process divided by its threads is printed beside them as the uncontended estimate.
 """
 
@@ -52,7 +52,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--out", default="runs/bench-zero-rl", help="store, run folder and results.json go here")
     p.add_argument("--pretrain", default="base", help="name of the pretrain stage in the config")
     p.add_argument("--rl", default="stage1", help="name of the RL stage in the config")
-    p.add_argument("--rl-minutes", type=float, default=15.0, help="wall budget of the RL stage (max_wall_minutes)")
+    p.add_argument("--store", default=None, help="checkpoint store URI (default: file://OUT/store)")
+    p.add_argument("--rl-minutes", type=float, default=None, help="wall budget of the RL stage (default: the config's)")
     p.add_argument("--gap-steps", type=int, default=5, help="steps of each ratio-tail run (0 = skip them)")
     p.add_argument("--gap-prompts", type=int, default=8, help="prompts per step of the ratio-tail runs")
     p.add_argument("--plot", default="docs/img/zero_rl_tiny.png")
@@ -80,8 +81,10 @@ def run_stage(cfg, store, run_dir, stage, inputs):
 def main() -> None:
     args = parse_args()
     out = Path(args.out)
-    overrides = [*args.set, f"storage.root=file://{out.resolve() / 'store'}", f"run.run_dir={out / 'run'}",
-                 f"stages.{args.rl}.max_wall_minutes={args.rl_minutes}"]
+    store_uri = args.store or f"file://{out.resolve() / 'store'}"
+    overrides = [*args.set, f"storage.root={store_uri}", f"run.run_dir={out / 'run'}"]
+    if args.rl_minutes is not None:
+        overrides.append(f"stages.{args.rl}.max_wall_minutes={args.rl_minutes}")
     cfg = load_config(args.config, overrides)
     threads = cfg.run.threads or torch.get_num_threads()
     torch.set_num_threads(threads)

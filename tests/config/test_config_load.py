@@ -38,7 +38,15 @@ def test_tiny_config_is_the_full_staged_pipeline():
     assert stage1.loss.normalization == "token_sum"
     assert stage2.loss.normalization == "sample_mean"
     assert cfg.stage("tier").tiers, "tier RL needs tiers"
-    assert cfg.precision.train.body == "bfloat16" and cfg.precision.train.lm_head_fp32
+    # A CPU without bf16 matrix units runs the tiny config in fp32; the paper's islands are one switch away.
+    assert cfg.precision.train.name() == cfg.precision.rollout.name() == "fp32"
+    islands = load_config(TINY, ["precision.train=fp32-islands"]).precision.train
+    assert islands.body == "bfloat16" and islands.attention_softmax_fp32 and islands.lm_head_fp32
+
+
+def test_cluster_config_runs_the_papers_islands():
+    cfg = load_config(ROOT / "configs" / "cluster-h200.yaml")
+    assert cfg.precision.train.name() == "fp32-islands"
 
 
 def test_three_mistakes_are_all_reported_with_paths():
