@@ -57,7 +57,7 @@ def execute_stage(
     else:
         metrics_path = stage_dir / "metrics.jsonl"
         identity_path = stage_dir / "identity"
-        if not identity_path.exists() or identity_path.read_text() != h:
+        if force or not identity_path.exists() or identity_path.read_text() != h:
             # Another configuration ran here before: its curves are not this stage's. The same identity
             # keeps its records, so a resumed stage's curves start at step 1, not at the resume point.
             metrics_path.unlink(missing_ok=True)
@@ -65,7 +65,7 @@ def execute_stage(
         log.info("stage.start", stage=stage.name, kind=stage.kind, hash=h[:16], init=inputs.init_uri)
         started = time.time()
         with MetricWriter(metrics_path) as writer:
-            ctx = StageContext(cfg=cfg, store=store, stage_hash=h, stage_dir=stage_dir, metrics=writer)
+            ctx = StageContext(cfg=cfg, store=store, stage_hash=h, stage_dir=stage_dir, metrics=writer, fresh=force)
             outcome = get_runner(stage.kind)(ctx, stage, inputs)
         outcome.wall_s = time.time() - started
         store.put_bytes(metrics_key(h), metrics_path.read_bytes())

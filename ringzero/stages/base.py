@@ -44,6 +44,7 @@ class StageContext:
     stage_hash: str
     stage_dir: Path  # local folder for this stage's metrics and artifacts
     metrics: MetricWriter
+    fresh: bool = False  # --force: start over, ignoring this identity's resume points and partial results
 
     @property
     def checkpoint_prefix(self) -> str:
@@ -57,7 +58,7 @@ class StageContext:
 
     def resume_uri(self) -> str | None:
         """Latest committed intermediate checkpoint of this exact stage configuration, if any."""
-        return self.store.latest(f"{self.checkpoint_prefix}/step-")
+        return None if self.fresh else self.store.latest(f"{self.checkpoint_prefix}/step-")
 
 
 class StageRunner(Protocol):

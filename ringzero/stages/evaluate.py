@@ -30,6 +30,7 @@ import torch
 from ringzero.errors import RingzeroError
 from ringzero.rl.rewards import TaskReward
 from ringzero.rl.rollout_batch import RolloutBatch, collect, sampling_params
+from ringzero.rl.seeds import derive_seed
 from ringzero.rollout.engine import EmbeddedEngine
 from ringzero.rollout.gap import gap_stats
 from ringzero.rollout.scoring import score_sequences
@@ -65,7 +66,7 @@ def run(ctx: StageContext, stage: EvalStage, inputs: StageInputs) -> StageOutcom
     rows = []
     for step, (label, uri) in enumerate(checkpoints):
         key = f"{ctx.checkpoint_prefix}/rows/{label}.json"
-        stored = ctx.store.get_json(key)
+        stored = None if ctx.fresh else ctx.store.get_json(key)
         if stored is not None and stored["uri"] == uri:
             values = stored["values"]
             log.info("eval.row_reused", checkpoint=label)
@@ -127,7 +128,10 @@ def measure_checkpoint(cfg, store, uri: str, stage: EvalStage, task, tokenizer, 
 
     def sample(probs, n: int, temperature: float | None = None) -> RolloutBatch:
         params = sampling_params(stage.sampling, task, tokenizer, n, seed, temperature=temperature)
-        return collect(engine, task, tokenizer, probs, samples=n, params=params, reward=reward)
+        # One stream per prompt: with one shared seed, sample j of every prompt draws the same uniforms,
+        # so a rare choice (opening a trace) happens for all prompts at once or for none.
+        seeds = [derive_seed(seed, i) for i in range(len(probs))]
+        return collect(engine, task, tokenizer, probs, samples=n, params=params, reward=reward, seeds=seeds)
 
     greedy, sampled = sample(problems, 1, temperature=0.0), sample(problems, stage.k)
     values = {"eval/greedy_accuracy": _mean(greedy.correct), "eval/greedy_len_mean": _mean(greedy.lengths)}

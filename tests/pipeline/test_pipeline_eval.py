@@ -194,3 +194,53 @@ def test_an_interrupted_eval_keeps_the_rows_it_finished(models, tmp_path, monkey
     outcome = evaluate.run(m.context(tmp_path), stage, inputs)
     assert measured == [base_uri, m.policy_uri, m.policy_uri]  # the untrained row was not measured again
     assert [r["checkpoint"] for r in outcome.extra["comparison"]["rows"]] == ["untrained", "input"]
+
+
+def test_each_prompt_samples_from_its_own_stream(models, tmp_path, monkeypatch):
+    """A seed shared by every prompt gives sample j of each prompt the same uniforms, so a rare choice
+    (opening a trace) happens for all prompts at once or for none: the same prompt asked twice must
+    get different samples, and a rerun the same ones."""
+    m, base_uri = models
+    patch_task(monkeypatch, evaluate)
+    seen = []
+    real = evaluate.sampled_qualities
+
+    def record(batch, task, k):
+        seen.append(batch.responses)
+        return real(batch, task, k)
+
+    monkeypatch.setattr(evaluate, "sampled_qualities", record)
+    stage = EvalStage.model_validate({**EVAL, "prompts": 8})  # the four problems, each asked twice
+    task = evaluate.task_and_tokenizer(m.cfg)[0]
+    problems = task.prompts("eval", stage.prompts)
+    assert problems[0] == problems[4]
+    for _ in range(2):
+        evaluate.measure_checkpoint(m.cfg, m.store, base_uri, stage, task, evaluate.task_and_tokenizer(m.cfg)[1],
+                                    problems, [])
+    first, again = seen
+    k = stage.k
+    assert first[:k] != first[4 * k:5 * k]  # same prompt, different streams (an untrained model at T=1)
+    assert first == again
+
+
+def test_force_measures_every_row_again(models, tmp_path, monkeypatch):
+    """``--force`` means start over: rows an interrupted run kept are measured again, not reused."""
+    m, base_uri = models
+    patch_task(monkeypatch, evaluate)
+    measured = []
+    real = evaluate.measure_checkpoint
+
+    def measure_then_die_on_the_second(cfg, store, uri, *rest):
+        measured.append(uri)
+        if len(measured) == 2:
+            raise KeyboardInterrupt("killed")
+        return real(cfg, store, uri, *rest)
+
+    monkeypatch.setattr(evaluate, "measure_checkpoint", measure_then_die_on_the_second)
+    # An identity of its own: the store is shared, and a finished outcome would be returned unmeasured.
+    stage = EvalStage.model_validate({**EVAL, "prompts": 3})
+    inputs = StageInputs(init_uri=m.policy_uri, compare={"untrained": base_uri})
+    with pytest.raises(KeyboardInterrupt):
+        execute_stage(m.cfg, m.store, stage, inputs, tmp_path)
+    execute_stage(m.cfg, m.store, stage, inputs, tmp_path, force=True)
+    assert measured == [base_uri, m.policy_uri, base_uri, m.policy_uri]
