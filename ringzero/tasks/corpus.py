@@ -1,6 +1,6 @@
 """A web-like pretraining corpus for the synthetic task: mostly answers, rarely worked, often wrong.
 
-Three kinds of documents, in the shares the task config sets:
+Five kinds of documents, in the shares the task config sets:
 
 - question documents: one to three ``q: ...\\na: ...`` items, formatted exactly like RL prompts, sometimes
   with a line of chatter around them. An answer is a worked trace with probability ``trace_fraction``
@@ -80,10 +80,9 @@ class CorpusGenerator:
         return self.task.op.lookup_drill(self.task.sample_instance("train", rng), rng) + "\n"
 
     def worked_document(self, rng: random.Random) -> str:
-        problem = self.task.problem(self.task.sample_instance("train", rng))
-        verbose = rng.random() < self.cfg.verbose_fraction
-        return f"example: {self.task.op.question(self.task.op.instance_from_meta(problem.meta))}\n" \
-               f"solution: {self.task.worked_response(problem, verbose=verbose)}\n"
+        instance = self.task.sample_instance("train", rng)
+        solution = self.task.worked_response(self.task.problem(instance), verbose=rng.random() < self.cfg.verbose_fraction)
+        return f"example: {self.task.op.question(instance)}\nsolution: {solution}\n"
 
     def filler_document(self, rng: random.Random) -> str:
         return " ".join(_sentence(rng) for _ in range(rng.randint(*FILLER_SENTENCES))) + "\n"

@@ -175,9 +175,9 @@ def test_the_input_is_measured_once_under_its_stage_name_and_deterministic_mode_
     assert row["checkpoint"] == "policy" and row["values"]["eval/ratio/max"] == 0.0
 
 
-def test_an_interrupted_eval_keeps_the_rows_it_finished(models, tmp_path, monkeypatch):
-    m, base_uri = models
-    patch_task(monkeypatch, evaluate)
+def die_on_the_second_measurement(monkeypatch) -> list[str]:
+    """Make the eval stage's second checkpoint measurement raise, as a killed run would; returns the URIs
+    measured, in order, across every call that follows."""
     measured = []
     real = evaluate.measure_checkpoint
 
@@ -188,6 +188,13 @@ def test_an_interrupted_eval_keeps_the_rows_it_finished(models, tmp_path, monkey
         return real(cfg, store, uri, *rest)
 
     monkeypatch.setattr(evaluate, "measure_checkpoint", measure_then_die_on_the_second)
+    return measured
+
+
+def test_an_interrupted_eval_keeps_the_rows_it_finished(models, tmp_path, monkeypatch):
+    m, base_uri = models
+    patch_task(monkeypatch, evaluate)
+    measured = die_on_the_second_measurement(monkeypatch)
     stage, inputs = EvalStage.model_validate(EVAL), StageInputs(init_uri=m.policy_uri, compare={"untrained": base_uri})
     with pytest.raises(KeyboardInterrupt):
         evaluate.run(m.context(tmp_path), stage, inputs)
@@ -211,12 +218,11 @@ def test_each_prompt_samples_from_its_own_stream(models, tmp_path, monkeypatch):
 
     monkeypatch.setattr(evaluate, "sampled_qualities", record)
     stage = EvalStage.model_validate({**EVAL, "prompts": 8})  # the four problems, each asked twice
-    task = evaluate.task_and_tokenizer(m.cfg)[0]
+    task, tokenizer = evaluate.task_and_tokenizer(m.cfg)
     problems = task.prompts("eval", stage.prompts)
     assert problems[0] == problems[4]
     for _ in range(2):
-        evaluate.measure_checkpoint(m.cfg, m.store, base_uri, stage, task, evaluate.task_and_tokenizer(m.cfg)[1],
-                                    problems, [])
+        evaluate.measure_checkpoint(m.cfg, m.store, base_uri, stage, task, tokenizer, problems, [])
     first, again = seen
     k = stage.k
     assert first[:k] != first[4 * k:5 * k]  # same prompt, different streams (an untrained model at T=1)
@@ -227,16 +233,7 @@ def test_force_measures_every_row_again(models, tmp_path, monkeypatch):
     """``--force`` means start over: rows an interrupted run kept are measured again, not reused."""
     m, base_uri = models
     patch_task(monkeypatch, evaluate)
-    measured = []
-    real = evaluate.measure_checkpoint
-
-    def measure_then_die_on_the_second(cfg, store, uri, *rest):
-        measured.append(uri)
-        if len(measured) == 2:
-            raise KeyboardInterrupt("killed")
-        return real(cfg, store, uri, *rest)
-
-    monkeypatch.setattr(evaluate, "measure_checkpoint", measure_then_die_on_the_second)
+    measured = die_on_the_second_measurement(monkeypatch)
     # An identity of its own: the store is shared, and a finished outcome would be returned unmeasured.
     stage = EvalStage.model_validate({**EVAL, "prompts": 3})
     inputs = StageInputs(init_uri=m.policy_uri, compare={"untrained": base_uri})
