@@ -21,6 +21,10 @@ class RunSettings(StrictModel):
     seed: int = Field(0, ge=0)
     run_dir: str = Field("runs", description="local folder for logs, metrics JSONL and reports")
     threads: int | None = Field(None, ge=1, description="torch CPU threads; null = torch's default")
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto", description="where a stage's model, optimizer, batches and rollout engine live; auto: CUDA when "
+        "present (each rank its LOCAL_RANK's GPU), else CPU"
+    )
 
 
 class PrecisionSettings(StrictModel):
@@ -45,6 +49,15 @@ TokenizerConfig = Annotated[CharTokenizer | HFTokenizer, Field(discriminator="ki
 
 class TrainingEngine(StrictModel):
     kind: Literal["torch", "megatron"] = Field("torch", description="torch: embedded default; megatron: production")
+
+    @model_validator(mode="after")
+    def _implemented(self) -> TrainingEngine:
+        if self.kind == "megatron":
+            raise ValueError(
+                "kind 'megatron' is not implemented yet: stages would silently train with the embedded torch "
+                "engine; use kind: torch (it runs dp x cp under torchrun on GPUs as well)"
+            )
+        return self
 
 
 class RolloutEngine(StrictModel):
