@@ -18,6 +18,10 @@ class MLAConfig(StrictModel):
     qk_rope_head_dim: int = Field(16, ge=2, description="decoupled RoPE key dim, shared by all heads")
     v_head_dim: int = Field(32, ge=1, description="per-head value dim")
     rope_theta: float = Field(10000.0, gt=0)
+    attention_impl: Literal["explicit", "sdpa"] = Field(
+        "explicit", description="attention of the parallel form: explicit softmax island, or torch's "
+        "scaled_dot_product_attention (fused kernels, island kept by fp32 inputs; see model/attention.py)"
+    )
 
     @field_validator("qk_rope_head_dim")
     @classmethod

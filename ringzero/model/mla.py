@@ -8,7 +8,14 @@ Architecture choices of the layer (``MLAttention``):
 - score scale ``1/sqrt(dn + dr)``; RoPE in rotate-half layout at absolute positions;
 - training runs the expanded form through the swappable ``core``; cached decoding of one token runs the
   absorbed form (``W_uk`` folded into the query, ``W_uv`` into the output) over the cache of
-  ``[c_kv; k_rope]``, which costs more FLOPs per token but never materialises per-head keys.
+  ``[c_kv; k_rope]``, which costs more FLOPs per token but never materialises per-head keys;
+- ``mla.attention_impl`` picks the attention function of the expanded form (training, and prefill
+  chunks over a cache): ``explicit`` (default, the written-out softmax island) or ``sdpa``
+  (``scaled_dot_product_attention``, fused kernels that never hold the ``[B, H, S, T]`` scores; the
+  island is kept by casting q/k/v to fp32 before the call, see ``ringzero.model.attention``). The choice
+  lives in the single-device ``MLACore``: ``parallelize`` replaces that core with a CP core that brings
+  its own attention, so context parallelism is unaffected. The absorbed decode step (one query) always
+  runs the explicit function.
 
 Letter legend: B batch, S new tokens, T cached tokens, H heads, D model, r kv_lora_rank,
 n qk_nope_head_dim (dn), p qk_rope_head_dim (dr), v v_head_dim (dv).
@@ -19,22 +26,23 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ringzero.model.attention import causal_attention
+from ringzero.model.attention import attention_fn, causal_attention
 from ringzero.model.config import ModelConfig, PrecisionPolicy
 from ringzero.model.norms import RMSNorm
 from ringzero.model.rope import apply_rope, rope_cos_sin
 
 
 def mla_expanded(q_nope_BSHn, q_rope_BSHp, c_kv_BTr, k_rope_BTp, w_uk_Hnr, w_uv_Hvr, q_pos, k_pos,
-                 scale: float, softmax_fp32: bool):
-    """Up-project the latents to per-head keys/values and attend (the training form)."""
+                 scale: float, softmax_fp32: bool, impl: str = "explicit"):
+    """Up-project the latents to per-head keys/values and attend (the training form) with the attention
+    function of ``impl`` (``explicit`` | ``sdpa``)."""
     H = q_nope_BSHn.shape[2]
     k_nope_BTHn = torch.einsum("btr,hnr->bthn", c_kv_BTr, w_uk_Hnr)
     v_BTHv = torch.einsum("btr,hvr->bthv", c_kv_BTr, w_uv_Hvr)
     k_rope_BTHp = k_rope_BTp[:, :, None].expand(-1, -1, H, -1)
     q = torch.cat([q_nope_BSHn, q_rope_BSHp], dim=-1)
     k = torch.cat([k_nope_BTHn, k_rope_BTHp], dim=-1)
-    return causal_attention(q, k, v_BTHv, q_pos, k_pos, scale, softmax_fp32)
+    return attention_fn(impl)(q, k, v_BTHv, q_pos, k_pos, scale, softmax_fp32)
 
 
 def mla_absorbed(q_nope_BSHn, q_rope_BSHp, c_kv_BTr, k_rope_BTp, w_uk_Hnr, w_uv_Hvr, q_pos, k_pos,
@@ -53,12 +61,23 @@ def mla_absorbed(q_nope_BSHn, q_rope_BSHp, c_kv_BTr, k_rope_BTp, w_uk_Hnr, w_uv_
 
 
 class MLACore(nn.Module):
-    """Single-device core (``parallelize`` swaps in a context-parallel one with the same call)."""
+    """Single-device core (``parallelize`` swaps in a context-parallel one with the same call).
+
+    ``impl`` (``explicit`` | ``sdpa``) is the attention function; it is the core's own choice, so the
+    call every core shares is unchanged."""
+
+    def __init__(self, impl: str = "explicit"):
+        super().__init__()
+        attention_fn(impl)  # refuse an unknown name at construction
+        self.impl = impl
+
+    def extra_repr(self) -> str:
+        return f"impl={self.impl}"
 
     def forward(self, q_nope_BSHn, q_rope_BSHp, c_kv_BSr, k_rope_BSp, w_uk_Hnr, w_uv_Hvr, positions,
                 scale: float, softmax_fp32: bool):
         return mla_expanded(q_nope_BSHn, q_rope_BSHp, c_kv_BSr, k_rope_BSp, w_uk_Hnr, w_uv_Hvr,
-                            positions, positions, scale, softmax_fp32)
+                            positions, positions, scale, softmax_fp32, impl=self.impl)
 
 
 class MLAttention(nn.Module):
@@ -81,7 +100,8 @@ class MLAttention(nn.Module):
         self.kv_a_norm = RMSNorm(mc.kv_lora_rank, cfg.norm_eps)
         self.kv_b_proj = nn.Linear(mc.kv_lora_rank, cfg.n_heads * (self.nope_dim + self.v_dim), bias=False)
         self.o_proj = nn.Linear(cfg.n_heads * self.v_dim, cfg.d_model, bias=False)
-        self.core = MLACore()
+        self.attention_impl = mc.attention_impl
+        self.core = MLACore(mc.attention_impl)
 
     @property
     def latent_width(self) -> int:
@@ -125,5 +145,5 @@ class MLAttention(nn.Module):
                                  self.scale, self.softmax_fp32, latent_BTc=latent_BTc)
             else:
                 o = mla_expanded(q_nope, q_rope, c_all, k_rope_all, w_uk, w_uv, positions, key_positions,
-                                 self.scale, self.softmax_fp32)
+                                 self.scale, self.softmax_fp32, impl=self.attention_impl)
         return self.o_proj(o.reshape(B, S, self.n_heads * self.v_dim))

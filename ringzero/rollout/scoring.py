@@ -25,6 +25,10 @@ on the rollout side and unbatched scoring on both sides. The guarantee holds wit
 running the same CPU kernels with the same thread count (a different count may pick a different
 reduction split); across machines use identical builds and settings.
 
+The LM head runs through ``chunked_token_logprobs`` (``ringzero.model.logprobs``): at most
+``chunk_tokens`` positions' logits exist at once, and with gradients each chunk is recomputed in
+backward instead of kept, so long sequences at a real vocabulary fit.
+
 Letter legend: N sequences, T columns, V vocab.
 """
 
@@ -36,9 +40,11 @@ import torch
 
 from ringzero.errors import RingzeroError
 from ringzero.model.hybrid import HybridLM
-from ringzero.model.logprobs import token_logprobs
+from ringzero.model.logprobs import DEFAULT_CHUNK_TOKENS, chunked_token_logprobs
 
 DEFAULT_MICRO_BATCH = 16
+# Positions per LM-head chunk when scoring: [chunk, V] logits exist at once (4096 x 157k fp32 = 2.6 GB).
+SCORE_CHUNK_TOKENS = DEFAULT_CHUNK_TOKENS
 
 
 def _check(sequences: Sequence[Sequence[int]], prompt_lens: Sequence[int]) -> None:
@@ -60,7 +66,9 @@ def _score_padded(model: HybridLM, batch: Sequence[Sequence[int]], prompt_lens: 
     # Logits of the last column predict nothing; the LM head only runs on the columns that score.
     first = min(prompt_lens) - 1
     hidden_NTD = model.hidden(ids_NT[:, :-1])[:, first:]
-    logp_NT = token_logprobs(model.logits(hidden_NTD), ids_NT[:, first + 1:], temperature)
+    # The LM head and log-softmax run over chunks of positions: never the whole [N, T, V] in fp32.
+    logp_NT, _ = chunked_token_logprobs(model.logits, hidden_NTD, ids_NT[:, first + 1:], temperature,
+                                        chunk_tokens=SCORE_CHUNK_TOKENS)
     return [logp_NT[row, plen - 1 - first: len(seq) - 1 - first]
             for row, (seq, plen) in enumerate(zip(batch, prompt_lens, strict=True))]
 
