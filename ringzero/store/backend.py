@@ -1,4 +1,4 @@
-"""What a storage backend provides: atomic whole-object writes and plain reads, lists and deletes.
+"""What a storage backend provides: atomic whole-object writes, create-if-absent, plain reads, lists and deletes.
 
 Keys are relative to the store root, ``/``-separated, and checked by ``check_key`` before they
 reach a backend. Everything checkpoint-shaped (manifests, markers, checksums) lives above this
@@ -45,6 +45,15 @@ class Backend(Protocol):
 
     def read(self, key: str) -> bytes:
         """The object's bytes; ``MissingObjectError`` if there is none."""
+        ...
+
+    def put_if_absent(self, key: str, data: bytes) -> bool:
+        """Create ``key`` holding ``data`` unless an object is already there; ``True`` if this call created it.
+
+        Atomic against concurrent callers: of several racing to create one key, one gets ``True`` and
+        the others ``False``, and nobody's object is overwritten. Readers see all of ``data`` or nothing.
+        Meant for small objects (leases, markers); it never splits ``data`` into parts.
+        """
         ...
 
     def exists(self, key: str) -> bool: ...

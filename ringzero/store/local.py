@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import uuid
 from collections.abc import Iterable, Iterator
@@ -11,6 +12,9 @@ from ringzero.errors import StoreError
 from ringzero.store.backend import MissingObjectError, ObjectInfo, ProgressFn
 
 _TMP_MARK = ".tmp-"
+_FOLDER_RACE_RETRIES = 5
+# link() refused by the filesystem itself (FAT, some FUSE and SMB mounts), not by the name being taken.
+_NO_HARD_LINKS = {errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS}
 
 
 class LocalBackend:
@@ -47,6 +51,40 @@ class LocalBackend:
             raise StoreError(f"cannot write {self.uri(key)}: {exc.strerror or exc}") from None
         if on_bytes:
             on_bytes(len(data))
+
+    def put_if_absent(self, key: str, data: bytes) -> bool:
+        """The object is written whole to a hidden temporary file, then hard-linked to its name:
+        ``link`` fails if the name exists, atomically, on local filesystems and on NFS alike, and
+        the name never points at a half-written file."""
+        path = self.root / key
+        for _attempt in range(_FOLDER_RACE_RETRIES):
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                tmp = path.with_name(f".{path.name}{_TMP_MARK}{uuid.uuid4().hex}")
+                try:
+                    with open(tmp, "wb") as f:
+                        f.write(data)
+                        f.flush()
+                        os.fsync(f.fileno())
+                    try:
+                        os.link(tmp, path)
+                    except FileExistsError:
+                        return False
+                    except OSError as exc:
+                        if exc.errno not in _NO_HARD_LINKS:
+                            raise
+                        if not _create_exclusive(path, data):
+                            return False
+                finally:
+                    tmp.unlink(missing_ok=True)
+                _fsync_dir(path.parent)
+                return True
+            except FileNotFoundError:
+                # A delete emptied and removed the folder between our mkdir and our write: go again.
+                continue
+            except OSError as exc:
+                raise StoreError(f"cannot create {self.uri(key)}: {exc.strerror or exc}") from None
+        raise StoreError(f"cannot create {self.uri(key)}: its folder keeps disappearing (concurrent deletes)")
 
     def read(self, key: str) -> bytes:
         path = self.root / key
@@ -111,6 +149,23 @@ class LocalBackend:
                 if key.startswith(prefix):
                     found.append((key, path))
         yield from sorted(found)
+
+
+def _create_exclusive(path: Path, data: bytes) -> bool:
+    """``O_CREAT | O_EXCL`` for filesystems without hard links. Atomic too, but a reader may see the
+    file before all of ``data`` is in it, so readers of such objects must treat a torn one as busy."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        return False
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return True
 
 
 def _fsync_dir(path: Path) -> None:

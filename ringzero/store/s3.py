@@ -104,6 +104,70 @@ class S3Backend:
         if on_bytes:
             on_bytes(len(data))
 
+    def put_if_absent(self, key: str, data: bytes) -> bool:
+        """PutObject with ``If-None-Match: *``: the server refuses (412) if the key exists, and of
+        concurrent creators exactly one succeeds (AWS S3, Ceph RGW and MinIO all honour it)."""
+        if len(data) > self._part_size:
+            raise StoreError(f"create {self.uri(key)}: {len(data)} bytes is too big for a conditional create")
+        name, what = self._object(key), f"create {self.uri(key)}"
+        attempts = 0
+
+        def put() -> bool | None:
+            nonlocal attempts
+            attempts += 1
+            headers = {"Content-Type": "application/octet-stream", "If-None-Match": "*"}
+            try:
+                self._client._put_object(self.bucket, name, data, headers=headers)
+            except S3Error as exc:
+                status = exc.response.status if exc.response is not None else None
+                if exc.code == "PreconditionFailed" or status == 412:
+                    return False
+                if exc.code == "NotImplemented" or status == 501:
+                    return None
+                if exc.code == "ConditionalRequestConflict" or status == 409:
+                    # Another conditional write of the key is in flight; AWS asks to retry.
+                    raise _ConditionalConflict() from None
+                raise
+            return True
+
+        try:
+            created = self._call(what, lambda: call_with_retries(
+                put, what=what, backoff=self._backoff, is_transient=lambda e: isinstance(e, _ConditionalConflict),
+                describe=lambda e: "ConditionalRequestConflict (HTTP 409)", sleep=self._sleep, rng=self._rng,
+            ))
+        except _ConditionalConflict:
+            raise StoreError(
+                f"{what}: S3 at {self.settings.endpoint} still reports a conflicting concurrent write after "
+                f"{self._backoff.max_retries} retries"
+            ) from None
+        if created is None:
+            log.warning("store.conditional_put_unsupported", endpoint=self.settings.endpoint, key=self.uri(key))
+            return self._put_then_verify(key, data)
+        if not created and attempts > 1:
+            # An earlier attempt may have created it and lost only the answer: the object is ours
+            # if it holds our bytes (callers put something unique in it, such as a token).
+            try:
+                return self.read(key) == data
+            except MissingObjectError:
+                return False
+        return created
+
+    def _put_then_verify(self, key: str, data: bytes) -> bool:
+        """For servers that answer ``If-None-Match`` with NotImplemented: check, write, read back.
+
+        Weaker than a conditional put: two creators that both find the key absent both write it,
+        and the first one's read-back may come before the second one's write, so both can get
+        ``True`` (the second one's object wins). Callers that must be alone re-check later
+        (a lease's heartbeat does). A server that silently ignores the header is not detected.
+        """
+        if self.exists(key):
+            return False
+        self.write(key, data)
+        try:
+            return self.read(key) == data
+        except MissingObjectError:
+            return False
+
     def read(self, key: str) -> bytes:
         def get() -> bytes:
             response = self._client.get_object(self.bucket, self._object(key))
@@ -217,6 +281,10 @@ class S3Backend:
             reason: Any = getattr(exc, "reason", None) or exc
             text = f"{type(exc).__name__}: {reason}"
         return self._credentials.scrub(text)
+
+
+class _ConditionalConflict(Exception):
+    """HTTP 409 ConditionalRequestConflict: a concurrent conditional write; the request may be retried."""
 
 
 def _http_client(settings: S3Settings) -> urllib3.PoolManager:
