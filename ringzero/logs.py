@@ -47,9 +47,20 @@ def setup_logging(level: str = "info", run_dir: str | Path | None = None) -> Non
         attach_run_log(run_dir)
 
 
-def attach_run_log(run_dir: str | Path) -> Path:
-    """Also write every log event as a JSON line to ``<run_dir>/log.jsonl``."""
-    path = Path(run_dir) / "log.jsonl"
+def quiet_for_rank(rank: int) -> None:
+    """Ranks other than 0 of a job print warnings and errors only (their events still reach their log
+    file), and every event names its rank."""
+    structlog.contextvars.bind_contextvars(rank=rank)
+    if rank:
+        for handler in logging.getLogger().handlers:
+            if not isinstance(handler, logging.FileHandler):
+                handler.setLevel(logging.WARNING)
+
+
+def attach_run_log(run_dir: str | Path, rank: int = 0) -> Path:
+    """Also write every log event as a JSON line to ``<run_dir>/log.jsonl`` (``log.rank<N>.jsonl`` for
+    rank N > 0 of a job, so ranks never interleave lines in one file)."""
+    path = Path(run_dir) / ("log.jsonl" if not rank else f"log.rank{rank}.jsonl")
     path.parent.mkdir(parents=True, exist_ok=True)
     root = logging.getLogger()
     for h in root.handlers:

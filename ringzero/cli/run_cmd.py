@@ -6,12 +6,14 @@ import json
 from pathlib import Path
 
 from ringzero.cli.config_cmd import add_config_args
+from ringzero.cli.launch_ranks import add_nproc_arg, relaunch
 
 
 def register(sub) -> None:
     p = sub.add_parser("run", help="run every configured stage in order (skips stages already committed)")
     add_config_args(p)
     p.add_argument("--force", action="append", default=[], metavar="STAGE", help="rerun this stage even if cached")
+    add_nproc_arg(p)
     p.set_defaults(handler=_run)
 
     s = sub.add_parser("stage", help="run one stage of a config (what each pipeline step executes)")
@@ -25,43 +27,56 @@ def register(sub) -> None:
     r.add_argument("--base", default=None, help="the run's pretrained base URI")
     r.add_argument("--compare", action="append", default=[], metavar="NAME=URI", help="eval: checkpoints to compare")
     r.add_argument("--result", default=None, help="write the stage result (outputs, summary, gate) as JSON here")
+    add_nproc_arg(r)
     r.set_defaults(handler=_stage_run)
 
 
 def open_run(args):
-    """Load the config, attach the run log, seed, and open the store: shared by every training command."""
+    """Load the config, join the job torchrun describes (if any), attach the run log, seed, and open
+    the store: shared by every training command. Returns ``(cfg, store, run_dir, runtime)``."""
     import torch
 
     from ringzero.config import load_config
-    from ringzero.logs import attach_run_log
+    from ringzero.logs import attach_run_log, quiet_for_rank
+    from ringzero.parallel.runtime import from_env
     from ringzero.store import open_store
 
     cfg = load_config(args.config, args.overrides)
+    runtime = from_env(cfg.parallel, cfg.run.device)
     run_dir = Path(cfg.run.run_dir)
-    attach_run_log(run_dir)
+    quiet_for_rank(runtime.rank)
+    attach_run_log(run_dir, rank=runtime.rank)
     if cfg.run.threads:
         torch.set_num_threads(cfg.run.threads)
     torch.manual_seed(cfg.run.seed)
-    return cfg, open_store(cfg.storage.root, cfg.storage.s3), run_dir
+    return cfg, open_store(cfg.storage.root, cfg.storage.s3), run_dir, runtime
 
 
 def _run(args) -> int:
+    if (status := relaunch(args.nproc)) is not None:
+        return status
+    from ringzero.parallel.runtime import shutdown
     from ringzero.pipeline.local import run_pipeline
     from ringzero.pipeline.summary import print_summary, write_outputs
 
-    cfg, store, run_dir = open_run(args)
-    result = run_pipeline(cfg, store, run_dir, force=set(args.force))
-    print_summary(result)
-    write_outputs(cfg, result, run_dir)
+    cfg, store, run_dir, runtime = open_run(args)
+    result = run_pipeline(cfg, store, run_dir, force=set(args.force), runtime=runtime)
+    if runtime.is_main:
+        print_summary(result)
+        write_outputs(cfg, result, run_dir)
+    shutdown(runtime)
     return 0 if result.status == "succeeded" else 3
 
 
 def _stage_run(args) -> int:
+    if (status := relaunch(args.nproc)) is not None:
+        return status
     from ringzero.errors import RingzeroError
+    from ringzero.parallel.runtime import shutdown
     from ringzero.pipeline.execute import execute_stage
     from ringzero.stages.base import StageInputs
 
-    cfg, store, run_dir = open_run(args)
+    cfg, store, run_dir, runtime = open_run(args)
     try:
         stage = cfg.stage(args.stage)
     except KeyError:
@@ -75,7 +90,10 @@ def _stage_run(args) -> int:
     # Resolved exactly as the local runner does, so a stage run here has the same identity.
     reference = (args.reference or args.init) if stage.kind == "rl" else None
     inputs = StageInputs(init_uri=args.init, reference_uri=reference, base_uri=args.base, compare=compare)
-    ex = execute_stage(cfg, store, stage, inputs, run_dir)
+    ex = execute_stage(cfg, store, stage, inputs, run_dir, runtime=runtime)
+    shutdown(runtime)
+    if not runtime.is_main:
+        return 0 if ex.gate.passed else 3
     result = {"stage": ex.name, "stage_hash": ex.stage_hash, "output_uri": ex.outcome.output_uri,
               "summary": ex.outcome.summary, "stop_reason": ex.outcome.stop_reason, "skipped": ex.skipped,
               "gate": ex.gate.to_dict()}

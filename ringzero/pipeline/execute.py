@@ -14,7 +14,9 @@ from pathlib import Path
 import structlog
 
 from ringzero.config.run import RunConfig
-from ringzero.metrics import MetricWriter, merge_by_step, read_metrics
+from ringzero.metrics import MemoryMetricWriter, MetricWriter, merge_by_step, read_metrics
+from ringzero.parallel.one_writer import one_writer
+from ringzero.parallel.runtime import Runtime, single
 from ringzero.pipeline.gates import GateResult, evaluate_gate
 from ringzero.pipeline.identity import stage_hash
 from ringzero.stages.base import StageContext, StageInputs, StageOutcome, get_runner
@@ -43,12 +45,18 @@ def metrics_key(h: str) -> str:
 
 
 def execute_stage(
-    cfg: RunConfig, store, stage, inputs: StageInputs, run_dir: Path, force: bool = False
+    cfg: RunConfig, store, stage, inputs: StageInputs, run_dir: Path, force: bool = False,
+    runtime: Runtime | None = None,
 ) -> ExecutedStage:
+    """Every rank of a job calls this with the same arguments; rank 0 alone writes (store and run folder)."""
+    runtime = runtime or single()
+    store = one_writer(store, runtime)
+    main = runtime.is_main
     h = stage_hash(cfg, stage, inputs)
     stage_dir = Path(run_dir) / stage.name
     stage_dir.mkdir(parents=True, exist_ok=True)
-    cached = None if force else store.get_json(outcome_key(h))
+    # Rank 0 decides for the job, so no rank can see an outcome the others missed.
+    cached = None if force else runtime.broadcast(store.get_json(outcome_key(h)) if main else None)
     if cached is not None:
         outcome = StageOutcome(**cached)
         metrics = merge_by_step(_parse_jsonl(store.get_bytes(metrics_key(h)) or b""))
@@ -57,20 +65,22 @@ def execute_stage(
     else:
         metrics_path = stage_dir / "metrics.jsonl"
         identity_path = stage_dir / "identity"
-        if force or not identity_path.exists() or identity_path.read_text() != h:
+        if main and (force or not identity_path.exists() or identity_path.read_text() != h):
             # Another configuration ran here before: its curves are not this stage's. The same identity
             # keeps its records, so a resumed stage's curves start at step 1, not at the resume point.
             metrics_path.unlink(missing_ok=True)
             identity_path.write_text(h)
         log.info("stage.start", stage=stage.name, kind=stage.kind, hash=h[:16], init=inputs.init_uri)
         started = time.time()
-        with MetricWriter(metrics_path) as writer:
-            ctx = StageContext(cfg=cfg, store=store, stage_hash=h, stage_dir=stage_dir, metrics=writer, fresh=force)
+        with (MetricWriter(metrics_path) if main else MemoryMetricWriter()) as writer:
+            ctx = StageContext(cfg=cfg, store=store, stage_hash=h, stage_dir=stage_dir, metrics=writer, fresh=force,
+                               runtime=runtime)
             outcome = get_runner(stage.kind)(ctx, stage, inputs)
-        outcome.wall_s = time.time() - started
-        store.put_bytes(metrics_key(h), metrics_path.read_bytes())
+        outcome.wall_s = runtime.broadcast(time.time() - started)
+        store.put_bytes(metrics_key(h), metrics_path.read_bytes() if main else b"")
         store.put_json(outcome_key(h), asdict(outcome))  # last: its presence means the stage finished
-        metrics = merge_by_step(read_metrics(metrics_path))
+        metrics = (merge_by_step(read_metrics(metrics_path)) if main
+                   else merge_by_step(_parse_jsonl(store.get_bytes(metrics_key(h)) or b"")))
         skipped = False
         log.info("stage.done", stage=stage.name, stop=outcome.stop_reason, wall_s=round(outcome.wall_s, 1))
     gate = evaluate_gate(stage.gate, outcome.summary)

@@ -9,6 +9,8 @@ import structlog
 
 from ringzero.config.run import RunConfig
 from ringzero.errors import RingzeroError
+from ringzero.parallel.one_writer import one_writer
+from ringzero.parallel.runtime import Runtime, single
 from ringzero.pipeline.execute import ExecutedStage, execute_stage
 from ringzero.pipeline.manifest import RunManifest
 from ringzero.stages.base import StageInputs
@@ -47,13 +49,17 @@ def resolve_inputs(stage, done: dict[str, ExecutedStage]) -> StageInputs:
     )
 
 
-def run_pipeline(cfg: RunConfig, store, run_dir: Path, force: set[str] = frozenset()) -> PipelineResult:
-    manifest = RunManifest(cfg, store, run_dir)
+def run_pipeline(cfg: RunConfig, store, run_dir: Path, force: set[str] = frozenset(),
+                 runtime: Runtime | None = None) -> PipelineResult:
+    """Every rank of a job runs this; rank 0 alone writes the manifest, the others follow its decisions."""
+    runtime = runtime or single()
+    store = one_writer(store, runtime)
+    manifest = RunManifest(cfg, store, run_dir, local=runtime.is_main)
     done: dict[str, ExecutedStage] = {}
     result = PipelineResult(status="succeeded")
     for stage in cfg.stages:
         inputs = resolve_inputs(stage, done)
-        ex = execute_stage(cfg, store, stage, inputs, run_dir, force=stage.name in force)
+        ex = execute_stage(cfg, store, stage, inputs, run_dir, force=stage.name in force, runtime=runtime)
         done[stage.name] = ex
         result.stages.append(ex)
         manifest.record(ex)

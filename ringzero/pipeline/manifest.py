@@ -19,10 +19,11 @@ MANIFEST_VERSION = 1
 
 
 class RunManifest:
-    def __init__(self, cfg: RunConfig, store, run_dir: Path):
+    def __init__(self, cfg: RunConfig, store, run_dir: Path, local: bool = True):
         self.store = store
         self.key = f"runs/{cfg.run.name}/manifest.json"
         self.local = Path(run_dir) / "manifest.json"
+        self.write_local = local  # one process of a job writes the run folder's copy
         self.doc = {
             "version": MANIFEST_VERSION,
             "run": cfg.run.name,
@@ -59,6 +60,8 @@ class RunManifest:
 
     def _write(self) -> None:
         self.store.put_json(self.key, self.doc)
+        if not self.write_local:
+            return
         self.local.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.local.with_suffix(".tmp")
         tmp.write_text(json.dumps(self.doc, indent=2, sort_keys=True))

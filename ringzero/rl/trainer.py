@@ -15,7 +15,18 @@ gap alone (exactly 1 with identical numerics in deterministic mode); later minib
 which is where the clip starts to act. The ratio-tail metrics are taken over the whole batch, each
 token at the moment its minibatch was scored.
 
-Letter legend: N responses in the rollout batch, M responses in a minibatch, T response positions.
+Across ranks (``runtime``): every rank holds the whole rollout batch; each minibatch's rows are split
+over the data-parallel replicas, and each row's tokens over the context-parallel ranks of a replica
+(``ringzero.parallel.token_shards``, global positions). The loss of a shard is divided by the global
+denominator (token-level: the constant; sample-level: each sequence's full length and the minibatch's
+full sequence count), so the gradients summed over ``dp x cp`` are those of one process. Each
+micro-batch of ``micro_batch`` rows runs forward and backward on its own, so no graph outlives it.
+Per-token values (log-probs, reference log-probs, entropy) are summed into the global ``[N, T]`` grid
+on every rank, so the ratio tail and every metric are taken over the whole token population, never
+averaged over ranks.
+
+Letter legend: N responses in the rollout batch, M responses in a minibatch, m in a micro-batch,
+T response positions, W input columns.
 """
 
 from __future__ import annotations
@@ -26,11 +37,16 @@ import numpy as np
 import torch
 
 from ringzero.model.hybrid import HybridLM
-from ringzero.model.logprobs import entropy
+from ringzero.parallel.grads import sync_grads
+from ringzero.parallel.runtime import Runtime, single
+from ringzero.parallel.token_shards import next_token_logprobs, pad_rows, shard_tokens
 from ringzero.rl.losses import make_normalization, objective
-from ringzero.rl.rollout_batch import RolloutBatch, pad_rows
+from ringzero.rl.losses.normalization import Normalization
+from ringzero.rl.rollout_batch import RolloutBatch
 from ringzero.rl.tail_metrics import entropy_summary, kl_summary, ratio_tail
 from ringzero.rollout.scoring import score_sequences
+
+DEFAULT_MICRO_BATCH = 16
 
 
 def padded(logps: list[torch.Tensor], width: int) -> torch.Tensor:
@@ -39,28 +55,72 @@ def padded(logps: list[torch.Tensor], width: int) -> torch.Tensor:
     return torch.stack(rows) if rows else torch.zeros((0, width))
 
 
+def response_view(grid_mW: torch.Tensor, prompt_lens_m: torch.Tensor, T: int) -> torch.Tensor:
+    """``[m, T]``: response token t of row i is predicted at input column ``prompt_len_i - 1 + t``."""
+    W = grid_mW.shape[1]
+    col_mT = (prompt_lens_m - 1)[:, None] + torch.arange(T, device=grid_mW.device)[None, :]
+    inside_mT = col_mT < W
+    values = grid_mW.gather(1, col_mT.clamp(max=W - 1))
+    return torch.where(inside_mT, values, torch.zeros_like(values))
+
+
 class PolicyTrainer:
     """``train(batch, advantages_N, seed)`` -> metrics; owns no weights, only how they are updated.
 
     ``optimizer`` is a ``ringzero.stages.optimizer.TrainOptimizer`` (or anything with ``zero_grad``,
     ``step() -> report(lr, grad_norm, skipped)``). ``reference`` is the frozen KL reference model
-    (needed when ``loss.kl_coef > 0``).
+    (needed when ``loss.kl_coef > 0``). ``model`` and ``reference`` must already be parallelized for
+    ``runtime`` (``ringzero.parallel.parallelize``) when its cp degree is above 1.
     """
 
     def __init__(self, model: HybridLM, optimizer, loss, *, minibatches: int, max_new_tokens: int,
                  temperature: float, reference: HybridLM | None = None, batch_invariant: bool = False,
-                 pad_id: int = 0):
+                 pad_id: int = 0, runtime: Runtime | None = None, sharding: str = "contiguous",
+                 micro_batch: int = DEFAULT_MICRO_BATCH):
         if loss.kl_coef > 0 and reference is None:
             raise ValueError("loss.kl_coef > 0 needs a reference model")
+        self.runtime = runtime or single(model.embed.weight.device)
+        if batch_invariant and self.runtime.dims.cp > 1:
+            raise ValueError("batch_invariant scoring needs cp = 1: a sharded forward sums in another order")
         self.model, self.optimizer, self.loss = model, optimizer, loss
         self.minibatches, self.max_new_tokens, self.temperature = minibatches, max_new_tokens, temperature
         self.reference, self.batch_invariant, self.pad_id = reference, batch_invariant, pad_id
+        self.sharding, self.micro_batch = sharding, max(1, micro_batch)
 
-    def score(self, model: HybridLM, batch: RolloutBatch, rows: list[int]) -> torch.Tensor:
+    @property
+    def device(self) -> torch.device:
+        return self.runtime.device
+
+    def score(self, model: HybridLM, batch: RolloutBatch, rows: list[int], T: int,
+              with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """``(logp_mT, owned_mT, entropy_mT)`` of ``rows``: this rank's tokens of them (zeros elsewhere)."""
         sequences, prompt_lens = batch.sequences(rows)
-        logps = score_sequences(model, sequences, prompt_lens, self.temperature, self.batch_invariant,
-                                pad_id=self.pad_id)
-        return padded(logps, batch.mask_NT.shape[1])
+        t = self.temperature if self.temperature > 0 else 1.0
+        if self.batch_invariant:  # each row alone, unpadded: bitwise the deterministic engine's numbers
+            logp_mT = padded(score_sequences(model, sequences, prompt_lens, t, True, pad_id=self.pad_id), T)
+            owned_mT = torch.ones_like(logp_mT, dtype=torch.bool)
+            ent_mT = None
+            if with_entropy:
+                ent_mT = torch.zeros_like(logp_mT)
+                for i in range(len(rows)):
+                    _, ent = self._sharded(model, [sequences[i]], [prompt_lens[i]], T, t, True)
+                    ent_mT[i] = ent[0]
+            return logp_mT, owned_mT, ent_mT
+        return self._sharded(model, sequences, prompt_lens, T, t, with_entropy, owned=True)
+
+    def _sharded(self, model, sequences, prompt_lens, T, t, with_entropy, owned=False):
+        ids_mL = pad_rows(sequences, self.pad_id, self.device)
+        shard = shard_tokens(ids_mL, self.runtime, self.sharding)
+        plens_m = torch.tensor(prompt_lens, device=self.device)
+        logp_mS, ent_mS = next_token_logprobs(model, shard, t, first_column=min(prompt_lens) - 1,
+                                              with_entropy=with_entropy)
+        logp_mT = response_view(shard.to_grid(logp_mS), plens_m, T)
+        ent_mT = None if ent_mS is None else response_view(shard.to_grid(ent_mS), plens_m, T)
+        if not owned:
+            return logp_mT, ent_mT
+        mine_mS = torch.ones_like(logp_mS, dtype=torch.bool).expand_as(logp_mS)
+        owned_mT = response_view(shard.to_grid(mine_mS.to(logp_mS.dtype)), plens_m, T) > 0
+        return logp_mT, owned_mT, ent_mT
 
     def minibatch_rows(self, n: int, seed: int) -> list[list[int]]:
         """A seeded shuffle cut into ``minibatches`` equal parts: groups are spread over the updates."""
@@ -72,58 +132,94 @@ class PolicyTrainer:
         return [sorted(order[i:i + size]) for i in range(0, n, size)]
 
     def train(self, batch: RolloutBatch, advantages_N: torch.Tensor, seed: int) -> dict[str, float]:
-        mask_NT = batch.mask_NT
-        logp_rollout_NT = batch.logp_rollout_NT
-        logp_train_NT = torch.zeros_like(logp_rollout_NT, dtype=torch.float32)
-        logp_ref_NT = None
-        if self.loss.kl_coef > 0:
-            with torch.no_grad():
-                logp_ref_NT = self.score(self.reference, batch, list(range(len(batch))))
+        dev, rt = self.device, self.runtime
+        mask_NT = batch.mask_NT.to(dev)
+        logp_rollout_NT = batch.logp_rollout_NT.to(dev)
+        advantages_N = advantages_N.to(dev)
+        N, T = mask_NT.shape
+        logp_train_NT = torch.zeros((N, T), dtype=torch.float32, device=dev)
+        logp_ref_NT = torch.zeros_like(logp_train_NT) if self.loss.kl_coef > 0 else None
         per_mb: list[dict[str, float]] = []
         skipped, first_mb_ratio_max, entropy_stats = 0, float("nan"), {}
         self.model.train()
-        for k, rows in enumerate(self.minibatch_rows(len(batch), seed)):
-            idx = torch.tensor(rows)
-            logp_MT = self.score(self.model, batch, rows)
+        for k, rows in enumerate(self.minibatch_rows(N, seed)):
+            idx = torch.tensor(rows, device=dev)
+            values_3MT = self._minibatch(batch, rows, idx, mask_NT, logp_rollout_NT, advantages_N, with_entropy=k == 0)
+            rt.sum_(values_3MT)  # every rank's tokens into the whole minibatch, on every rank
+            logp_MT, ref_MT, ent_MT = values_3MT.unbind(0)
+            logp_train_NT[idx] = logp_MT
+            if logp_ref_NT is not None:
+                logp_ref_NT[idx] = ref_MT
             if k == 0:
-                entropy_stats = self.entropy_stats(batch, rows)
-                diff = (logp_MT.detach().double() - logp_rollout_NT[idx])[mask_NT[idx]]
+                entropy_stats = entropy_summary(ent_MT.cpu(), mask_NT[idx].cpu())
+                diff = (logp_MT.double() - logp_rollout_NT[idx])[mask_NT[idx]]
                 first_mb_ratio_max = float((diff.exp() - 1).abs().max()) if diff.numel() else 0.0
-            logp_train_NT[idx] = logp_MT.detach().to(logp_train_NT.dtype)
-            norm = make_normalization(self.loss, len(rows), self.max_new_tokens)
-            out = objective(self.loss, logp_MT, logp_rollout_NT[idx].to(logp_MT.dtype), advantages_N[idx],
-                            mask_NT[idx], norm, None if logp_ref_NT is None else logp_ref_NT[idx])
+            with torch.no_grad():  # the minibatch's metrics over all of its tokens, as one process has them
+                out = objective(self.loss, logp_MT, logp_rollout_NT[idx].to(logp_MT.dtype), advantages_N[idx],
+                                mask_NT[idx], make_normalization(self.loss, len(rows), self.max_new_tokens),
+                                None if logp_ref_NT is None else ref_MT)
             metrics = dict(out.metrics)
-            self.optimizer.zero_grad()
             if not out.finite:
+                self.optimizer.zero_grad()
                 skipped += 1
                 per_mb.append(metrics)
                 continue
-            out.loss.backward()
+            if rt.distributed:
+                sync_grads(self.model.parameters(), rt.groups)
             report = self.optimizer.step()
             skipped += report.skipped
             metrics.update({"grad/norm": report.grad_norm, "optim/lr": report.lr})
             per_mb.append(metrics)
         out = _mean_metrics(per_mb)
-        out.update(ratio_tail(logp_train_NT, logp_rollout_NT, mask_NT, eps_high=self.loss.eps_high))
+        out.update(ratio_tail(logp_train_NT.cpu(), logp_rollout_NT.cpu(), mask_NT.cpu(), eps_high=self.loss.eps_high))
         out.update(entropy_stats)
         if logp_ref_NT is not None:
-            out.update(kl_summary(logp_train_NT, logp_ref_NT, mask_NT))
+            out.update(kl_summary(logp_train_NT.cpu(), logp_ref_NT.cpu(), mask_NT.cpu()))
         out["ratio/first_minibatch_max"] = first_mb_ratio_max
         out["loss/skipped"] = float(skipped)
         return out
 
-    @torch.no_grad()
-    def entropy_stats(self, batch: RolloutBatch, rows: list[int]) -> dict[str, float]:
-        """Per-token policy entropy on one minibatch (a sample of the batch: one extra forward, no backward)."""
-        sequences, prompt_lens = batch.sequences(rows)
-        width = max(len(s) for s in sequences)
-        ids_MS = torch.tensor([s + [self.pad_id] * (width - len(s)) for s in sequences])
-        logits_MSV = self.model(ids_MS[:, :-1])
-        ent_MS = entropy(logits_MSV, self.temperature)
-        rows_ent = [ent_MS[i, p - 1: len(s) - 1] for i, (s, p) in enumerate(zip(sequences, prompt_lens, strict=True))]
-        ent_MT = pad_rows(rows_ent, batch.mask_NT.shape[1], torch.float32)
-        return entropy_summary(ent_MT, batch.mask_NT[torch.tensor(rows)])
+    def _minibatch(self, batch, rows, idx, mask_NT, logp_rollout_NT, advantages_N, with_entropy) -> torch.Tensor:
+        """Forward and backward of this rank's share of one minibatch, micro-batch by micro-batch.
+
+        Returns ``[3, M, T]``: this rank's log-probs, reference log-probs and entropy (zeros elsewhere)."""
+        M, T = len(rows), mask_NT.shape[1]
+        out_3MT = torch.zeros((3, M, T), dtype=torch.float32, device=self.device)
+        mine = list(range(M))[self.runtime.dp_slice(M)]
+        lengths_M = mask_NT[idx].sum(dim=1)
+        self.optimizer.zero_grad()
+        for start in range(0, len(mine), self.micro_batch):
+            local = mine[start:start + self.micro_batch]
+            rows_m = [rows[i] for i in local]
+            at = torch.tensor(local, device=self.device)
+            logp_mT, owned_mT, ent_mT = self.score(self.model, batch, rows_m, T, with_entropy)
+            ref_mT = None
+            if self.reference is not None:
+                with torch.no_grad():
+                    ref_mT = self.score(self.reference, batch, rows_m, T)[0]
+            mask_mT = mask_NT[idx[at]] & owned_mT
+            norm = self._normalization(M, lengths_M[at])
+            loss = objective(self.loss, logp_mT, logp_rollout_NT[idx[at]].to(logp_mT.dtype), advantages_N[idx[at]],
+                             mask_mT, norm, ref_mT)
+            if loss.finite:
+                loss.loss.backward()
+            else:  # the step is skipped on every rank (the whole minibatch's loss is not finite either),
+                # but every CP rank must still run backward, whose collectives its peers wait in
+                (0.0 * logp_mT.sum()).backward()
+            keep = mask_mT.to(torch.float32)
+            out_3MT[0, at] = logp_mT.detach().float() * keep
+            if ref_mT is not None:
+                out_3MT[1, at] = ref_mT.float() * keep
+            if ent_mT is not None:
+                out_3MT[2, at] = ent_mT.float() * keep
+        return out_3MT
+
+    def _normalization(self, M: int, lengths_m: torch.Tensor) -> Normalization:
+        """The minibatch's global denominator, for a shard of it."""
+        whole = make_normalization(self.loss, M, self.max_new_tokens)
+        if whole.kind == "token_sum":
+            return whole
+        return Normalization("sample_mean", lengths_N=lengths_m, num_sequences=M)
 
 
 def _mean_metrics(records: list[dict[str, float]]) -> dict[str, float]:

@@ -17,6 +17,7 @@ from typing import Any, Protocol
 from ringzero.config.run import RunConfig
 from ringzero.errors import RingzeroError
 from ringzero.metrics import MetricWriter
+from ringzero.parallel.runtime import Runtime, single
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,7 @@ class StageContext:
     stage_dir: Path  # local folder for this stage's metrics and artifacts
     metrics: MetricWriter
     fresh: bool = False  # --force: start over, ignoring this identity's resume points and partial results
+    runtime: Runtime = field(default_factory=single)  # device, rank and dp x cp groups of the job
 
     @property
     def checkpoint_prefix(self) -> str:

@@ -41,6 +41,8 @@ class PretrainStage(StageBase):
     kind: Literal["pretrain"] = "pretrain"
     steps: int = Field(1000, ge=1)
     batch_size: int = Field(32, ge=1)
+    micro_batch: int = Field(32, ge=1, description="rows one rank runs forward and backward at a time; "
+                             "gradients accumulate over its micro-batches (memory, never the result)")
     seq_len: int = Field(128, ge=8)
     optim: OptimSettings = OptimSettings(lr=3e-3, warmup_steps=50, weight_decay=0.1)
     checkpoint_every: int = Field(200, ge=1)
@@ -75,6 +77,8 @@ class RLStage(StageBase):
     prompts_per_step: int = Field(32, ge=1)
     samples_per_prompt: int = Field(8, ge=1)
     minibatches: int = Field(4, ge=1, description="optimizer updates per rollout batch (the paper: 512/32)")
+    micro_batch: int = Field(16, ge=1, description="rows one rank runs forward and backward at a time; "
+                             "gradients accumulate over its micro-batches (memory, never the result)")
     optim: OptimSettings = OptimSettings(lr=2e-4, warmup_steps=20)
     sampling: SamplingSettings = SamplingSettings()
     loss: LossSettings = LossSettings()
@@ -115,6 +119,8 @@ class DistillStage(StageBase):
     sampling: SamplingSettings = SamplingSettings()
     epochs: int = Field(3, ge=1)
     batch_size: int = Field(32, ge=1)
+    micro_batch: int = Field(32, ge=1, description="rows one rank runs forward and backward at a time; "
+                             "gradients accumulate over its micro-batches (memory, never the result)")
     max_seq_len: int = Field(256, ge=8)
     optim: OptimSettings = OptimSettings(lr=7e-4, warmup_steps=10)
     init_weights: Literal["input", "base"] = Field("input", description="fine-tune from the input policy or the base")

@@ -30,13 +30,15 @@ from ringzero.errors import RingzeroError
 from ringzero.rl.rewards import TaskReward
 from ringzero.rl.rollout_batch import collect, sampling_params
 from ringzero.rollout.engine import EmbeddedEngine
+from ringzero.rollout.spread import spread
 from ringzero.stages.base import StageContext, StageInputs, StageOutcome
 from ringzero.stages.config import DistillStage
-from ringzero.stages.distill_data import epoch_order, response_loss, select_traces, sft_batch
+from ringzero.stages.distill_data import epoch_order, select_traces, sft_batch
 from ringzero.stages.heldout_eval import evaluate_heldout
+from ringzero.stages.lm_step import lm_step
 from ringzero.stages.optimizer import TrainOptimizer
 from ringzero.stages.progress import step_progress
-from ringzero.stages.setup import apply_threads, seeded, start_model, task_and_tokenizer
+from ringzero.stages.setup import apply_threads, seeded, start_model, task_and_tokenizer, training_model
 from ringzero.stages.summary_values import finite_only
 from ringzero.stages.train_state import load_resume_point, save_final, save_resume_point
 
@@ -70,7 +72,8 @@ def run(ctx: StageContext, stage: DistillStage, inputs: StageInputs) -> StageOut
         )
     ctx.metrics.log(0, {k: plan["before"][v] for k, v in HELDOUT_KEYS.items() if v in plan["before"]})
 
-    model = start_model(cfg, ctx.store, start_uri, cfg.precision.train).train()
+    rt = ctx.runtime
+    model = training_model(cfg, ctx.store, start_uri, cfg.precision.train, rt).train()
     steps_per_epoch = math.ceil(len(examples) / stage.batch_size)
     total = stage.epochs * steps_per_epoch
     optimizer = TrainOptimizer(model, stage.optim, total_steps=total, schedule="cosine")
@@ -86,10 +89,10 @@ def run(ctx: StageContext, stage: DistillStage, inputs: StageInputs) -> StageOut
             order = epoch_order(len(examples), order_seed, epoch)
             chosen = order[index * stage.batch_size:(index + 1) * stage.batch_size]
             ids_BS, mask_BS1 = sft_batch([examples[i] for i in chosen], tokenizer.pad_id)
-            loss = response_loss(model, ids_BS, mask_BS1)
-            loss.backward()
-            report = optimizer.step()
-            losses.append(value := float(loss.detach()))
+            result = lm_step(model, ids_BS, rt, mask_BW=mask_BS1, optimizer=optimizer,
+                             sharding=cfg.parallel.sharding, micro_batch=stage.micro_batch)
+            report = result.report
+            losses.append(value := result.loss)
             if (step + 1) % LOG_EVERY == 0 or step + 1 == total:
                 ctx.metrics.log(step + 1, {"distill/loss": sum(losses) / len(losses), "train/lr": report.lr,
                                            "grad/norm": report.grad_norm, "distill/epoch": epoch})
@@ -101,7 +104,7 @@ def run(ctx: StageContext, stage: DistillStage, inputs: StageInputs) -> StageOut
     model.eval()
     uri = save_final(ctx.store, ctx.checkpoint_prefix, model, optimizer.master_state_dict(),
                      {"stage": stage.name, "steps": total, "examples": len(examples)})
-    after = heldout(cfg, model, task, tokenizer, stage)
+    after = heldout(cfg, model, task, tokenizer, stage, rt)
     ctx.metrics.log(total, {k: after[v] for k, v in HELDOUT_KEYS.items() if v in after})
     summary = finite_only({**plan["stats"], **compression(plan["before"], after), **after,
                          **{k: after[v] for k, v in HELDOUT_KEYS.items() if v in after},
@@ -119,10 +122,11 @@ def distill_set(ctx: StageContext, stage: DistillStage, policy_uri: str, task, t
         log.info("distill.set_reused", examples=len(plan["examples"]))
         return plan
     cfg = ctx.cfg
-    policy = start_model(cfg, ctx.store, policy_uri, cfg.precision.train).eval()
-    before = heldout(cfg, policy, task, tokenizer, stage)
-    engine = EmbeddedEngine(policy, tokenizer, cfg.precision.rollout, max_batch=ENGINE_BATCH,
-                            seed=seeded(cfg.run.seed, "distill-engine"))
+    rt = ctx.runtime
+    policy = start_model(cfg, ctx.store, policy_uri, cfg.precision.train).to(rt.device).eval()
+    before = heldout(cfg, policy, task, tokenizer, stage, rt)
+    engine = spread(EmbeddedEngine(policy, tokenizer, cfg.precision.rollout, max_batch=ENGINE_BATCH,
+                                   seed=seeded(cfg.run.seed, "distill-engine")), rt)
     problems = task.prompts("train", stage.prompts, seeded(cfg.run.seed, "distill-prompts"))
     params = sampling_params(stage.sampling, task, tokenizer, stage.samples_per_prompt,
                              seeded(cfg.run.seed, "distill-samples"))
@@ -146,9 +150,10 @@ def distill_set(ctx: StageContext, stage: DistillStage, policy_uri: str, task, t
     return plan
 
 
-def heldout(cfg, model, task, tokenizer, stage: DistillStage) -> dict[str, float]:
+def heldout(cfg, model, task, tokenizer, stage: DistillStage, runtime=None) -> dict[str, float]:
     engine = EmbeddedEngine(model, tokenizer, cfg.precision.rollout, max_batch=ENGINE_BATCH,
                             seed=seeded(cfg.run.seed, "distill-heldout"))
+    engine = engine if runtime is None else spread(engine, runtime)
     return evaluate_heldout(engine, task, tokenizer, prompts=getattr(cfg.task, "eval_prompts", 128),
                             samples=EVAL_SAMPLES, max_new_tokens=stage.sampling.max_new_tokens, forced_trace=False)
 

@@ -28,12 +28,14 @@ import structlog
 import torch
 
 from ringzero.errors import RingzeroError
+from ringzero.parallel.runtime import single
 from ringzero.rl.rewards import TaskReward
 from ringzero.rl.rollout_batch import RolloutBatch, collect, sampling_params
 from ringzero.rl.seeds import derive_seed
 from ringzero.rollout.engine import EmbeddedEngine
 from ringzero.rollout.gap import gap_stats
 from ringzero.rollout.scoring import score_sequences
+from ringzero.rollout.spread import spread
 from ringzero.stages.base import StageContext, StageInputs, StageOutcome
 from ringzero.stages.config import EvalStage, Tier
 from ringzero.stages.eval_metrics import (
@@ -71,7 +73,7 @@ def run(ctx: StageContext, stage: EvalStage, inputs: StageInputs) -> StageOutcom
             values = stored["values"]
             log.info("eval.row_reused", checkpoint=label)
         else:
-            values = measure_checkpoint(cfg, ctx.store, uri, stage, task, tokenizer, problems, tiers)
+            values = measure_checkpoint(cfg, ctx.store, uri, stage, task, tokenizer, problems, tiers, ctx.runtime)
             ctx.store.put_json(key, {"uri": uri, "values": values})
         ctx.metrics.log(step, values)
         rows.append({"checkpoint": label, "uri": uri, "values": values})
@@ -119,10 +121,13 @@ def comparison_columns(k: int, tiers: list[Tier]) -> list[tuple[str, str]]:
     return columns
 
 
-def measure_checkpoint(cfg, store, uri: str, stage: EvalStage, task, tokenizer, problems, tiers) -> dict[str, float]:
-    model = start_model(cfg, store, uri, cfg.precision.train).eval()
-    engine = EmbeddedEngine(model, tokenizer, cfg.precision.rollout, deterministic=cfg.precision.deterministic,
-                            max_batch=ENGINE_BATCH, seed=seeded(cfg.run.seed, "eval-engine"))
+def measure_checkpoint(cfg, store, uri: str, stage: EvalStage, task, tokenizer, problems, tiers,
+                       runtime=None) -> dict[str, float]:
+    """Sampling is spread over the job's ranks; every rank then holds every sample (and the same values)."""
+    runtime = runtime or single()
+    model = start_model(cfg, store, uri, cfg.precision.train).to(runtime.device).eval()
+    engine = spread(EmbeddedEngine(model, tokenizer, cfg.precision.rollout, deterministic=cfg.precision.deterministic,
+                                   max_batch=ENGINE_BATCH, seed=seeded(cfg.run.seed, "eval-engine")), runtime)
     seed = seeded(cfg.run.seed, "eval-samples")
     reward = TaskReward(task, tiers)  # rewards are not read here; tiered prompts need their tier known
 

@@ -15,16 +15,17 @@ import time
 
 import structlog
 import torch
-import torch.nn.functional as F
 
 from ringzero.rollout.engine import EmbeddedEngine
+from ringzero.rollout.spread import spread
 from ringzero.stages.base import StageContext, StageInputs, StageOutcome
 from ringzero.stages.config import PretrainStage
 from ringzero.stages.corpus_windows import CorpusWindows
 from ringzero.stages.heldout_eval import evaluate_heldout
+from ringzero.stages.lm_step import lm_step
 from ringzero.stages.optimizer import TrainOptimizer
 from ringzero.stages.progress import step_progress
-from ringzero.stages.setup import apply_threads, start_model, task_and_tokenizer
+from ringzero.stages.setup import apply_threads, task_and_tokenizer, training_model
 from ringzero.stages.summary_values import finite_only
 from ringzero.stages.train_state import load_resume_point, save_final, save_resume_point
 
@@ -39,17 +40,13 @@ EVAL_MAX_NEW_TOKENS = 256
 """Room for the longest worked trace of the default task (verbose, ~170 characters) and then some."""
 
 
-def lm_loss(model, batch_BS: torch.Tensor) -> torch.Tensor:
-    logits_BSV = model(batch_BS[:, :-1])
-    return F.cross_entropy(logits_BSV.float().flatten(0, 1), batch_BS[:, 1:].flatten())
-
-
 def run(ctx: StageContext, stage: PretrainStage, inputs: StageInputs) -> StageOutcome:
     cfg, started = ctx.cfg, time.time()
     apply_threads(cfg)
     task, tokenizer = task_and_tokenizer(cfg)
     torch.manual_seed(cfg.run.seed)
-    model = start_model(cfg, ctx.store, inputs.init_uri, cfg.precision.train).train()
+    rt = ctx.runtime
+    model = training_model(cfg, ctx.store, inputs.init_uri, cfg.precision.train, rt).train()
     optimizer = TrainOptimizer(model, stage.optim, total_steps=stage.steps, schedule="cosine")
     first = 0
     if resume := ctx.resume_uri():
@@ -61,10 +58,10 @@ def run(ctx: StageContext, stage: PretrainStage, inputs: StageInputs) -> StageOu
     with step_progress("pretrain", stage.steps, first) as advance:
         for step in range(first, stage.steps):
             batch_BS = windows.batch(step, stage.batch_size)
-            loss = lm_loss(model, batch_BS)
-            loss.backward()
-            report = optimizer.step()
-            losses.append(float(loss.detach()))
+            result = lm_step(model, batch_BS, rt, optimizer=optimizer, sharding=cfg.parallel.sharding,
+                             micro_batch=stage.micro_batch)
+            report = result.report
+            losses.append(result.loss)
             tokens += batch_BS[:, 1:].numel()
             if (step + 1) % LOG_EVERY == 0 or step + 1 == stage.steps:
                 elapsed = time.time() - window_start
@@ -74,25 +71,26 @@ def run(ctx: StageContext, stage: PretrainStage, inputs: StageInputs) -> StageOu
                     "grad/norm": report.grad_norm, "loss/skipped": optimizer.skipped,
                 })
                 losses, tokens, window_start = [], 0, time.time()
-            advance(f"loss {float(loss.detach()):.3f}")
+            advance(f"loss {result.loss:.3f}")
             if (step + 1) % stage.checkpoint_every == 0 and step + 1 < stage.steps:
                 save_resume_point(ctx.store, ctx.checkpoint_prefix, step + 1, model, optimizer)
 
     model.eval()
-    with torch.no_grad():
-        final_loss = float(lm_loss(model, windows.batch(stage.steps, stage.batch_size)))  # an unseen batch
+    final_loss = lm_step(model, windows.batch(stage.steps, stage.batch_size), rt,  # an unseen batch
+                         sharding=cfg.parallel.sharding, micro_batch=stage.micro_batch).loss
     uri = save_final(ctx.store, ctx.checkpoint_prefix, model, optimizer.master_state_dict(),
                      {"stage": stage.name, "steps": stage.steps})
     summary = {"train/loss": final_loss, "loss/skipped": float(optimizer.skipped)}
-    summary.update(measure_base(cfg, model, task, tokenizer))
+    summary.update(measure_base(cfg, model, task, tokenizer, rt))
     summary = finite_only(summary)
     log.info("pretrain.done", uri=uri, **{k: round(v, 4) for k, v in summary.items()})
     return StageOutcome(uri, summary, stop_reason="steps", steps=stage.steps, wall_s=time.time() - started)
 
 
-def measure_base(cfg, model, task, tokenizer) -> dict[str, float]:
+def measure_base(cfg, model, task, tokenizer, runtime=None) -> dict[str, float]:
     """Held-out behaviour of the base under the rollout engine's precision (what RL will sample)."""
     engine = EmbeddedEngine(model, tokenizer, cfg.precision.rollout, max_batch=256, seed=cfg.run.seed)
+    engine = engine if runtime is None else spread(engine, runtime)
     prompts = getattr(cfg.task, "eval_prompts", 128)
     max_new = min(EVAL_MAX_NEW_TOKENS, cfg.model.max_seq_len // 2)
     out = evaluate_heldout(engine, task, tokenizer, prompts=prompts, samples=EVAL_SAMPLES, max_new_tokens=max_new)

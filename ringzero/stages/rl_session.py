@@ -14,12 +14,14 @@ from typing import Any
 import structlog
 
 from ringzero.errors import RingzeroError
+from ringzero.parallel.runtime import Runtime, single
 from ringzero.rl.rewards import TaskReward
 from ringzero.rl.step import RLStep, StepShape
 from ringzero.rl.sync import push_weights, weight_version
 from ringzero.rl.trainer import PolicyTrainer
+from ringzero.rollout.spread import spread
 from ringzero.stages.optimizer import TrainOptimizer
-from ringzero.stages.setup import apply_threads, start_model, task_and_tokenizer
+from ringzero.stages.setup import apply_threads, placed, start_model, task_and_tokenizer, training_model
 from ringzero.stages.train_state import load_resume_point
 
 log = structlog.get_logger(__name__)
@@ -43,20 +45,23 @@ class RLSession:
         self.stepper.push(step)
 
 
-def rollout_client(cfg, model, tokenizer):
+def rollout_client(cfg, model, tokenizer, runtime: Runtime | None = None):
+    """The stage's rollout engine, spread over the job's ranks (each samples its share of requests)."""
+    runtime = runtime or single(model.embed.weight.device)
     engine = cfg.engines.rollout
     if engine.kind == "sglang":
         from ringzero.rollout.http_client import HttpRolloutClient
 
-        return HttpRolloutClient(engine.endpoint, timeout_s=engine.timeout_s)
+        return spread(HttpRolloutClient(engine.endpoint, timeout_s=engine.timeout_s), runtime)
     from ringzero.rollout.engine import EmbeddedEngine
 
-    return EmbeddedEngine(model, tokenizer, cfg.precision.rollout, deterministic=cfg.precision.deterministic,
-                          max_batch=ROLLOUT_MAX_BATCH, seed=cfg.run.seed)
+    return spread(EmbeddedEngine(model, tokenizer, cfg.precision.rollout, deterministic=cfg.precision.deterministic,
+                                 max_batch=ROLLOUT_MAX_BATCH, seed=cfg.run.seed), runtime)
 
 
-def frozen_reference(cfg, store, uri: str | None):
-    model = start_model(cfg, store, uri, cfg.precision.train).eval()
+def frozen_reference(cfg, store, uri: str | None, runtime: Runtime | None = None):
+    model = start_model(cfg, store, uri, cfg.precision.train)
+    model = placed(model, cfg, runtime or single()).eval()
     for p in model.parameters():
         p.requires_grad_(False)
     return model
@@ -69,7 +74,8 @@ def build_session(ctx, stage, inputs) -> RLSession:
                             f"(got {cfg.precision.train.name()} and {cfg.precision.rollout.name()})")
     apply_threads(cfg)
     task, tokenizer = task_and_tokenizer(cfg)
-    model = start_model(cfg, ctx.store, inputs.init_uri, cfg.precision.train).train()
+    rt = ctx.runtime
+    model = training_model(cfg, ctx.store, inputs.init_uri, cfg.precision.train, rt).train()
     optimizer = TrainOptimizer(model, stage.optim, total_steps=stage.steps, schedule="constant")
     first, resumed = 0, {}
     if resume := ctx.resume_uri():
@@ -78,8 +84,8 @@ def build_session(ctx, stage, inputs) -> RLSession:
         log.info("rl.resume", uri=resume, step=first)
     reference = None
     if stage.loss.kl_coef > 0:
-        reference = frozen_reference(cfg, ctx.store, inputs.reference_uri or inputs.init_uri)
-    client = rollout_client(cfg, model, tokenizer)
+        reference = frozen_reference(cfg, ctx.store, inputs.reference_uri or inputs.init_uri, rt)
+    client = rollout_client(cfg, model, tokenizer, rt)
 
     def push(step: int):
         return push_weights(client, optimizer.master_state_dict(), weight_version(step + 1), store=ctx.store,
@@ -88,7 +94,8 @@ def build_session(ctx, stage, inputs) -> RLSession:
     trainer = PolicyTrainer(model, optimizer, stage.loss, minibatches=stage.minibatches,
                             max_new_tokens=stage.sampling.max_new_tokens, temperature=stage.sampling.temperature,
                             reference=reference, batch_invariant=cfg.precision.deterministic,
-                            pad_id=tokenizer.pad_id)
+                            pad_id=tokenizer.pad_id, runtime=rt, sharding=cfg.parallel.sharding,
+                            micro_batch=stage.micro_batch)
     stepper = RLStep(client=client, trainer=trainer, task=task, tokenizer=tokenizer,
                      reward=TaskReward(task, stage.tiers, stage.tier_reward), sampling=stage.sampling,
                      shape=StepShape(stage.prompts_per_step, stage.samples_per_prompt, stage.loss.advantage_std),

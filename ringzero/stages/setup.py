@@ -7,6 +7,8 @@ import torch
 from ringzero.errors import RingzeroError
 from ringzero.model.config import PrecisionPolicy
 from ringzero.model.hybrid import HybridLM
+from ringzero.parallel.parallelize import parallelize
+from ringzero.parallel.runtime import Runtime
 from ringzero.rl.seeds import derive_seed as seeded
 from ringzero.tasks import make_task
 from ringzero.tasks.base import Task
@@ -34,6 +36,20 @@ def fresh_model(cfg, policy: PrecisionPolicy, salt: str = "init") -> HybridLM:
     generator = torch.Generator().manual_seed(seeded(cfg.run.seed, salt))
     model.reset_parameters(generator)
     return model
+
+
+def placed(model: HybridLM, cfg, runtime: Runtime) -> HybridLM:
+    """``model`` on the stage's device, its attention cores swapped for the CP strategies of
+    ``cfg.parallel`` when the job shards sequences (the model code itself stays single-device)."""
+    model = model.to(runtime.device)
+    if runtime.dims.cp > 1:
+        parallelize(model, runtime.groups, cfg.parallel.cp_plan, cfg.parallel.sharding)
+    return model
+
+
+def training_model(cfg, store, init_uri: str | None, policy: PrecisionPolicy, runtime: Runtime) -> HybridLM:
+    """``start_model`` placed for training on this job's device and layout."""
+    return placed(start_model(cfg, store, init_uri, policy), cfg, runtime)
 
 
 def start_model(cfg, store, init_uri: str | None, policy: PrecisionPolicy) -> HybridLM:

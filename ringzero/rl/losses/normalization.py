@@ -21,9 +21,14 @@ def token_sum(per_token_NT: torch.Tensor, mask_NT: torch.Tensor, denominator: fl
     return masked(per_token_NT, mask_NT).sum() / denominator
 
 
-def sample_mean(per_token_NT: torch.Tensor, mask_NT: torch.Tensor) -> torch.Tensor:
-    lengths_N = mask_NT.sum(dim=1).clamp(min=1).to(per_token_NT.dtype)
-    return (masked(per_token_NT, mask_NT).sum(dim=1) / lengths_N).mean()
+def sample_mean(per_token_NT: torch.Tensor, mask_NT: torch.Tensor, lengths_N: torch.Tensor | None = None,
+                num_sequences: int | None = None) -> torch.Tensor:
+    """``lengths_N`` / ``num_sequences``: the whole sequences' lengths and the whole batch's sequence count,
+    when ``per_token_NT`` holds only a shard (some rows, some columns) of the batch."""
+    if lengths_N is None:
+        lengths_N = mask_NT.sum(dim=1)
+    per_seq_N = masked(per_token_NT, mask_NT).sum(dim=1) / lengths_N.clamp(min=1).to(per_token_NT.dtype)
+    return per_seq_N.mean() if num_sequences is None else per_seq_N.sum() / max(1, num_sequences)
 
 
 @dataclass(frozen=True)
@@ -31,10 +36,16 @@ class Normalization:
     kind: Literal["token_sum", "sample_mean"]
     denominator: float | None = None
     """The constant D of ``token_sum``; must be None for ``sample_mean``."""
+    lengths_N: torch.Tensor | None = None
+    """``sample_mean`` over a shard: each row's full response length (default: the mask's row sums)."""
+    num_sequences: int | None = None
+    """``sample_mean`` over a shard: sequences in the whole batch the mean is over (default: the rows)."""
 
     def __post_init__(self):
         if self.kind == "token_sum" and (self.denominator is None or not self.denominator > 0):
             raise ValueError(f"token_sum needs a positive denominator (got {self.denominator})")
+        if self.kind == "token_sum" and (self.lengths_N is not None or self.num_sequences is not None):
+            raise ValueError("token_sum divides by its constant denominator; lengths_N/num_sequences are for sample_mean")
         if self.kind == "sample_mean" and self.denominator is not None:
             raise ValueError("sample_mean divides by each sequence's own length; denominator must be None")
         if self.kind not in ("token_sum", "sample_mean"):
@@ -44,4 +55,4 @@ class Normalization:
         mask_NT = mask_NT.bool()
         if self.kind == "token_sum":
             return token_sum(per_token_NT, mask_NT, self.denominator)
-        return sample_mean(per_token_NT, mask_NT)
+        return sample_mean(per_token_NT, mask_NT, self.lengths_N, self.num_sequences)

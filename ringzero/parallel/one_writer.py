@@ -1,0 +1,55 @@
+"""One writer per key: every rank of a job runs the same stage code, and only rank 0 touches the store.
+
+The weights are replicated on every rank (data parallelism sums gradients, context parallelism shards
+only activations), so rank 0's copy *is* the job's state: it commits it, and the other ranks receive
+what the write returned (a URI) once it is committed. Every rank therefore calls the write methods in
+the same order, as it does every collective. Reads go straight to the store on every rank; a rank
+only reads after the write it depends on, since the broadcast that ends a write waits for rank 0.
+A write that fails on rank 0 fails on every rank with the same message, so no rank runs ahead.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ringzero.errors import RingzeroError
+from ringzero.parallel.runtime import Runtime
+
+WRITES = ("save", "put_json", "put_bytes", "delete", "gc_uncommitted")
+
+
+class OneWriterStore:
+    """Wraps a ``CheckpointStore``; see the module docstring."""
+
+    def __init__(self, store, runtime: Runtime):
+        self._store, self._runtime = store, runtime
+
+    @property
+    def inner(self):
+        return self._store
+
+    def __getattr__(self, name: str):
+        value = getattr(self._store, name)
+        if name not in WRITES or not self._runtime.distributed:
+            return value
+        return lambda *args, **kwargs: self._write(name, value, args, kwargs)
+
+    def _write(self, name: str, method, args, kwargs) -> Any:
+        outcome: tuple[bool, Any] = (True, None)
+        if self._runtime.is_main:
+            try:
+                outcome = (True, method(*args, **kwargs))
+            except Exception as exc:  # noqa: BLE001 - every rank must learn that the write failed
+                outcome = (False, f"{type(exc).__name__}: {exc}")
+                shared = self._runtime.broadcast(outcome)
+                raise
+        shared = self._runtime.broadcast(outcome)
+        ok, value = shared
+        if not ok:
+            raise RingzeroError(f"store.{name} failed on rank 0: {value}")
+        return value
+
+
+def one_writer(store, runtime: Runtime):
+    """``store`` itself for a single process, else the rank-0-writes wrapper."""
+    return store if not runtime.distributed or isinstance(store, OneWriterStore) else OneWriterStore(store, runtime)
