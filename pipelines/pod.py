@@ -5,7 +5,7 @@ from __future__ import annotations
 from kfp import kubernetes
 from kfp.dsl import PipelineTask
 
-from ringzero.kfp.settings import KfpSettings
+from ringzero.config.kfp import KfpSettings
 
 S3_ENV = {"access": "RINGZERO_S3_ACCESS_KEY", "secret": "RINGZERO_S3_SECRET_KEY"}
 

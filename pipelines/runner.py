@@ -6,9 +6,9 @@ from pathlib import Path
 from kfp import compiler
 
 from pipelines.staged import build_pipeline
+from ringzero.config.kfp import KfpSettings
 from ringzero.config.run import RunConfig
 from ringzero.errors import RingzeroError
-from ringzero.kfp.settings import KfpSettings
 from ringzero.pipeline.manifest import RunManifest
 
 

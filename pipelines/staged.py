@@ -17,9 +17,9 @@ from kfp import dsl
 
 from components import Components, make_components
 from pipelines.pod import apply_pod_settings
+from ringzero.config.kfp import KfpSettings
 from ringzero.config.run import RunConfig
 from ringzero.errors import RingzeroError
-from ringzero.kfp.settings import KfpSettings
 from ringzero.kfp.tasks import config_text
 
 # Stage kinds whose step outputs a checkpoint (eval only reads them).

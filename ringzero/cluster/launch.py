@@ -16,7 +16,6 @@ import time
 from collections.abc import Callable
 
 from ringzero.cluster.api import ClusterApi, ObjectRef
-from ringzero.cluster.config import ClusterSettings
 from ringzero.cluster.job import StageJob, render_config_map
 from ringzero.cluster.labels import LAUNCH_LABEL, selector
 from ringzero.cluster.pytorchjob import render_pytorchjob
@@ -30,6 +29,7 @@ from ringzero.cluster.wait import (
     trainjob_verdict,
     wait_for,
 )
+from ringzero.config.cluster import ClusterSettings
 from ringzero.errors import RingzeroError
 
 log = logging.getLogger(__name__)

@@ -7,7 +7,7 @@ emptyDirs only where the software must write (/tmp, /dev/shm, the model folder).
 
 from __future__ import annotations
 
-from ringzero.cluster.config import ClusterSettings, NodeResources, S3SecretRef
+from ringzero.config.cluster import ClusterSettings, NodeResources, S3SecretRef
 
 GPU_RESOURCE = "nvidia.com/gpu"
 RUN_CONFIG_DIR = "/etc/ringzero/run"

@@ -1,7 +1,16 @@
 """Render a stage as a Training Operator v1 ``PyTorchJob``: the fallback for clusters without Trainer v2.
 
-One Master and ``num_nodes - 1`` Workers share one pod template; the operator sets the rendezvous
-variables (MASTER_ADDR, node rank, ``PET_*``) that torchrun reads.
+One Master and ``num_nodes - 1`` Workers share one pod template.
+
+How the ranks start: the operator runs the container command once per pod and sets, on every pod,
+``MASTER_ADDR`` (the Master's Service) and ``MASTER_PORT`` (the container port named
+``pytorchjob-port``), plus ``WORLD_SIZE``/``RANK`` and ``PET_NNODES``/``PET_NODE_RANK``/
+``PET_NPROC_PER_NODE`` (from ``nprocPerNode``). ``WORLD_SIZE``/``RANK`` describe one process per pod, the
+mode for scripts started without a launcher; with ``nprocPerNode`` ranks per pod the command must be
+``torchrun``, which replaces them with each worker's own. We give torchrun the node and process counts
+explicitly and a c10d rendezvous at ``$(MASTER_ADDR):$(MASTER_PORT)`` (expanded by the kubelet), with
+no ``elasticPolicy``: the node count is fixed, and the operator's elastic mode would only add a
+min/max node range we do not want.
 """
 
 from __future__ import annotations
@@ -9,22 +18,26 @@ from __future__ import annotations
 import copy
 
 from ringzero.cluster import pods
-from ringzero.cluster.config import ClusterSettings
-from ringzero.cluster.job import StageJob
+from ringzero.cluster.job import TORCHRUN, StageJob, torchrun_args
 from ringzero.cluster.labels import metadata
+from ringzero.config.cluster import ClusterSettings
 
 API_VERSION = "kubeflow.org/v1"
 CONTAINER = "pytorch"  # the operator finds the training container by this name
+# The operator takes MASTER_PORT from the container port of this name (its default port, set explicitly).
+PORT_NAME, PORT = "pytorchjob-port", 23456
+RENDEZVOUS = "$(MASTER_ADDR):$(MASTER_PORT)"
 
 
 def render_pytorchjob(settings: ClusterSettings, job: StageJob, extra_args: tuple[str, ...] = ()) -> dict:
     image = settings.job_image()
     labels = job.labels("trainer")
     main = pods.container(
-        CONTAINER, image.ref(), image.pull_policy, job.command(), job.args(extra_args),
+        CONTAINER, image.ref(), image.pull_policy, TORCHRUN, torchrun_args(settings, job, RENDEZVOUS, extra_args),
         env=[*job.plain_env(), *pods.writable_home_env(), *pods.s3_credential_env(settings.s3_secret)],
         resources=pods.resources(settings.node_resources, settings.gpus_per_node),
         mounts=[*pods.scratch_mounts(), pods.run_config_mount()],
+        ports=[{"name": PORT_NAME, "containerPort": PORT, "protocol": "TCP"}],
     )
     template = {
         "metadata": {"labels": dict(labels)},

@@ -10,9 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ringzero.cluster import pods
-from ringzero.cluster.config import ClusterSettings
 from ringzero.cluster.job import StageJob
 from ringzero.cluster.labels import metadata
+from ringzero.config.cluster import ClusterSettings
 from ringzero.store.config import S3Settings
 
 PORT = 30000

@@ -13,26 +13,16 @@ from pathlib import Path
 
 import yaml
 
-from ringzero.cluster.config import ClusterSettings
-from ringzero.cluster.job import StageJob
+from ringzero.cluster.job import StageJob, stage_args
 from ringzero.cluster.labels import launch_name
 from ringzero.cluster.launch import launch_stage
 from ringzero.cluster.rollout import RolloutSpec
+from ringzero.config.cluster import ClusterSettings
 from ringzero.errors import RingzeroError
 from ringzero.pipeline.execute import ExecutedStage, execute_stage, outcome_key
 from ringzero.pipeline.identity import stage_hash
 
 SAMPLING_KINDS = ("rl", "distill", "eval")  # stages that generate with the rollout engine
-
-
-def stage_args(inputs) -> tuple[str, ...]:
-    args: list[str] = []
-    for flag, uri in (("--init", inputs.init_uri), ("--reference", inputs.reference_uri), ("--base", inputs.base_uri)):
-        if uri:
-            args += [flag, uri]
-    for name, uri in sorted(inputs.compare.items()):
-        args += ["--compare", f"{name}={uri}"]
-    return tuple(args)
 
 
 def rollout_for(cfg, settings: ClusterSettings, stage, inputs) -> RolloutSpec | None:
@@ -63,6 +53,7 @@ def execute_stage_on_cluster(cfg, store, stage, inputs, run_dir: Path, *, settin
             run=cfg.run.name, stage=stage.name, name=launch_name(cfg.run.name, stage.name, step),
             namespace=settings.namespace or current_namespace(),
             config_yaml=yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False),
+            dp=cfg.parallel.dp, cp=cfg.parallel.cp,
             stage_args=stage_args(inputs), owner=owner_from_env(environ),
         )
         extra = {"clock": clock} if clock else {}

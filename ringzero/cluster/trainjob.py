@@ -3,21 +3,31 @@
 The runtime (a cluster-scoped ClusterTrainingRuntime) owns the JobSet template; the TrainJob sets the
 image, command, node count and GPUs, and patches the pod template through ``runtimePatches`` with what
 the runtime cannot know: the hardened security context, scratch volumes, node placement and labels.
-Trainer sets the ``PET_*`` variables (nodes, node rank, master address) that torchrun reads.
+
+How the ranks start: Trainer's torch plugin does not launch anything itself. It runs the TrainJob's
+command once per node (``numNodes`` pods) and sets the ``PET_*`` variables torchrun reads
+(``PET_NNODES``, ``PET_NPROC_PER_NODE`` from ``numProcPerNode``, ``PET_NODE_RANK``, and
+``PET_MASTER_ADDR``/``PET_MASTER_PORT``, the first node's stable DNS name and port). So the command is
+``torchrun`` itself; it gets the node and process counts explicitly (the same numbers as ``numNodes`` and
+``numProcPerNode``) and a c10d rendezvous at ``$(PET_MASTER_ADDR):$(PET_MASTER_PORT)``, which the
+kubelet expands from those variables. The runtime must therefore be one of the torch framework
+(``torch-distributed`` or a copy of it).
 """
 
 from __future__ import annotations
 
 from ringzero.cluster import pods
-from ringzero.cluster.config import ClusterSettings
-from ringzero.cluster.job import StageJob
+from ringzero.cluster.job import TORCHRUN, StageJob, torchrun_args
 from ringzero.cluster.labels import metadata
+from ringzero.config.cluster import ClusterSettings
 
 API_VERSION = "trainer.kubeflow.org/v1alpha1"
 # The names the standard torch-distributed runtime gives its replicated job and container.
 RUNTIME_JOB = "node"
 RUNTIME_CONTAINER = "node"
 PATCH_MANAGER = "ringzero.dev/launcher"
+# The first node's address and port, as the torch plugin sets them on every node.
+RENDEZVOUS = "$(PET_MASTER_ADDR):$(PET_MASTER_PORT)"
 
 
 def render_trainjob(settings: ClusterSettings, job: StageJob, extra_args: tuple[str, ...] = ()) -> dict:
@@ -48,8 +58,8 @@ def render_trainjob(settings: ClusterSettings, job: StageJob, extra_args: tuple[
             "activeDeadlineSeconds": int(settings.job_timeout_s),
             "trainer": {
                 "image": image.ref(),
-                "command": job.command(),
-                "args": job.args(extra_args),
+                "command": list(TORCHRUN),
+                "args": torchrun_args(settings, job, RENDEZVOUS, extra_args),
                 "env": [*job.plain_env(), *pods.writable_home_env(), *pods.s3_credential_env(settings.s3_secret)],
                 "numNodes": settings.num_nodes,
                 "numProcPerNode": settings.procs_per_node(),

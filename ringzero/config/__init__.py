@@ -1,7 +1,13 @@
 """Typed run configuration: ``load_config(path, overrides)`` returns a validated ``RunConfig``.
 
-Exports resolve lazily: every component's config module imports ``ringzero.config.base``, and the
-run schema imports those modules, so an eager import here would make them circular.
+The config layer imports nothing above it: the cluster and Kubeflow settings models live here
+(``cluster``, ``kfp``), and the run schema takes the other sections from the component config modules
+(``ringzero.stages.config``, ``model.config``, ...), which import only ``base`` and ``gates``.
+
+The four exports still resolve lazily, for that last reason: a component config module may be the
+first import of a process, and it imports ``ringzero.config.base``, which runs this file first; an
+eager ``from ringzero.config.run import RunConfig`` here would then import that same half-initialized
+component module back through the run schema.
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 
 The Helm chart renders these settings (``cluster.yaml`` in its run-config ConfigMap) from its values,
 so the chart and the launcher read one source. Nothing here holds a credential: the S3 keys stay in a
-Kubernetes Secret that pods reference by name.
+Kubernetes Secret that pods reference by name. Pure models: the renderers and the client that use them
+live in ``ringzero.cluster``, above the config layer.
 """
 
 from __future__ import annotations
@@ -148,3 +149,7 @@ class ClusterSettings(StrictModel):
     def procs_per_node(self) -> int:
         """Training processes per node: one per GPU, or one on CPU nodes."""
         return self.gpus_per_node or 1
+
+    def world_size(self) -> int:
+        """Ranks of one stage job: nodes x processes per node (the run's parallel.dp x parallel.cp)."""
+        return self.num_nodes * self.procs_per_node()

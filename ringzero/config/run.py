@@ -6,9 +6,9 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
-from ringzero.cluster.config import ClusterSettings
 from ringzero.config.base import RunName, StrictModel
-from ringzero.kfp.settings import KfpSettings
+from ringzero.config.cluster import ClusterSettings
+from ringzero.config.kfp import KfpSettings
 from ringzero.model.config import ModelConfig, PrecisionPolicy
 from ringzero.parallel.config import ParallelConfig
 from ringzero.stages.config import StageConfig

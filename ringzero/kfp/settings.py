@@ -1,79 +1,27 @@
-"""Typed settings of the Kubeflow pipeline: the step image, where stages execute, and their pods.
+"""``load_kfp_config``: a run config with the ``kfp:`` section checked against what a step can run.
 
-A run config carries these under its top-level ``kfp:`` section (``RunConfig.kfp``).
+The settings models themselves are ``ringzero.config.kfp`` (``KfpSettings``, ``StagePod``).
 """
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
 
-from pydantic import Field, field_validator, model_validator
-
-from ringzero.cluster.config import S3SecretRef, Toleration
-from ringzero.config.base import StrictModel
-
-if TYPE_CHECKING:
-    from ringzero.config.run import RunConfig
-
-# The quantities the KFP SDK accepts for task resources (it raises a bare ValueError otherwise).
-_CPU = re.compile(r"^([0-9]*[.])?[0-9]+m?$")
-_MEMORY = re.compile(r"^[0-9]+(E|Ei|P|Pi|T|Ti|G|Gi|M|Mi|K|Ki)?$")
-
-
-class StagePod(StrictModel):
-    """The pod of a step that runs its stage in-process: resources and node placement."""
-
-    cpu: str | None = Field(None, description="CPU request, e.g. '4' or '500m'; null = the cluster default")
-    memory: str | None = Field(None, description="memory request and limit, e.g. '16Gi'; null = the cluster default")
-    gpus: int = Field(0, ge=0, description="GPUs requested (and limited to)")
-    accelerator: str = Field("nvidia.com/gpu", description="extended resource name of the GPUs")
-    node_selector: dict[str, str] = Field(default_factory=dict, description="node labels the pod requires")
-    tolerations: list[Toleration] = Field(default_factory=list, description="taints the pod tolerates")
-
-    @field_validator("cpu")
-    @classmethod
-    def _cpu(cls, v: str | None) -> str | None:
-        if v is not None and not _CPU.match(v):
-            raise ValueError(f"must be a CPU quantity such as '4', '0.5' or '500m' (got {v!r})")
-        return v
-
-    @field_validator("memory")
-    @classmethod
-    def _memory(cls, v: str | None) -> str | None:
-        if v is not None and not _MEMORY.match(v):
-            raise ValueError(f"must be a memory quantity such as '16Gi' or '512M' (got {v!r})")
-        return v
-
-
-class KfpSettings(StrictModel):
-    base_image: str = Field(
-        "ringzero:0.1.0", min_length=1, description="image of every step; it must have ringzero with its kfp extra"
-    )
-    mode: Literal["in-process", "cluster"] = Field(
-        "in-process",
-        description="in-process: a step runs its stage in its own pod; cluster: a step launches the stage as a "
-        "training job (cluster settings) and waits for it",
-    )
-    s3_secret: S3SecretRef | None = Field(
-        None, description="Secret with the s3:// store's keys, given to steps as RINGZERO_S3_*; null = none mounted"
-    )
-    stage_pod: StagePod = Field(StagePod(), description="pods of in-process stage steps")
-
-    @model_validator(mode="after")
-    def _stage_pod_only_in_process(self) -> KfpSettings:
-        if self.mode == "cluster" and self.stage_pod != StagePod():
-            raise ValueError(
-                "stage_pod: applies to mode in-process only; in cluster mode the training job's pods are set "
-                "in the cluster settings and the step itself only waits"
-            )
-        return self
+from ringzero.config.kfp import KfpSettings, stage_pod_rank_problem
+from ringzero.config.loader import load_config
+from ringzero.config.run import RunConfig
+from ringzero.errors import ConfigError
 
 
 def load_kfp_config(path: str | Path, overrides: list[str] | None = None) -> tuple[RunConfig, KfpSettings]:
-    """``load_config`` plus the run's ``kfp`` section (overrides may address it: ``kfp.mode=cluster``)."""
-    from ringzero.config.loader import load_config
+    """``load_config`` plus the run's ``kfp`` section (overrides may address it: ``kfp.mode=cluster``).
 
+    Refuses a config whose in-process steps would run a different number of ranks than
+    ``parallel.dp x parallel.cp`` (see ``stage_pod_rank_problem``).
+    """
     cfg = load_config(path, overrides)
+    in_process = cfg.kfp.mode == "in-process"
+    problem = stage_pod_rank_problem(cfg.kfp.stage_pod, cfg.parallel.dp, cfg.parallel.cp) if in_process else None
+    if problem:
+        raise ConfigError(str(path), [problem])
     return cfg, cfg.kfp

@@ -9,17 +9,24 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
 import structlog
+import yaml
 
+from ringzero.cluster.job import stage_args
+from ringzero.config.kfp import stage_pod_rank_problem
 from ringzero.config.loader import parse_config
 from ringzero.config.run import RunConfig
 from ringzero.errors import ConfigError, RingzeroError
 from ringzero.kfp import report
 from ringzero.kfp.manifest import open_run_manifest
-from ringzero.pipeline.execute import ExecutedStage, execute_stage
+from ringzero.pipeline.execute import ExecutedStage, execute_stage, outcome_key
 from ringzero.pipeline.gates import evaluate_gate
+from ringzero.pipeline.identity import stage_hash
 from ringzero.stages.base import StageInputs
 
 log = structlog.get_logger(__name__)
@@ -67,8 +74,7 @@ def run_stage(
     store = _open_store(cfg)
     run_dir = Path(cfg.run.run_dir)
     if mode == "in-process":
-        _seed(cfg)
-        ex = execute_stage(cfg, store, stage, inputs, run_dir)
+        ex = _execute_in_process(cfg, store, stage, inputs, run_dir)
     else:
         ex = _execute_on_cluster(cfg, store, stage, inputs, run_dir)
     manifest = open_run_manifest(cfg, store, run_dir, run_id)
@@ -133,6 +139,43 @@ def _seed(cfg: RunConfig) -> None:
     if cfg.run.threads:
         torch.set_num_threads(cfg.run.threads)
     torch.manual_seed(cfg.run.seed)
+
+
+def _execute_in_process(cfg: RunConfig, store, stage, inputs: StageInputs, run_dir: Path) -> ExecutedStage:
+    """The stage in this step's pod, with one local rank per GPU the pod requests (``kfp.stage_pod.gpus``).
+
+    One rank runs right here. G > 1 ranks run as ``ringzero stage run ... --nproc G``, which re-executes
+    itself under torchrun with G local ranks and commits the outcome under the same stage identity;
+    ``execute_stage`` then finds that outcome and returns it without running anything.
+    """
+    problem = stage_pod_rank_problem(cfg.kfp.stage_pod, cfg.parallel.dp, cfg.parallel.cp)
+    if problem:
+        raise ConfigError("run_config", [problem])
+    ranks = cfg.kfp.stage_pod.local_ranks()
+    if ranks == 1:
+        _seed(cfg)
+        return execute_stage(cfg, store, stage, inputs, run_dir)
+    key = outcome_key(stage_hash(cfg, stage, inputs))
+    if store.get_json(key) is None:
+        with tempfile.TemporaryDirectory(prefix="ringzero-stage-") as tmp:
+            config = Path(tmp) / "config.yaml"
+            config.write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
+            argv = [sys.executable, "-m", "ringzero.cli.main", "stage", "run", str(config), "--stage", stage.name,
+                    *stage_args(inputs), "--nproc", str(ranks)]
+            log.info("stage.ranks", stage=stage.name, nproc=ranks)
+            code = _run_command(argv)
+        # 3: the stage ran and committed, and its gate failed; the gate step decides what that means.
+        if code not in (0, 3):
+            raise RingzeroError(f"stage {stage.name!r}: `ringzero stage run --nproc {ranks}` exited with {code}")
+        if store.get_json(key) is None:
+            # Checked before execute_stage, which would otherwise run the stage again here, as one rank.
+            raise RingzeroError(f"stage {stage.name!r}: `ringzero stage run --nproc {ranks}` committed no outcome "
+                                f"({key})")
+    return execute_stage(cfg, store, stage, inputs, run_dir)
+
+
+def _run_command(argv: list[str]) -> int:
+    return subprocess.run(argv, check=False).returncode
 
 
 def _execute_on_cluster(cfg, store, stage, inputs, run_dir) -> ExecutedStage:

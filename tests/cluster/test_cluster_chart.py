@@ -7,8 +7,8 @@ import yaml
 from cluster_helm_cli import REPO
 from cluster_kit import CHART, COMBINATIONS, NAMESPACE, RELEASE, helm, validate
 
-from ringzero.cluster.config import ClusterSettings
 from ringzero.config import parse_config
+from ringzero.config.cluster import ClusterSettings
 
 
 def by_kind(objs, kind):
@@ -75,7 +75,7 @@ def test_cluster_settings_load_into_the_launcher_model(rendered, name):
 def test_gpu_profile_settings(rendered):
     text = the(rendered["gpu"], "ConfigMap", "-cluster")["data"]["cluster.yaml"]
     settings = ClusterSettings.model_validate(yaml.safe_load(text))
-    assert (settings.device, settings.num_nodes, settings.gpus_per_node) == ("gpu", 2, 8)
+    assert (settings.device, settings.num_nodes, settings.gpus_per_node) == ("gpu", 1, 8)
     assert settings.node_selector == {"nvidia.com/gpu.product": "NVIDIA-H200"}
     assert settings.tolerations[0].key == "nvidia.com/gpu"
     assert settings.rollout.tp_size == 4
@@ -87,14 +87,68 @@ def test_cpu_profile_runs_the_cpu_image_without_gpus(rendered):
     assert "nvidia.com/gpu" not in str(smoke["spec"]["trainer"]["resourcesPerNode"])
 
 
-def test_smoke_job_follows_the_backend(rendered):
+def test_smoke_job_follows_the_backend(rendered, helm_bin):
+    from cluster_kit import render
+
     assert by_kind(rendered["defaults"], "TrainJob") and not by_kind(rendered["defaults"], "PyTorchJob")
     job = the(rendered["gpu-pytorchjob"], "PyTorchJob", "-smoke")
     assert job["spec"]["pytorchReplicaSpecs"]["Master"]["replicas"] == 1
-    assert job["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == 1  # 2 nodes in the GPU profile
+    assert "Worker" not in job["spec"]["pytorchReplicaSpecs"]  # 1 node in the GPU profile
+    two = render(helm_bin, ["values-gpu.yaml", "values-pytorchjob.yaml"], ("cluster.numNodes=2",))
+    assert the(two, "PyTorchJob", "-smoke")["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == 1
     trainjob = the(rendered["defaults"], "TrainJob", "-smoke")
     assert trainjob["spec"]["runtimeRef"]["name"] == "torch-distributed"
     assert trainjob["metadata"]["annotations"]["helm.sh/hook"] == "test"
+
+
+def shipped_run_config(objs):
+    """The run config the release's pipeline runs: pipeline.runConfig, read from the run-config ConfigMap."""
+    upload = the(objs, "Job", "-pipeline-upload")["spec"]["template"]["spec"]["containers"][0]
+    name = next(e["value"] for e in upload["env"] if e["name"] == "RUN_CONFIG")
+    return parse_config(yaml.safe_load(the(objs, "ConfigMap", "-runs")["data"][name]), name)
+
+
+GPU_COMBINATIONS = sorted(n for n, files in COMBINATIONS.items() if "values-cpu.yaml" not in files)
+
+
+@pytest.mark.parametrize("name", GPU_COMBINATIONS)
+def test_gpu_values_run_the_world_of_the_shipped_run_config(rendered, name):
+    """nodes x GPUs per node of the chart's values = dp x cp of the run config it ships and runs.
+
+    (The CPU profile runs a user-supplied, one-process config; the launcher refuses cluster-h200 there.)
+    """
+    objs = rendered[name]
+    settings = ClusterSettings.model_validate(yaml.safe_load(the(objs, "ConfigMap", "-cluster")["data"]["cluster.yaml"]))
+    cfg = shipped_run_config(objs)
+    assert settings.device == "gpu"
+    world = settings.num_nodes * settings.gpus_per_node
+    assert world == settings.world_size() == cfg.parallel.dp * cfg.parallel.cp, (
+        f"{name}: {settings.num_nodes} nodes x {settings.gpus_per_node} GPUs = {world}, but {cfg.run.name} "
+        f"needs dp {cfg.parallel.dp} x cp {cfg.parallel.cp}")
+    # The smoke job the release tests with requests the same nodes and GPUs.
+    (smoke,) = [o for o in objs if o["kind"] in ("TrainJob", "PyTorchJob") and o["metadata"]["name"].endswith("-smoke")]
+    if smoke["kind"] == "TrainJob":
+        nodes, limits = smoke["spec"]["trainer"]["numNodes"], smoke["spec"]["trainer"]["resourcesPerNode"]["limits"]
+    else:
+        replicas = smoke["spec"]["pytorchReplicaSpecs"]
+        nodes = sum(r["replicas"] for r in replicas.values())
+        limits = replicas["Master"]["template"]["spec"]["containers"][0]["resources"]["limits"]
+    assert nodes * int(limits["nvidia.com/gpu"]) == world
+
+
+def test_gpu_values_launch_the_shipped_run_config(rendered):
+    """The launcher renders the GPU profile's stage job for the shipped config, one torchrun rank per GPU."""
+    from ringzero.cluster.job import StageJob
+    from ringzero.cluster.launch import render_stage
+
+    settings = ClusterSettings.model_validate(
+        yaml.safe_load(the(rendered["gpu"], "ConfigMap", "-cluster")["data"]["cluster.yaml"]))
+    cfg = shipped_run_config(rendered["gpu"])
+    job = StageJob(run=cfg.run.name, stage="base", name="cluster-h200-base-0a1b2c3d", namespace=NAMESPACE,
+                   config_yaml="", dp=cfg.parallel.dp, cp=cfg.parallel.cp)
+    trainer = render_stage(settings, job)[-1]["spec"]["trainer"]
+    assert trainer["command"] == ["torchrun"]
+    assert trainer["args"][:2] == ["--nnodes=1", "--nproc-per-node=8"]
 
 
 def test_run_config_map_ships_the_cluster_config(rendered):

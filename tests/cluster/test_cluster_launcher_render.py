@@ -8,12 +8,12 @@ from cluster_helm_cli import REPO
 from cluster_kit import plain_secret_env, pod_specs, restricted_violations, validate
 from pydantic import ValidationError
 
-from ringzero.cluster.config import ClusterSettings
 from ringzero.cluster.job import StageJob
 from ringzero.cluster.labels import OwnerRef, launch_name
 from ringzero.cluster.launch import render_stage
 from ringzero.cluster.rollout import RolloutSpec
 from ringzero.config import load_config
+from ringzero.config.cluster import ClusterSettings
 from ringzero.errors import RingzeroError
 from ringzero.store.config import S3Settings
 
@@ -30,7 +30,7 @@ def settings(**over) -> ClusterSettings:
 
 def job(**over) -> StageJob:
     base = dict(run="h200", stage="stage1", name=launch_name("h200", "stage1", "pod-abc"), namespace="ml",
-                config_yaml="run: {name: h200}\n", stage_args=("--init", "s3://ringzero/runs/h200/base"),
+                config_yaml="run: {name: h200}\n", dp=4, cp=4, stage_args=("--init", "s3://ringzero/runs/h200/base"),
                 owner=OwnerRef("v1", "Pod", "step-pod", "1234-uid"))
     return StageJob(**{**base, **over})
 
@@ -60,6 +60,15 @@ def test_launched_pods_are_restricted(backend):
     assert not [v for where, pod in pods for v in restricted_violations(where, pod)]
 
 
+STAGE = ["-m", "ringzero.cli.main", "stage", "run", "/etc/ringzero/run/config.yaml", "--stage", "stage1",
+         "--init", "s3://ringzero/runs/h200/base"]
+
+
+def torchrun_flags(args: list[str]) -> dict[str, str]:
+    """torchrun's own --name=value flags: everything before the -m that starts the stage."""
+    return dict(a.removeprefix("--").split("=", 1) for a in args[:args.index("-m")])
+
+
 def test_trainjob_runs_the_stage_on_torch_distributed():
     tj = render_stage(settings(), job())[-1]
     spec, trainer = tj["spec"], tj["spec"]["trainer"]
@@ -68,13 +77,70 @@ def test_trainjob_runs_the_stage_on_torch_distributed():
     assert (trainer["numNodes"], trainer["numProcPerNode"]) == (2, 8)
     assert trainer["resourcesPerNode"]["limits"]["nvidia.com/gpu"] == "8"
     assert trainer["image"] == "registry.example/ringzero/trainer:0.1.0"
-    assert trainer["command"] == ["ringzero", "stage"]
-    assert trainer["args"] == ["run", "/etc/ringzero/run/config.yaml", "--stage", "stage1",
-                               "--init", "s3://ringzero/runs/h200/base"]
+    assert trainer["command"] == ["torchrun"]
+    assert trainer["args"][trainer["args"].index("-m"):] == STAGE
     pod = pod_specs(tj)[0][1]
     assert pod["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H200"}
     assert pod["tolerations"][0]["key"] == "nvidia.com/gpu"
     assert {"name": "run-config", "configMap": {"name": f"{tj['metadata']['name']}-config"}} in pod["volumes"]
+
+
+@pytest.mark.parametrize("nodes,gpus,dp,cp", [(1, 8, 2, 4), (2, 8, 4, 4), (4, 2, 8, 1), (3, 1, 1, 3)])
+def test_trainjob_torchrun_matches_the_nodes_and_the_rendezvous_of_the_torch_plugin(nodes, gpus, dp, cp):
+    j = job(dp=dp, cp=cp)
+    trainer = render_stage(settings(num_nodes=nodes, gpus_per_node=gpus), j)[-1]["spec"]["trainer"]
+    flags = torchrun_flags(trainer["args"])
+    assert flags == {"nnodes": str(nodes), "nproc-per-node": str(gpus), "rdzv-backend": "c10d",
+                     "rdzv-endpoint": "$(PET_MASTER_ADDR):$(PET_MASTER_PORT)", "rdzv-id": j.name,
+                     "max-restarts": "0"}
+    # The same counts in the fields the torch plugin turns into PET_NNODES / PET_NPROC_PER_NODE and the pods.
+    assert (trainer["numNodes"], trainer["numProcPerNode"]) == (nodes, gpus)
+    assert trainer["resourcesPerNode"]["limits"]["nvidia.com/gpu"] == str(gpus)
+    assert nodes * gpus == dp * cp
+    # The plugin sets the PET_* variables; a job that set them itself would contradict it.
+    assert not [e for e in trainer["env"] if e["name"].startswith("PET_") or e["name"] in ("RANK", "WORLD_SIZE")]
+
+
+@pytest.mark.parametrize("nodes,gpus,dp,cp", [(1, 8, 2, 4), (3, 8, 6, 4), (2, 4, 2, 4)])
+def test_pytorchjob_torchrun_meets_at_the_master_the_operator_names(nodes, gpus, dp, cp):
+    j = job(dp=dp, cp=cp)
+    pj = render_stage(settings(backend="pytorchjob", num_nodes=nodes, gpus_per_node=gpus), j)[-1]
+    assert pj["spec"]["nprocPerNode"] == str(gpus)
+    assert "elasticPolicy" not in pj["spec"]
+    replicas = pj["spec"]["pytorchReplicaSpecs"]
+    assert sum(r["replicas"] for r in replicas.values()) == nodes
+    for role in replicas.values():
+        (container,) = role["template"]["spec"]["containers"]
+        assert container["command"] == ["torchrun"]
+        assert torchrun_flags(container["args"]) == {
+            "nnodes": str(nodes), "nproc-per-node": str(gpus), "rdzv-backend": "c10d",
+            "rdzv-endpoint": "$(MASTER_ADDR):$(MASTER_PORT)", "rdzv-id": j.name, "max-restarts": "0"}
+        assert container["args"][container["args"].index("-m"):] == STAGE
+        # MASTER_PORT is this port's number; the operator creates the Master's Service for it.
+        assert {"name": "pytorchjob-port", "containerPort": 23456, "protocol": "TCP"} in container["ports"]
+        assert container["resources"]["limits"]["nvidia.com/gpu"] == str(gpus)
+
+
+@pytest.mark.parametrize("backend", ["trainjob", "pytorchjob"])
+@pytest.mark.parametrize("nodes,gpus,dp,cp", [(2, 8, 2, 4), (1, 8, 1, 4), (1, 4, 2, 4)])
+def test_a_cluster_world_other_than_dp_times_cp_is_refused(backend, nodes, gpus, dp, cp):
+    with pytest.raises(RingzeroError) as err:
+        render_stage(settings(backend=backend, num_nodes=nodes, gpus_per_node=gpus), job(dp=dp, cp=cp))
+    text = str(err.value)
+    node_s = f"{nodes} node" + ("s" if nodes > 1 else "")
+    assert f"cluster settings run {node_s} x {gpus} GPUs per node = {nodes * gpus} ranks" in text
+    assert f"parallel.dp x parallel.cp = {dp} x {cp} = {dp * cp}" in text
+
+
+def test_the_world_is_checked_before_anything_is_created():
+    from cluster_fakes import FakeApi
+
+    from ringzero.cluster.launch import launch_stage
+
+    api = FakeApi({})
+    with pytest.raises(RingzeroError, match="16 ranks"):
+        launch_stage(api, settings(), job(dp=2, cp=4), rollout())
+    assert api.created == []
 
 
 def test_objects_are_tied_to_the_run_and_owned_by_the_step_pod():
@@ -91,13 +157,13 @@ def test_objects_are_tied_to_the_run_and_owned_by_the_step_pod():
 
 
 def test_pytorchjob_fallback_has_master_and_workers():
-    pj = render_stage(settings(backend="pytorchjob", num_nodes=3), job())[-1]
+    pj = render_stage(settings(backend="pytorchjob", num_nodes=3), job(dp=6, cp=4))[-1]
     replicas = pj["spec"]["pytorchReplicaSpecs"]
     assert (replicas["Master"]["replicas"], replicas["Worker"]["replicas"]) == (1, 2)
     assert pj["spec"]["nprocPerNode"] == "8"
     container = replicas["Master"]["template"]["spec"]["containers"][0]
-    assert container["name"] == "pytorch" and container["command"] == ["ringzero", "stage"]
-    single = render_stage(settings(backend="pytorchjob", num_nodes=1), job())[-1]
+    assert container["name"] == "pytorch" and container["command"] == ["torchrun"]
+    single = render_stage(settings(backend="pytorchjob", num_nodes=1), job(dp=2, cp=4))[-1]
     assert "Worker" not in single["spec"]["pytorchReplicaSpecs"]
 
 
@@ -159,12 +225,15 @@ def test_secret_looking_plain_env_is_refused():
 
 def test_cpu_device_uses_the_cpu_image_and_refuses_sglang():
     cpu = settings(device="cpu", gpus_per_node=0, num_nodes=1, node_selector={}, tolerations=[])
-    tj = render_stage(cpu, job())[-1]
+    tj = render_stage(cpu, job(dp=1, cp=1))[-1]
     assert tj["spec"]["trainer"]["image"].startswith("registry.example/ringzero/cpu:")
     assert tj["spec"]["trainer"]["numProcPerNode"] == 1
+    assert torchrun_flags(tj["spec"]["trainer"]["args"])["nproc-per-node"] == "1"
+    with pytest.raises(RingzeroError, match="1 node x 1 process per CPU node = 1 rank,"):
+        render_stage(cpu, job(dp=2, cp=1))
     assert "nvidia.com/gpu" not in str(tj)
     with pytest.raises(RingzeroError, match="need GPUs"):
-        render_stage(cpu, job(), rollout())
+        render_stage(cpu, job(dp=1, cp=1), rollout())
 
 
 @pytest.mark.parametrize("change,field", [

@@ -9,11 +9,11 @@ import signal
 import pytest
 from cluster_fakes import COMPLETE, FAILED, READY, RUNNING, FakeApi, FakeClock, pod
 
-from ringzero.cluster.config import ClusterSettings
 from ringzero.cluster.job import StageJob
 from ringzero.cluster.launch import launch_stage
 from ringzero.cluster.rollout import RolloutSpec
 from ringzero.cluster.wait import StageFailed, StageTimeout
+from ringzero.config.cluster import ClusterSettings
 from ringzero.store.config import S3Settings
 
 IMAGES = {k: {"repository": f"r/{k}", "tag": "1"} for k in ("trainer", "rollout", "cpu")}
@@ -21,7 +21,8 @@ SETTINGS = ClusterSettings.model_validate({
     "namespace": "ml", "images": IMAGES, "s3_secret": {"name": "s3"}, "gpus_per_node": 8, "log_lines": 3,
     "job_timeout_s": 100, "rollout": {"ready_timeout_s": 50},
 })
-JOB = StageJob(run="r", stage="stage1", name="r-stage1-0a1b2c3d", namespace="ml", config_yaml="run: {name: r}\n")
+JOB = StageJob(run="r", stage="stage1", name="r-stage1-0a1b2c3d", namespace="ml", config_yaml="run: {name: r}\n",
+               dp=2, cp=4)
 ROLLOUT = RolloutSpec("s3://b/ckpt", S3Settings(), lm_head_fp32=True, deterministic=False, seed=0)
 
 def test_success_returns_the_finished_job_and_cleans_up():

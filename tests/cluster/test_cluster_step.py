@@ -10,8 +10,8 @@ from cluster_fakes import COMPLETE, RUNNING, FakeApi, FakeClock
 from cluster_helm_cli import REPO
 
 from ringzero.cluster import execute_stage_on_cluster
-from ringzero.cluster.config import ClusterSettings
 from ringzero.config import load_config
+from ringzero.config.cluster import ClusterSettings
 from ringzero.errors import RingzeroError
 from ringzero.pipeline.execute import outcome_key
 from ringzero.pipeline.identity import stage_hash

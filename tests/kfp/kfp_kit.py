@@ -8,6 +8,8 @@ from ringzero.cli.kfp_cmd import pipelines_module
 
 PLUGINS = Path(__file__).parent / "plugins"  # fake_stage_runners: put on sys.path and PYTHONPATH by a fixture
 
+# An in-process step runs one rank per GPU of its pod: the micro config runs dp x cp = 8 ranks with it.
+GPU_PARALLEL = {"dp": 2, "cp": 4}
 GPU_KFP = {
     "base_image": "registry.example/ringzero:0.1.0",
     "s3_secret": {"name": "ringzero-s3", "access_key_key": "id", "secret_key_key": "key"},
@@ -20,7 +22,8 @@ GPU_KFP = {
 
 
 def micro_config(root: Path, *, gate: list[str], rl_steps: int = 2, kfp: dict | None = None,
-                 storage: str | None = None, extra_stages: list[dict] | None = None) -> Path:
+                 storage: str | None = None, extra_stages: list[dict] | None = None,
+                 parallel: dict | None = None) -> Path:
     """base (pretrain) -> stage1 (rl, gated) -> distill -> eval (compares all three); returns its path."""
     data = {
         "run": {"name": "micro", "run_dir": str(root / "run")},
@@ -36,6 +39,8 @@ def micro_config(root: Path, *, gate: list[str], rl_steps: int = 2, kfp: dict | 
     }
     if kfp is not None:
         data["kfp"] = kfp
+    if parallel is not None:
+        data["parallel"] = parallel
     path = root / "micro.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path

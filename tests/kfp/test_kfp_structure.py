@@ -1,7 +1,7 @@
 """The compiled pipeline's shape: steps, wiring, gate conditions, exit handler and pod settings from config."""
 
 import pytest
-from kfp_kit import GPU_KFP, compile_docs, executor_of, micro_config, tasks_by_display_name
+from kfp_kit import GPU_KFP, GPU_PARALLEL, compile_docs, executor_of, micro_config, tasks_by_display_name
 
 from ringzero.errors import RingzeroError
 
@@ -12,7 +12,8 @@ STAGES = {"base": "pretrain", "stage1": "rl", "distill": "distill", "eval": "eva
 
 @pytest.fixture
 def gpu_spec(tmp_path):
-    config = micro_config(tmp_path, gate=["reward/mean >= 0.2"], kfp=GPU_KFP, storage="s3://bucket/runs")
+    config = micro_config(tmp_path, gate=["reward/mean >= 0.2"], kfp=GPU_KFP, storage="s3://bucket/runs",
+                          parallel=GPU_PARALLEL)
     return compile_docs(config, tmp_path / "micro.pipeline.yaml")
 
 

@@ -5,13 +5,15 @@ import math
 from dataclasses import asdict
 
 import pytest
+import yaml
 from kfp_kit import micro_config
 
 from ringzero.errors import ConfigError, RingzeroError
 from ringzero.kfp import report, tasks
 from ringzero.kfp.settings import load_kfp_config
-from ringzero.pipeline.execute import ExecutedStage, metrics_key, outcome_key
+from ringzero.pipeline.execute import ExecutedStage, execute_stage, metrics_key, outcome_key
 from ringzero.pipeline.gates import GateResult
+from ringzero.pipeline.identity import stage_hash
 from ringzero.pipeline.manifest import RunManifest
 from ringzero.stages.base import StageInputs, StageOutcome
 from ringzero.store import open_store
@@ -139,3 +141,98 @@ def test_cluster_mode_hands_the_stage_to_the_cluster_launcher(cfg, tmp_path, mon
     assert calls == [("stage1", StageInputs("file:///s/base", "file:///s/ref", "file:///s/base", {}))]
     assert (uri, json.loads(summary_json)) == ("file:///s/stage1", {"reward/mean": 0.5})
     assert "## stage `stage1` (rl): ran" in (tmp_path / "summary.md").read_text()
+
+
+def _gpu_cfg(tmp_path, gpus, parallel):
+    from ringzero.config import load_config
+
+    return load_config(micro_config(tmp_path, gate=[], kfp={"stage_pod": {"gpus": gpus}}, parallel=parallel))
+
+
+class Ranks:
+    """Stands in for `ringzero stage run ... --nproc N`: records the command, then runs the stage as it would."""
+
+    def __init__(self, code=0, commit=True):
+        self.argv, self.code, self.commit = [], code, commit
+
+    def __call__(self, argv):
+        from ringzero.config import load_config
+
+        self.argv.append(list(argv))
+        path = argv[argv.index("run") + 1]
+        self.config = yaml.safe_load(open(path))
+        if self.commit:
+            # The ranks' work, done by one process: what they commit is keyed by the stage identity.
+            cfg = load_config(path)
+            flag = {a: argv[i + 1] for i, a in enumerate(argv) if a.startswith("--")}
+            inputs = StageInputs(flag.get("--init"), flag.get("--reference"), flag.get("--base"), {})
+            execute_stage(cfg, open_store(cfg.storage.root), cfg.stage(flag["--stage"]), inputs, tmp_run(cfg))
+        return self.code
+
+
+def tmp_run(cfg):
+    from pathlib import Path
+
+    return Path(cfg.run.run_dir) / "ranks"
+
+
+@pytest.mark.usefixtures("fake_runners")
+@pytest.mark.parametrize(("gpus", "parallel"), [(4, {"dp": 4}), (8, {"dp": 2, "cp": 4})])
+def test_a_step_with_gpus_runs_its_stage_with_one_local_rank_per_gpu(tmp_path, monkeypatch, gpus, parallel):
+    cfg = _gpu_cfg(tmp_path, gpus, parallel)
+    ranks = Ranks()
+    monkeypatch.setattr(tasks, "_run_command", ranks)
+    uri, _ = tasks.run_stage(tasks.config_text(cfg), "base", "pretrain", "in-process", "run-1", init_uri="",
+                             base_uri="")
+    (argv,) = ranks.argv
+    assert argv[1:6] == ["-m", "ringzero.cli.main", "stage", "run", argv[5]]
+    assert argv[6:] == ["--stage", "base", "--nproc", str(gpus)]
+    assert ranks.config["kfp"]["stage_pod"]["gpus"] == gpus and ranks.config["parallel"]["dp"] == parallel["dp"]
+    assert uri.startswith(f"file://{tmp_path}/store/")  # the ranks' committed outcome, read back by the step
+
+
+def test_a_step_with_gpus_reuses_a_committed_stage(tmp_path, monkeypatch):
+    cfg = _gpu_cfg(tmp_path, 2, {"dp": 2})
+    store = open_store(cfg.storage.root)
+    stage = cfg.stage("base")
+    outcome = StageOutcome("file:///s/base", {"loss/final": 1.0}, "max_steps", 1, 1.0)
+    store.put_json(outcome_key(stage_hash(cfg, stage, StageInputs())), asdict(outcome))
+    ranks = Ranks(commit=False)
+    monkeypatch.setattr(tasks, "_run_command", ranks)
+    uri, _ = tasks.run_stage(tasks.config_text(cfg), "base", "pretrain", "in-process", "run-1", init_uri="",
+                             base_uri="")
+    assert uri == "file:///s/base" and ranks.argv == []
+
+
+@pytest.mark.parametrize(("code", "match"), [(1, "exited with 1"), (0, "committed no outcome")])
+def test_a_step_whose_ranks_fail_or_commit_nothing_fails(tmp_path, monkeypatch, code, match):
+    cfg = _gpu_cfg(tmp_path, 2, {"dp": 2})
+    ranks = Ranks(code=code, commit=False)
+    monkeypatch.setattr(tasks, "_run_command", ranks)
+    with pytest.raises(RingzeroError, match=match):
+        tasks.run_stage(tasks.config_text(cfg), "stage1", "rl", "in-process", "run-1", init_uri="file:///s/base",
+                        base_uri="file:///s/base", reference_uri="file:///s/ref")
+    # The ranks get the step's inputs exactly, so they commit under the identity the step looks up.
+    (argv,) = ranks.argv
+    assert argv[6:] == ["--stage", "stage1", "--init", "file:///s/base", "--reference", "file:///s/ref",
+                        "--base", "file:///s/base", "--nproc", "2"]
+
+
+@pytest.mark.usefixtures("fake_runners")
+def test_a_step_without_gpus_runs_its_one_rank_in_process(tmp_path, monkeypatch):
+    cfg = _gpu_cfg(tmp_path, 1, None)
+    monkeypatch.setattr(tasks, "_run_command", lambda argv: pytest.fail(f"started {argv}"))
+    uri, _ = tasks.run_stage(tasks.config_text(cfg), "base", "pretrain", "in-process", "run-1", init_uri="",
+                             base_uri="")
+    assert uri
+
+
+@pytest.mark.parametrize(("gpus", "parallel", "ranks"), [(4, {"dp": 2}, "4 local ranks"), (0, {"cp": 2}, "1 process")])
+def test_a_step_refuses_a_config_whose_pod_cannot_run_dp_times_cp(tmp_path, monkeypatch, gpus, parallel, ranks):
+    # A config that never went through load_kfp_config (a hand-edited run parameter) is refused by the step.
+    cfg = _gpu_cfg(tmp_path, gpus, parallel)
+    monkeypatch.setattr(tasks, "_run_command", lambda argv: pytest.fail(f"started {argv}"))
+    with pytest.raises(ConfigError) as info:
+        tasks.run_stage(tasks.config_text(cfg), "base", "pretrain", "in-process", "run-1", init_uri="", base_uri="")
+    (problem,) = info.value.problems
+    assert problem.startswith("kfp.stage_pod.gpus: ") and ranks in problem and "parallel.dp x parallel.cp" in problem
