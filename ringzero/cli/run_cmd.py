@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import signal
+import sys
 from pathlib import Path
 
 from ringzero.cli.config_cmd import add_config_args
@@ -42,6 +44,9 @@ def open_run(args):
     from ringzero.store import open_store
 
     cfg = load_config(args.config, args.overrides)
+    # torchrun stops the other ranks of a failed job with SIGTERM: exit through Python, so the stage
+    # lease and open files are released rather than left behind.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     runtime = from_env(cfg.parallel, cfg.run.device)
     run_dir = Path(cfg.run.run_dir)
     quiet_for_rank(runtime.rank)

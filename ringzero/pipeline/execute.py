@@ -8,18 +8,21 @@ interrupted stage has no outcome yet, so it runs again and resumes from its last
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import structlog
 
 from ringzero.config.run import RunConfig
+from ringzero.errors import RingzeroError
 from ringzero.metrics import MemoryMetricWriter, MetricWriter, merge_by_step, read_metrics
-from ringzero.parallel.one_writer import one_writer
+from ringzero.parallel.one_writer import OneWriterStore, one_writer
 from ringzero.parallel.runtime import Runtime, single
 from ringzero.pipeline.gates import GateResult, evaluate_gate
 from ringzero.pipeline.identity import stage_hash
 from ringzero.stages.base import StageContext, StageInputs, StageOutcome, get_runner
+from ringzero.store.lease import LeaseHeld, StageLease
 
 log = structlog.get_logger(__name__)
 
@@ -42,6 +45,31 @@ def outcome_key(h: str) -> str:
 
 def metrics_key(h: str) -> str:
     return f"stages/{h[:16]}/metrics.jsonl"
+
+
+def lease_key(h: str) -> str:
+    return f"stages/{h[:16]}/lease.json"
+
+
+@contextmanager
+def stage_lease(store, h: str, runtime: Runtime):
+    """Rank 0 holds the stage's lease while the job runs it; a second job on the same identity is
+    refused on every rank before it writes anything (yields the lease on rank 0, None elsewhere)."""
+    lease, refused = None, None
+    if runtime.is_main:
+        lease = StageLease(store.inner if isinstance(store, OneWriterStore) else store, lease_key(h))
+        try:
+            lease.acquire()
+        except LeaseHeld as exc:
+            refused = str(exc)
+    refused = runtime.broadcast(refused)
+    if refused is not None:
+        raise RingzeroError(f"stage {h[:16]} is being run by another job: {refused}")
+    try:
+        yield lease
+    finally:
+        if lease is not None:
+            lease.release()
 
 
 def execute_stage(
@@ -72,13 +100,16 @@ def execute_stage(
             identity_path.write_text(h)
         log.info("stage.start", stage=stage.name, kind=stage.kind, hash=h[:16], init=inputs.init_uri)
         started = time.time()
-        with (MetricWriter(metrics_path) if main else MemoryMetricWriter()) as writer:
-            ctx = StageContext(cfg=cfg, store=store, stage_hash=h, stage_dir=stage_dir, metrics=writer, fresh=force,
-                               runtime=runtime)
-            outcome = get_runner(stage.kind)(ctx, stage, inputs)
-        outcome.wall_s = runtime.broadcast(time.time() - started)
-        store.put_bytes(metrics_key(h), metrics_path.read_bytes() if main else b"")
-        store.put_json(outcome_key(h), asdict(outcome))  # last: its presence means the stage finished
+        with stage_lease(store, h, runtime) as lease:
+            with (MetricWriter(metrics_path) if main else MemoryMetricWriter()) as writer:
+                ctx = StageContext(cfg=cfg, store=store, stage_hash=h, stage_dir=stage_dir, metrics=writer,
+                                   fresh=force, runtime=runtime)
+                outcome = get_runner(stage.kind)(ctx, stage, inputs)
+            outcome.wall_s = runtime.broadcast(time.time() - started)
+            if lease is not None:
+                lease.check()  # never publish an outcome under a lease another job has taken
+            store.put_bytes(metrics_key(h), metrics_path.read_bytes() if main else b"")
+            store.put_json(outcome_key(h), asdict(outcome))  # last: its presence means the stage finished
         metrics = (merge_by_step(read_metrics(metrics_path)) if main
                    else merge_by_step(_parse_jsonl(store.get_bytes(metrics_key(h)) or b"")))
         skipped = False

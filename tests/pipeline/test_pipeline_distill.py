@@ -107,7 +107,8 @@ def test_an_interrupted_distillation_resumes_after_its_last_epoch_to_the_same_we
     monkeypatch.setattr(distill, "save_resume_point", saved)
     monkeypatch.setattr(distill, "collect", lambda *a, **k: pytest.fail("a resumed stage must not sample again"))
     trained = []
-    monkeypatch.setattr(distill, "response_loss", lambda *a: trained.append(1) or response_loss(*a))
+    real_step = distill.lm_step
+    monkeypatch.setattr(distill, "lm_step", lambda *a, **k: trained.append(1) or real_step(*a, **k))
     _, resumed = run_distill(policy, tmp_path / "cut")
     assert resumed.steps == 6 and len(trained) == 4  # 8 examples / batch 4 = 2 steps per epoch; epoch 1 not redone
     a, b = policy.store.load(whole.output_uri).tensors, policy.store.load(resumed.output_uri).tensors
