@@ -112,11 +112,24 @@ class DecodeCache:
             raise RingzeroError(f"cache holds {self.batch_size} rows but the input has {positions_BS.shape[0]}")
         return self._positions.append(positions_BS.to(torch.long))
 
-    def select(self, rows: Sequence[int] | torch.Tensor) -> None:
-        """Keep rows in this order, in place; indices may repeat (n samples of one prefilled prompt)."""
+    def select(self, rows: Sequence[int] | torch.Tensor, *, check: bool = True) -> None:
+        """Keep rows in this order, in place; indices may repeat (n samples of one prefilled prompt).
+
+        ``rows``: host indices (always checked, then copied to the cache's device once) or an index
+        tensor. Indices out of range are refused; checking a tensor reads it back to the host, so a
+        caller whose tensor is valid by construction (a decoding loop on a GPU) passes ``check=False``.
+        """
+        if not isinstance(rows, torch.Tensor):
+            rows = list(rows)
+            if any(not 0 <= r < self.batch_size for r in rows):
+                raise RingzeroError(f"row index out of range for a cache of {self.batch_size} rows: {rows}")
+            check = False
         rows = torch.as_tensor(rows, dtype=torch.long, device=self._positions._buf.device)
-        if rows.numel() and (rows.min() < 0 or rows.max() >= self.batch_size):
-            raise RingzeroError(f"row index out of range for a cache of {self.batch_size} rows: {rows.tolist()}")
+        if check and rows.numel():
+            low, high = torch.stack((rows.min(), rows.max())).tolist()
+            if low < 0 or high >= self.batch_size:
+                raise RingzeroError(f"row index out of range for a cache of {self.batch_size} rows: "
+                                    f"{rows.tolist()}")
         self._positions.select(rows)
         for layer in self.layers:
             layer.select(rows)
@@ -126,14 +139,11 @@ def left_padded(prompts: Sequence[Sequence[int]], pad_id: int, device=None):
     """``(ids [B, T], positions [B, T])`` for a prefill of prompts of different lengths.
 
     Padding columns come first and get negative positions (-k .. -1), the prompt tokens 0 .. len-1.
+    Both are laid out on the host and copied to ``device`` in one piece each.
     """
     width = max((len(p) for p in prompts), default=0)
-    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long, device=device)
-    positions = torch.empty((len(prompts), width), dtype=torch.long, device=device)
-    cols = torch.arange(width, device=device)
-    for row, prompt in enumerate(prompts):
-        pad = width - len(prompt)
-        if len(prompt):
-            ids[row, pad:] = torch.as_tensor(list(prompt), dtype=torch.long, device=device)
-        positions[row] = cols - pad
-    return ids, positions
+    ids = [[pad_id] * (width - len(p)) + [int(t) for t in p] for p in prompts]
+    positions = [list(range(len(p) - width, len(p))) for p in prompts]
+    shape = (len(prompts), width)
+    return (torch.tensor(ids, dtype=torch.long, device=device).reshape(shape),
+            torch.tensor(positions, dtype=torch.long, device=device).reshape(shape))

@@ -19,6 +19,13 @@ are not the decoding ones but ``score_sequences(..., batch_invariant=True)`` on 
 the function the trainer calls for the numerator, so the importance ratio is exactly 1 when the trainer
 runs the same policy (see ``ringzero.rollout.scoring``).
 
+The engine lives on the device of its weights (``engine.device``): prompts are copied there once per
+group, and the decoding loop keeps everything there (cache, sampling settings, each row's generator and
+uniforms, stop ids, output buffers). Per step the host reads back at most one small tensor, the stop
+check (which rows sampled a stop id, plus the tokens of rows with stop strings); finished outputs come
+back once per group. A CUDA generator draws other streams than a CPU one seeded alike, so a seeded
+request gives the same tokens on every run and in every batch on one device type, not across types.
+
 A sequence's total length (prompt + output) is capped at the model's ``max_seq_len``; a prompt that
 leaves no room is refused.
 """
@@ -105,7 +112,7 @@ class EmbeddedEngine:
         """Load a committed checkpoint (same architecture as the served model) through the store."""
         from ringzero.model.checkpoint import load_model
 
-        loaded = load_model(uri, self.policy, s3=self.s3, device=self.model.embed.weight.device)
+        loaded = load_model(uri, self.policy, s3=self.s3, device=self.device)
         if loaded.config != self.model.cfg:
             raise RingzeroError(f"{uri}: its model config differs from the one this engine serves")
         self.model = loaded.model.eval()
@@ -140,11 +147,15 @@ class EmbeddedEngine:
                                 f"max_seq_len {limit}")
         return prompt
 
+    @property
+    def device(self) -> torch.device:
+        """Where the engine's weights live, and with them every tensor of its decoding loop."""
+        return next(self.model.parameters()).device
+
     def _prefill(self, prompts: list[list[int]], capacity: int):
         """Last-position logits ``[P, V]`` of each prompt and the cache holding them."""
         pad = self.tokenizer.pad_id if self.tokenizer is not None else 0
-        device = self.model.embed.weight.device
-        ids_PT, pos_PT = left_padded(prompts, pad, device)
+        ids_PT, pos_PT = left_padded(prompts, pad, self.device)
         cache = self.model.new_cache(len(prompts), capacity=capacity)
         chunk = self.prefill_chunk or ids_PT.shape[1]
         for s in range(0, ids_PT.shape[1], chunk):
@@ -153,15 +164,19 @@ class EmbeddedEngine:
         return self.model.logits(hidden_PSD[:, -1:])[:, 0], cache
 
     def _run_group(self, rows: list[RowSpec]) -> list[Finished]:
-        """Prefill each distinct prompt once, fan out to the rows, decode until every row finished."""
+        """Prefill each distinct prompt once, fan out to the rows, decode until every row finished.
+
+        Everything stays on the engine's device; per step at most one small read comes back to the
+        host, the stop check of ``DecodingRows.advance``; the outputs come back once, at the end.
+        """
         first_row_of: dict[int, int] = {}
         for r in rows:
             first_row_of.setdefault(r.request, len(first_row_of))
         prompts = list({r.request: r.prompt for r in rows}.values())
-        state = DecodingRows(rows, self.tokenizer)
+        state = DecodingRows(rows, self.tokenizer, self.device)
         logits_BV, cache = self._prefill(prompts, max(len(p) for p in prompts) + state.steps)
-        fan_out_B = torch.tensor([first_row_of[r.request] for r in rows], device=logits_BV.device)
-        cache.select(fan_out_B)
+        fan_out_B = torch.tensor([first_row_of[r.request] for r in rows], dtype=torch.long, device=self.device)
+        cache.select(fan_out_B, check=False)  # built from the prompts just prefilled: in range
         logits_BV = logits_BV[fan_out_B]
         for t in range(state.steps):
             tokens_B, logp_B = sample_next(logits_BV, state.settings, state.uniforms.next())
@@ -169,11 +184,10 @@ class EmbeddedEngine:
             if keep_B is not None:  # some rows finished: stop paying for them
                 if keep_B.numel() == 0:
                     break
-                keep_B = keep_B.to(tokens_B.device)
-                cache.select(keep_B)
+                cache.select(keep_B, check=False)  # live rows of this cache, by construction
                 tokens_B = tokens_B[keep_B]
             logits_BV = self.model(tokens_B[:, None], cache=cache)[:, -1]
-        return state.results
+        return state.results()
 
     def _rescore(self, rows: list[RowSpec], finished: list[Finished]) -> None:
         """Deterministic mode: replace decoding log-probs with the trainer's batch-invariant scoring."""

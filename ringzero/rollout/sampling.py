@@ -4,6 +4,12 @@ Per row: temperature (0 = greedy), top-k, top-p and a ``torch.Generator``. Every
 rows; the only per-row Python work is refilling each row's block of uniforms every ``UNIFORM_BLOCK``
 steps, so a row's draws depend on its own seed and nothing else (not on which rows share the batch).
 
+Everything lives on the device of the logits: settings tensors, generators and uniforms. The host keeps
+only the per-row flags that pick a branch (greedy, filtered), copied from the request settings when the
+rows are built, so ``sample_next`` never reads the device. A generator on a CUDA device draws a
+different stream than a CPU one seeded alike: seeded rows are reproducible on one device type, and
+independent of their batch neighbours on every device.
+
 The log-prob reported for a sampled token follows SGLang: ``log_softmax(logits / T)`` over the whole
 vocabulary, taken *before* top-k/top-p; greedy rows report the plain ``log_softmax(logits)``. Sampling
 itself draws from the top-k/top-p filtered, renormalised distribution by inverse CDF with one uniform.
@@ -29,63 +35,82 @@ def sample_seed(request_seed: int, sample_index: int) -> int:
     return (request_seed * _SEED_MIX + sample_index) % (1 << 63)
 
 
+def _take(values: Sequence, rows: Sequence[int]) -> tuple:
+    return tuple(values[i] for i in rows)
+
+
 @dataclass
 class RowSettings:
-    """Per-row sampling settings as tensors ``[B]``; ``select`` keeps (or repeats) rows like the cache."""
+    """Per-row sampling settings as device tensors ``[B]`` plus the host flags that pick a branch.
+
+    ``select`` keeps (or repeats) rows like the cache; it takes the rows both as host indices (for the
+    flags) and as the same indices on the device (for the tensors), so it reads nothing back.
+    """
 
     temperature_B: torch.Tensor  # float64; 0 = greedy
     top_k_B: torch.Tensor  # long; <= 0 = off
     top_p_B: torch.Tensor  # float64
-    generators: list[torch.Generator]
+    filters_B: torch.Tensor  # bool: the row's settings filter the distribution (top-k or top-p)
+    greedy: tuple[bool, ...]  # host copies of ``temperature_B == 0`` and ``filters_B``
+    filters: tuple[bool, ...]
 
     @classmethod
     def build(cls, temperatures: Sequence[float], top_ks: Sequence[int], top_ps: Sequence[float],
-              seeds: Sequence[int]) -> RowSettings:
+              device: torch.device | str | None = None) -> RowSettings:
+        temperatures, top_ks, top_ps = list(temperatures), list(top_ks), list(top_ps)
+        filters = tuple(k > 0 or p < 1 for k, p in zip(top_ks, top_ps, strict=True))
         return cls(
-            torch.tensor(temperatures, dtype=torch.float64),
-            torch.tensor(top_ks, dtype=torch.long),
-            torch.tensor(top_ps, dtype=torch.float64),
-            [torch.Generator().manual_seed(s) for s in seeds],
+            torch.tensor(temperatures, dtype=torch.float64, device=device),
+            torch.tensor(top_ks, dtype=torch.long, device=device),
+            torch.tensor(top_ps, dtype=torch.float64, device=device),
+            torch.tensor(filters, dtype=torch.bool, device=device),
+            tuple(t == 0 for t in temperatures),
+            filters,
         )
 
-    def select(self, rows: torch.Tensor) -> RowSettings:
-        rows_list = rows.tolist()
-        return RowSettings(self.temperature_B[rows], self.top_k_B[rows], self.top_p_B[rows],
-                           [self.generators[i] for i in rows_list])
-
     @property
-    def filters_B(self) -> torch.Tensor:
-        """Rows whose settings filter the distribution (top-k or top-p)."""
-        return (self.top_k_B > 0) | (self.top_p_B < 1)
+    def device(self) -> torch.device:
+        return self.temperature_B.device
+
+    def select(self, rows: Sequence[int], rows_B: torch.Tensor) -> RowSettings:
+        """Rows ``rows`` (host indices, possibly repeated) in order; ``rows_B`` holds them on the device."""
+        return RowSettings(self.temperature_B[rows_B], self.top_k_B[rows_B], self.top_p_B[rows_B],
+                           self.filters_B[rows_B], _take(self.greedy, rows), _take(self.filters, rows))
 
     @property
     def any_filter(self) -> bool:
-        return bool(self.filters_B.any())
+        return any(self.filters)
 
 
 class UniformStream:
-    """Per-row uniforms in blocks: ``next()`` returns ``[B]``, one fresh value per row and call."""
+    """Per-row uniforms in blocks: ``next()`` returns ``[B]``, one fresh value per row and call.
 
-    def __init__(self, rows: RowSettings):
-        self._rows = rows
+    One generator per row, created on ``device`` (the device the uniforms are used on) and seeded with
+    the row's seed.
+    """
+
+    def __init__(self, seeds: Sequence[int], device: torch.device | str | None = None):
+        self.device = torch.device(device) if device is not None else torch.device("cpu")
+        self.generators = [torch.Generator(device=self.device).manual_seed(int(s)) for s in seeds]
         self._block_BK: torch.Tensor | None = None
         self._used = UNIFORM_BLOCK
 
     def next(self) -> torch.Tensor:
         if self._used == UNIFORM_BLOCK:
-            self._block_BK = torch.stack(
-                [torch.rand(UNIFORM_BLOCK, generator=g, dtype=torch.float64) for g in self._rows.generators]
-            ) if self._rows.generators else torch.empty((0, UNIFORM_BLOCK), dtype=torch.float64)
+            self._block_BK = torch.stack([
+                torch.rand(UNIFORM_BLOCK, generator=g, dtype=torch.float64, device=self.device)
+                for g in self.generators
+            ]) if self.generators else torch.empty((0, UNIFORM_BLOCK), dtype=torch.float64, device=self.device)
             self._used = 0
         u_B = self._block_BK[:, self._used]
         self._used += 1
         return u_B
 
-    def select(self, rows: torch.Tensor, settings: RowSettings) -> None:
-        """Follow a row selection (dropped or repeated rows) made on the cache."""
-        self._rows = settings
+    def select(self, rows: Sequence[int], rows_B: torch.Tensor) -> None:
+        """Follow a row selection (dropped or repeated rows) made on the cache: host and device indices."""
+        self.generators = [self.generators[i] for i in rows]
         if self._block_BK is not None:
-            self._block_BK = self._block_BK[rows]
+            self._block_BK = self._block_BK[rows_B]
 
 
 def scaled_logprobs(logits_BV: torch.Tensor, temperature_B: torch.Tensor) -> torch.Tensor:
@@ -124,8 +149,8 @@ def inverse_cdf(probs_BV: torch.Tensor, u_B: torch.Tensor) -> torch.Tensor:
 def sample_next(logits_BV: torch.Tensor, rows: RowSettings, u_B: torch.Tensor):
     """``(token_ids [B], logprobs [B])``: sampled (or greedy) tokens and their pre-filter log-probs."""
     logp_BV = scaled_logprobs(logits_BV, rows.temperature_B)
-    greedy_B = rows.temperature_B == 0
-    if bool(greedy_B.all()):
+    # Branches follow the host flags: reading ``greedy_B`` back would cost a device sync per step.
+    if all(rows.greedy):
         tokens_B = logp_BV.argmax(dim=-1)
     else:
         probs_BV = logp_BV.exp()
@@ -136,6 +161,6 @@ def sample_next(logits_BV: torch.Tensor, rows: RowSettings, u_B: torch.Tensor):
             kept_BV, order_BV = filter_mask(probs_BV, rows.top_k_B, rows.top_p_B)
             filtered_B = order_BV.gather(-1, inverse_cdf(kept_BV, u_B)[:, None])[:, 0]
             tokens_B = torch.where(rows.filters_B, filtered_B, tokens_B)
-        if bool(greedy_B.any()):
-            tokens_B = torch.where(greedy_B, logp_BV.argmax(dim=-1), tokens_B)
+        if any(rows.greedy):
+            tokens_B = torch.where(rows.temperature_B == 0, logp_BV.argmax(dim=-1), tokens_B)
     return tokens_B, logp_BV.gather(-1, tokens_B[:, None])[:, 0]

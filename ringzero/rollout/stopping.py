@@ -1,10 +1,11 @@
 """When a row stops: a stop token id (eos included), a stop string in the decoded text, or its length cap.
 
 The token that triggers a stop stays in ``output_ids`` (with its log-prob): the policy has to learn to
-emit it, so the trainer must see it. Stop ids and length caps are checked for all rows at once with
-tensors; only rows that have stop strings pay a per-step decode. Stop strings are matched on the text
-of the *output* only (never the prompt), decoded from a tail window of tokens; since every step is
-checked, any match found is one the newest token completed.
+emit it, so the trainer must see it. Stop ids are checked for all rows at once on the device; length
+caps on the host, which counts the steps. Only rows that have stop strings pay a per-step decode, on a
+host copy of their output that grows by the token read back each step. Stop strings are matched on the
+text of the *output* only (never the prompt), decoded from a tail window of tokens; since every step
+is checked, any match found is one the newest token completed.
 
 Letter legend: B rows, S stop ids per row (padded with -1).
 """
@@ -43,23 +44,21 @@ class StopStrings:
 
 
 class StopTable:
-    """Stop ids and length caps of all rows as tensors; ``select`` follows the cache's row selection."""
+    """Stop ids of all rows as a device tensor ``[B, S]``; ``select`` follows the cache's row selection.
 
-    def __init__(self, stop_ids: Sequence[Sequence[int]], max_new_tokens: Sequence[int]):
-        width = max((len(ids) for ids in stop_ids), default=0)
-        self.stop_ids_BS = torch.full((len(stop_ids), max(width, 1)), -1, dtype=torch.long)
-        for row, ids in enumerate(stop_ids):
-            self.stop_ids_BS[row, : len(ids)] = torch.as_tensor(list(ids), dtype=torch.long)
-        self.max_new_B = torch.as_tensor(list(max_new_tokens), dtype=torch.long)
+    Length caps need no tensor: every row of a group decodes in lock step, so the host knows from the
+    step count alone which rows reached theirs.
+    """
 
-    def select(self, rows: torch.Tensor) -> None:
-        self.stop_ids_BS = self.stop_ids_BS[rows]
-        self.max_new_B = self.max_new_B[rows]
+    def __init__(self, stop_ids: Sequence[Sequence[int]], device: torch.device | str | None = None):
+        width = max(max((len(ids) for ids in stop_ids), default=0), 1)
+        padded = [list(ids) + [-1] * (width - len(ids)) for ids in stop_ids]
+        # Built on the host and copied once: one upload, whatever the number of rows.
+        self.stop_ids_BS = torch.tensor(padded, dtype=torch.long, device=device).reshape(len(stop_ids), width)
+
+    def select(self, rows_B: torch.Tensor) -> None:
+        self.stop_ids_BS = self.stop_ids_BS[rows_B]
 
     def hit_stop_id(self, tokens_B: torch.Tensor) -> torch.Tensor:
         """``[B]`` bool: the token just sampled is one of the row's stop ids."""
         return (tokens_B[:, None] == self.stop_ids_BS).any(-1)
-
-    def at_length(self, generated: int) -> torch.Tensor:
-        """``[B]`` bool: the row has generated its cap (all rows of a group decode in lock step)."""
-        return self.max_new_B <= generated

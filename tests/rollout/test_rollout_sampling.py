@@ -20,8 +20,8 @@ LOGITS = PROBS.clamp(min=1e-300).log()
 
 
 def _draw(rows: int, *, temperature=1.0, top_k=0, top_p=1.0):
-    settings = RowSettings.build([temperature] * rows, [top_k] * rows, [top_p] * rows, range(rows))
-    return sample_next(LOGITS.expand(rows, -1).float(), settings, UniformStream(settings).next())
+    settings = RowSettings.build([temperature] * rows, [top_k] * rows, [top_p] * rows)
+    return sample_next(LOGITS.expand(rows, -1).float(), settings, UniformStream(range(rows)).next())
 
 
 @pytest.mark.parametrize("top_k,top_p,kept", [
@@ -52,8 +52,8 @@ def test_temperature_scales_before_the_log_softmax():
 
 
 def test_greedy_rows_take_the_argmax_next_to_sampling_rows():
-    settings = RowSettings.build([0.0, 1.0, 0.0, 1.0] * 50, [0] * 200, [1.0] * 200, range(200))
-    tokens, logprobs = sample_next(LOGITS.expand(200, -1), settings, UniformStream(settings).next())
+    settings = RowSettings.build([0.0, 1.0, 0.0, 1.0] * 50, [0] * 200, [1.0] * 200)
+    tokens, logprobs = sample_next(LOGITS.expand(200, -1), settings, UniformStream(range(200)).next())
     assert tokens[0::2].unique().tolist() == [2]
     assert len(tokens[1::2].unique()) > 2
     torch.testing.assert_close(logprobs[0::2], PROBS.log()[2].expand(100))
@@ -67,13 +67,11 @@ def test_inverse_cdf_never_returns_a_zero_probability_token():
 
 
 def test_a_rows_uniforms_survive_dropping_and_repeating_other_rows():
-    settings = RowSettings.build([1.0] * 3, [0] * 3, [1.0] * 3, [11, 22, 33])
-    stream = UniformStream(settings)
+    stream = UniformStream([11, 22, 33])
     first = [stream.next() for _ in range(5)]
-    keep = torch.tensor([2, 2])
-    stream.select(keep, settings.select(keep))
+    stream.select([2, 2], torch.tensor([2, 2]))
     later = torch.stack([stream.next() for _ in range(UNIFORM_BLOCK + 3)])
-    alone = UniformStream(RowSettings.build([1.0], [0], [1.0], [33]))
+    alone = UniformStream([33])
     expected = torch.stack([alone.next() for _ in range(UNIFORM_BLOCK + 8)])[:, 0]
     assert torch.equal(torch.stack(first)[:, 2], expected[:5])
     # The repeated row continues its own stream; both copies then share one generator, which is why the
@@ -85,3 +83,11 @@ def test_sample_seeds_are_distinct_and_stable():
     seeds = {sample_seed(s, k) for s in range(50) for k in range(8)}
     assert len(seeds) == 400 and all(0 <= x < 2**63 for x in seeds)
     assert sample_seed(7, 3) == sample_seed(7, 3)
+
+
+def test_host_flags_follow_a_selection_with_the_device_tensors():
+    settings = RowSettings.build([0.0, 1.0, 0.5], [0, 3, 0], [1.0, 1.0, 0.9])
+    kept = settings.select([2, 0, 2], torch.tensor([2, 0, 2]))
+    assert kept.greedy == (False, True, False) and kept.filters == (True, False, True)
+    assert kept.filters_B.tolist() == list(kept.filters)
+    assert (kept.temperature_B == 0).tolist() == list(kept.greedy)
