@@ -6,8 +6,9 @@ sharded contiguously over ``cp`` gloo ranks (``SeqLayout``); each rank runs the 
 ``HybridLM`` with the default plan (MLA ``a2a``, Lightning ``allgather``): hidden states, the chunked
 log-prob of each next token (``chunked_token_logprobs``), the loss normalised by the global token count
 (``token_mean``), backward and the CP gradient sum (``sync_grads``), as ``ringzero.parallel.equivalence``
-builds a CP step. ``cp = 1`` is the unparallelized model, once per MLA attention implementation
-(``explicit`` and ``sdpa``; the CP cores bring their own attention, so the choice only matters there).
+builds a CP step. Every CP degree runs once per MLA attention implementation of ``--impls``
+(``model.mla.attention_impl``: ``explicit``, ``sdpa``): ``cp = 1`` is the unparallelized model with that
+``MLACore``, ``cp > 1`` the ``a2a`` core, which attends with the layer's implementation.
 
 What is measured, on every rank, in a fresh pool of processes per configuration:
 
@@ -21,9 +22,9 @@ torch's profiler memory timeline (what ``bench/train_memory.py`` reads) is not u
 pass rejects the graphs of the CP cores' custom autograd functions with collectives.
 
 ``activation`` = RSS growth minus the gradient bytes. The table compares each CP degree's largest
-per-rank activation figure with ``1/cp`` of the ``cp = 1`` one.
+per-rank activation figure with ``1/cp`` of the ``cp = 1`` one of each implementation.
 
-    python bench/cp_memory.py --seq-len 8192 --cps 1 2 4 --md docs/bench/memory.md
+    python bench/cp_memory.py --seq-len 8192 --cps 1 2 4 --impls explicit sdpa --md docs/bench/memory.md
 """
 
 from __future__ import annotations
@@ -109,14 +110,15 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seq-len", type=int, default=8192)
     p.add_argument("--cps", type=int, nargs="+", default=[1, 2, 4])
+    p.add_argument("--impls", nargs="+", choices=["explicit", "sdpa"], default=["explicit", "sdpa"],
+                   help="MLA attention implementations (model.mla.attention_impl) to run at every CP degree")
     p.add_argument("--md", type=Path, help="write the results as a markdown section into this file")
     args = p.parse_args()
     # Before the first pool starts its forkserver, so every rank inherits it.
     os.environ["MALLOC_MMAP_THRESHOLD_"] = "65536"
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-    configs = [(cp, "explicit") for cp in args.cps if cp == 1] + [(1, "sdpa")] * (1 in args.cps) + \
-        [(cp, "explicit") for cp in args.cps if cp > 1]
+    configs = [(cp, impl) for impl in args.impls for cp in args.cps]
     results = {}
     t_start = time.perf_counter()
     for cp, impl in configs:
@@ -133,13 +135,13 @@ def main() -> None:
 
     base = {impl: max(activation(r) for r in results[(1, impl)]) for impl in ("explicit", "sdpa")
             if (1, impl) in results}
-    header = "| cp | MLA attention (cp=1) / core | tokens per rank | weights MiB | peak RSS growth MiB (max rank) | " \
+    header = "| cp | MLA attention impl / core | tokens per rank | weights MiB | peak RSS growth MiB (max rank) | " \
              "activation MiB (max rank) | activation per rank, each rank | vs 1/cp of cp=1 explicit | vs 1/cp of cp=1 sdpa |"
     rows = [header, "|" + "---|" * (header.count("|") - 1)]
     for (cp, impl), per_rank in results.items():
         acts = [activation(r) for r in per_rank]
         worst = max(acts)
-        core = impl if cp == 1 else "a2a + allgather"
+        core = impl if cp == 1 else f"a2a ({impl}) + allgather"
 
         def ratio(name: str, worst: int = worst, cp: int = cp) -> str:
             return f"{worst / (base[name] / cp):.2f}x" if name in base and cp > 1 else "-"
@@ -147,8 +149,8 @@ def main() -> None:
                f"{max(r['rss_growth'] for r in per_rank) / MIB:.1f} | {worst / MIB:.1f} | "
                f"{' / '.join(f'{a / MIB:.0f}' for a in acts)} | {ratio('explicit')} | {ratio('sdpa')} |")
         rows.append(row)
-    cmd = f"python bench/cp_memory.py --seq-len {args.seq_len} --cps {' '.join(map(str, args.cps))}" + \
-        " --md docs/bench/memory.md"
+    cmd = f"python bench/cp_memory.py --seq-len {args.seq_len} --cps {' '.join(map(str, args.cps))} " \
+        f"--impls {' '.join(args.impls)} --md docs/bench/memory.md"
     import torch
 
     body = "\n".join([

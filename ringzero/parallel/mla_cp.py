@@ -5,16 +5,22 @@ Both have the call of the single-device ``MLACore``; the layer around them is un
 ``a2a`` (all-to-all over heads). The latent ``[c_kv; k_rope]`` has no head axis, so every rank
 all-gathers it over the sequence; at the same time one all-to-all moves the queries from sequence
 shards to head shards. Each rank then up-projects the whole sequence's latent with its own heads' slice
-of ``W_uk``/``W_uv`` and runs full-sequence causal attention for H/P heads (in blocks of queries, each
-over only the keys it can see), and a second all-to-all
-returns the outputs to sequence shards. Backward: all-to-all of dO, then of dQ together with a
-reduce-scatter of the latent's gradient. Two sequential steps each way, whatever P. A rank's
-``W_uk``/``W_uv`` gradient covers only its heads; summing gradients over the CP group (as for every
-replicated weight, ``sync_grads``) completes it.
+of ``W_uk``/``W_uv`` and runs full-sequence causal attention for H/P heads, and a second all-to-all
+returns the outputs to sequence shards. That attention is the layer's own choice
+(``model.mla.attention_impl``, read from the single-device core that ``parallelize`` replaces):
+``explicit`` runs the written-out softmax island in blocks of queries, each over only the keys it can
+see (``blocked_causal_attention``, scores ``O(block x T)`` per head, all kept for backward: ``O(T^2 h)``
+per rank); ``sdpa`` runs ``sdpa_causal_attention`` on the tokens put in position order, where
+visibility is plain ``j <= i`` and the fused kernel needs no mask (``sdpa_full_sequence_attention``,
+``O(T h)`` per rank). Backward: all-to-all of dO, then of dQ together with a reduce-scatter of the
+latent's gradient. Two sequential steps each way, whatever P. A rank's ``W_uk``/``W_uv`` gradient
+covers only its heads; summing gradients over the CP group (as for every replicated weight,
+``sync_grads``) completes it.
 
 ``ring``: each rank materialises per-head K/V for its own tokens and runs ring attention over them
 (P-1 sequential hops forward, P backward), moving ``H (dn+dr+dv)`` values per token instead of
-``r + dr``.
+``r + dr``. It always runs the explicit function, whatever the layer's impl: merging the partial
+results of key blocks needs their log-sum-exp, which only ``causal_attention`` returns.
 
 Letter legend: B batch, S local tokens, T tokens of the whole sequence, H heads, h = H/P heads of this
 rank, n qk_nope_head_dim, p qk_rope_head_dim, v v_head_dim, r kv_lora_rank, c = r + p latent width.
@@ -27,7 +33,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ringzero.errors import RingzeroError
-from ringzero.model.attention import causal_attention
+from ringzero.model.attention import attention_fn, causal_attention, sdpa_causal_attention
 from ringzero.parallel.comm import (
     CommLedger,
     HeadsToSeq,
@@ -125,6 +131,56 @@ def blocked_causal_attention(q_BThd, k_BThd, v_BThv, pos, scale: float, softmax_
     return torch.cat(outs, dim=1)
 
 
+def _position_order(pos_T: torch.Tensor) -> torch.Tensor | None:
+    """Indices of the tokens that can be seen (position >= 0), in position order; ``None`` when two of
+    them share a position (then visibility is not ``j <= i`` in any order)."""
+    keep = (pos_T >= 0).nonzero().squeeze(-1)
+    order = keep[torch.argsort(pos_T[keep])]
+    ordered = pos_T[order]
+    if bool((ordered[1:] <= ordered[:-1]).any()):
+        return None
+    return order
+
+
+def _ordered_sdpa(q_BThd, k_BThd, v_BThv, pos_T, scale: float, softmax_fp32: bool):
+    """Rows sharing the positions ``pos_T``: the visible tokens gathered in position order, one plain
+    causal SDPA call, outputs put back in place; tokens with negative positions (padding) get 0."""
+    order = _position_order(pos_T)
+    T = pos_T.numel()
+    if order is None or order.numel() == 0 or \
+            (order.numel() == T and bool((order == torch.arange(T, device=order.device)).all())):
+        # Shared positions or nothing but padding (the masked call), or already in order without
+        # padding (plain causal, no copies).
+        return sdpa_causal_attention(q_BThd, k_BThd, v_BThv, pos_T, pos_T, scale, softmax_fp32)
+    ordered_pos = pos_T[order]
+    o_BUhv = sdpa_causal_attention(q_BThd[:, order], k_BThd[:, order], v_BThv[:, order], ordered_pos, ordered_pos,
+                                   scale, softmax_fp32)
+    B, h, E = q_BThd.shape[0], q_BThd.shape[2], v_BThv.shape[-1]
+    return o_BUhv.new_zeros(B, T, h, E).index_copy(1, order, o_BUhv)
+
+
+def sdpa_full_sequence_attention(q_BThd, k_BThd, v_BThv, pos, scale: float, softmax_fp32: bool):
+    """The a2a core's full-sequence attention through ``sdpa_causal_attention`` without a mask tensor.
+
+    The gathered tokens are in group-rank order (zigzag shards are not in sequence order) and may carry
+    padding (negative positions). Per row of positions, the tokens that can be seen are put in position
+    order, where key j is visible to query i iff ``j <= i``: the call takes ``is_causal`` and the fused
+    kernel never holds a ``T x T`` mask or score. Rows of ``[B, T]`` positions that differ are handled
+    one at a time. The FP32 island is ``sdpa_causal_attention``'s: under ``softmax_fp32`` q, k, v are
+    cast to fp32 (fp64 stays fp64) before the kernel and the output back after. Positions shared by two
+    visible tokens (never in training) fall back to the kernel with the boolean visibility mask."""
+    if pos.dim() == 1 or bool((pos == pos[:1]).all()):
+        return _ordered_sdpa(q_BThd, k_BThd, v_BThv, pos if pos.dim() == 1 else pos[0], scale, softmax_fp32)
+    return torch.cat([_ordered_sdpa(q_BThd[b:b + 1], k_BThd[b:b + 1], v_BThv[b:b + 1], pos[b], scale, softmax_fp32)
+                      for b in range(pos.shape[0])], dim=0)
+
+
+def full_sequence_attention(impl: str):
+    """The a2a core's full-sequence causal attention for the layer's attention impl."""
+    attention_fn(impl)  # refuse an unknown name
+    return sdpa_full_sequence_attention if impl == "sdpa" else blocked_causal_attention
+
+
 def check_heads(n_heads: int, cp: int) -> str | None:
     if n_heads % cp:
         return (f"a2a splits the {n_heads} attention heads over {cp} CP ranks, which needs n_heads % cp == 0 "
@@ -133,9 +189,17 @@ def check_heads(n_heads: int, cp: int) -> str | None:
 
 
 class MLAAllToAllCore(nn.Module):
-    def __init__(self, group, ledger: CommLedger):
+    """``impl`` (``explicit`` | ``sdpa``): the attention function of the per-head-group full-sequence
+    attention, the layer's ``MLACore.impl`` (``parallelize`` passes it on)."""
+
+    def __init__(self, group, ledger: CommLedger, impl: str = "explicit"):
         super().__init__()
         self.group, self.ledger = group, ledger
+        full_sequence_attention(impl)  # refuse an unknown name at construction
+        self.impl = impl
+
+    def extra_repr(self) -> str:
+        return f"impl={self.impl}"
 
     def forward(self, q_nope_BSHn, q_rope_BSHp, c_kv_BSr, k_rope_BSp, w_uk_Hnr, w_uv_Hvr, positions,
                 scale: float, softmax_fp32: bool):
@@ -153,11 +217,13 @@ class MLAAllToAllCore(nn.Module):
         heads = slice(me * (H // P), (me + 1) * (H // P))
         q, k, v = _expand_heads(q_BThd[..., :n], q_BThd[..., n:], latent_BTc[..., :r], latent_BTc[..., r:],
                                 w_uk_Hnr[heads], w_uv_Hvr[heads])
-        o_BThv = blocked_causal_attention(q, k, v, pos_all, scale, softmax_fp32)
+        o_BThv = full_sequence_attention(self.impl)(q, k, v, pos_all, scale, softmax_fp32)
         return HeadsToSeq.apply(o_BThv, self.group, rec)
 
 
 class MLARingCore(nn.Module):
+    """Explicit attention whatever the layer's impl: the log-sum-exp merge of key blocks needs it."""
+
     def __init__(self, group, ledger: CommLedger, sharding: str = "contiguous"):
         super().__init__()
         self.group, self.ledger, self.pieces = group, ledger, chunks_per_rank(sharding)

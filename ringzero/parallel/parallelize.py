@@ -2,8 +2,10 @@
 
 The model's attention modules keep doing all per-token work (projections, norms, RoPE at the global
 positions they are given); only their ``.core`` is replaced by the CP core of the strategy the plan
-names for their layer type. Every layer is checked first, and a pairing that cannot work is refused
-with its reason before anything is changed. With ``cp == 1`` the model is left as it is.
+names for their layer type, built with the replaced core's attention impl (``MLACore.impl``, from
+``model.mla.attention_impl``), so a layer configured for ``sdpa`` keeps it where the CP core can. Every
+layer is checked first, and a pairing that cannot work is refused with its reason before anything is
+changed. With ``cp == 1`` the model is left as it is.
 
 What the caller still owes a CP training step (see ``grads.py``): feed each rank its shard of tokens
 with their global positions (``SeqLayout``), normalise the loss by the global token count, and sum the
@@ -36,6 +38,11 @@ def attention_layers(model: nn.Module) -> list[tuple[str, str, nn.Module]]:
             if isinstance(module, cls):
                 found.append((name or "<root>", layer_type, module))
     return found
+
+
+def core_impl(module: nn.Module) -> str:
+    """The attention impl of the core about to be replaced (``MLACore.impl``; ``explicit`` when it has none)."""
+    return getattr(module.core, "impl", "explicit")
 
 
 def plan_dict(plan: CPPlan | Mapping[str, str] | None) -> dict[str, str]:
@@ -79,5 +86,5 @@ def parallelize(model: nn.Module, groups: ParallelGroups, plan: CPPlan | Mapping
     strategies = plan_dict(plan)
     for _, layer_type, module in attention_layers(model):
         strategy = STRATEGIES[(layer_type, strategies[layer_type])]
-        module.core = strategy.build(groups.cp, ledger, sharding)
+        module.core = strategy.build(groups.cp, ledger, sharding, core_impl(module))
     return ledger

@@ -1,8 +1,11 @@
 """The context-parallel strategies, the layer type each one serves, and why any other pairing is refused.
 
-A strategy builds the CP core that replaces a layer's single-device ``.core``. ``refusal`` returns the
-reason a (layer type, strategy, layout) combination cannot work, or ``None``; ``parallelize`` calls it
-for every layer before touching the model.
+A strategy builds the CP core that replaces a layer's single-device ``.core``, given the CP group, the
+comm ledger, the sharding and that core's attention impl (``MLACore.impl``: ``explicit`` | ``sdpa``;
+``explicit`` for cores without one). Only ``a2a`` uses the impl: the MLA ring needs the explicit
+function's log-sum-exp, and Lightning has no softmax. ``refusal`` returns the reason a (layer type,
+strategy, layout) combination cannot work, or ``None``; ``parallelize`` calls it for every layer before
+touching the model.
 """
 
 from __future__ import annotations
@@ -24,7 +27,8 @@ class Strategy:
     name: str
     layer_type: str
     summary: str
-    build: Callable[[object, CommLedger, str], nn.Module]  # (cp group, ledger, sharding) -> core
+    # (cp group, ledger, sharding, attention impl of the replaced core; "explicit" if left out) -> core
+    build: Callable[[object, CommLedger, str, str], nn.Module]
     extra_check: Callable[[int, int, str], str | None] = lambda n_heads, cp, sharding: None
 
 
@@ -38,20 +42,20 @@ def _lightning_ring_check(n_heads: int, cp: int, sharding: str) -> str | None:
 STRATEGIES: dict[tuple[str, str], Strategy] = {
     ("mla", "a2a"): Strategy(
         "a2a", "mla", "all-gather the latent, all-to-all queries to head shards and outputs back",
-        lambda group, ledger, sharding: MLAAllToAllCore(group, ledger),
+        lambda group, ledger, sharding, impl="explicit": MLAAllToAllCore(group, ledger, impl),
         lambda n_heads, cp, sharding: check_heads(n_heads, cp),
     ),
     ("mla", "ring"): Strategy(
         "ring", "mla", "materialised K/V around the ring, log-sum-exp merge",
-        lambda group, ledger, sharding: MLARingCore(group, ledger, sharding),
+        lambda group, ledger, sharding, impl="explicit": MLARingCore(group, ledger, sharding),
     ),
     ("lightning", "allgather"): Strategy(
         "allgather", "lightning", "one all-gather of chunk states, decayed prefix sum (LASP-2)",
-        lambda group, ledger, sharding: LightningAllGatherCore(group, ledger, sharding),
+        lambda group, ledger, sharding, impl="explicit": LightningAllGatherCore(group, ledger, sharding),
     ),
     ("lightning", "ring"): Strategy(
         "ring", "lightning", "state handed from rank to rank, P-1 hops (LASP-1)",
-        lambda group, ledger, sharding: LightningRingCore(group, ledger),
+        lambda group, ledger, sharding, impl="explicit": LightningRingCore(group, ledger),
         _lightning_ring_check,
     ),
 }

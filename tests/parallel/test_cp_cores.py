@@ -2,20 +2,25 @@
 
 CP 2 and 4; fp64 (1e-10) and fp32 (1e-4) from ``ringzero.model.tolerances``; contiguous and zigzag
 shards; one row left-padded (negative positions); fp64 cases use a length no shard count divides, so
-the end padding of ``SeqLayout`` is covered too.
+the end padding of ``SeqLayout`` is covered too. The MLA ``a2a`` core runs with both attention impls
+(``explicit`` and ``sdpa``, the layer's ``model.mla.attention_impl``), each against the same reference.
 """
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from cp_jobs import SCALE, core_inputs, core_job
-from cp_params import CP_SIZES
+from cp_params import CP_SIZES, cp_param
 from cp_reference import decayed_linear_attention, mla_core, softmax_attention
 
+from ringzero.model import attention as attention_module
 from ringzero.model.tolerances import compare
-from ringzero.parallel.mla_cp import blocked_causal_attention
+from ringzero.parallel.mla_cp import MLAAllToAllCore, blocked_causal_attention, sdpa_full_sequence_attention
 from ringzero.parallel.sharding import SeqLayout
+from ringzero.parallel.strategies import STRATEGIES
 
 pytestmark = pytest.mark.distributed
 
@@ -118,3 +123,147 @@ def test_mla_cores_in_small_blocks_equal_reference(pools, cp, mode):
             if act.dim() >= 3 and act.shape[:2] == real_BS.shape:
                 act, ref = act[real_BS], ref[real_BS]
             assert_close(act, ref, torch.float64, f"{strategy} {name}")
+
+
+# --- a2a with the layer's attention impl -------------------------------------------------------------
+
+
+def a2a_impls_job(ctx, seq_len: int, dtype: str, mode: str):
+    """``core_job`` for the a2a core built as ``parallelize`` builds it for an ``sdpa`` layer (listed as
+    ``a2a-sdpa`` for this call only) and for an ``explicit`` one."""
+    base = STRATEGIES[("mla", "a2a")]
+    key = ("mla", "a2a-sdpa")
+    STRATEGIES[key] = dataclasses.replace(
+        base, name=key[1],
+        build=lambda group, ledger, sharding, impl="explicit": base.build(group, ledger, sharding, "sdpa"))
+    try:
+        return core_job(ctx, "mla", ["a2a-sdpa", "a2a"], seq_len, dtype, mode)
+    finally:
+        del STRATEGIES[key]
+
+
+@pytest.mark.parametrize("cp", CP_SIZES)
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("mode", ["contiguous", "zigzag"])
+def test_a2a_with_sdpa_equals_reference(pools, cp, dtype, mode):
+    """The a2a core with ``sdpa`` attention: output and every gradient equal the plain reference (real
+    tokens; left padding and, in fp64, end padding), the explicit a2a core, and its collectives are the
+    explicit core's."""
+    seq_len = 27 if dtype == "float64" else 24
+    tdtype = getattr(torch, dtype)
+    got = pools(cp).run(a2a_impls_job, seq_len, dtype, mode)
+    expected, real_BS = reference("mla", seq_len, tdtype)
+    sdpa, explicit = got[0]["a2a-sdpa"], got[0]["a2a"]
+    for name, ref in expected.items():
+        act = sdpa[name]
+        if act.dim() >= 3 and act.shape[:2] == real_BS.shape:
+            if name == "out":
+                assert torch.all(act[~real_BS] == 0)  # left-padding rows see no key
+            act, ref = act[real_BS], ref[real_BS]
+        assert_close(act, ref, tdtype, f"a2a sdpa {name}")
+        assert_close(sdpa[name], explicit[name], tdtype, f"a2a sdpa vs explicit {name}")
+    assert all(r["a2a-sdpa"]["comm"] == r["a2a"]["comm"] for r in got)
+
+
+def _gathered_positions(T: int, cp: int, mode: str, left_pad: tuple[int, ...]) -> torch.Tensor:
+    """``[B, T]`` positions in the order the a2a core holds them after its all-gather (group-rank order
+    of ``mode`` shards, end padding ``-1``), row b left-padded by ``left_pad[b]``."""
+    lay = SeqLayout(T, cp, mode)
+    pos = torch.arange(lay.padded_len)
+    pos = torch.where(pos < T, pos, -1)[torch.cat([lay.positions(r) for r in range(cp)])]
+    rows = pos.repeat(len(left_pad), 1)
+    for b, pad in enumerate(left_pad):
+        rows[b] = torch.where(rows[b] >= 0, rows[b] - pad, -1)
+    return rows
+
+
+@pytest.mark.parametrize("mode", ["contiguous", "zigzag"])
+@pytest.mark.parametrize("left_pad", [(0, 0), (0, 4), (2, 5)], ids=["shared", "one-padded", "both-padded"])
+def test_sdpa_full_sequence_attention_equals_reference(mode, left_pad):
+    """Gathered token order (zigzag is not sequence order), end padding, left padding per row; rows
+    that agree share one call, rows that differ run one at a time; fp64 outputs and gradients."""
+    gen = torch.Generator().manual_seed(5)
+    T, H, D, E = 23, 2, 6, 5
+    pos = _gathered_positions(T, 2, mode, left_pad)
+    q, k, v = (torch.randn(2, pos.shape[1], H, d, generator=gen, dtype=torch.float64, requires_grad=True)
+               for d in (D, D, E))
+    cot = torch.randn(2, pos.shape[1], H, E, generator=gen, dtype=torch.float64)
+    for positions in ([pos[0], pos] if left_pad == (0, 0) else [pos]):
+        got = sdpa_full_sequence_attention(q, k, v, positions, 0.4, True)
+        grads = torch.autograd.grad((got * cot).sum(), (q, k, v))
+        want = softmax_attention(q, k, v, positions.expand_as(pos), 0.4)
+        want_grads = torch.autograd.grad((want * cot).sum(), (q, k, v))
+        for a, b, what in zip((got, *grads), (want, *want_grads), ("out", "dq", "dk", "dv"), strict=True):
+            assert_close(a, b, torch.float64, what)
+        assert torch.all(got[pos < 0] == 0)
+
+
+def test_sdpa_full_sequence_attention_edge_rows():
+    """A row of nothing but padding gives zeros; positions shared by two tokens take the masked call."""
+    gen = torch.Generator().manual_seed(6)
+    q, k, v = (torch.randn(2, 7, 2, 4, generator=gen, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    pos = torch.tensor([[-1] * 7, [0, 1, 1, 2, 5, 3, -1]])
+    got = sdpa_full_sequence_attention(q, k, v, pos, 0.5, True)
+    want = softmax_attention(q, k, v, pos, 0.5)
+    assert torch.all(got[0] == 0)
+    assert_close(got, want, torch.float64, "out")
+    grads = torch.autograd.grad(got.square().sum(), (q, k, v))
+    want_grads = torch.autograd.grad(want.square().sum(), (q, k, v))
+    for a, b in zip(grads, want_grads, strict=True):
+        assert_close(a, b, torch.float64, "grad")
+
+
+def test_sdpa_full_sequence_attention_keeps_the_island(monkeypatch):
+    """bf16 tokens under ``softmax_fp32``: the kernel gets fp32 q/k/v and no mask tensor (zigzag order
+    with padding is put in position order first); the output comes back in bf16."""
+    calls = []
+    real_sdpa = attention_module.F.scaled_dot_product_attention
+
+    def spy(q, k, v, attn_mask=None, is_causal=False, scale=None):
+        calls.append((q.dtype, k.dtype, v.dtype, attn_mask, is_causal))
+        return real_sdpa(q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=scale)
+
+    monkeypatch.setattr(attention_module.F, "scaled_dot_product_attention", spy)
+    gen = torch.Generator().manual_seed(7)
+    pos = _gathered_positions(21, 2, "zigzag", (0, 0))[0]
+    q, k, v = (torch.randn(1, pos.numel(), 2, d, generator=gen).bfloat16() for d in (6, 6, 5))
+    out = sdpa_full_sequence_attention(q, k, v, pos, 0.4, True)
+    assert out.dtype == torch.bfloat16
+    assert calls == [(torch.float32, torch.float32, torch.float32, None, True)]
+    want = softmax_attention(q.double(), k.double(), v.double(), pos[None], 0.4)
+    assert_close(out, want, torch.bfloat16, "bf16 island")
+    calls.clear()
+    sdpa_full_sequence_attention(q, k, v, pos, 0.4, False)
+    assert calls[0][:3] == (torch.bfloat16,) * 3  # no island: the body dtype goes to the kernel
+
+
+def test_a2a_core_refuses_an_unknown_impl():
+    with pytest.raises(ValueError, match="unknown attention impl"):
+        MLAAllToAllCore(None, None, impl="flash")
+
+
+def parallelized_cores_job(ctx, impl: str, mla_strategy: str):
+    """Every rank: a tiny HybridLM configured with ``impl``, parallelized; each attention core and its impl."""
+    from ringzero.model.config import ModelConfig, PrecisionPolicy
+    from ringzero.model.hybrid import HybridLM
+    from ringzero.parallel.dims import ParallelDims
+    from ringzero.parallel.parallelize import parallelize
+
+    groups = ctx.groups(ParallelDims(dp=1, cp=ctx.world_size, world_size=ctx.world_size))
+    cfg = ModelConfig(vocab_size=16, d_model=32, n_layers=2, n_heads=2, layout="LM", mlp_hidden=16, max_seq_len=32,
+                      lightning=dict(head_dim=8, block_size=4),
+                      mla=dict(kv_lora_rank=8, qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=6,
+                               attention_impl=impl))
+    model = HybridLM(cfg, PrecisionPolicy.preset("fp32"))
+    parallelize(model, groups, {"mla": mla_strategy, "lightning": "allgather"})
+    return [(type(layer.attn.core).__name__, getattr(layer.attn.core, "impl", None)) for layer in model.layers]
+
+
+@pytest.mark.parametrize("cp", [cp_param(2)])
+@pytest.mark.parametrize("impl", ["explicit", "sdpa"])
+def test_parallelize_passes_the_layer_impl_to_a2a(pools, cp, impl):
+    """``parallelize`` builds the a2a core with the replaced ``MLACore``'s impl; the ring stays explicit."""
+    a2a = pools(cp).run(parallelized_cores_job, impl, "a2a")
+    assert all(r == [("LightningAllGatherCore", None), ("MLAAllToAllCore", impl)] for r in a2a)
+    ring = pools(cp).run(parallelized_cores_job, impl, "ring")
+    assert all(r == [("LightningAllGatherCore", None), ("MLARingCore", None)] for r in ring)
