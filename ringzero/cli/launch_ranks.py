@@ -3,8 +3,10 @@
 The command re-executes under ``python -m torch.distributed.run --standalone --nproc-per-node N``
 with ``--nproc`` removed, so each rank sees torchrun's environment (``RANK``, ``WORLD_SIZE``, ...) and
 joins the job (``ringzero.parallel.runtime.from_env``). torchrun stops every rank when one fails,
-so a dead rank ends the job instead of leaving the others waiting in a collective; the exit status
-is the job's. Inside a job already (``WORLD_SIZE`` set) ``--nproc`` must match it.
+so a dead rank ends the job instead of leaving the others waiting in a collective. torchrun reports
+any failure as status 1, so each rank also records its own exit status (``record_status``) and the
+job's status is rank 0's (2 for bad input, 3 for a failed gate), or torchrun's when rank 0 recorded
+none (it was killed). Inside a job already (``WORLD_SIZE`` set) ``--nproc`` must match it.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 from ringzero.errors import RingzeroError
 
@@ -61,4 +65,18 @@ def relaunch(nproc: int | None, argv: list[str] | None = None) -> int | None:
     env.setdefault("GLOO_SOCKET_IFNAME", "lo")  # local ranks talk over loopback
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
     argv = strip_nproc(sys.argv[1:] if argv is None else argv)
-    return subprocess.call(torchrun_argv(nproc, argv), env=env)
+    with tempfile.TemporaryDirectory(prefix="ringzero-ranks-") as status_dir:
+        env[STATUS_DIR_ENV] = status_dir
+        code = subprocess.call(torchrun_argv(nproc, argv), env=env)
+        rank0 = Path(status_dir) / "rank-0"
+        return int(rank0.read_text()) if code and rank0.exists() else code
+
+
+STATUS_DIR_ENV = "RINGZERO_RANK_STATUS_DIR"
+
+
+def record_status(code: int) -> None:
+    """Inside a job started by ``relaunch``: leave this rank's exit status for the launcher to read."""
+    folder, rank = os.environ.get(STATUS_DIR_ENV), os.environ.get("RANK")
+    if folder and rank is not None:
+        (Path(folder) / f"rank-{rank}").write_text(str(code))

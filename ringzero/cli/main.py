@@ -45,6 +45,14 @@ def main(argv: list[str] | None = None) -> int:
     from ringzero.logs import setup_logging
 
     setup_logging(level=args.log_level, run_dir=getattr(args, "log_dir", None))
+    from ringzero.cli.launch_ranks import record_status
+
+    code = _handle(args)
+    record_status(code)
+    return code
+
+
+def _handle(args) -> int:
     try:
         return int(args.handler(args) or 0)
     except RingzeroError as exc:

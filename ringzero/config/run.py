@@ -101,6 +101,15 @@ class RunConfig(StrictModel):
             raise ValueError("; ".join(problems))
         return self
 
+    @model_validator(mode="after")
+    def _layout_fits(self) -> RunConfig:
+        if self.precision.deterministic and self.parallel.cp > 1:
+            raise ValueError(
+                "precision.deterministic needs parallel.cp = 1: a context-parallel forward sums attention in "
+                f"another order than the rollout engine's, so their log-probs cannot be bitwise equal (cp={self.parallel.cp})"
+            )
+        return self
+
     def stage(self, name: str):
         for s in self.stages:
             if s.name == name:

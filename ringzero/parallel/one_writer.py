@@ -2,10 +2,14 @@
 
 The weights are replicated on every rank (data parallelism sums gradients, context parallelism shards
 only activations), so rank 0's copy *is* the job's state: it commits it, and the other ranks receive
-what the write returned (a URI) once it is committed. Every rank therefore calls the write methods in
-the same order, as it does every collective. Reads go straight to the store on every rank; a rank
-only reads after the write it depends on, since the broadcast that ends a write waits for rank 0.
-A write that fails on rank 0 fails on every rank with the same message, so no rank runs ahead.
+what the write returned (a URI) once it is committed. A write that fails on rank 0 fails on every rank
+with the same message, so no rank runs ahead.
+
+Reads that decide what to do next (``list``, ``latest``, ``get_json``, ``get_bytes``) are answered by
+rank 0 too: otherwise a slow rank could look after rank 0 had already written (``save_final`` finds
+the checkpoint committed and skips the write its peers are waiting in). Every rank therefore calls
+these methods in the same order, as it does every collective. Loading a checkpoint's tensors
+(``load``) stays local to each rank: it decides nothing and its data is too large to broadcast.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from ringzero.errors import RingzeroError
 from ringzero.parallel.runtime import Runtime
 
 WRITES = ("save", "put_json", "put_bytes", "delete", "gc_uncommitted")
+DECIDING_READS = ("list", "latest", "get_json", "get_bytes")
 
 
 class OneWriterStore:
@@ -30,11 +35,11 @@ class OneWriterStore:
 
     def __getattr__(self, name: str):
         value = getattr(self._store, name)
-        if name not in WRITES or not self._runtime.distributed:
+        if name not in WRITES + DECIDING_READS or not self._runtime.distributed:
             return value
-        return lambda *args, **kwargs: self._write(name, value, args, kwargs)
+        return lambda *args, **kwargs: self._on_rank0(name, value, args, kwargs)
 
-    def _write(self, name: str, method, args, kwargs) -> Any:
+    def _on_rank0(self, name: str, method, args, kwargs) -> Any:
         outcome: tuple[bool, Any] = (True, None)
         if self._runtime.is_main:
             try:

@@ -33,14 +33,23 @@ def chunk_ids(rank: int, cp: int, mode: str) -> list[int]:
     return [rank] if chunks_per_rank(mode) == 1 else [rank, 2 * cp - 1 - rank]
 
 
-def shard_positions(local_len: int, cp: int, rank: int, mode: str) -> torch.Tensor:
+def position_list(local_len: int, cp: int, rank: int, mode: str) -> list[int]:
+    """``shard_positions`` as plain ints, for index arithmetic that must not touch a device."""
+    n = chunks_per_rank(mode)
+    if local_len % n:
+        raise RingzeroError(f"{mode} sharding needs an even local length (got {local_len})")
+    c = local_len // n
+    return [p for i in chunk_ids(rank, cp, mode) for p in range(i * c, (i + 1) * c)]
+
+
+def shard_positions(local_len: int, cp: int, rank: int, mode: str, device=None) -> torch.Tensor:
     """Global positions of ``rank``'s ``local_len`` tokens. Every rank's layout follows from its own
     length, which is how CP cores know where other ranks' keys sit without sending positions."""
     n = chunks_per_rank(mode)
     if local_len % n:
         raise RingzeroError(f"{mode} sharding needs an even local length (got {local_len})")
     c = local_len // n
-    return torch.cat([torch.arange(i * c, (i + 1) * c) for i in chunk_ids(rank, cp, mode)])
+    return torch.cat([torch.arange(i * c, (i + 1) * c, device=device) for i in chunk_ids(rank, cp, mode)])
 
 
 @dataclass(frozen=True)
@@ -76,8 +85,11 @@ class SeqLayout:
     def padding(self) -> int:
         return self.padded_len - self.seq_len
 
-    def positions(self, rank: int) -> torch.Tensor:
-        return shard_positions(self.local_len, self.cp, rank, self.mode)
+    def positions(self, rank: int, device=None) -> torch.Tensor:
+        return shard_positions(self.local_len, self.cp, rank, self.mode, device)
+
+    def position_list(self, rank: int) -> list[int]:
+        return position_list(self.local_len, self.cp, rank, self.mode)
 
     def valid_mask(self, rank: int) -> torch.Tensor:
         return self.positions(rank) < self.seq_len
@@ -90,7 +102,7 @@ class SeqLayout:
             pad_shape = list(x.shape)
             pad_shape[dim] = self.padding
             x = torch.cat([x, x.new_full(pad_shape, pad_value)], dim=dim)
-        return x.index_select(dim, self.positions(rank).to(x.device))
+        return x.index_select(dim, self.positions(rank, x.device))
 
     def unshard(self, parts: list[torch.Tensor], dim: int = 1) -> torch.Tensor:
         """Reassemble the global tensor from every rank's shard (group-rank order); padding dropped."""

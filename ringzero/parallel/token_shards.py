@@ -35,27 +35,31 @@ class TokenShard:
     positions_BS: torch.Tensor  # long, global positions; -1 for layout padding
     columns_S: torch.Tensor  # long, global column of each local column (>= width for layout padding)
     width: int  # W: global input columns
+    columns: list[int]  # columns_S as ints: index arithmetic stays on the host, never reads the device
 
     @property
     def valid_S(self) -> torch.Tensor:
         return self.columns_S < self.width
 
+    def local_index(self, first_column: int = 0) -> list[int]:
+        """Local columns at or after ``first_column`` that hold real tokens."""
+        return [j for j, c in enumerate(self.columns) if first_column <= c < self.width]
+
     def to_grid(self, values_BS: torch.Tensor) -> torch.Tensor:
         """``[B, W]`` with this rank's values in its columns and zeros elsewhere (summed over ranks:
         the whole grid)."""
-        B = values_BS.shape[0]
-        grid = values_BS.new_zeros((B, self.width))
-        keep = self.valid_S
-        grid[:, self.columns_S[keep]] = values_BS[:, keep]
-        return grid
+        local = self.local_index()
+        dev = values_BS.device
+        at = torch.tensor(local, dtype=torch.long, device=dev)
+        cols = torch.tensor([self.columns[j] for j in local], dtype=torch.long, device=dev)
+        grid = values_BS.new_zeros((values_BS.shape[0], self.width))
+        return grid.index_copy(1, cols, values_BS.index_select(1, at))
 
 
 def pad_rows(rows: Sequence[Sequence[int]], pad_id: int, device) -> torch.Tensor:
+    """Right-padded ``[B, L]`` ids, uploaded once."""
     width = max(len(r) for r in rows)
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    for i, row in enumerate(rows):
-        ids[i, : len(row)] = torch.as_tensor(list(row), dtype=torch.long)
-    return ids.to(device)
+    return torch.tensor([list(r) + [pad_id] * (width - len(r)) for r in rows], dtype=torch.long, device=device)
 
 
 def shard_tokens(ids_BL: torch.Tensor, runtime: Runtime, sharding: str = "contiguous") -> TokenShard:
@@ -64,14 +68,16 @@ def shard_tokens(ids_BL: torch.Tensor, runtime: Runtime, sharding: str = "contig
     width = inputs.shape[1]
     cp, me = runtime.dims.cp, runtime.cp_rank
     layout = SeqLayout(width, cp, sharding)
-    columns = layout.positions(me).to(ids_BL.device)
-    positions = torch.where(columns < width, columns, torch.full_like(columns, -1))
+    columns = layout.position_list(me)
+    dev = ids_BL.device
+    positions = torch.tensor([c if c < width else -1 for c in columns], dtype=torch.long, device=dev)
     return TokenShard(
         inputs_BS=layout.shard(inputs, me, dim=1, pad_value=0),
         targets_BS=layout.shard(targets, me, dim=1, pad_value=0),
         positions_BS=positions[None].expand(ids_BL.shape[0], -1),
-        columns_S=columns,
+        columns_S=torch.tensor(columns, dtype=torch.long, device=dev),
         width=width,
+        columns=columns,
     )
 
 
@@ -81,17 +87,19 @@ def next_token_logprobs(model, shard: TokenShard, temperature: float = 1.0, *, f
     ``first_column`` (zeros before it and on layout padding): the LM head never runs on columns no loss
     reads, such as the prompt before the earliest response."""
     hidden_BSD = model.hidden(shard.inputs_BS, shard.positions_BS)
-    scored = ((shard.columns_S >= first_column) & shard.valid_S).nonzero().squeeze(-1)
+    local = shard.local_index(first_column)
     B, S = shard.inputs_BS.shape
-    logp_BS = hidden_BSD.new_zeros((B, S), dtype=torch.float64 if hidden_BSD.dtype == torch.float64
-                                   else torch.float32)
+    out_dtype = torch.float64 if hidden_BSD.dtype == torch.float64 else torch.float32
+    logp_BS = hidden_BSD.new_zeros((B, S), dtype=out_dtype)
     entropy_BS = torch.zeros_like(logp_BS) if with_entropy else None
-    if scored.numel() == 0:
-        # Keep every parameter in the graph so backward on an empty shard is a valid no-op.
+    if not local:
+        # Keep the graph connected: every CP rank must run the backward its peers' collectives wait in.
         return logp_BS + 0.0 * hidden_BSD.sum(), entropy_BS
-    logp, ent = chunked_token_logprobs(model.logits, hidden_BSD[:, scored], shard.targets_BS[:, scored],
-                                       temperature, chunk_tokens=LOGPROB_CHUNK_TOKENS, with_entropy=with_entropy)
-    logp_BS = logp_BS.index_copy(1, scored, logp.to(logp_BS.dtype))
+    scored = torch.tensor(local, dtype=torch.long, device=hidden_BSD.device)
+    logp, ent = chunked_token_logprobs(model.logits, hidden_BSD.index_select(1, scored),
+                                       shard.targets_BS.index_select(1, scored), temperature,
+                                       chunk_tokens=LOGPROB_CHUNK_TOKENS, with_entropy=with_entropy)
+    logp_BS = logp_BS.index_copy(1, scored, logp.to(out_dtype))
     if with_entropy:
-        entropy_BS[:, scored] = ent.to(entropy_BS.dtype)
+        entropy_BS = entropy_BS.index_copy(1, scored, ent.to(out_dtype))
     return logp_BS, entropy_BS

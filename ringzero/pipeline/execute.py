@@ -16,7 +16,7 @@ import structlog
 
 from ringzero.config.run import RunConfig
 from ringzero.errors import RingzeroError
-from ringzero.metrics import MemoryMetricWriter, MetricWriter, merge_by_step, read_metrics
+from ringzero.metrics import MemoryMetricWriter, MetricWriter, merge_by_step
 from ringzero.parallel.one_writer import OneWriterStore, one_writer
 from ringzero.parallel.runtime import Runtime, single
 from ringzero.pipeline.gates import GateResult, evaluate_gate
@@ -83,8 +83,8 @@ def execute_stage(
     h = stage_hash(cfg, stage, inputs)
     stage_dir = Path(run_dir) / stage.name
     stage_dir.mkdir(parents=True, exist_ok=True)
-    # Rank 0 decides for the job, so no rank can see an outcome the others missed.
-    cached = None if force else runtime.broadcast(store.get_json(outcome_key(h)) if main else None)
+    # Rank 0 answers the read for the job (``one_writer``), so no rank can see an outcome the others missed.
+    cached = None if force else store.get_json(outcome_key(h))
     if cached is not None:
         outcome = StageOutcome(**cached)
         metrics = merge_by_step(_parse_jsonl(store.get_bytes(metrics_key(h)) or b""))
@@ -110,8 +110,8 @@ def execute_stage(
                 lease.check()  # never publish an outcome under a lease another job has taken
             store.put_bytes(metrics_key(h), metrics_path.read_bytes() if main else b"")
             store.put_json(outcome_key(h), asdict(outcome))  # last: its presence means the stage finished
-        metrics = (merge_by_step(read_metrics(metrics_path)) if main
-                   else merge_by_step(_parse_jsonl(store.get_bytes(metrics_key(h)) or b"")))
+        # Every rank reads the committed records back (a store read is answered by rank 0 for all).
+        metrics = merge_by_step(_parse_jsonl(store.get_bytes(metrics_key(h)) or b""))
         skipped = False
         log.info("stage.done", stage=stage.name, stop=outcome.stop_reason, wall_s=round(outcome.wall_s, 1))
     gate = evaluate_gate(stage.gate, outcome.summary)

@@ -76,17 +76,21 @@ class RolloutBatch:
         return ([self.prompt_ids[i] + self.output_ids[i] for i in rows], [len(self.prompt_ids[i]) for i in rows])
 
 
-def pad_rows(rows: Sequence[Sequence[float]] | Sequence[torch.Tensor], width: int, dtype) -> torch.Tensor:
-    out = torch.zeros((len(rows), width), dtype=dtype)
-    for i, row in enumerate(rows):
-        out[i, : len(row)] = torch.as_tensor(row, dtype=dtype)
-    return out
+def pad_rows(rows: Sequence[Sequence[float]] | Sequence[torch.Tensor], width: int, dtype, device=None) -> torch.Tensor:
+    """``[len(rows), width]``, zeros after each row's end. Python rows are uploaded in one copy; tensor
+    rows are padded where they live (on ``device`` when given)."""
+    if rows and isinstance(rows[0], torch.Tensor):
+        dev = device if device is not None else rows[0].device
+        return torch.stack([torch.nn.functional.pad(r.to(dev, dtype), (0, width - r.shape[0])) for r in rows])
+    return torch.tensor([list(r) + [0] * (width - len(r)) for r in rows], dtype=dtype, device=device).reshape(
+        len(rows), width)
 
 
 def collect(client: RolloutClient, task: Task, tokenizer: Tokenizer, problems: Sequence[Problem], *,
             samples: int, params: SamplingParams, reward: RewardFn,
-            seeds: Sequence[int] | None = None) -> RolloutBatch:
-    """``samples`` completions per problem from ``client``, decoded and rewarded.
+            seeds: Sequence[int] | None = None, device=None) -> RolloutBatch:
+    """``samples`` completions per problem from ``client``, decoded and rewarded; the batch's tensors
+    are made on ``device`` (the trainer's), each in one upload.
 
     ``seeds``: one sampling seed per problem (overrides ``params.seed``), so prompts never share a
     random stream while the whole batch stays reproducible.
@@ -106,15 +110,15 @@ def collect(client: RolloutClient, task: Task, tokenizer: Tokenizer, problems: S
     rewards = [reward(p, text, len(c.output_ids), cut)
                for (p, _, c), text, cut in zip(flat, texts, truncated, strict=True)]
     width = max((len(c.output_ids) for _, _, c in flat), default=0)
-    lengths = torch.tensor([len(c.output_ids) for _, _, c in flat])
+    lengths = [len(c.output_ids) for _, _, c in flat]
     return RolloutBatch(
         problems=[p for p, _, _ in flat],
         prompt_ids=[list(ids) for _, ids, _ in flat],
         output_ids=[list(c.output_ids) for _, _, c in flat],
         responses=texts,
-        logp_rollout_NT=pad_rows([c.output_logprobs for _, _, c in flat], width, torch.float64),
-        mask_NT=torch.arange(width)[None, :] < lengths[:, None],
-        rewards_N=torch.tensor(rewards, dtype=torch.float32),
+        logp_rollout_NT=pad_rows([c.output_logprobs for _, _, c in flat], width, torch.float64, device),
+        mask_NT=pad_rows([[True] * n for n in lengths], width, torch.bool, device),
+        rewards_N=torch.tensor(rewards, dtype=torch.float32, device=device),
         correct=correct,
         truncated=truncated,
         uses_trace=[task.uses_trace(t) for t in texts],

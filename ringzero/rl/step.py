@@ -51,7 +51,7 @@ class RLStep:
         seeds = ([derive_seed(self.seed, "rl-sample", step, i) for i in range(len(problems))]
                  if self.seeded_sampling else None)
         return collect(self.client, self.task, self.tokenizer, problems, samples=self.shape.samples,
-                       params=params, reward=self.reward, seeds=seeds)
+                       params=params, reward=self.reward, seeds=seeds, device=self.trainer.device)
 
     def run(self, step: int) -> dict[str, float]:
         t0 = time.perf_counter()

@@ -27,7 +27,9 @@ LENGTH_PERCENTILE = 95
 
 
 def _masked_values(x_NT: torch.Tensor, mask_NT: torch.Tensor) -> np.ndarray:
-    return x_NT.detach()[mask_NT.bool()].double().cpu().numpy()
+    """The masked values on the host: one read of each tensor (they are logged), masked there."""
+    values = np.asarray(x_NT.detach().double().tolist(), dtype=np.float64).reshape(tuple(x_NT.shape))
+    return values[np.asarray(mask_NT.bool().tolist(), dtype=bool).reshape(tuple(mask_NT.shape))]
 
 
 def position_buckets(buckets: int | Sequence[int], length: int) -> list[tuple[str, int, int]]:
@@ -63,7 +65,7 @@ def ratio_tail(logp_train_NT: torch.Tensor, logp_rollout_NT: torch.Tensor, mask_
         "ratio/above_clip_frac": float(((r_NT > 1 + eps_high) & valid_NT).sum()) / n_masked if n_masked else 0.0,
         "ratio/nonfinite_frac": float((mask_NT & ~finite_NT).sum()) / n_masked if n_masked else 0.0,
     }
-    positions_T = torch.arange(log_r_NT.shape[1])
+    positions_T = torch.arange(log_r_NT.shape[1], device=log_r_NT.device)
     for label, start, end in position_buckets(buckets, log_r_NT.shape[1]):
         in_bucket_NT = valid_NT & ((positions_T >= start) & (positions_T < end))[None, :]
         values = _masked_values(abs_log_r_NT, in_bucket_NT)

@@ -111,7 +111,7 @@ class PolicyTrainer:
     def _sharded(self, model, sequences, prompt_lens, T, t, with_entropy, owned=False):
         ids_mL = pad_rows(sequences, self.pad_id, self.device)
         shard = shard_tokens(ids_mL, self.runtime, self.sharding)
-        plens_m = torch.tensor(prompt_lens, device=self.device)
+        plens_m = torch.tensor(prompt_lens, dtype=torch.long, device=self.device)
         logp_mS, ent_mS = next_token_logprobs(model, shard, t, first_column=min(prompt_lens) - 1,
                                               with_entropy=with_entropy)
         logp_mT = response_view(shard.to_grid(logp_mS), plens_m, T)
@@ -133,9 +133,7 @@ class PolicyTrainer:
 
     def train(self, batch: RolloutBatch, advantages_N: torch.Tensor, seed: int) -> dict[str, float]:
         dev, rt = self.device, self.runtime
-        mask_NT = batch.mask_NT.to(dev)
-        logp_rollout_NT = batch.logp_rollout_NT.to(dev)
-        advantages_N = advantages_N.to(dev)
+        mask_NT, logp_rollout_NT = batch.mask_NT, batch.logp_rollout_NT  # made on this device by collect()
         N, T = mask_NT.shape
         logp_train_NT = torch.zeros((N, T), dtype=torch.float32, device=dev)
         logp_ref_NT = torch.zeros_like(logp_train_NT) if self.loss.kl_coef > 0 else None
@@ -151,9 +149,9 @@ class PolicyTrainer:
             if logp_ref_NT is not None:
                 logp_ref_NT[idx] = ref_MT
             if k == 0:
-                entropy_stats = entropy_summary(ent_MT.cpu(), mask_NT[idx].cpu())
-                diff = (logp_MT.double() - logp_rollout_NT[idx])[mask_NT[idx]]
-                first_mb_ratio_max = float((diff.exp() - 1).abs().max()) if diff.numel() else 0.0
+                entropy_stats = entropy_summary(ent_MT, mask_NT[idx])
+                gap_MT = ((logp_MT.double() - logp_rollout_NT[idx]).exp() - 1).abs()
+                first_mb_ratio_max = float(torch.where(mask_NT[idx], gap_MT, torch.zeros_like(gap_MT)).max())
             with torch.no_grad():  # the minibatch's metrics over all of its tokens, as one process has them
                 out = objective(self.loss, logp_MT, logp_rollout_NT[idx].to(logp_MT.dtype), advantages_N[idx],
                                 mask_NT[idx], make_normalization(self.loss, len(rows), self.max_new_tokens),
@@ -171,10 +169,10 @@ class PolicyTrainer:
             metrics.update({"grad/norm": report.grad_norm, "optim/lr": report.lr})
             per_mb.append(metrics)
         out = _mean_metrics(per_mb)
-        out.update(ratio_tail(logp_train_NT.cpu(), logp_rollout_NT.cpu(), mask_NT.cpu(), eps_high=self.loss.eps_high))
+        out.update(ratio_tail(logp_train_NT, logp_rollout_NT, mask_NT, eps_high=self.loss.eps_high))
         out.update(entropy_stats)
         if logp_ref_NT is not None:
-            out.update(kl_summary(logp_train_NT.cpu(), logp_ref_NT.cpu(), mask_NT.cpu()))
+            out.update(kl_summary(logp_train_NT, logp_ref_NT, mask_NT))
         out["ratio/first_minibatch_max"] = first_mb_ratio_max
         out["loss/skipped"] = float(skipped)
         return out

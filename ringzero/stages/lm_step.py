@@ -28,7 +28,7 @@ class LMStepResult:
 
 def _local_mask(mask_mW: torch.Tensor, shard: TokenShard) -> torch.Tensor:
     cols = shard.columns_S.clamp(max=shard.width - 1)
-    return mask_mW[:, cols] & shard.valid_S[None, :]
+    return mask_mW.index_select(1, cols) & shard.valid_S[None, :]
 
 
 def lm_step(model, ids_BL: torch.Tensor, runtime: Runtime, *, mask_BW: torch.Tensor | None = None,
@@ -40,7 +40,7 @@ def lm_step(model, ids_BL: torch.Tensor, runtime: Runtime, *, mask_BW: torch.Ten
     if mask_BW is None:
         mask_BW = torch.ones((ids_BL.shape[0], ids_BL.shape[1] - 1), dtype=torch.bool, device=dev)
     mask_BW = mask_BW.to(dev)
-    count = float(mask_BW.sum().clamp(min=1))
+    count = mask_BW.sum().clamp(min=1).to(torch.float64)  # stays on the device: no sync per step
     rows = list(range(ids_BL.shape[0]))[runtime.dp_slice(ids_BL.shape[0])]
     total = torch.zeros((), dtype=torch.float64, device=dev)
     training = optimizer is not None
@@ -49,9 +49,9 @@ def lm_step(model, ids_BL: torch.Tensor, runtime: Runtime, *, mask_BW: torch.Ten
     with torch.set_grad_enabled(training):
         for start in range(0, len(rows), max(1, micro_batch)):
             at = torch.tensor(rows[start:start + micro_batch], device=dev)
-            shard = shard_tokens(ids_BL[at], runtime, sharding)
+            shard = shard_tokens(ids_BL.index_select(0, at), runtime, sharding)
             logp_mS, _ = next_token_logprobs(model, shard)
-            loss = -(logp_mS * _local_mask(mask_BW[at], shard)).sum() / count
+            loss = -(logp_mS * _local_mask(mask_BW.index_select(0, at), shard)).sum() / count.to(logp_mS.dtype)
             if training:
                 loss.backward()
             total += loss.detach().double()

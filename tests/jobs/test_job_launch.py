@@ -1,0 +1,150 @@
+"""A staged run as one multi-rank job, started the way users start it: ``ringzero run CONFIG --nproc N``.
+
+Each test runs the real command line in a subprocess (torchrun, gloo ranks over loopback) on the
+micro config next to this file: the whole pipeline at dp=2 x cp=2; a rank killed mid-stage ends the
+job within a bounded time and a rerun resumes from the last committed step; a second job on the same
+stage is refused while the first one finishes untouched.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from ringzero.store import open_store
+
+pytestmark = [pytest.mark.distributed, pytest.mark.xdist_group("jobs")]
+
+CONFIG = Path(__file__).with_name("micro-run.yaml")
+KILL_DEADLINE_S = 60.0
+"""How long a job may take to end after one of its ranks is killed (torchrun notices within seconds)."""
+
+
+def start(tmp_path: Path, *extra: str, nproc: int = 2) -> subprocess.Popen:
+    argv = [sys.executable, "-m", "ringzero.cli.main", "run", str(CONFIG), "--nproc", str(nproc),
+            "--set", f"run.run_dir={tmp_path}/run", "--set", f"storage.root=file://{tmp_path}/store", *extra]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                            start_new_session=True)
+
+
+def finish(proc: subprocess.Popen, timeout: float = 240.0) -> tuple[int, str]:
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        pytest.fail(f"job did not finish within {timeout:.0f} s:\n{out[-4000:]}")
+    return proc.returncode, out
+
+
+def descendants(pid: int) -> list[int]:
+    found, frontier = [], [pid]
+    while frontier:
+        p = frontier.pop()
+        try:
+            children = Path(f"/proc/{p}/task/{p}/children").read_text().split()
+        except OSError:
+            continue
+        found += [int(c) for c in children]
+        frontier += [int(c) for c in children]
+    return found
+
+
+def rank_pid(proc: subprocess.Popen, rank: int) -> int | None:
+    for pid in descendants(proc.pid):
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"RANK={rank}".encode() in env and b"LOCAL_WORLD_SIZE=2" in env:
+            return pid
+    return None
+
+
+def wait_for(predicate, timeout: float, what: str, proc: subprocess.Popen):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if (value := predicate()) is not None:
+            return value
+        if proc.poll() is not None:
+            pytest.fail(f"job ended (status {proc.returncode}) before {what}:\n{proc.stdout.read()[-4000:]}")
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGKILL)
+    pytest.fail(f"timed out waiting for {what}")
+
+
+def committed_steps(tmp_path: Path) -> list[str]:
+    store = open_store(f"file://{tmp_path}/store")
+    return [u for u in store.list("stages/") if "/step-" in u]
+
+
+def manifest(tmp_path: Path) -> dict:
+    return json.loads((tmp_path / "run" / "manifest.json").read_text())
+
+
+def test_the_whole_pipeline_runs_as_one_dp2_cp2_job(tmp_path):
+    status, out = finish(start(tmp_path, "--set", "parallel.dp=2", "--set", "parallel.cp=2", nproc=4))
+    assert status == 0, out[-4000:]
+    doc = manifest(tmp_path)
+    assert doc["status"] == "succeeded"
+    assert [s["name"] for s in doc["stages"]] == ["base", "stage1", "distill", "eval"]
+    # Rank 0 alone wrote the run folder's files; every other rank kept its own log.
+    logs = sorted(p.name for p in (tmp_path / "run").glob("log*.jsonl"))
+    assert logs == ["log.jsonl", "log.rank1.jsonl", "log.rank2.jsonl", "log.rank3.jsonl"]
+    events = [json.loads(line) for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
+    assert {e.get("rank") for e in events if "rank" in e} == {0}
+
+
+def test_parallel_dims_that_do_not_match_the_ranks_are_refused(tmp_path):
+    status, out = finish(start(tmp_path, "--set", "parallel.dp=2", "--set", "parallel.cp=2", nproc=2))
+    assert status != 0
+    assert "parallel.dp x parallel.cp = 2 x 2 = 4 ranks, but the job has WORLD_SIZE=2" in out
+
+
+@pytest.mark.slow
+def test_a_killed_rank_ends_the_job_and_a_rerun_resumes(tmp_path):
+    long_base = ("--set", "stages.base.steps=400", "--set", "stages.base.checkpoint_every=10",
+                 "--set", "parallel.dp=2")
+    proc = start(tmp_path, *long_base)
+    wait_for(lambda: committed_steps(tmp_path) or None, 180, "a committed resume point", proc)
+    victim = wait_for(lambda: rank_pid(proc, 1), 30, "rank 1's process", proc)
+    os.kill(victim, signal.SIGKILL)
+    killed_at = time.monotonic()
+    status, out = finish(proc, timeout=KILL_DEADLINE_S + 30)
+    assert status != 0
+    assert time.monotonic() - killed_at < KILL_DEADLINE_S, "the job outlived its dead rank"
+    steps = committed_steps(tmp_path)
+    assert steps, "the killed job left no committed resume point"
+
+    status, out = finish(start(tmp_path, *long_base), timeout=600)
+    assert status == 0, out[-4000:]
+    resumed = [json.loads(line) for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()
+               if '"pretrain.resume"' in line]
+    assert resumed and resumed[-1]["step"] >= 10, "the rerun started over instead of resuming"
+
+
+@pytest.mark.slow
+def test_a_second_job_on_the_same_stage_is_refused_and_the_first_finishes(tmp_path):
+    long_base = ("--set", "stages.base.steps=150", "--set", "stages.base.checkpoint_every=10",
+                 "--set", "parallel.dp=2")
+    first = start(tmp_path, *long_base)
+    lease = lambda: next(iter((tmp_path / "store").glob("stages/*/lease.json")), None)  # noqa: E731
+    wait_for(lease, 120, "the first job's stage lease", first)
+    second = start(tmp_path, *long_base, "--set", f"run.run_dir={tmp_path}/second")
+    status, out = finish(second)
+    assert status == 2
+    assert "is being run by another job" in out
+    status, out = finish(first, timeout=600)
+    assert status == 0, out[-4000:]
+    assert manifest(tmp_path)["status"] == "succeeded"
+    store = open_store(f"file://{tmp_path}/store")
+    for uri in store.list("stages/"):
+        store.verify(uri)  # every committed checkpoint is whole: nothing the refused job touched
