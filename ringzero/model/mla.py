@@ -13,9 +13,9 @@ Architecture choices of the layer (``MLAttention``):
   chunks over a cache): ``explicit`` (default, the written-out softmax island) or ``sdpa``
   (``scaled_dot_product_attention``, fused kernels that never hold the ``[B, H, S, T]`` scores; the
   island is kept by casting q/k/v to fp32 before the call, see ``ringzero.model.attention``). The choice
-  lives in the single-device ``MLACore``: ``parallelize`` replaces that core with a CP core that brings
-  its own attention, so context parallelism is unaffected. The absorbed decode step (one query) always
-  runs the explicit function.
+  lives in the single-device ``MLACore``; ``parallelize`` hands it to the CP core that replaces it (the
+  ``a2a`` core attends with the same impl; the ring core stays explicit, since merging key blocks needs
+  the log-sum-exp). The absorbed decode step (one query) always runs the explicit function.
 
 Letter legend: B batch, S new tokens, T cached tokens, H heads, D model, r kv_lora_rank,
 n qk_nope_head_dim (dn), p qk_rope_head_dim (dr), v v_head_dim (dv).
