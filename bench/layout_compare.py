@@ -34,9 +34,9 @@ def main() -> None:
             for dp, cp in ((2, 1), (1, 2), (2, 2)):
                 pool = two if dp * cp == 2 else four
                 got = pool.run(run_layout, dp, cp, f"file://{tmp}/{dp}x{cp}")[0]
-                same = all(a["output_ids"] == b["output_ids"] for a, b in zip(ref["rl_steps"], got["rl_steps"]))
-                loss = max(abs(a - b) for a, b in zip(ref["pretrain_losses"], got["pretrain_losses"]))
-                metrics = max(abs(a["metrics"][k] - b["metrics"][k]) for a, b in zip(ref["rl_steps"], got["rl_steps"])
+                same = all(a["output_ids"] == b["output_ids"] for a, b in zip(ref["rl_steps"], got["rl_steps"], strict=True))
+                loss = max(abs(a - b) for a, b in zip(ref["pretrain_losses"], got["pretrain_losses"], strict=True))
+                metrics = max(abs(a["metrics"][k] - b["metrics"][k]) for a, b in zip(ref["rl_steps"], got["rl_steps"], strict=True)
                               for k in KEYS if k in a["metrics"])
                 print(f"| dp={dp} cp={cp} | {same} | {loss:.1e} | {metrics:.1e} | "
                       f"{max_diff(ref['pretrained'], got['pretrained']):.1e} | "
