@@ -27,12 +27,28 @@ KILL_DEADLINE_S = 60.0
 """How long a job may take to end after one of its ranks is killed (torchrun notices within seconds)."""
 
 
+STARTED: list[subprocess.Popen] = []
+
+
+@pytest.fixture(autouse=True)
+def _no_job_outlives_its_test():
+    """Ranks run in their own session: whatever a failed test left running is killed with its group."""
+    yield
+    while STARTED:
+        proc = STARTED.pop()
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
 def start(tmp_path: Path, *extra: str, nproc: int = 2) -> subprocess.Popen:
     argv = [sys.executable, "-m", "ringzero.cli.main", "run", str(CONFIG), "--nproc", str(nproc),
             "--set", f"run.run_dir={tmp_path}/run", "--set", f"storage.root=file://{tmp_path}/store", *extra]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                             start_new_session=True)
+    STARTED.append(proc)
+    return proc
 
 
 def finish(proc: subprocess.Popen, timeout: float = 240.0) -> tuple[int, str]:
@@ -124,7 +140,7 @@ def test_a_killed_rank_ends_the_job_and_a_rerun_resumes(tmp_path):
     steps = committed_steps(tmp_path)
     assert steps, "the killed job left no committed resume point"
 
-    status, out = finish(start(tmp_path, *long_base), timeout=600)
+    status, out = finish(start(tmp_path, *long_base), timeout=400)
     assert status == 0, out[-4000:]
     resumed = [json.loads(line) for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()
                if '"pretrain.resume"' in line]
@@ -142,7 +158,7 @@ def test_a_second_job_on_the_same_stage_is_refused_and_the_first_finishes(tmp_pa
     status, out = finish(second)
     assert status == 2
     assert "is being run by another job" in out
-    status, out = finish(first, timeout=600)
+    status, out = finish(first, timeout=400)
     assert status == 0, out[-4000:]
     assert manifest(tmp_path)["status"] == "succeeded"
     store = open_store(f"file://{tmp_path}/store")
