@@ -103,12 +103,11 @@ class PolicyTrainer:
             if with_entropy:
                 ent_mT = torch.zeros_like(logp_mT)
                 for i in range(len(rows)):
-                    _, ent = self._sharded(model, [sequences[i]], [prompt_lens[i]], T, t, True)
-                    ent_mT[i] = ent[0]
+                    ent_mT[i] = self._sharded(model, [sequences[i]], [prompt_lens[i]], T, t, True)[2][0]
             return logp_mT, owned_mT, ent_mT
-        return self._sharded(model, sequences, prompt_lens, T, t, with_entropy, owned=True)
+        return self._sharded(model, sequences, prompt_lens, T, t, with_entropy)
 
-    def _sharded(self, model, sequences, prompt_lens, T, t, with_entropy, owned=False):
+    def _sharded(self, model, sequences, prompt_lens, T, t, with_entropy):
         ids_mL = pad_rows(sequences, self.pad_id, self.device)
         shard = shard_tokens(ids_mL, self.runtime, self.sharding)
         plens_m = torch.tensor(prompt_lens, dtype=torch.long, device=self.device)
@@ -116,10 +115,7 @@ class PolicyTrainer:
                                               with_entropy=with_entropy)
         logp_mT = response_view(shard.to_grid(logp_mS), plens_m, T)
         ent_mT = None if ent_mS is None else response_view(shard.to_grid(ent_mS), plens_m, T)
-        if not owned:
-            return logp_mT, ent_mT
-        mine_mS = torch.ones_like(logp_mS, dtype=torch.bool).expand_as(logp_mS)
-        owned_mT = response_view(shard.to_grid(mine_mS.to(logp_mS.dtype)), plens_m, T) > 0
+        owned_mT = response_view(shard.to_grid(torch.ones_like(logp_mS)), plens_m, T) > 0
         return logp_mT, owned_mT, ent_mT
 
     def minibatch_rows(self, n: int, seed: int) -> list[list[int]]:

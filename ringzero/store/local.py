@@ -17,6 +17,20 @@ _FOLDER_RACE_RETRIES = 5
 _NO_HARD_LINKS = {errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS}
 
 
+
+def _durable_temp(path: Path, data: bytes) -> Path:
+    """``data`` in a hidden, fsynced temporary file beside ``path`` (the caller renames or links it)."""
+    tmp = path.with_name(f".{path.name}{_TMP_MARK}{uuid.uuid4().hex}")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return tmp
+
 class LocalBackend:
     """Objects are files under ``root``; a write goes to a hidden temporary file, is fsynced, and
     renamed over the target, so a crash leaves either the old file or the new one, never a torn one."""
@@ -36,12 +50,8 @@ class LocalBackend:
         path = self.root / key
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(f".{path.name}{_TMP_MARK}{uuid.uuid4().hex}")
+            tmp = _durable_temp(path, data)
             try:
-                with open(tmp, "wb") as f:
-                    f.write(data)
-                    f.flush()
-                    os.fsync(f.fileno())
                 os.replace(tmp, path)
             finally:
                 tmp.unlink(missing_ok=True)
@@ -60,12 +70,8 @@ class LocalBackend:
         for _attempt in range(_FOLDER_RACE_RETRIES):
             try:
                 path.parent.mkdir(parents=True, exist_ok=True)
-                tmp = path.with_name(f".{path.name}{_TMP_MARK}{uuid.uuid4().hex}")
+                tmp = _durable_temp(path, data)
                 try:
-                    with open(tmp, "wb") as f:
-                        f.write(data)
-                        f.flush()
-                        os.fsync(f.fileno())
                     try:
                         os.link(tmp, path)
                     except FileExistsError:
