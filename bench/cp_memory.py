@@ -1,13 +1,13 @@
 """Peak memory per rank of one context-parallel training step (forward + backward) on one long sequence.
 
-The model is configs/tiny-cpu.yaml's (d_model 128, 4 layers alternating Lightning and MLA, 4 heads,
-vocab 64) with ``max_seq_len`` raised to the sequence, fp32. One sequence of ``--seq-len`` tokens is
+The model is configs/tiny-cpu.yaml's (hidden_size 128, 4 layers alternating Lightning and MLA, 4 heads,
+vocab 64) with ``max_position_embeddings`` raised to the sequence, fp32. One sequence of ``--seq-len`` tokens is
 sharded contiguously over ``cp`` gloo ranks (``SeqLayout``); each rank runs the parallelized
 ``HybridLM`` with the default plan (MLA ``a2a``, Lightning ``allgather``): hidden states, the chunked
 log-prob of each next token (``chunked_token_logprobs``), the loss normalised by the global token count
 (``token_mean``), backward and the CP gradient sum (``sync_grads``), as ``ringzero.parallel.equivalence``
 builds a CP step. Every CP degree runs once per MLA attention implementation of ``--impls``
-(``model.mla.attention_impl``: ``explicit``, ``sdpa``): ``cp = 1`` is the unparallelized model with that
+(``model.mla_attention_impl``: ``explicit``, ``sdpa``): ``cp = 1`` is the unparallelized model with that
 ``MLACore``, ``cp > 1`` the ``a2a`` core, which attends with the layer's implementation.
 
 What is measured, on every rank, in a fresh pool of processes per configuration:
@@ -38,9 +38,9 @@ from pathlib import Path
 
 from mdsection import write_section
 
-MODEL = dict(vocab_size=64, d_model=128, n_layers=4, n_heads=4, layout="hybrid", mla_every=2, mlp_hidden=352,
-             mla=dict(kv_lora_rank=32, qk_nope_head_dim=32, qk_rope_head_dim=16, v_head_dim=32),
-             lightning=dict(head_dim=32, block_size=64))
+MODEL = dict(vocab_size=64, hidden_size=128, num_hidden_layers=4, num_attention_heads=4, layout="hybrid", layer_group_size=2, intermediate_size=352,
+             kv_lora_rank=32, qk_nope_head_dim=32, qk_rope_head_dim=16, v_head_dim=32,
+             head_dim=32, lightning_block_size=64)
 """The model of configs/tiny-cpu.yaml (layers 0, 2 Lightning; 1, 3 MLA)."""
 
 MIB = 2**20
@@ -67,8 +67,8 @@ def rank_step(ctx, cp: int, seq_len: int, impl: str) -> dict:
 
     groups = ctx.groups(ParallelDims(dp=1, cp=cp, world_size=cp))
     torch.manual_seed(0)
-    cfg = ModelConfig.model_validate({**MODEL, "max_seq_len": seq_len,
-                                      "mla": {**MODEL["mla"], "attention_impl": impl}})
+    cfg = ModelConfig.model_validate({**MODEL, "max_position_embeddings": seq_len,
+                                      **MODEL["mla"], "mla_attention_impl": impl})
     model = HybridLM(cfg, PrecisionPolicy.preset("fp32"))
     parallelize(model, groups)  # default plan; cp == 1 leaves the model as it is
     layout = SeqLayout(seq_len, cp, "contiguous")
@@ -111,7 +111,7 @@ def main() -> None:
     p.add_argument("--seq-len", type=int, default=8192)
     p.add_argument("--cps", type=int, nargs="+", default=[1, 2, 4])
     p.add_argument("--impls", nargs="+", choices=["explicit", "sdpa"], default=["explicit", "sdpa"],
-                   help="MLA attention implementations (model.mla.attention_impl) to run at every CP degree")
+                   help="MLA attention implementations (model.mla_attention_impl) to run at every CP degree")
     p.add_argument("--md", type=Path, help="write the results as a markdown section into this file")
     args = p.parse_args()
     # Before the first pool starts its forkserver, so every rank inherits it.
@@ -159,7 +159,7 @@ def main() -> None:
         f"`{cmd}` (torch {torch.__version__}, {platform.machine()}, {os.cpu_count()} cores shared by the ranks, "
         f"one thread per rank; the whole run took {total_s:.0f} s)",
         "",
-        f"One sequence of {args.seq_len} tokens, batch 1, the tiny-cpu model (d_model 128, layers L M L M, "
+        f"One sequence of {args.seq_len} tokens, batch 1, the tiny-cpu model (hidden_size 128, layers L M L M, "
         "4 heads, vocab 64) in fp32, forward + chunked log-probs + backward + CP gradient sum. Peak RSS "
         "growth: resident high-water mark during the step minus the resident size before it (weights "
         "excluded, gradients included); activation = growth minus one copy of the weights (the gradients).",

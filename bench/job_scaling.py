@@ -220,7 +220,7 @@ def main() -> None:
         f"`{cmd}` (torch {torch.__version__}, {platform.machine()}, {args.cores} cores shared by the ranks, "
         f"threads per rank = {args.cores} / nproc; the whole run took {total_s:.0f} s)",
         "",
-        f"Model: configs/tiny-cpu.yaml's (d_model 128, layers L M L M, vocab 64), fresh init, fp32. Pretrain: "
+        f"Model: configs/tiny-cpu.yaml's (hidden_size 128, layers L M L M, vocab 64), fresh init, fp32. Pretrain: "
         f"{args.batch} rows x {args.seq_len} tokens per step. RL: {args.prompts} prompts x {args.samples} samples, "
         f"at most {args.max_new_tokens} new tokens, {args.minibatches} minibatches, token-level `sg_clip_is`, no KL; "
         "RL tokens/step = generated + trained (prompt + response of every row). Median of "

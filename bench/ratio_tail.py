@@ -32,9 +32,9 @@ from ringzero.rollout.gap import measure_gap
 from ringzero.rollout.types import SamplingParams
 from ringzero.tokenizer import CharTokenizer
 
-TINY = dict(vocab_size=64, d_model=128, n_layers=4, n_heads=4, mlp_hidden=352,
-            mla=dict(kv_lora_rank=32, qk_nope_head_dim=32, qk_rope_head_dim=16, v_head_dim=32),
-            lightning=dict(head_dim=32, block_size=64))
+TINY = dict(vocab_size=64, hidden_size=128, num_hidden_layers=4, num_attention_heads=4, intermediate_size=352,
+            kv_lora_rank=32, qk_nope_head_dim=32, qk_rope_head_dim=16, v_head_dim=32,
+            head_dim=32, lightning_block_size=64)
 """The model of configs/tiny-cpu.yaml (hybrid: three Lightning layers, then one MLA layer)."""
 
 PAIRS = [  # (label, train preset, rollout preset, deterministic)
@@ -177,17 +177,17 @@ def main() -> None:
     lengths = [int(x) for x in args.lengths.split(",")]
     samples = {n: max(1, args.tokens_per_length // n) for n in lengths}
     fp32 = PrecisionPolicy.preset("fp32")
-    # max_seq_len only caps the engine's generation; the weights do not depend on it.
+    # max_position_embeddings only caps the engine's generation; the weights do not depend on it.
     room = max(lengths) + 32
     if args.checkpoint:
         from ringzero.model.checkpoint import load_model
 
         loaded = load_model(args.checkpoint, fp32).model
-        trained = HybridLM(loaded.cfg.model_copy(update={"max_seq_len": room}), fp32)
+        trained = HybridLM(loaded.cfg.model_copy(update={"max_position_embeddings": room}), fp32)
         trained.load_state_dict(loaded.state_dict())
         origin, losses = f"checkpoint {args.checkpoint}", None
     else:
-        cfg = ModelConfig.model_validate({**TINY, "max_seq_len": room})
+        cfg = ModelConfig.model_validate({**TINY, "max_position_embeddings": room})
         trained = HybridLM(cfg, fp32)
         trained.reset_parameters(torch.Generator().manual_seed(args.seed))
         started = time.perf_counter()

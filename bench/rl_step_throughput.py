@@ -1,7 +1,7 @@
 """Tokens per second of a full RL step (generate + train): ringzero vs TRL's GRPOTrainer, side by side.
 
 Both sides get the same shape: a model of the same width and depth (ringzero's HybridLM from the config's
-``model`` section; a Hugging Face ``LlamaForCausalLM`` with the same d_model, layers, heads, MLP width and
+``model`` section; a Hugging Face ``LlamaForCausalLM`` with the same hidden_size, layers, heads, MLP width and
 vocabulary), the same digit-sum prompts, ``prompts x samples`` responses per step cut into
 ``minibatches`` optimizer updates, and exactly ``max_new_tokens`` tokens per response (no stop token on
 either side, so lengths cannot differ), fp32 on the CPU, no KL term, one process, the same threads.
@@ -113,9 +113,9 @@ def time_trl(cfg, args) -> dict:
     torch.manual_seed(0)
     m = cfg.model
     llama = LlamaForCausalLM(LlamaConfig(
-        vocab_size=m.vocab_size, hidden_size=m.d_model, intermediate_size=m.mlp_hidden, num_hidden_layers=m.n_layers,
-        num_attention_heads=m.n_heads, num_key_value_heads=m.n_heads, max_position_embeddings=m.max_seq_len,
-        tie_word_embeddings=m.tie_embeddings, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+        vocab_size=m.vocab_size, hidden_size=m.hidden_size, intermediate_size=m.intermediate_size, num_hidden_layers=m.num_hidden_layers,
+        num_attention_heads=m.num_attention_heads, num_key_value_heads=m.num_attention_heads, max_position_embeddings=m.max_position_embeddings,
+        tie_word_embeddings=m.tie_word_embeddings, pad_token_id=0, bos_token_id=1, eos_token_id=2,
     )).float()
     task, probs = problems(cfg, args.prompts * (args.steps + 1))
     by_prompt = {p.prompt: p for p in probs}

@@ -33,9 +33,9 @@ from ringzero.model.hybrid import HybridLM
 from ringzero.rollout.engine import EmbeddedEngine
 from ringzero.rollout.types import GenerateRequest, SamplingParams
 
-TINY = dict(vocab_size=64, d_model=128, n_layers=4, n_heads=4, mlp_hidden=352,
-            mla=dict(kv_lora_rank=32, qk_nope_head_dim=32, qk_rope_head_dim=16, v_head_dim=32),
-            lightning=dict(head_dim=32, block_size=64))
+TINY = dict(vocab_size=64, hidden_size=128, num_hidden_layers=4, num_attention_heads=4, intermediate_size=352,
+            kv_lora_rank=32, qk_nope_head_dim=32, qk_rope_head_dim=16, v_head_dim=32,
+            head_dim=32, lightning_block_size=64)
 """The model of configs/tiny-cpu.yaml (hybrid: three Lightning layers, then one MLA layer)."""
 
 
@@ -43,9 +43,9 @@ def hf_llama(cfg: ModelConfig):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     return LlamaForCausalLM(LlamaConfig(
-        vocab_size=cfg.vocab_size, hidden_size=cfg.d_model, intermediate_size=cfg.mlp_hidden,
-        num_hidden_layers=cfg.n_layers, num_attention_heads=cfg.n_heads, num_key_value_heads=cfg.n_heads,
-        max_position_embeddings=cfg.max_seq_len, pad_token_id=0, bos_token_id=1, eos_token_id=None,
+        vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
+        num_hidden_layers=cfg.num_hidden_layers, num_attention_heads=cfg.num_attention_heads, num_key_value_heads=cfg.num_attention_heads,
+        max_position_embeddings=cfg.max_position_embeddings, pad_token_id=0, bos_token_id=1, eos_token_id=None,
     )).eval()
 
 
@@ -66,7 +66,7 @@ def timed(fn) -> float:
 
 
 def run(batch: int, prompt_len: int, new_tokens: int, repeats: int, with_naive: bool) -> dict:
-    cfg = ModelConfig.model_validate({**TINY, "max_seq_len": prompt_len + new_tokens})
+    cfg = ModelConfig.model_validate({**TINY, "max_position_embeddings": prompt_len + new_tokens})
     fp32 = PrecisionPolicy.preset("fp32")
     model = HybridLM(cfg, fp32).eval()
     model.reset_parameters(torch.Generator().manual_seed(0))
@@ -135,7 +135,7 @@ def main() -> None:
         "",
         f"`{cmd}`",
         "",
-        f"torch {torch.__version__}, {args.threads} thread(s); tiny model d_model 128, 4 layers (3 Lightning + "
+        f"torch {torch.__version__}, {args.threads} thread(s); tiny model hidden_size 128, 4 layers (3 Lightning + "
         f"1 MLA), 4 heads, MLP 352, vocab 64, random weights. 1-minute load average {load_before:.1f} before, "
         f"{load_after:.1f} after (a shared 2-core machine).",
         "",

@@ -31,9 +31,9 @@ from pathlib import Path
 from mdsection import write_section
 
 POLICIES = ("fp32-islands", "bf16", "fp32")
-TINY = dict(vocab_size=64, d_model=128, n_layers=4, n_heads=4, mlp_hidden=352, max_seq_len=512,
-            mla=dict(kv_lora_rank=32, qk_nope_head_dim=32, qk_rope_head_dim=16, v_head_dim=32),
-            lightning=dict(head_dim=32, block_size=64))
+TINY = dict(vocab_size=64, hidden_size=128, num_hidden_layers=4, num_attention_heads=4, intermediate_size=352, max_position_embeddings=512,
+            kv_lora_rank=32, qk_nope_head_dim=32, qk_rope_head_dim=16, v_head_dim=32,
+            head_dim=32, lightning_block_size=64)
 """The model of configs/tiny-cpu.yaml (hybrid: three Lightning layers, then one MLA layer)."""
 
 
@@ -130,7 +130,7 @@ def main() -> None:
         "",
         f"`{cmd}`",
         "",
-        f"Tiny model (d_model 128, 4 layers: 3 Lightning + 1 MLA, vocab 64), batch {args.batch} x {args.seq_len} "
+        f"Tiny model (hidden_size 128, 4 layers: 3 Lightning + 1 MLA, vocab 64), batch {args.batch} x {args.seq_len} "
         f"tokens, forward + backward + first AdamW step, one thread, median of {args.repeats} fresh processes. "
         "`tensors`: peak live tensor bytes on torch's profiler memory timeline (weights, grads, AdamW state, "
         "saved activations, temporaries). `rss`: resident high-water mark during the step minus the resident "

@@ -9,7 +9,7 @@ updates, weight push). Each precision case runs both:
 - ``bf16``: both all-bf16, the comparison for the ratio tail.
 
 The model is the tiny config's scaled up (``--d-model 512``, 8 layers alternating Lightning and MLA,
-8 heads, the 64-symbol char tokenizer, ``max_seq_len`` = ``--seq-len`` 2048), fresh init (seeded, the
+8 heads, the 64-symbol char tokenizer, ``max_position_embeddings`` = ``--seq-len`` 2048), fresh init (seeded, the
 same weights in both cases). Pretrain: ``--batch`` rows x ``--seq-len`` tokens of the task corpus.
 RL: ``--prompts`` x ``--samples`` digit-sum responses of exactly ``--max-new-tokens`` tokens (stop
 string and eos switched off, so every case decodes the same lengths), ``--minibatches`` updates
@@ -68,7 +68,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--d-model", type=int, default=512)
     p.add_argument("--layers", type=int, default=8)
     p.add_argument("--heads", type=int, default=8)
-    p.add_argument("--seq-len", type=int, default=2048, help="pretrain row length and the model's max_seq_len")
+    p.add_argument("--seq-len", type=int, default=2048, help="pretrain row length and the model's max_position_embeddings")
     p.add_argument("--batch", type=int, default=8, help="pretrain rows per step")
     p.add_argument("--micro-batch", type=int, default=8, help="rows per forward/backward (pretrain and RL)")
     p.add_argument("--warmup", type=int, default=2, help="pretrain steps not counted")
@@ -86,7 +86,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=None, help="default: $OUT, else ./bench-gpu-out")
     args = p.parse_args(argv)
     if args.smoke:
-        args.d_model, args.layers, args.heads, args.seq_len = 32, 2, 4, 64
+        args.hidden_size, args.layers, args.heads, args.seq_len = 32, 2, 4, 64
         args.batch, args.micro_batch, args.warmup, args.steps = 4, 2, 1, 2
         args.prompts, args.samples, args.max_new_tokens, args.rl_warmup, args.rl_steps = 2, 2, 8, 1, 1
     args.device = args.device or ("cpu" if args.smoke else "cuda")
@@ -95,15 +95,15 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def model_section(args) -> dict:
-    d, h = args.d_model, args.heads
+    d, h = args.hidden_size, args.heads
     head = d // h
     return {
-        "vocab_size": 64, "d_model": d, "n_layers": args.layers, "n_heads": h, "layout": "hybrid", "mla_every": 2,
-        "mla": {"kv_lora_rank": d // 4, "qk_nope_head_dim": head, "qk_rope_head_dim": head // 2, "v_head_dim": head,
-                "attention_impl": args.attention_impl},
-        "lightning": {"head_dim": head, "block_size": min(64, args.seq_len)},
-        "mlp_hidden": (11 * d // 4 + 63) // 64 * 64 if not args.smoke else 3 * d,
-        "max_seq_len": args.seq_len,
+        "vocab_size": 64, "hidden_size": d, "num_hidden_layers": args.layers, "num_attention_heads": h, "layout": "hybrid", "layer_group_size": 2,
+        "kv_lora_rank": d // 4, "qk_nope_head_dim": head, "qk_rope_head_dim": head // 2, "v_head_dim": head,
+                "attention_impl": args.attention_impl,
+        "head_dim": head, "lightning_block_size": min(64, args.seq_len),
+        "intermediate_size": (11 * d // 4 + 63) // 64 * 64 if not args.smoke else 3 * d,
+        "max_position_embeddings": args.seq_len,
     }
 
 
@@ -244,7 +244,7 @@ def markdown(report: dict) -> str:
         f"`{report['command']}` ({env.get('gpu', env['device'])}, torch {env['torch']}, CUDA {env['cuda']}; "
         f"{report['wall_s']:.0f} s)",
         "",
-        f"Model: d_model {a['d_model']}, {a['layers']} layers (Lightning / MLA alternating), {a['heads']} heads, "
+        f"Model: hidden_size {a['hidden_size']}, {a['layers']} layers (Lightning / MLA alternating), {a['heads']} heads, "
         f"vocab 64, {report.get('params', 0) / 1e6:.2f}M parameters, fresh init, MLA `{a['attention_impl']}`. "
         f"Pretrain: {a['batch']} x {a['seq_len']} tokens per step (micro-batch {a['micro_batch']}). "
         f"RL: {a['prompts']} x {a['samples']} responses of {a['max_new_tokens']} tokens, {a['minibatches']} "

@@ -7,7 +7,7 @@ q_pos[i]``. A negative position marks a padding token (left-padded batches), whi
 query that sees no key at all (padding rows, or a context-parallel step whose keys all lie in the future)
 gets a zero output and ``lse = -inf``, so partial results merge by log-sum-exp without NaNs.
 
-Two implementations of the same function, chosen by ``ModelConfig.mla.attention_impl``:
+Two implementations of the same function, chosen by ``ModelConfig.mla_attention_impl``:
 
 - ``explicit`` (``causal_attention``): scores, mask, softmax and the weighted sum written out. It keeps
   the ``[B, H, Q, K]`` scores and probabilities alive for backward, and it is the only one that can

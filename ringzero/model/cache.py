@@ -70,8 +70,8 @@ class MLALayerCache:
 class LightningLayerCache:
     """The recurrent state ``[B, H, dk, dv]`` (at least fp32)."""
 
-    def __init__(self, batch: int, n_heads: int, dk: int, dv: int, dtype, device):
-        self.state = torch.zeros((batch, n_heads, dk, dv), dtype=dtype, device=device)
+    def __init__(self, batch: int, num_attention_heads: int, dk: int, dv: int, dtype, device):
+        self.state = torch.zeros((batch, num_attention_heads, dk, dv), dtype=dtype, device=device)
 
     def select(self, rows: torch.Tensor) -> None:
         self.state = self.state.index_select(0, rows)

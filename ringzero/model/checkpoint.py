@@ -1,65 +1,62 @@
-"""Model checkpoints through the checkpoint store: safetensors weights plus an HF-style ``config.json``.
+"""Model checkpoints through the checkpoint store, in the Ling 2.5 format (``ringzero.model.hf_format``).
 
-``config.json`` carries the usual Hugging Face keys (derived, for tools that read them) and the full
-``ModelConfig`` under ``ringzero_model``, which is what loading trusts. Loading rebuilds the model from
-that config and refuses weights that do not fit it, naming every tensor at fault.
+A committed model checkpoint is a Hugging Face model folder of ``BailingMoeV2_5ForCausalLM``: weights
+under the reference's tensor names, ``config.json`` with the Ling 2.5 keys, ``generation_config.json``
+and, when a tokenizer is given, ``tokenizer.json`` + ``tokenizer_config.json``. Loading rebuilds the
+model from ``config.json`` and refuses weights that do not fit it, naming every tensor at fault.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from pydantic import ValidationError
 
-from ringzero.errors import ConfigError, RingzeroError
+from ringzero.errors import RingzeroError
 from ringzero.model.config import ModelConfig, PrecisionPolicy
+from ringzero.model.hf_format import (
+    generation_config,
+    hf_config,
+    hf_tensors,
+    model_config_from_hf,
+    state_dict_from_hf,
+)
 from ringzero.model.hybrid import HybridLM
-from ringzero.model.precision import dtype_name
 
-ARCHITECTURE = "RingzeroHybridLM"
-FORMAT_VERSION = 1
+GENERATION_CONFIG = "generation_config.json"
 
 
-def hf_config(cfg: ModelConfig, dtype: torch.dtype) -> dict:
-    """The ``config.json`` of a checkpoint of ``cfg`` whose tensors are stored in ``dtype``."""
-    return {
-        "architectures": [ARCHITECTURE],
-        "model_type": "ringzero_hybrid",
-        "torch_dtype": dtype_name(dtype),
-        "vocab_size": cfg.vocab_size,
-        "hidden_size": cfg.d_model,
-        "num_hidden_layers": cfg.n_layers,
-        "num_attention_heads": cfg.n_heads,
-        "intermediate_size": cfg.mlp_hidden,
-        "hidden_act": "silu",
-        "rms_norm_eps": cfg.norm_eps,
-        "max_position_embeddings": cfg.max_seq_len,
-        "tie_word_embeddings": cfg.tie_embeddings,
-        "layer_types": ["full_attention" if t == "mla" else "linear_attention" for t in cfg.layer_types()],
-        "q_lora_rank": cfg.mla.q_lora_rank,
-        "kv_lora_rank": cfg.mla.kv_lora_rank,
-        "qk_nope_head_dim": cfg.mla.qk_nope_head_dim,
-        "qk_rope_head_dim": cfg.mla.qk_rope_head_dim,
-        "v_head_dim": cfg.mla.v_head_dim,
-        "rope_theta": cfg.mla.rope_theta,
-        "linear_attn_head_dim": cfg.lightning.head_dim,
-        "block_size": cfg.lightning.block_size,
-        "ringzero_format": FORMAT_VERSION,
-        "ringzero_model": cfg.model_dump(mode="json"),
-    }
+def checkpoint_parts(cfg: ModelConfig, state_dict: dict[str, torch.Tensor], tokenizer=None,
+                     dtype: torch.dtype | None = None):
+    """``(tensors, config, extra_files)`` of a Ling 2.5 folder holding ``state_dict`` (cast to ``dtype``)."""
+    from ringzero.tokenizer.export import special_tokens, tokenizer_files
+
+    tensors = {k: v.detach().to("cpu", dtype=dtype if v.is_floating_point() and dtype else v.dtype).contiguous()
+               for k, v in hf_tensors(state_dict).items()}
+    stored = dtype or next(v.dtype for v in tensors.values() if v.is_floating_point())
+    specials = special_tokens(tokenizer) if tokenizer is not None else None
+    extra = {GENERATION_CONFIG: json.dumps(generation_config(specials), indent=2).encode()}
+    if tokenizer is not None:
+        extra.update(tokenizer_files(tokenizer))
+    return tensors, hf_config(cfg, stored, specials), extra
 
 
 def save_model(store, name: str, model: HybridLM, cfg: ModelConfig | None = None,
-               meta: dict | None = None) -> str:
+               meta: dict | None = None, tokenizer=None) -> str:
     """Write ``model`` as checkpoint ``name``; returns the committed URI. ``cfg`` defaults to ``model.cfg``."""
     cfg = cfg or model.cfg
     if cfg != model.cfg:
         raise RingzeroError(f"save_model({name!r}): the config given differs from the model's own config")
-    tensors = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
-    dtype = next(iter(tensors.values())).dtype
-    return store.save(name, tensors, hf_config(cfg, dtype), meta)
+    return save_state(store, name, cfg, model.state_dict(), meta, tokenizer)
+
+
+def save_state(store, name: str, cfg: ModelConfig, state_dict: dict[str, torch.Tensor],
+               meta: dict | None = None, tokenizer=None, dtype: torch.dtype | None = torch.float32) -> str:
+    """Commit ``state_dict`` (a ``HybridLM``'s keys) as the Ling 2.5 checkpoint ``name``."""
+    tensors, config, extra = checkpoint_parts(cfg, state_dict, tokenizer, dtype)
+    return store.save(name, tensors, config, meta, extra_files=extra)
 
 
 @dataclass
@@ -71,38 +68,28 @@ class LoadedModel:
 
 
 def model_config_from(config: dict, source: str) -> ModelConfig:
-    """The ``ModelConfig`` stored in a checkpoint's ``config.json``, checked against its HF keys."""
-    if config.get("ringzero_format") != FORMAT_VERSION or "ringzero_model" not in config:
-        raise RingzeroError(
-            f"{source}: config.json is not a ringzero model checkpoint "
-            f"(ringzero_format={config.get('ringzero_format')!r}, expected {FORMAT_VERSION})"
-        )
-    try:
-        cfg = ModelConfig.model_validate(config["ringzero_model"])
-    except ValidationError as exc:
-        problems = [f"ringzero_model.{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()]
-        raise ConfigError(f"{source} config.json", problems) from None
-    derived = hf_config(cfg, torch.float32)
-    stale = [k for k, v in derived.items() if k != "torch_dtype" and k in config and config[k] != v]
-    if stale:
-        raise RingzeroError(
-            f"{source}: config.json disagrees with its ringzero_model section on "
-            + ", ".join(f"{k} ({config[k]!r} vs {derived[k]!r})" for k in stale)
-        )
-    return cfg
+    """The ``ModelConfig`` of a checkpoint's ``config.json``."""
+    return model_config_from_hf(config, source)
+
+
+def expected_shapes(model: HybridLM) -> dict[str, tuple]:
+    return {k: tuple(v.shape) for k, v in model.state_dict().items()}
 
 
 def check_tensors(model: HybridLM, tensors: dict[str, torch.Tensor], source: str) -> None:
-    """Raise naming every missing, unexpected or mis-shaped tensor."""
-    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    """Raise naming every missing, unexpected or mis-shaped tensor of a state dict (ringzero's own keys)."""
+    expected = expected_shapes(model)
     problems = [f"missing tensor {k} (shape {list(s)})" for k, s in expected.items() if k not in tensors]
     problems += [f"unexpected tensor {k}" for k in tensors if k not in expected]
-    problems += [
-        f"tensor {k} has shape {list(tensors[k].shape)}, the config needs {list(s)}"
-        for k, s in expected.items() if k in tensors and tuple(tensors[k].shape) != s
-    ]
+    problems += [f"tensor {k} has shape {list(tensors[k].shape)}, the config needs {list(s)}"
+                 for k, s in expected.items() if k in tensors and tuple(tensors[k].shape) != s]
     if problems:
-        raise RingzeroError(f"{source}: weights do not match config.json: " + "; ".join(problems))
+        raise RingzeroError(f"{source}: weights do not match the model: " + "; ".join(problems))
+
+
+def state_dict_of(model: HybridLM, tensors: dict[str, torch.Tensor], source: str) -> dict[str, torch.Tensor]:
+    """The checkpoint's tensors as ``model``'s state dict, refusing what does not fit (named)."""
+    return state_dict_from_hf(tensors, expected_shapes(model), source, model.cfg.num_hidden_layers)
 
 
 def _open(source, store, s3):
@@ -119,6 +106,14 @@ def _open(source, store, s3):
     return load_checkpoint(source, s3)
 
 
+def build_loaded(config: dict, tensors: dict[str, torch.Tensor], where: str, policy: PrecisionPolicy | None,
+                 device, meta: dict | None = None) -> LoadedModel:
+    cfg = model_config_from(dict(config), where)
+    model = HybridLM(cfg, policy or PrecisionPolicy())
+    model.load_state_dict(state_dict_of(model, tensors, where), strict=True)
+    return LoadedModel(model.to(device), cfg, where, dict(meta or {}))
+
+
 def load_model(source, policy: PrecisionPolicy | None = None, *, store=None, s3=None,
                device: str | torch.device = "cpu") -> LoadedModel:
     """Rebuild a ``HybridLM`` from a checkpoint URI, a name in ``store``, or a loaded checkpoint object.
@@ -127,8 +122,4 @@ def load_model(source, policy: PrecisionPolicy | None = None, *, store=None, s3=
     """
     ckpt = _open(source, store, s3)
     where = getattr(ckpt, "uri", None) or str(source)
-    cfg = model_config_from(dict(ckpt.config), where)
-    model = HybridLM(cfg, policy or PrecisionPolicy())
-    check_tensors(model, ckpt.tensors, where)
-    model.load_state_dict(dict(ckpt.tensors), strict=True)
-    return LoadedModel(model.to(device), cfg, where, dict(getattr(ckpt, "meta", None) or {}))
+    return build_loaded(ckpt.config, ckpt.tensors, where, policy, device, getattr(ckpt, "meta", None))

@@ -39,7 +39,7 @@ def _layer_cache(layer: nn.Module, batch: int, policy: PrecisionPolicy, dtype, c
     if isinstance(layer, MLAttention):
         inner = MLALayerCache(batch, layer.latent_width, dtype, torch.device("cpu"), capacity)
     else:
-        inner = LightningLayerCache(batch, layer.n_heads, layer.head_dim, layer.head_dim,
+        inner = LightningLayerCache(batch, layer.num_attention_heads, layer.head_dim, layer.head_dim,
                                     state_dtype(policy), torch.device("cpu"))
     return DecodeCache([inner], batch, torch.device("cpu"), capacity)
 
@@ -62,7 +62,7 @@ def check_decode(kind: str, dtype: str, cfg: ModelConfig | None = None, seed: in
     policy = PrecisionPolicy(body=dtype, attention_softmax_fp32=True, lm_head_fp32=True)
     tdtype = {"float64": torch.float64, "float32": torch.float32}[dtype]
     gen = torch.Generator().manual_seed(seed)
-    n_cols = seq_len or 2 * cfg.lightning.block_size + 5
+    n_cols = seq_len or 2 * cfg.lightning_block_size + 5
     lengths = [n_cols, max(1, n_cols - 3), max(1, n_cols // 2 - 1)]
     prompts = [torch.randint(0, cfg.vocab_size, (n,), generator=gen).tolist() for n in lengths]
     ids_BS, pos_BS = left_padded(prompts, pad_id=0)
@@ -78,8 +78,8 @@ def check_decode(kind: str, dtype: str, cfg: ModelConfig | None = None, seed: in
             return lambda s, e: model(ids_BS[:, s:e], pos_BS[:, s:e], cache)
     else:
         layer_cls = MLAttention if kind == "mla" else LightningAttention
-        layer = random_weights_(layer_cls(cfg, cfg.n_layers - 1, policy).to(tdtype), gen)
-        x_BSD = torch.randn((B, n_cols, cfg.d_model), generator=gen, dtype=torch.float64).to(tdtype)
+        layer = random_weights_(layer_cls(cfg, cfg.num_hidden_layers - 1, policy).to(tdtype), gen)
+        x_BSD = torch.randn((B, n_cols, cfg.hidden_size), generator=gen, dtype=torch.float64).to(tdtype)
         reference = layer(x_BSD, pos_BS)
 
         def fresh():

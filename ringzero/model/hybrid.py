@@ -1,17 +1,21 @@
-"""HybridLM: a decoder-only stack of MLA and Lightning-attention layers (Ling 2.5 layout).
+"""HybridLM: the Ling 2.5 / Ring 2.5 decoder (``BailingMoeV2_5ForCausalLM``) as single-device code.
 
 Architecture choices:
 - token embedding, no absolute position embedding: positions enter only through RoPE, as *absolute*
   indices passed in (a context-parallel shard passes its global positions);
-- layer pattern from ``ModelConfig.layer_types()``: hybrid (MLA iff ``(l + 1) % mla_every == 0``),
-  all-MLA, all-Lightning, or an explicit M/L string;
-- pre-norm residual blocks: ``x + attn(RMSNorm(x))``, then ``x + SwiGLU(RMSNorm(x))``;
+- layer pattern from ``ModelConfig.layer_types()``: the reference's rule (MLA iff
+  ``(l + 1) % layer_group_size == 0`` or past the last whole group), or for tests all-MLA, all-Lightning
+  or an explicit M/L string;
+- pre-norm residual blocks: ``x + attention(RMSNorm(x))``, then ``x + mlp(RMSNorm(x))`` where the MLP is
+  a dense SwiGLU or, from ``first_k_dense_replace`` on when ``num_experts`` is set, the MoE of ``moe.py``;
+- module names follow the reference, so a state-dict key is the checkpoint's tensor name without its
+  ``model.`` prefix (``ringzero.model.hf_format``);
 - final RMSNorm and an LM head, untied or tied to the embedding; no biases anywhere;
 - precision from one ``PrecisionPolicy``: parameters and activations in the body dtype, the attention
   softmax island in ``attention.py``, the LM-head island here (normed hidden state, head weight and
   logits in fp32); RMSNorm statistics and the Lightning state are always at least fp32.
 
-Letter legend: B batch, S sequence, D d_model, V vocab.
+Letter legend: B batch, S sequence, D hidden_size, V vocab.
 """
 
 from __future__ import annotations
@@ -27,66 +31,69 @@ from ringzero.model.config import ModelConfig, PrecisionPolicy
 from ringzero.model.lightning import LightningAttention
 from ringzero.model.mla import MLAttention
 from ringzero.model.mlp import SwiGLU
+from ringzero.model.moe import MoE
 from ringzero.model.norms import RMSNorm
 from ringzero.model.precision import at_least_fp32, body_dtype, state_dtype
 
 
 class Block(nn.Module):
+    """One decoder layer; module names are Ling 2.5's (``input_layernorm``, ``attention``, ...)."""
+
     def __init__(self, cfg: ModelConfig, layer_idx: int, kind: str, policy: PrecisionPolicy):
         super().__init__()
         self.kind = kind
-        self.attn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         attn_cls = MLAttention if kind == "mla" else LightningAttention
-        self.attn = attn_cls(cfg, layer_idx, policy)
-        self.mlp_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
-        self.mlp = SwiGLU(cfg.d_model, cfg.mlp_hidden)
+        self.attention = attn_cls(cfg, layer_idx, policy)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MoE(cfg) if cfg.is_moe_layer(layer_idx) else SwiGLU(cfg.hidden_size, cfg.intermediate_size)
 
     def forward(self, x_BSD, positions, cache=None, key_positions=None):
-        x_BSD = x_BSD + self.attn(self.attn_norm(x_BSD), positions, cache, key_positions)
-        return x_BSD + self.mlp(self.mlp_norm(x_BSD))
+        x_BSD = x_BSD + self.attention(self.input_layernorm(x_BSD), positions, cache, key_positions)
+        return x_BSD + self.mlp(self.post_attention_layernorm(x_BSD))
 
 
 class HybridLM(nn.Module):
     def __init__(self, cfg: ModelConfig, policy: PrecisionPolicy):
         super().__init__()
         self.cfg, self.policy = cfg, policy
-        self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.word_embeddings = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(
             Block(cfg, i, kind, policy) for i, kind in enumerate(cfg.layer_types())
         )
-        self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
-        self.lm_head = None if cfg.tie_embeddings else nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.reset_parameters()
         self.to(body_dtype(policy))
 
     @torch.no_grad()
     def reset_parameters(self, generator: torch.Generator | None = None) -> None:
-        """Normal(0, init_std) matrices; output projections of each residual branch scaled by
-        ``1/sqrt(2 n_layers)`` so the residual stream's variance does not grow with depth; norms at 1."""
-        std = self.cfg.init_std
+        """Normal(0, initializer_range) matrices; output projections of each residual branch scaled by
+        ``1/sqrt(2 num_hidden_layers)`` so the residual stream's variance does not grow with depth; norms at 1."""
+        std = self.cfg.initializer_range
         for name, p in self.named_parameters():
             if p.dim() == 1:
                 p.fill_(1.0)
                 continue
-            residual_out = name.endswith(("o_proj.weight", "down_proj.weight"))
-            scale = 1 / math.sqrt(2 * self.cfg.n_layers) if residual_out else 1.0
+            residual_out = name.endswith(("dense.weight", "down_proj.weight"))
+            scale = 1 / math.sqrt(2 * self.cfg.num_hidden_layers) if residual_out else 1.0
             p.copy_(torch.randn(p.shape, generator=generator, dtype=torch.float64) * std * scale)
 
     @property
     def head_weight(self) -> torch.Tensor:
-        return self.embed.weight if self.lm_head is None else self.lm_head.weight
+        return self.word_embeddings.weight if self.lm_head is None else self.lm_head.weight
 
     def new_cache(self, batch_size: int, capacity: int | None = None) -> DecodeCache:
         """An empty cache for ``batch_size`` rows; ``capacity`` is the columns preallocated (grows if exceeded)."""
-        device = self.embed.weight.device
-        cap = capacity or min(self.cfg.max_seq_len, 256)
+        device = self.word_embeddings.weight.device
+        cap = capacity or min(self.cfg.max_position_embeddings, 256)
         layers = []
         for block in self.layers:
-            a = block.attn
+            a = block.attention
             if block.kind == "mla":
                 layers.append(MLALayerCache(batch_size, a.latent_width, body_dtype(self.policy), device, cap))
             else:
-                layers.append(LightningLayerCache(batch_size, a.n_heads, a.head_dim, a.head_dim,
+                layers.append(LightningLayerCache(batch_size, a.num_attention_heads, a.head_dim, a.head_dim,
                                                   state_dtype(self.policy), device))
         return DecodeCache(layers, batch_size, device, cap)
 
@@ -103,7 +110,7 @@ class HybridLM(nn.Module):
             if positions.dim() == 1:
                 positions = positions[None].expand(B, S)
             key_positions = cache.append_positions(positions)
-        x = self.embed(input_ids_BS)
+        x = self.word_embeddings(input_ids_BS)
         for i, block in enumerate(self.layers):
             x = block(x, positions, None if cache is None else cache.layers[i], key_positions)
         return x

@@ -3,13 +3,19 @@
     o_t = sum_{j<=t} exp(log_decay * (t - j)) (q_t . k_j) v_j        per head
     S_t = exp(log_decay) S_{t-1} + k_t^T v_t,   o_t = q_t S_t        (recurrent form, state dk x dv)
 
-Architecture choices of the layer (``LightningAttention``):
-- separate q/k/v projections, ``n_heads`` heads of ``head_dim``; q is scaled by ``head_dim**-0.5``
-  before the core (the core itself is unscaled, as MiniMax's);
-- optional per-head RMSNorm on q and k (``qk_norm``), RoPE on the leading ``rope_fraction`` of each head;
-- decay per head from ALiBi slopes ``2**(-8 (h+1) / H)`` scaled per layer by
-  ``1 - l / (L - 1) + 1e-5`` (MiniMax's convention: deep layers decay slowly and see far back);
-- optional group RMSNorm of the output per head and a sigmoid output gate from the layer input;
+The layer (``LightningAttention``) is Ling 2.5's linear-attention layer, with the reference's names:
+- one fused ``query_key_value`` projection, viewed ``[B, S, 3H, d]``: heads ``0..H-1`` are q, then k, then v;
+- RMSNorm on each q and k head (``use_qk_norm``: ``query_layernorm``, ``key_layernorm``);
+- RoPE (rotate-half) on the leading ``head_dim * partial_rotary_factor`` dims of each q/k head;
+- q scaled by ``head_dim**-0.5`` before an unscaled core (flash-linear-attention's default scale in the HF
+  reference; SGLang passes the same scale to its backend);
+- decay per head from ALiBi slopes (with the reference's rule for head counts that are not powers of two)
+  times a per-layer factor. The factor is SGLang's, ``1 - l / (L - 1) + 1e-5``: ringzero's rollout engine
+  on a cluster is SGLang, and a decay that differs between the engines is a train/rollout gap built into
+  the model. The HF reference uses ``1 - (l - 1) / (L - 1) + 1e-5`` (one layer shallower); see
+  docs/ARCHITECTURE.md. A single-layer model (L = 1) has no depth to scale over: factor ``1 + 1e-5``;
+- the output: ``g_norm`` (RMSNorm over ``group_norm_size`` equal groups of the ``H*d`` channels), times
+  ``sigmoid(g_proj(x))`` of the layer input, then ``dense``;
 - padding tokens (negative positions) get zero keys and values, so they never enter the state.
 
 The state is kept in at least fp32 whatever the body dtype: it sums thousands of decayed outer products.
@@ -18,6 +24,8 @@ Letter legend: B batch, S sequence, H heads, k key/query head dim (dk), v value 
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 from torch import nn
@@ -28,11 +36,32 @@ from ringzero.model.precision import at_least_fp32, state_dtype
 from ringzero.model.rope import apply_rope, rope_cos_sin
 
 
-def decay_slopes(n_heads: int, layer_idx: int, n_layers: int) -> list[float]:
+def alibi_slopes(n_heads: int) -> list[float]:
+    """ALiBi's head slopes: ``2**(-8 (h+1) / n)`` for a power of two ``n``; otherwise the slopes of the
+    nearest lower power of two followed by every other slope of the next one (the reference's rule)."""
+    def power_of_two(n: int) -> list[float]:
+        start = 2.0 ** (-(2.0 ** -(math.log2(n) - 3)))
+        return [start * start**i for i in range(n)]
+
+    if math.log2(n_heads).is_integer():
+        return power_of_two(n_heads)
+    lower = 2 ** math.floor(math.log2(n_heads))
+    return power_of_two(lower) + alibi_slopes(2 * lower)[0::2][: n_heads - lower]
+
+
+def layer_decay_factor(layer_idx: int, num_hidden_layers: int, rule: str = "sglang") -> float:
+    """Per-layer scale of the slopes: SGLang's ``1 - l/(L-1) + 1e-5`` (what ringzero trains with) or the
+    HF reference's ``1 - (l-1)/(L-1) + 1e-5``; ``1 + 1e-5`` for a one-layer model."""
+    if num_hidden_layers == 1:
+        return 1.0 + 1e-5
+    shift = {"sglang": 0, "hf": 1}[rule]
+    return 1.0 - (layer_idx - shift) / (num_hidden_layers - 1) + 1e-5
+
+
+def decay_slopes(n_heads: int, layer_idx: int, num_hidden_layers: int, rule: str = "sglang") -> list[float]:
     """Positive per-head decay rates; the decay per token is ``exp(-slope)``."""
-    base = 2.0 ** (-8.0 / n_heads)
-    layer_scale = 1.0 - layer_idx / (n_layers - 1 + 1e-5) + 1e-5
-    return [base ** (h + 1) * layer_scale for h in range(n_heads)]
+    factor = layer_decay_factor(layer_idx, num_hidden_layers, rule)
+    return [slope * factor for slope in alibi_slopes(n_heads)]
 
 
 def lightning_blocks(q, k, v, log_decay, block_size: int, initial_state=None):
@@ -103,20 +132,21 @@ class LightningCore(nn.Module):
 class LightningAttention(nn.Module):
     def __init__(self, cfg: ModelConfig, layer_idx: int, policy: PrecisionPolicy):
         super().__init__()
-        lc = cfg.lightning
-        self.n_heads, self.head_dim, self.block_size = cfg.n_heads, lc.head_dim, lc.block_size
-        self.rope_dim, self.rope_theta = lc.rope_dim, lc.rope_theta
-        self.slopes = decay_slopes(cfg.n_heads, layer_idx, cfg.n_layers)
+        self.num_attention_heads, self.head_dim = cfg.num_attention_heads, cfg.head_dim
+        self.block_size = cfg.lightning_block_size
+        self.rope_dim, self.rope_theta = cfg.linear_rope_dim, cfg.rope_theta
+        self.slopes = decay_slopes(cfg.num_attention_heads, layer_idx, cfg.num_hidden_layers)
         self.state_dtype = state_dtype(policy)
-        inner = cfg.n_heads * lc.head_dim
-        self.q_proj = nn.Linear(cfg.d_model, inner, bias=False)
-        self.k_proj = nn.Linear(cfg.d_model, inner, bias=False)
-        self.v_proj = nn.Linear(cfg.d_model, inner, bias=False)
-        self.q_norm = RMSNorm(lc.head_dim, cfg.norm_eps) if lc.qk_norm else None
-        self.k_norm = RMSNorm(lc.head_dim, cfg.norm_eps) if lc.qk_norm else None
-        self.out_norm = GroupRMSNorm(cfg.n_heads, lc.head_dim, cfg.norm_eps) if lc.group_norm else None
-        self.gate_proj = nn.Linear(cfg.d_model, inner, bias=False) if lc.output_gate else None
-        self.o_proj = nn.Linear(inner, cfg.d_model, bias=False)
+        inner = cfg.num_attention_heads * cfg.head_dim
+        self.query_key_value = nn.Linear(cfg.hidden_size, 3 * inner, bias=False)
+        if cfg.use_qk_norm:
+            self.query_layernorm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
+            self.key_layernorm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
+        else:
+            self.query_layernorm = self.key_layernorm = None
+        self.g_proj = nn.Linear(cfg.hidden_size, inner, bias=False)
+        self.g_norm = GroupRMSNorm(cfg.group_norm_size, inner // cfg.group_norm_size, cfg.rms_norm_eps)
+        self.dense = nn.Linear(inner, cfg.hidden_size, bias=False)
         self.core = LightningCore()
 
     def log_decay(self, device=None) -> torch.Tensor:
@@ -126,10 +156,10 @@ class LightningAttention(nn.Module):
     def project(self, x_BSD: torch.Tensor, positions: torch.Tensor):
         """q, k, v ``[B, S, H, d]`` with norms, RoPE, q scaling and padding zeroed."""
         B, S, _ = x_BSD.shape
-        shape = (B, S, self.n_heads, self.head_dim)
-        q, k, v = (p(x_BSD).view(shape) for p in (self.q_proj, self.k_proj, self.v_proj))
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
+        H = self.num_attention_heads
+        q, k, v = self.query_key_value(x_BSD).view(B, S, 3 * H, self.head_dim).split(H, dim=2)
+        if self.query_layernorm is not None:
+            q, k = self.query_layernorm(q), self.key_layernorm(k)
         if self.rope_dim:
             cos, sin = rope_cos_sin(positions, self.rope_dim, self.rope_theta, x_BSD.dtype)
             r = self.rope_dim
@@ -141,12 +171,8 @@ class LightningAttention(nn.Module):
         return q, k * keep, v * keep
 
     def finish(self, x_BSD: torch.Tensor, o_BSHv: torch.Tensor) -> torch.Tensor:
-        if self.out_norm is not None:
-            o_BSHv = self.out_norm(o_BSHv)
-        o = o_BSHv.flatten(2)
-        if self.gate_proj is not None:
-            o = torch.sigmoid(self.gate_proj(x_BSD)) * o
-        return self.o_proj(o)
+        o = self.g_norm(o_BSHv.flatten(2))
+        return self.dense(torch.sigmoid(self.g_proj(x_BSD)) * o)
 
     def forward(self, x_BSD, positions, cache=None, key_positions=None):
         """Parallel form without ``cache``; with a ``LightningLayerCache`` it continues from its state."""

@@ -1,15 +1,21 @@
 """Multi-head Latent Attention (DeepSeek-V2/V3; Ling 2.5's full-attention layers).
 
 Architecture choices of the layer (``MLAttention``):
-- queries full-rank (``q_proj``) or low-rank ``q_b(RMSNorm(q_a(x)))`` when ``q_lora_rank`` is set;
+- module names are Ling 2.5's: queries full-rank (``q_proj``) or low-rank
+  ``q_b_proj(q_a_layernorm(q_a_proj(x)))`` when ``q_lora_rank`` is set; the output projection is ``dense``;
 - one latent per token ``c_kv = RMSNorm(x W_dkv)`` of size r, and one RoPE key of size dr shared by all
-  heads, both from ``kv_a_proj``; per-head up-projections ``W_uk [H, dn, r]`` and ``W_uv [H, dv, r]``
-  are views of ``kv_b_proj``'s weight (rows ordered head-major, ``dn`` then ``dv``, as DeepSeek's);
-- score scale ``1/sqrt(dn + dr)``; RoPE in rotate-half layout at absolute positions;
+  heads, both from ``kv_a_proj_with_mqa``; per-head up-projections ``W_uk [H, dn, r]`` and
+  ``W_uv [H, dv, r]`` are views of ``kv_b_proj``'s weight (rows head-major, ``dn`` then ``dv``);
+- score scale ``1/sqrt(dn + dr)``; RoPE at absolute positions. With ``rope_interleave`` (the Ling 2.5
+  default) the projections store each rotary pair as neighbours ``(x[2i], x[2i+1])``; ``project`` reorders
+  them to the rotate-half layout ``(x[i], x[i + dr/2])`` first, as the reference does. Both q and k are
+  reordered the same way, so every score, the cache and the CP cores see one consistent layout;
+- the RMSNorms of the latents use ``rms_norm_eps`` (SGLang's choice; the HF reference hard-codes 1e-6,
+  equal to the default ``rms_norm_eps``);
 - training runs the expanded form through the swappable ``core``; cached decoding of one token runs the
   absorbed form (``W_uk`` folded into the query, ``W_uv`` into the output) over the cache of
   ``[c_kv; k_rope]``, which costs more FLOPs per token but never materialises per-head keys;
-- ``mla.attention_impl`` picks the attention function of the expanded form (training, and prefill
+- ``mla_attention_impl`` picks the attention function of the expanded form (training, and prefill
   chunks over a cache): ``explicit`` (default, the written-out softmax island) or ``sdpa``
   (``scaled_dot_product_attention``, fused kernels that never hold the ``[B, H, S, T]`` scores; the
   island is kept by casting q/k/v to fp32 before the call, see ``ringzero.model.attention``). The choice
@@ -80,28 +86,34 @@ class MLACore(nn.Module):
                             positions, positions, scale, softmax_fp32, impl=self.impl)
 
 
+def deinterleave(x: torch.Tensor) -> torch.Tensor:
+    """``[..., d]`` from pair-neighbour order ``(0, 1), (2, 3), ...`` to rotate-half order ``0, 2, 4, ..., 1, 3, ...``."""
+    return x.unflatten(-1, (-1, 2)).transpose(-1, -2).flatten(-2)
+
+
 class MLAttention(nn.Module):
     def __init__(self, cfg: ModelConfig, layer_idx: int, policy: PrecisionPolicy):
         super().__init__()
-        mc = cfg.mla
-        self.n_heads, self.q_lora_rank, self.kv_lora_rank = cfg.n_heads, mc.q_lora_rank, mc.kv_lora_rank
-        self.nope_dim, self.rope_dim, self.v_dim = mc.qk_nope_head_dim, mc.qk_rope_head_dim, mc.v_head_dim
-        self.rope_theta = mc.rope_theta
+        self.num_attention_heads = cfg.num_attention_heads
+        self.q_lora_rank, self.kv_lora_rank = cfg.q_lora_rank, cfg.kv_lora_rank
+        self.nope_dim, self.rope_dim, self.v_dim = cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim
+        self.rope_theta, self.rope_interleave = cfg.rope_theta, cfg.rope_interleave
         self.scale = (self.nope_dim + self.rope_dim) ** -0.5
         self.softmax_fp32 = policy.attention_softmax_fp32
-        q_out = cfg.n_heads * (self.nope_dim + self.rope_dim)
-        if mc.q_lora_rank is None:
-            self.q_proj = nn.Linear(cfg.d_model, q_out, bias=False)
+        H, D = cfg.num_attention_heads, cfg.hidden_size
+        q_out = H * (self.nope_dim + self.rope_dim)
+        if cfg.q_lora_rank is None:
+            self.q_proj = nn.Linear(D, q_out, bias=False)
         else:
-            self.q_a_proj = nn.Linear(cfg.d_model, mc.q_lora_rank, bias=False)
-            self.q_a_norm = RMSNorm(mc.q_lora_rank, cfg.norm_eps)
-            self.q_b_proj = nn.Linear(mc.q_lora_rank, q_out, bias=False)
-        self.kv_a_proj = nn.Linear(cfg.d_model, mc.kv_lora_rank + self.rope_dim, bias=False)
-        self.kv_a_norm = RMSNorm(mc.kv_lora_rank, cfg.norm_eps)
-        self.kv_b_proj = nn.Linear(mc.kv_lora_rank, cfg.n_heads * (self.nope_dim + self.v_dim), bias=False)
-        self.o_proj = nn.Linear(cfg.n_heads * self.v_dim, cfg.d_model, bias=False)
-        self.attention_impl = mc.attention_impl
-        self.core = MLACore(mc.attention_impl)
+            self.q_a_proj = nn.Linear(D, cfg.q_lora_rank, bias=False)
+            self.q_a_layernorm = RMSNorm(cfg.q_lora_rank, cfg.rms_norm_eps)
+            self.q_b_proj = nn.Linear(cfg.q_lora_rank, q_out, bias=False)
+        self.kv_a_proj_with_mqa = nn.Linear(D, cfg.kv_lora_rank + self.rope_dim, bias=False)
+        self.kv_a_layernorm = RMSNorm(cfg.kv_lora_rank, cfg.rms_norm_eps)
+        self.kv_b_proj = nn.Linear(cfg.kv_lora_rank, H * (self.nope_dim + self.v_dim), bias=False)
+        self.dense = nn.Linear(H * self.v_dim, D, bias=False)
+        self.attention_impl = cfg.mla_attention_impl
+        self.core = MLACore(cfg.mla_attention_impl)
 
     @property
     def latent_width(self) -> int:
@@ -110,7 +122,7 @@ class MLAttention(nn.Module):
 
     def up_weights(self):
         """``W_uk [H, dn, r]`` and ``W_uv [H, dv, r]`` as views of ``kv_b_proj.weight``."""
-        w = self.kv_b_proj.weight.view(self.n_heads, self.nope_dim + self.v_dim, self.kv_lora_rank)
+        w = self.kv_b_proj.weight.view(self.num_attention_heads, self.nope_dim + self.v_dim, self.kv_lora_rank)
         return w[:, : self.nope_dim], w[:, self.nope_dim:]
 
     def project(self, x_BSD: torch.Tensor, positions: torch.Tensor):
@@ -119,10 +131,12 @@ class MLAttention(nn.Module):
         if self.q_lora_rank is None:
             q = self.q_proj(x_BSD)
         else:
-            q = self.q_b_proj(self.q_a_norm(self.q_a_proj(x_BSD)))
-        q_nope, q_rope = q.view(B, S, self.n_heads, -1).split([self.nope_dim, self.rope_dim], dim=-1)
-        c_kv, k_rope = self.kv_a_proj(x_BSD).split([self.kv_lora_rank, self.rope_dim], dim=-1)
-        c_kv = self.kv_a_norm(c_kv)
+            q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x_BSD)))
+        q_nope, q_rope = q.view(B, S, self.num_attention_heads, -1).split([self.nope_dim, self.rope_dim], dim=-1)
+        c_kv, k_rope = self.kv_a_proj_with_mqa(x_BSD).split([self.kv_lora_rank, self.rope_dim], dim=-1)
+        c_kv = self.kv_a_layernorm(c_kv)
+        if self.rope_interleave:
+            q_rope, k_rope = deinterleave(q_rope), deinterleave(k_rope)
         cos, sin = rope_cos_sin(positions, self.rope_dim, self.rope_theta, x_BSD.dtype)
         q_rope = apply_rope(q_rope, cos, sin)
         k_rope = apply_rope(k_rope[:, :, None], cos, sin)[:, :, 0]
@@ -146,4 +160,4 @@ class MLAttention(nn.Module):
             else:
                 o = mla_expanded(q_nope, q_rope, c_all, k_rope_all, w_uk, w_uv, positions, key_positions,
                                  self.scale, self.softmax_fp32, impl=self.attention_impl)
-        return self.o_proj(o.reshape(B, S, self.n_heads * self.v_dim))
+        return self.dense(o.reshape(B, S, self.num_attention_heads * self.v_dim))

@@ -8,11 +8,11 @@ from torch import nn
 
 
 class SwiGLU(nn.Module):
-    def __init__(self, d_model: int, hidden: int):
+    def __init__(self, hidden_size: int, hidden: int):
         super().__init__()
-        self.gate_proj = nn.Linear(d_model, hidden, bias=False)
-        self.up_proj = nn.Linear(d_model, hidden, bias=False)
-        self.down_proj = nn.Linear(hidden, d_model, bias=False)
+        self.gate_proj = nn.Linear(hidden_size, hidden, bias=False)
+        self.up_proj = nn.Linear(hidden_size, hidden, bias=False)
+        self.down_proj = nn.Linear(hidden, hidden_size, bias=False)
 
     def forward(self, x_BSD: torch.Tensor) -> torch.Tensor:
         return self.down_proj(F.silu(self.gate_proj(x_BSD)) * self.up_proj(x_BSD))

@@ -31,13 +31,15 @@ class RMSNorm(nn.Module):
 
 
 class GroupRMSNorm(nn.Module):
-    """RMS-normalise each head's ``d`` channels on its own; the weight has one entry per channel (H*d)."""
+    """RMS-normalise each of ``n_groups`` equal, contiguous groups of the last dim on its own (Ling 2.5's
+    ``g_norm``: groups span heads, ``group_norm_size`` of them over ``H*d`` channels); one weight per channel."""
 
     def __init__(self, n_groups: int, group_dim: int, eps: float):
         super().__init__()
         self.n_groups, self.group_dim, self.eps = n_groups, group_dim, eps
         self.weight = nn.Parameter(torch.ones(n_groups * group_dim))
 
-    def forward(self, x_BSHd: torch.Tensor) -> torch.Tensor:
-        w_Hd = self.weight.view(self.n_groups, self.group_dim)
-        return rms_norm(x_BSHd, w_Hd, self.eps)
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        grouped = x.unflatten(-1, (self.n_groups, self.group_dim))
+        w_Gd = self.weight.view(self.n_groups, self.group_dim)
+        return rms_norm(grouped, w_Gd, self.eps).flatten(-2)

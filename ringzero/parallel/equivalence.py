@@ -63,9 +63,10 @@ class CheckSpec:
     def model_config(self) -> ModelConfig:
         small = dict(kv_lora_rank=12, qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=6)
         layout = {"mla": "M", "lightning": "L", "model": "LMLM"}[self.layer]
-        return ModelConfig(vocab_size=48, d_model=32, n_layers=len(layout), n_heads=self.heads,
-                           layout=layout, mla=small, mlp_hidden=40, max_seq_len=max(self.seq_len + 8, 16),
-                           lightning=dict(head_dim=8, block_size=self.block_size))
+        return ModelConfig(vocab_size=48, hidden_size=32, num_hidden_layers=len(layout),
+                           num_attention_heads=self.heads, layout=layout, **small, intermediate_size=40,
+                           max_position_embeddings=max(self.seq_len + 8, 16), head_dim=8,
+                           lightning_block_size=self.block_size)
 
     def validate(self) -> None:
         problems = []
@@ -109,10 +110,10 @@ def _global_batch(spec: CheckSpec, cfg: ModelConfig, gen: torch.Generator, dtype
     if spec.layer == "model":
         ids = torch.randint(0, cfg.vocab_size, (B, S + 1), generator=gen)
         return {"inputs": ids[:, :-1], "targets": ids[:, 1:], "positions": pos_BS}
-    x = torch.randn((B, S, cfg.d_model), generator=gen, dtype=torch.float64).to(dtype)
+    x = torch.randn((B, S, cfg.hidden_size), generator=gen, dtype=torch.float64).to(dtype)
     # Scaled so weight gradients (sums over all B*S tokens) are of order 1, like the outputs: the
     # absolute part of each dtype's tolerance assumes values of that size.
-    dy = (torch.randn((B, S, cfg.d_model), generator=gen, dtype=torch.float64) / (B * S) ** 0.5).to(dtype)
+    dy = (torch.randn((B, S, cfg.hidden_size), generator=gen, dtype=torch.float64) / (B * S) ** 0.5).to(dtype)
     return {"inputs": x, "cotangent": dy, "positions": pos_BS}
 
 

@@ -7,7 +7,7 @@ all-gathers it over the sequence; at the same time one all-to-all moves the quer
 shards to head shards. Each rank then up-projects the whole sequence's latent with its own heads' slice
 of ``W_uk``/``W_uv`` and runs full-sequence causal attention for H/P heads, and a second all-to-all
 returns the outputs to sequence shards. That attention is the layer's own choice
-(``model.mla.attention_impl``, read from the single-device core that ``parallelize`` replaces):
+(``model.mla_attention_impl``, read from the single-device core that ``parallelize`` replaces):
 ``explicit`` runs the written-out softmax island in blocks of queries, each over only the keys it can
 see (``blocked_causal_attention``, scores ``O(block x T)`` per head, all kept for backward: ``O(T^2 h)``
 per rank); ``sdpa`` runs ``sdpa_causal_attention`` on the tokens put in position order, where
@@ -181,9 +181,9 @@ def full_sequence_attention(impl: str):
     return sdpa_full_sequence_attention if impl == "sdpa" else blocked_causal_attention
 
 
-def check_heads(n_heads: int, cp: int) -> str | None:
-    if n_heads % cp:
-        return (f"a2a splits the {n_heads} attention heads over {cp} CP ranks, which needs n_heads % cp == 0 "
+def check_heads(num_attention_heads: int, cp: int) -> str | None:
+    if num_attention_heads % cp:
+        return (f"a2a splits the {num_attention_heads} attention heads over {cp} CP ranks, which needs num_attention_heads % cp == 0 "
                 f"(use a head count divisible by {cp}, or strategy 'ring')")
     return None
 

@@ -3,7 +3,7 @@
 The model's attention modules keep doing all per-token work (projections, norms, RoPE at the global
 positions they are given); only their ``.core`` is replaced by the CP core of the strategy the plan
 names for their layer type, built with the replaced core's attention impl (``MLACore.impl``, from
-``model.mla.attention_impl``), so a layer configured for ``sdpa`` keeps it where the CP core can. Every
+``model.mla_attention_impl``), so a layer configured for ``sdpa`` keeps it where the CP core can. Every
 layer is checked first, and a pairing that cannot work is refused with its reason before anything is
 changed. With ``cp == 1`` the model is left as it is.
 
@@ -64,7 +64,7 @@ def check_plan(model: nn.Module, cp: int, plan: CPPlan | Mapping[str, str] | Non
         if strategy is None:
             problems.append(f"{name}: the plan names no strategy for {layer_type} layers")
             continue
-        why = refusal(layer_type, strategy, module.n_heads, cp, sharding)
+        why = refusal(layer_type, strategy, module.num_attention_heads, cp, sharding)
         if why:
             problems.append(f"{name} ({layer_type}, {strategy}): {why}")
     return problems

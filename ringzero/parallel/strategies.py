@@ -29,10 +29,10 @@ class Strategy:
     summary: str
     # (cp group, ledger, sharding, attention impl of the replaced core; "explicit" if left out) -> core
     build: Callable[[object, CommLedger, str, str], nn.Module]
-    extra_check: Callable[[int, int, str], str | None] = lambda n_heads, cp, sharding: None
+    extra_check: Callable[[int, int, str], str | None] = lambda num_attention_heads, cp, sharding: None
 
 
-def _lightning_ring_check(n_heads: int, cp: int, sharding: str) -> str | None:
+def _lightning_ring_check(num_attention_heads: int, cp: int, sharding: str) -> str | None:
     if sharding != "contiguous":
         return (f"the Lightning ring (LASP-1) hands the state from rank p to p+1 along the sequence, which "
                 f"needs contiguous shards; {sharding} shards are not in sequence order (use 'allgather')")
@@ -43,7 +43,7 @@ STRATEGIES: dict[tuple[str, str], Strategy] = {
     ("mla", "a2a"): Strategy(
         "a2a", "mla", "all-gather the latent, all-to-all queries to head shards and outputs back",
         lambda group, ledger, sharding, impl="explicit": MLAAllToAllCore(group, ledger, impl),
-        lambda n_heads, cp, sharding: check_heads(n_heads, cp),
+        lambda num_attention_heads, cp, sharding: check_heads(num_attention_heads, cp),
     ),
     ("mla", "ring"): Strategy(
         "ring", "mla", "materialised K/V around the ring, log-sum-exp merge",
@@ -72,7 +72,7 @@ def strategy_names(layer_type: str) -> list[str]:
     return sorted(name for (lt, name) in STRATEGIES if lt == layer_type)
 
 
-def refusal(layer_type: str, strategy: str, n_heads: int, cp: int, sharding: str) -> str | None:
+def refusal(layer_type: str, strategy: str, num_attention_heads: int, cp: int, sharding: str) -> str | None:
     """Why ``strategy`` cannot serve this layer, or ``None`` when it can."""
     if layer_type not in LAYER_TYPES:
         return f"unknown layer type {layer_type!r} (known: {', '.join(LAYER_TYPES)})"
@@ -81,4 +81,4 @@ def refusal(layer_type: str, strategy: str, n_heads: int, cp: int, sharding: str
         why = _WHY_NOT.get((layer_type, strategy), "no such strategy")
         return (f"strategy {strategy!r} does not support {layer_type} layers: {why}; "
                 f"{layer_type} supports {', '.join(strategy_names(layer_type))}")
-    return found.extra_check(n_heads, cp, sharding)
+    return found.extra_check(num_attention_heads, cp, sharding)

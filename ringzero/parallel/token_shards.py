@@ -10,7 +10,7 @@ metric never depends on the layout.
 ``next_token_logprobs`` runs the (parallelized) model over one rank's shard and returns the log-probs
 of the targets, computed in chunks over the tokens so no ``[B, S, V]`` fp32 tensor is ever held.
 
-Letter legend: B rows, W global input columns, S local columns, D d_model.
+Letter legend: B rows, W global input columns, S local columns, D hidden_size.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from ringzero.model.checkpoint import hf_config
+from ringzero.model.checkpoint import save_state
 from ringzero.model.config import ModelConfig
 
 
@@ -30,7 +30,6 @@ def push_weights(client, state_dict: dict[str, torch.Tensor], version: str, *, s
     if any(store.name_of(u) == name for u in store.list(name)):
         uri = store.uri_of(name)  # pushed before an interruption: the same step's weights, committed
     else:
-        tensors = {k: v.detach().float().contiguous() for k, v in state_dict.items()}
-        uri = store.save(name, tensors, hf_config(model_cfg, torch.float32), {"weight_version": version})
+        uri = save_state(store, name, model_cfg, state_dict, {"weight_version": version})
     client.update_weights_from_disk(uri, version)
     return uri

@@ -79,7 +79,7 @@ class PolicyTrainer:
                  micro_batch: int = DEFAULT_MICRO_BATCH):
         if loss.kl_coef > 0 and reference is None:
             raise ValueError("loss.kl_coef > 0 needs a reference model")
-        self.runtime = runtime or single(model.embed.weight.device)
+        self.runtime = runtime or single(model.word_embeddings.weight.device)
         if batch_invariant and self.runtime.dims.cp > 1:
             raise ValueError("batch_invariant scoring needs cp = 1: a sharded forward sums in another order")
         self.model, self.optimizer, self.loss = model, optimizer, loss

@@ -5,7 +5,9 @@ under ``model.*``, the optimizer state under ``optim.*`` and the loop's counters
 commit, so there is never a model without its optimizer state or the other way round. Step counters
 and RNG seeds are derived from the step number (see the stages), so nothing else needs saving.
 
-The final checkpoint ``<prefix>/final`` is a plain model checkpoint (``load_model`` reads it).
+Resume points keep ringzero's own state-dict keys (they are read back only by the stage that wrote
+them). The final checkpoint ``<prefix>/final`` is a model checkpoint in the Ling 2.5 format, tokenizer
+included: a folder SGLang serves (``load_model`` reads it).
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ from typing import Any
 import torch
 
 from ringzero.errors import RingzeroError
-from ringzero.model.checkpoint import hf_config
+from ringzero.model.checkpoint import save_state
+from ringzero.model.hf_format import hf_config
 from ringzero.model.hybrid import HybridLM
 from ringzero.rollout.weights import load_weights_
 from ringzero.stages.optimizer import TrainOptimizer
@@ -61,11 +64,11 @@ def load_resume_point(store, uri: str, model: HybridLM, optimizer: TrainOptimize
     return ResumePoint(int(ckpt.meta["step"]), ckpt.uri, extra)
 
 
-def save_final(store, prefix: str, model: HybridLM, state_dict: dict[str, torch.Tensor], meta: dict) -> str:
+def save_final(store, prefix: str, model: HybridLM, state_dict: dict[str, torch.Tensor], meta: dict,
+               tokenizer=None) -> str:
     """The stage's output model; an earlier attempt that committed it already (then died) is reused."""
     name = final_name(prefix)
     existing = store.list(name)
     if any(store.name_of(uri) == name for uri in existing):
         return store.uri_of(name)
-    tensors = {k: v.detach().float().contiguous() for k, v in state_dict.items()}
-    return store.save(name, tensors, hf_config(model.cfg, torch.float32), meta)
+    return save_state(store, name, model.cfg, state_dict, meta, tokenizer)

@@ -10,9 +10,9 @@ from ringzero.tokenizer.base import Tokenizer
 
 # Tried in order when a special is not named explicitly.
 CANDIDATES = {
-    "bos": ("<|begin_of_text|>", "<|startoftext|>", "<s>", "[BOS]", "<bos>"),
-    "eos": ("<|endoftext|>", "<|end_of_text|>", "<|im_end|>", "</s>", "[EOS]", "<eos>"),
-    "pad": ("<|pad|>", "<pad>", "[PAD]"),
+    "bos": ("<|begin_of_text|>", "<|startoftext|>", "<s>", "[BOS]", "<bos>", "\u27e8bos\u27e9"),
+    "eos": ("<|endoftext|>", "<|end_of_text|>", "<|im_end|>", "</s>", "[EOS]", "<eos>", "\u27e8eos\u27e9"),
+    "pad": ("<|pad|>", "<pad>", "[PAD]", "\u27e8pad\u27e9"),
 }
 
 

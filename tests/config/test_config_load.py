@@ -57,7 +57,7 @@ def test_three_mistakes_are_all_reported_with_paths():
     problems = problems_of(data)
     assert len(problems) == 3, problems
     joined = "\n".join(problems)
-    assert "model.d_modl: unknown key; did you mean 'd_model'?" in joined
+    assert "model.d_modl: unknown key; did you mean 'hidden_size'?" in joined
     assert "stages[1].loss.eps_high: Input should be greater than 0 (got -1)" in joined
     assert "run.name:" in joined and "'Bad_Name'" in joined
 
@@ -65,9 +65,9 @@ def test_three_mistakes_are_all_reported_with_paths():
 @pytest.mark.parametrize(
     ("mutate", "expected"),
     [
-        (lambda d: d["model"].update(n_heads=0), "model.n_heads: Input should be greater than or equal to 1 (got 0)"),
+        (lambda d: d["model"].update(num_attention_heads=0), "model.num_attention_heads: Input should be greater than or equal to 1 (got 0)"),
         (lambda d: d["model"].update(layout="LLX"), "model.layout: must be hybrid, mla, lightning or a string"),
-        (lambda d: d["model"].update(layout="LLM"), "layout has 3 layer letters but n_layers is 4"),
+        (lambda d: d["model"].update(layout="LLM"), "layout has 3 layer letters but num_hidden_layers is 4"),
         (lambda d: d["model"]["mla"].update(qk_rope_head_dim=7), "model.mla.qk_rope_head_dim: must be even"),
         (lambda d: d["precision"].update(train="fp16"), "precision.train: unknown precision preset 'fp16'"),
         (lambda d: d["precision"].update(train={"body": "float16"}), "precision.train.body: Input should be"),
@@ -105,10 +105,10 @@ def test_unknown_top_level_key_lists_allowed_sections():
 
 
 def test_overrides_by_index_and_by_stage_name(tmp_path):
-    cfg = load_config(TINY, ["stages.stage1.steps=7", "stages.0.batch_size=4", "model.tie_embeddings=true"])
+    cfg = load_config(TINY, ["stages.stage1.steps=7", "stages.0.batch_size=4", "model.tie_word_embeddings=true"])
     assert cfg.stage("stage1").steps == 7
     assert cfg.stages[0].batch_size == 4
-    assert cfg.model.tie_embeddings is True
+    assert cfg.model.tie_word_embeddings is True
 
 
 @pytest.mark.parametrize(
@@ -188,7 +188,7 @@ def test_precision_presets_and_explicit_policy_agree():
 
 def test_layer_types_follow_the_ling_pattern():
     data = tiny_data()
-    data["model"].update(n_layers=16, mla_every=8)
+    data["model"].update(num_hidden_layers=16, layer_group_size=8)
     types = parse_config(data).model.layer_types()
     assert [i for i, t in enumerate(types) if t == "mla"] == [7, 15]
 

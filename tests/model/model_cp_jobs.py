@@ -15,10 +15,10 @@ SEQ = 21
 
 
 def sdpa_model_cfg() -> ModelConfig:
-    return ModelConfig(vocab_size=40, d_model=32, n_layers=4, n_heads=2, layout="LMLM", mlp_hidden=40,
-                       max_seq_len=64, lightning=dict(head_dim=8, block_size=4),
-                       mla=dict(kv_lora_rank=10, qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=6,
-                                attention_impl="sdpa"))
+    return ModelConfig(vocab_size=40, hidden_size=32, num_hidden_layers=4, num_attention_heads=2, layout="LMLM", intermediate_size=40,
+                       max_position_embeddings=64, head_dim=8, lightning_block_size=4,
+                       kv_lora_rank=10, qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=6,
+                                mla_attention_impl="sdpa")
 
 
 def cp_batch():
@@ -37,7 +37,7 @@ def cp_forward_backward(ctx, cp: int) -> dict:
                             torch.Generator().manual_seed(0))
     ids, pos = cp_batch()
     parallelize(model, groups)
-    cores = sorted({type(layer.attn.core).__name__ for layer in model.layers})
+    cores = sorted({type(layer.attention.core).__name__ for layer in model.layers})
     layout = SeqLayout(SEQ, cp, "contiguous")
     me = groups.cp_rank
     local_ids = layout.shard(ids, me, dim=1)

@@ -69,17 +69,21 @@ def decayed_linear_attention(q_SHk, k_SHk, v_SHv, slopes, initial_state=None):
 
 def mla_layer(layer, x_SD, pos_S):
     """One row of an ``MLAttention`` layer from the DeepSeek-V2 formulas (materialised per-head K/V)."""
-    H, dn, dr, dv, r = layer.n_heads, layer.nope_dim, layer.rope_dim, layer.v_dim, layer.kv_lora_rank
-    eps = layer.kv_a_norm.eps
+    H, dn, dr, dv, r = layer.num_attention_heads, layer.nope_dim, layer.rope_dim, layer.v_dim, layer.kv_lora_rank
+    eps = layer.kv_a_layernorm.eps
     S = x_SD.shape[0]
     if layer.q_lora_rank is None:
         q = x_SD @ w(layer.q_proj.weight).T
     else:
-        c_q = rms(x_SD @ w(layer.q_a_proj.weight).T, w(layer.q_a_norm.weight), eps)
+        c_q = rms(x_SD @ w(layer.q_a_proj.weight).T, w(layer.q_a_layernorm.weight), eps)
         q = c_q @ w(layer.q_b_proj.weight).T
     q = q.view(S, H, dn + dr)
-    kv_a = x_SD @ w(layer.kv_a_proj.weight).T
-    c_kv = rms(kv_a[:, :r], w(layer.kv_a_norm.weight), eps)
+    kv_a = x_SD @ w(layer.kv_a_proj_with_mqa.weight).T
+    c_kv = rms(kv_a[:, :r], w(layer.kv_a_layernorm.weight), eps)
+    if layer.rope_interleave:  # stored pairs (x[2i], x[2i+1]) -> rotate-half pairs (x[i], x[i + dr/2])
+        order = list(range(0, dr, 2)) + list(range(1, dr, 2))
+        q = torch.cat([q[..., :dn], q[..., dn:][..., order]], dim=-1)
+        kv_a = torch.cat([kv_a[:, :r], kv_a[:, r:][:, order]], dim=-1)
     kv_b = w(layer.kv_b_proj.weight).view(H, dn + dv, r)
     qs, ks, vs = [], [], []
     for t in range(S):
@@ -89,19 +93,18 @@ def mla_layer(layer, x_SD, pos_S):
         ks.append(torch.stack([torch.cat([kv_b[h, :dn] @ c_kv[t], k_rope]) for h in range(H)]))
         vs.append(torch.stack([kv_b[h, dn:] @ c_kv[t] for h in range(H)]))
     o, _ = softmax_attention(torch.stack(qs), torch.stack(ks), torch.stack(vs), pos_S, pos_S, (dn + dr) ** -0.5)
-    return o.reshape(S, H * dv) @ w(layer.o_proj.weight).T
+    return o.reshape(S, H * dv) @ w(layer.dense.weight).T
 
 
 def lightning_layer(layer, x_SD, pos_S):
     """One row of a ``LightningAttention`` layer from the MiniMax-01 / Ling 2.5 formulas."""
-    H, d, rd = layer.n_heads, layer.head_dim, layer.rope_dim
+    H, d, rd = layer.num_attention_heads, layer.head_dim, layer.rope_dim
     S = x_SD.shape[0]
-    q = (x_SD @ w(layer.q_proj.weight).T).view(S, H, d)
-    k = (x_SD @ w(layer.k_proj.weight).T).view(S, H, d)
-    v = (x_SD @ w(layer.v_proj.weight).T).view(S, H, d)
-    if layer.q_norm is not None:
-        q = rms(q, w(layer.q_norm.weight), layer.q_norm.eps)
-        k = rms(k, w(layer.k_norm.weight), layer.k_norm.eps)
+    qkv = (x_SD @ w(layer.query_key_value.weight).T).view(S, 3, H, d)  # heads: all q, then k, then v
+    q, k, v = qkv[:, 0].clone(), qkv[:, 1].clone(), qkv[:, 2].clone()
+    if layer.query_layernorm is not None:
+        q = rms(q, w(layer.query_layernorm.weight), layer.query_layernorm.eps)
+        k = rms(k, w(layer.key_layernorm.weight), layer.key_layernorm.eps)
     for t in range(S):
         if rd:
             for h in range(H):
@@ -111,26 +114,46 @@ def lightning_layer(layer, x_SD, pos_S):
             k[t] = 0
             v[t] = 0
     o, _ = decayed_linear_attention(q / math.sqrt(d), k, v, layer.slopes)
-    if layer.out_norm is not None:
-        o = rms(o, w(layer.out_norm.weight).view(H, d), layer.out_norm.eps)
-    o = o.reshape(S, H * d)
-    if layer.gate_proj is not None:
-        o = torch.sigmoid(x_SD @ w(layer.gate_proj.weight).T) * o
-    return o @ w(layer.o_proj.weight).T
+    G = layer.g_norm.n_groups  # group RMSNorm over G equal slices of the H*d channels
+    o = rms(o.reshape(S, G, H * d // G), w(layer.g_norm.weight).view(G, -1), layer.g_norm.eps).reshape(S, H * d)
+    o = torch.sigmoid(x_SD @ w(layer.g_proj.weight).T) * o
+    return o @ w(layer.dense.weight).T
+
+
+def swiglu(m, h):
+    return (torch.nn.functional.silu(h @ w(m.gate_proj.weight).T) * (h @ w(m.up_proj.weight).T)) @ w(m.down_proj.weight).T
+
+
+def moe(m, h_SD):
+    """Token by token: sigmoid scores, grouped top-k on score + bias, renormalized unbiased weights."""
+    out = torch.zeros_like(h_SD)
+    E, G = m.num_experts, m.n_group
+    for t in range(h_SD.shape[0]):
+        scores = torch.sigmoid(w(m.gate.weight) @ h_SD[t])
+        routing = scores + (0 if m.gate.expert_bias is None else w(m.gate.expert_bias))
+        group_score = [sorted(routing[g * E // G:(g + 1) * E // G].tolist())[-2:] for g in range(G)]
+        groups = sorted(range(G), key=lambda g: -sum(group_score[g]))[: m.topk_group]
+        allowed = [e for e in range(E) if e // (E // G) in groups]
+        chosen = sorted(allowed, key=lambda e: -float(routing[e]))[: m.top_k]
+        weights = scores[chosen] / (scores[chosen].sum() + 1e-20) if m.normalize and m.top_k > 1 else scores[chosen]
+        for e, wt in zip(chosen, weights * m.scaling):
+            out[t] += wt * swiglu(m.experts[e], h_SD[t : t + 1])[0]
+    if m.shared_experts is not None:
+        out += swiglu(m.shared_experts, h_SD)
+    return out
 
 
 def model_logits(model, ids_BS, pos_BS):
     """``HybridLM`` logits row by row from the reference layers."""
     out = []
     for b in range(ids_BS.shape[0]):
-        x = w(model.embed.weight)[ids_BS[b]]
+        x = w(model.word_embeddings.weight)[ids_BS[b]]
         for block in model.layers:
-            h = rms(x, w(block.attn_norm.weight), block.attn_norm.eps)
+            h = rms(x, w(block.input_layernorm.weight), block.input_layernorm.eps)
             ref = mla_layer if block.kind == "mla" else lightning_layer
-            x = x + ref(block.attn, h, pos_BS[b])
-            h = rms(x, w(block.mlp_norm.weight), block.mlp_norm.eps)
-            m = block.mlp
-            x = x + (torch.nn.functional.silu(h @ w(m.gate_proj.weight).T) * (h @ w(m.up_proj.weight).T)) @ w(m.down_proj.weight).T
+            x = x + ref(block.attention, h, pos_BS[b])
+            h = rms(x, w(block.post_attention_layernorm.weight), block.post_attention_layernorm.eps)
+            x = x + (moe(block.mlp, h) if hasattr(block.mlp, "gate") else swiglu(block.mlp, h))
         h = rms(x, w(model.norm.weight), model.norm.eps)
         out.append(h @ w(model.head_weight).T)
     return torch.stack(out)

@@ -15,9 +15,9 @@ from ringzero.cli.main import main
 RUN_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "tiny-cpu.yaml"
 
 SMALL = {
-    "vocab_size": 32, "d_model": 16, "n_layers": 2, "n_heads": 2, "mla_every": 2, "mlp_hidden": 24,
-    "mla": {"kv_lora_rank": 8, "qk_nope_head_dim": 4, "qk_rope_head_dim": 4, "v_head_dim": 4},
-    "lightning": {"head_dim": 4, "block_size": 4},
+    "vocab_size": 32, "hidden_size": 16, "num_hidden_layers": 2, "num_attention_heads": 2, "layer_group_size": 2, "intermediate_size": 24,
+    "kv_lora_rank": 8, "qk_nope_head_dim": 4, "qk_rope_head_dim": 4, "v_head_dim": 4,
+    "head_dim": 4, "partial_rotary_factor": 1.0, "lightning_block_size": 4,
 }
 
 
@@ -57,9 +57,9 @@ def test_check_decode_reads_a_run_config(capsys):
 
 def test_bad_config_is_a_clean_error(tmp_path, capsys):
     path = tmp_path / "m.yaml"
-    path.write_text(yaml.safe_dump({"model": {**SMALL, "n_heads": 0}}))
+    path.write_text(yaml.safe_dump({"model": {**SMALL, "num_attention_heads": 0}}))
     assert main(["check", "decode", "--config", str(path)]) == 2
-    assert "n_heads" in capsys.readouterr().err
+    assert "num_attention_heads" in capsys.readouterr().err
 
 
 def test_other_modules_share_the_check_parser():

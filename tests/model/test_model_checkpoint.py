@@ -49,7 +49,7 @@ def store(tmp_path):
 
 @pytest.mark.parametrize("tied", [False, True])
 def test_round_trip_gives_identical_logits(store, gen, tied):
-    cfg = tiny_cfg(tie_embeddings=tied)
+    cfg = tiny_cfg(tie_word_embeddings=tied)
     model = randomize(HybridLM(cfg, policy("float32")))
     uri = save_model(store, "step-7", model, cfg, meta={"step": 7})
     loaded = load_model(uri, policy("float32"), store=store)
@@ -57,7 +57,7 @@ def test_round_trip_gives_identical_logits(store, gen, tied):
     ids = torch.randint(0, 64, (2, 9), generator=gen)
     assert torch.equal(loaded.model(ids), model(ids))
     config = store.load(uri).config
-    assert config["hidden_size"] == cfg.d_model and config["torch_dtype"] == "float32"
+    assert config["hidden_size"] == cfg.hidden_size and config["torch_dtype"] == "float32"
     assert config["layer_types"] == ["linear_attention"] * 3 + ["full_attention"]
 
 
@@ -99,7 +99,7 @@ def test_unexpected_tensor_is_named(saved):
 
 def test_shape_mismatch_is_named(saved):
     def change(config):
-        config["ringzero_model"] = {**config["ringzero_model"], "mlp_hidden": 40}
+        config["ringzero_model"] = {**config["ringzero_model"], "intermediate_size": 40}
         config["intermediate_size"] = 40
 
     bad = _tamper(saved, "base", change_config=change)
@@ -115,9 +115,9 @@ def test_config_disagreeing_with_its_hf_keys_is_refused(saved):
 
 def test_invalid_model_config_names_the_field(saved):
     def change(config):
-        config["ringzero_model"] = {**config["ringzero_model"], "n_heads": 0}
+        config["ringzero_model"] = {**config["ringzero_model"], "num_attention_heads": 0}
 
-    with pytest.raises(ConfigError, match="ringzero_model.n_heads"):
+    with pytest.raises(ConfigError, match="ringzero_model.num_attention_heads"):
         load_model(_tamper(saved, "base", change_config=change))
 
 
@@ -127,4 +127,4 @@ def test_foreign_config_and_bad_sources_are_refused(saved):
     with pytest.raises(RingzeroError, match="pass the store"):
         load_model("base")
     with pytest.raises(RingzeroError, match="differs from the model"):
-        save_model(saved, "x", HybridLM(tiny_cfg(), policy("float32")), tiny_cfg(n_layers=2))
+        save_model(saved, "x", HybridLM(tiny_cfg(), policy("float32")), tiny_cfg(num_hidden_layers=2))

@@ -20,7 +20,7 @@ F64, F32 = torch.float64, torch.float32
 
 def _setup(gen, body: str, vocab: int = 96, B: int = 3, S: int = 37):
     model = randomize(HybridLM(tiny_cfg(vocab_size=vocab), policy(body)))
-    hidden = torch.randn(B, S, 32, generator=gen, dtype=F64).to(model.embed.weight.dtype)
+    hidden = torch.randn(B, S, 32, generator=gen, dtype=F64).to(model.word_embeddings.weight.dtype)
     targets = torch.randint(0, vocab, (B, S), generator=gen)
     return model, hidden.requires_grad_(True), targets
 

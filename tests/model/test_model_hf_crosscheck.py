@@ -4,7 +4,7 @@
   rotates pairs (x0, x1), (x2, x3)...; ours rotates (x_i, x_{i+d/2}). The two agree once the RoPE rows of
   the query and latent projections are permuted evens-then-odds, which the test does.
 - Lightning vs ``MiniMaxLightningAttention`` (fp32). Intended differences switched off or mapped: no q/k
-  norm, no RoPE (``rope_fraction=0``), identity q/k/v activation (``hidden_act="linear"``; MiniMax uses
+  norm, no RoPE (``partial_rotary_factor=0``), identity q/k/v activation (``hidden_act="linear"``; MiniMax uses
   SiLU), our ``head_dim**-0.5`` query scale folded into the mapped q weight. The sigmoid output gate is the
   same in both and stays on. MiniMax normalises all heads together, Ling per head: they coincide for one
   head (compared with both norms on); for several heads the group norm is off and MiniMax's norm removed.
@@ -41,48 +41,34 @@ def test_mla_matches_deepseek_v3_attention(gen, q_lora_rank, interleave):
         DeepseekV3RotaryEmbedding,
     )
 
-    cfg = tiny_cfg(mla={"q_lora_rank": q_lora_rank})
-    mc = cfg.mla
+    # Both sides store the rope rows in the same layout (interleaved pairs or rotate-half): same weights.
+    cfg = tiny_cfg(q_lora_rank=q_lora_rank, rope_interleave=interleave)
     ours = randomize(MLAttention(cfg, 0, policy("float32")).float())
     hf_cfg = DeepseekV3Config(
-        vocab_size=cfg.vocab_size, hidden_size=cfg.d_model, num_attention_heads=cfg.n_heads,
-        num_key_value_heads=cfg.n_heads, num_hidden_layers=1, q_lora_rank=q_lora_rank,
-        kv_lora_rank=mc.kv_lora_rank, qk_nope_head_dim=mc.qk_nope_head_dim,
-        qk_rope_head_dim=mc.qk_rope_head_dim, v_head_dim=mc.v_head_dim, rope_interleave=interleave,
-        rope_parameters={"rope_type": "default", "rope_theta": mc.rope_theta}, attention_bias=False,
-        max_position_embeddings=64,
+        vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, num_attention_heads=cfg.num_attention_heads,
+        num_key_value_heads=cfg.num_attention_heads, num_hidden_layers=1, q_lora_rank=q_lora_rank,
+        kv_lora_rank=cfg.kv_lora_rank, qk_nope_head_dim=cfg.qk_nope_head_dim,
+        qk_rope_head_dim=cfg.qk_rope_head_dim, v_head_dim=cfg.v_head_dim, rope_interleave=interleave,
+        rope_parameters={"rope_type": "default", "rope_theta": cfg.rope_theta}, attention_bias=False,
+        max_position_embeddings=64, rms_norm_eps=cfg.rms_norm_eps,
     )
     hf_cfg._attn_implementation = "eager"
     hf = DeepseekV3Attention(hf_cfg, layer_idx=0).float().eval()
     rope_hf = DeepseekV3RotaryEmbedding(hf_cfg)
-
-    H, dn, dr, r = cfg.n_heads, mc.qk_nope_head_dim, mc.qk_rope_head_dim, mc.kv_lora_rank
-    # Our rows -> HF rows: HF(interleaved) == ours(rotate-half) when HF's rope rows are ours read
-    # evens-then-odds, i.e. HF row perm[i] holds our row i.
-    perm = torch.cat([torch.arange(0, dr, 2), torch.arange(1, dr, 2)]) if interleave else torch.arange(dr)
-    inv = torch.argsort(perm)
-
-    def q_rows(w_ours):
-        w = w_ours.view(H, dn + dr, -1).clone()
-        w[:, dn:] = w[:, dn:][:, inv]
-        return w.reshape(H * (dn + dr), -1)
-
     with torch.no_grad():
         if q_lora_rank is None:
-            hf.q_proj.weight.copy_(q_rows(ours.q_proj.weight))
+            hf.q_proj.weight.copy_(ours.q_proj.weight)
         else:
             hf.q_a_proj.weight.copy_(ours.q_a_proj.weight)
-            hf.q_a_layernorm.weight.copy_(ours.q_a_norm.weight)
-            hf.q_b_proj.weight.copy_(q_rows(ours.q_b_proj.weight))
-        kv_a = ours.kv_a_proj.weight.clone()
-        kv_a[r:] = kv_a[r:][inv]
-        hf.kv_a_proj_with_mqa.weight.copy_(kv_a)
-        hf.kv_a_layernorm.weight.copy_(ours.kv_a_norm.weight)
+            hf.q_a_layernorm.weight.copy_(ours.q_a_layernorm.weight)
+            hf.q_b_proj.weight.copy_(ours.q_b_proj.weight)
+        hf.kv_a_proj_with_mqa.weight.copy_(ours.kv_a_proj_with_mqa.weight)
+        hf.kv_a_layernorm.weight.copy_(ours.kv_a_layernorm.weight)
         hf.kv_b_proj.weight.copy_(ours.kv_b_proj.weight)
-        hf.o_proj.weight.copy_(ours.o_proj.weight)
+        hf.o_proj.weight.copy_(ours.dense.weight)
 
     S = 13
-    x = torch.randn(2, S, cfg.d_model, generator=gen)
+    x = torch.randn(2, S, cfg.hidden_size, generator=gen)
     positions = torch.arange(S)
     with torch.no_grad():
         cos_sin = rope_hf(x, positions[None].expand(2, -1))
@@ -96,40 +82,45 @@ def _minimax(cfg, layer_idx, block_size):
     from transformers.models.minimax.modeling_minimax import MiniMaxLightningAttention
 
     hf_cfg = MiniMaxConfig(
-        vocab_size=cfg.vocab_size, hidden_size=cfg.d_model, num_attention_heads=cfg.n_heads,
-        num_key_value_heads=cfg.n_heads, head_dim=cfg.lightning.head_dim, num_hidden_layers=cfg.n_layers,
-        layer_types=["linear_attention"] * cfg.n_layers, block_size=block_size, hidden_act="linear",
-        intermediate_size=cfg.mlp_hidden,
+        vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, num_attention_heads=cfg.num_attention_heads,
+        num_key_value_heads=cfg.num_attention_heads, head_dim=cfg.head_dim, num_hidden_layers=cfg.num_hidden_layers,
+        layer_types=["linear_attention"] * cfg.num_hidden_layers, block_size=block_size, hidden_act="linear",
+        intermediate_size=cfg.intermediate_size,
     )
     return MiniMaxLightningAttention(hf_cfg, layer_idx).float().eval()
 
 
+def minimax_slopes(H: int, layer_idx: int, L: int) -> list[float]:
+    """MiniMax's decay: ``2**(-8 (h+1) / H)`` for every head count, scaled by ``1 - l/(L - 1 + 1e-5) + 1e-5``.
+    Ling 2.5 (ours) uses ALiBi's rule for head counts that are not powers of two and SGLang's layer factor
+    (tested in test_model_lightning_core.py); the cross-check compares everything else."""
+    return [2 ** (-8 * (h + 1) / H) * (1 - layer_idx / (L - 1 + 1e-5) + 1e-5) for h in range(H)]
+
+
 def _copy_lightning(ours, hf):
-    H, d = ours.n_heads, ours.head_dim
+    H, d = ours.num_attention_heads, ours.head_dim
     with torch.no_grad():
         qkv = hf.qkv_proj.weight.view(H, 3, d, -1)  # MiniMax: per head [q | k | v]
-        qkv[:, 0].copy_(ours.q_proj.weight.view(H, d, -1) / math.sqrt(d))  # our q is scaled by d^-1/2 later
-        qkv[:, 1].copy_(ours.k_proj.weight.view(H, d, -1))
-        qkv[:, 2].copy_(ours.v_proj.weight.view(H, d, -1))
-        hf.output_gate.weight.copy_(ours.gate_proj.weight)
-        hf.out_proj.weight.copy_(ours.o_proj.weight)
-        if ours.out_norm is not None:
-            hf.norm.weight.copy_(ours.out_norm.weight)
-        else:
-            hf.norm = torch.nn.Identity()
+        ling = ours.query_key_value.weight.view(3, H, d, -1)  # Ling 2.5: all q heads, then k, then v
+        qkv[:, 0].copy_(ling[0] / math.sqrt(d))  # our q is scaled by d^-1/2 later
+        qkv[:, 1].copy_(ling[1])
+        qkv[:, 2].copy_(ling[2])
+        hf.output_gate.weight.copy_(ours.g_proj.weight)
+        hf.out_proj.weight.copy_(ours.dense.weight)
+        hf.norm.weight.copy_(ours.g_norm.weight)  # MiniMax normalizes all H*d channels: one group
 
 
-@pytest.mark.parametrize("n_heads,group_norm", [(1, True), (3, False)])
+@pytest.mark.parametrize("num_attention_heads", [1, 3])
 @pytest.mark.parametrize("layer_idx", [0, 2])
-def test_lightning_matches_minimax_lightning_attention(gen, n_heads, group_norm, layer_idx):
-    cfg = tiny_cfg(n_heads=n_heads, lightning={
-        "qk_norm": False, "rope_fraction": 0.0, "output_gate": True, "group_norm": group_norm, "block_size": 3,
-    })
+def test_lightning_matches_minimax_lightning_attention(gen, num_attention_heads, layer_idx):
+    cfg = tiny_cfg(num_attention_heads=num_attention_heads, layout="lightning", use_qk_norm=False,
+                   partial_rotary_factor=0.0, group_norm_size=1, lightning_block_size=3)
     ours = randomize(LightningAttention(cfg, layer_idx, policy("float32")).float())
+    ours.slopes = minimax_slopes(num_attention_heads, layer_idx, cfg.num_hidden_layers)
     hf = _minimax(cfg, layer_idx, block_size=4)  # different block sizes: the block split must not matter
     _copy_lightning(ours, hf)
     S = 14
-    x = torch.randn(2, S, cfg.d_model, generator=gen)
+    x = torch.randn(2, S, cfg.hidden_size, generator=gen)
     with torch.no_grad():
         want, _ = hf(x, None, None)
         got = ours(x, torch.arange(S))
@@ -137,12 +128,14 @@ def test_lightning_matches_minimax_lightning_attention(gen, n_heads, group_norm,
 
 
 def test_lightning_left_padding_matches_minimax_padding_mask(gen):
-    cfg = tiny_cfg(n_heads=2, lightning={"qk_norm": False, "rope_fraction": 0.0, "group_norm": False})
+    cfg = tiny_cfg(num_attention_heads=2, layout="lightning", use_qk_norm=False, partial_rotary_factor=0.0,
+                   group_norm_size=1)
     ours = randomize(LightningAttention(cfg, 1, policy("float32")).float())
+    ours.slopes = minimax_slopes(2, 1, cfg.num_hidden_layers)
     hf = _minimax(cfg, 1, block_size=4)
     _copy_lightning(ours, hf)
     _, pos = left_padded([[0] * 11, [0] * 6], pad_id=0)
-    x = torch.randn(2, 11, cfg.d_model, generator=gen)
+    x = torch.randn(2, 11, cfg.hidden_size, generator=gen)
     with torch.no_grad():
         want, _ = hf(x, None, (pos >= 0).float())
         got = ours(x, pos)

@@ -16,9 +16,9 @@ from ringzero.model.hybrid import HybridLM
 
 LAYOUTS = {
     "hybrid": {},
-    "all_mla": {"layout": "mla", "n_layers": 2},
-    "all_lightning": {"layout": "lightning", "n_layers": 2},
-    "explicit_tied": {"layout": "MLLM", "tie_embeddings": True, "mla": {"q_lora_rank": 12}},
+    "all_mla": {"layout": "mla", "num_hidden_layers": 2},
+    "all_lightning": {"layout": "lightning", "num_hidden_layers": 2},
+    "explicit_tied": {"layout": "MLLM", "tie_word_embeddings": True, "q_lora_rank": 12},
 }
 
 
@@ -31,9 +31,9 @@ def _prompts(gen, lengths, vocab=64):
 
 
 def test_layer_pattern():
-    kinds = [b.kind for b in HybridLM(tiny_cfg(n_layers=8, mla_every=4), policy("float32")).layers]
+    kinds = [b.kind for b in HybridLM(tiny_cfg(num_hidden_layers=8, layer_group_size=4), policy("float32")).layers]
     assert kinds == ["lightning"] * 3 + ["mla"] + ["lightning"] * 3 + ["mla"]
-    tied = HybridLM(tiny_cfg(tie_embeddings=True), policy("float32"))
+    tied = HybridLM(tiny_cfg(tie_word_embeddings=True), policy("float32"))
     assert tied.lm_head is None and "lm_head.weight" not in tied.state_dict()
 
 

@@ -15,18 +15,19 @@ from ringzero.model.mla import MLAttention, mla_absorbed, mla_expanded
 F64 = torch.float64
 DTYPES = {"float64": F64, "float32": torch.float32}
 
-MLA_VARIANTS = {"full_rank_q": {}, "low_rank_q": {"mla": {"q_lora_rank": 12}}}
+MLA_VARIANTS = {"full_rank_q": {}, "low_rank_q": {"q_lora_rank": 12}}
 LIGHTNING_VARIANTS = {
     "ling": {},
-    "plain": {"lightning": {"output_gate": False, "group_norm": False, "qk_norm": False, "rope_fraction": 0.0}},
-    "full_rope": {"lightning": {"rope_fraction": 1.0}},
+    "plain": {"use_qk_norm": False, "partial_rotary_factor": 0.0, "layout": "lightning"},
+    "one_norm_group": {"group_norm_size": 1},
+    "full_rope": {"partial_rotary_factor": 1.0, "layout": "lightning"},
 }
 
 
-def _batch(gen, lengths, d_model, dtype):
+def _batch(gen, lengths, hidden_size, dtype):
     """Left-padded positions for rows of ``lengths`` and random inputs."""
     _, pos = left_padded([[0] * n for n in lengths], pad_id=0)
-    x = torch.randn(len(lengths), pos.shape[1], d_model, generator=gen, dtype=F64).to(dtype)
+    x = torch.randn(len(lengths), pos.shape[1], hidden_size, generator=gen, dtype=F64).to(dtype)
     return x, pos
 
 
@@ -44,7 +45,7 @@ CASES = [("mla", v) for v in MLA_VARIANTS] + [("lightning", v) for v in LIGHTNIN
 @pytest.mark.parametrize("kind,variant", CASES)
 def test_parallel_form_matches_reference(gen, kind, variant):
     layer = _layer(kind, variant)
-    x, pos = _batch(gen, [10, 7, 1], layer.o_proj.out_features, F64)
+    x, pos = _batch(gen, [10, 7, 1], layer.dense.out_features, F64)
     got = layer(x, pos)
     ref = mla_layer if kind == "mla" else lightning_layer
     for b in range(x.shape[0]):
@@ -58,7 +59,7 @@ def _decode(layer, x, pos, prefill: int, chunk: int, body_dtype):
     if isinstance(layer, MLAttention):
         inner = MLALayerCache(B, layer.latent_width, body_dtype, "cpu", capacity=2)
     else:
-        inner = LightningLayerCache(B, layer.n_heads, layer.head_dim, layer.head_dim, layer.state_dtype, "cpu")
+        inner = LightningLayerCache(B, layer.num_attention_heads, layer.head_dim, layer.head_dim, layer.state_dtype, "cpu")
     cache = DecodeCache([inner], B, "cpu", capacity=2)
     outs, s = [], 0
     while s < x.shape[1]:
@@ -75,7 +76,7 @@ def _decode(layer, x, pos, prefill: int, chunk: int, body_dtype):
 def test_decoding_forms_match_parallel(gen, body, kind, variant, prefill, chunk):
     dtype = DTYPES[body]
     layer = _layer(kind, variant, body)
-    x, pos = _batch(gen, [17, 12, 5], layer.o_proj.out_features, dtype)
+    x, pos = _batch(gen, [17, 12, 5], layer.dense.out_features, dtype)
     parallel = layer(x, pos)
     decoded = _decode(layer, x, pos, prefill, chunk, dtype)
     real = pos >= 0
@@ -84,7 +85,7 @@ def test_decoding_forms_match_parallel(gen, body, kind, variant, prefill, chunk)
 
 def test_absorbed_equals_expanded_for_multi_token_queries(gen):
     layer = _layer("mla", "low_rank_q")
-    x, pos = _batch(gen, [9, 6], layer.o_proj.out_features, F64)
+    x, pos = _batch(gen, [9, 6], layer.dense.out_features, F64)
     q_nope, q_rope, c_kv, k_rope = layer.project(x, pos)
     w_uk, w_uv = layer.up_weights()
     args = (q_nope[:, -4:], q_rope[:, -4:], c_kv, k_rope, w_uk, w_uv, pos[:, -4:], pos, layer.scale, True)
@@ -93,7 +94,7 @@ def test_absorbed_equals_expanded_for_multi_token_queries(gen):
 
 def test_up_projection_views_carry_gradients(gen):
     layer = _layer("mla", "full_rank_q")
-    x, pos = _batch(gen, [6, 4], layer.o_proj.out_features, F64)
+    x, pos = _batch(gen, [6, 4], layer.dense.out_features, F64)
     layer(x, pos).sum().backward()
     for name, p in layer.named_parameters():
         assert p.grad is not None and p.grad.abs().sum() > 0, name

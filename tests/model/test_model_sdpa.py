@@ -118,22 +118,22 @@ def test_sdpa_refuses_lse_and_unknown_impls():
     with pytest.raises(ValueError, match="unknown attention impl"):
         attention_fn("flash")
     with pytest.raises(ValidationError):
-        tiny_cfg(mla=dict(attention_impl="flash"))
+        tiny_cfg(mla_attention_impl="flash")
 
 
 def _model_pair(body: str, layout: str = "LMLM"):
     explicit = randomize(HybridLM(tiny_cfg(layout=layout), policy(body)))
-    sdpa = HybridLM(tiny_cfg(layout=layout, mla=dict(attention_impl="sdpa")), policy(body))
+    sdpa = HybridLM(tiny_cfg(layout=layout, mla_attention_impl="sdpa"), policy(body))
     sdpa.load_state_dict(explicit.state_dict())
     return explicit, sdpa
 
 
 def test_config_field_reaches_the_core():
     explicit, sdpa = _model_pair("float64")
-    mla = [b.attn for b in sdpa.layers if b.kind == "mla"]
+    mla = [b.attention for b in sdpa.layers if b.kind == "mla"]
     assert mla and all(isinstance(a.core, MLACore) and a.core.impl == "sdpa" for a in mla)
-    assert all(b.attn.core.impl == "explicit" for b in explicit.layers if b.kind == "mla")
-    assert ModelConfig().mla.attention_impl == "explicit"  # the default keeps the explicit island
+    assert all(b.attention.core.impl == "explicit" for b in explicit.layers if b.kind == "mla")
+    assert ModelConfig().mla_attention_impl == "explicit"  # the default keeps the explicit island
 
 
 @pytest.mark.parametrize("body", ["float64", "float32", "bfloat16"])

@@ -40,9 +40,9 @@ RL_STEPS = 2
 def micro_config(dp: int, cp: int, normalization: str = "token_sum", kl_coef: float = 0.0):
     return parse_config({
         "run": {"name": "layouts", "seed": 3, "device": "cpu"},
-        "model": {"vocab_size": 64, "d_model": 32, "n_layers": 2, "n_heads": 4, "layout": "LM",
-                  "mla": {"kv_lora_rank": 12, "qk_nope_head_dim": 8, "qk_rope_head_dim": 4, "v_head_dim": 8},
-                  "lightning": {"head_dim": 8, "block_size": 8}, "mlp_hidden": 48, "max_seq_len": 96},
+        "model": {"vocab_size": 64, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4, "layout": "LM",
+                  "kv_lora_rank": 12, "qk_nope_head_dim": 8, "qk_rope_head_dim": 4, "v_head_dim": 8,
+                  "head_dim": 8, "lightning_block_size": 8, "intermediate_size": 48, "max_position_embeddings": 96},
         "precision": {"train": "fp32", "rollout": "fp32"},
         "parallel": {"dp": dp, "cp": cp},
         "task": {"kind": "arithmetic", "operation": "digitsum", "digits": 3, "eval_prompts": 4},

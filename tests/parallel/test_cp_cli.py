@@ -36,7 +36,7 @@ def test_check_cp_json_at_cp3_with_uneven_length():
 
 
 @pytest.mark.parametrize("args,message", [
-    (["--layer", "mla", "--strategy", "a2a", "--cp", "3", "--heads", "4"], "n_heads % cp == 0"),
+    (["--layer", "mla", "--strategy", "a2a", "--cp", "3", "--heads", "4"], "num_attention_heads % cp == 0"),
     (["--layer", "lightning", "--strategy", "a2a"], "does not support lightning layers"),
     (["--layer", "model", "--strategy", "ring", "--sharding", "zigzag"], "needs contiguous shards"),
 ])

@@ -3,7 +3,7 @@
 CP 2 and 4; fp64 (1e-10) and fp32 (1e-4) from ``ringzero.model.tolerances``; contiguous and zigzag
 shards; one row left-padded (negative positions); fp64 cases use a length no shard count divides, so
 the end padding of ``SeqLayout`` is covered too. The MLA ``a2a`` core runs with both attention impls
-(``explicit`` and ``sdpa``, the layer's ``model.mla.attention_impl``), each against the same reference.
+(``explicit`` and ``sdpa``, the layer's ``model.mla_attention_impl``), each against the same reference.
 """
 
 from __future__ import annotations
@@ -250,13 +250,13 @@ def parallelized_cores_job(ctx, impl: str, mla_strategy: str):
     from ringzero.parallel.parallelize import parallelize
 
     groups = ctx.groups(ParallelDims(dp=1, cp=ctx.world_size, world_size=ctx.world_size))
-    cfg = ModelConfig(vocab_size=16, d_model=32, n_layers=2, n_heads=2, layout="LM", mlp_hidden=16, max_seq_len=32,
-                      lightning=dict(head_dim=8, block_size=4),
-                      mla=dict(kv_lora_rank=8, qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=6,
-                               attention_impl=impl))
+    cfg = ModelConfig(vocab_size=16, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, layout="LM", intermediate_size=16, max_position_embeddings=32,
+                      head_dim=8, lightning_block_size=4,
+                      kv_lora_rank=8, qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=6,
+                               mla_attention_impl=impl)
     model = HybridLM(cfg, PrecisionPolicy.preset("fp32"))
     parallelize(model, groups, {"mla": mla_strategy, "lightning": "allgather"})
-    return [(type(layer.attn.core).__name__, getattr(layer.attn.core, "impl", None)) for layer in model.layers]
+    return [(type(layer.attention.core).__name__, getattr(layer.attention.core, "impl", None)) for layer in model.layers]
 
 
 @pytest.mark.parametrize("cp", [cp_param(2)])

@@ -65,18 +65,18 @@ def test_parallel_dims_checked_against_world_size():
         ParallelDims(dp=1, cp=0, world_size=1)
 
 
-def _model(n_heads=4, layout="LMLM"):
-    cfg = ModelConfig(vocab_size=16, d_model=32, n_layers=len(layout), n_heads=n_heads, layout=layout,
-                      mla=dict(kv_lora_rank=8, qk_nope_head_dim=4, qk_rope_head_dim=4, v_head_dim=4),
-                      lightning=dict(head_dim=4), mlp_hidden=16)
+def _model(num_attention_heads=4, layout="LMLM"):
+    cfg = ModelConfig(vocab_size=16, hidden_size=32, num_hidden_layers=len(layout), num_attention_heads=num_attention_heads, layout=layout,
+                      kv_lora_rank=8, qk_nope_head_dim=4, qk_rope_head_dim=4, v_head_dim=4,
+                      head_dim=4, partial_rotary_factor=1.0, intermediate_size=16)
     return HybridLM(cfg, PrecisionPolicy.preset("fp32"))
 
 
 def test_plan_refusals_name_layer_and_reason():
-    model = _model(n_heads=6)
+    model = _model(num_attention_heads=6)
     problems = check_plan(model, cp=4)
-    assert len(problems) == 2 and all("n_heads % cp == 0" in p for p in problems)
-    assert problems[0].startswith("layers.1.attn (mla, a2a)")
+    assert len(problems) == 2 and all("num_attention_heads % cp == 0" in p for p in problems)
+    assert problems[0].startswith("layers.1.attention (mla, a2a)")
     assert check_plan(model, cp=3) == []
     assert check_plan(model, cp=4, plan={"mla": "ring", "lightning": "allgather"}) == []
     zig = check_plan(model, cp=2, plan={"mla": "ring", "lightning": "ring"}, sharding="zigzag")
@@ -87,11 +87,11 @@ def test_plan_refusals_name_layer_and_reason():
 
 
 def test_parallelize_refuses_before_touching_the_model():
-    model = _model(n_heads=6)
+    model = _model(num_attention_heads=6)
     groups = ParallelGroups(ParallelDims(dp=1, cp=4, world_size=4), rank=0, cp=None, dp=None, dp_cp=None)
     with pytest.raises(RingzeroError, match="cannot apply context parallelism"):
         parallelize(model, groups)
-    assert all(type(b.attn.core) in (MLACore, LightningCore) for b in model.layers)
+    assert all(type(b.attention.core) in (MLACore, LightningCore) for b in model.layers)
 
 
 def test_parallelize_at_cp1_leaves_single_device_cores():
@@ -99,7 +99,7 @@ def test_parallelize_at_cp1_leaves_single_device_cores():
     groups = ParallelGroups(ParallelDims(dp=1, cp=1, world_size=1), rank=0, cp=None, dp=None, dp_cp=None)
     ledger = parallelize(model, groups)
     assert ledger.metrics() == {}
-    assert all(type(b.attn.core) in (MLACore, LightningCore) for b in model.layers)
+    assert all(type(b.attention.core) in (MLACore, LightningCore) for b in model.layers)
 
 
 def test_ledger_metrics_are_namespaced_sums():

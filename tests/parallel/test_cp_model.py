@@ -38,7 +38,8 @@ def test_layer_equals_single_process(pools, cp, dtype, layer, strategy):
     report = run_check(spec, pools(cp))
     _assert_ok(report)
     names = set(report["grads"])
-    assert {"o_proj.weight", "q_proj.weight"} <= names and "input_grad" in report
+    inputs = "q_proj.weight" if layer == "mla" else "query_key_value.weight"
+    assert {"dense.weight", inputs} <= names and "input_grad" in report
 
 
 @pytest.mark.parametrize("cp", [cp_param(2)])

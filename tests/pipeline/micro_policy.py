@@ -26,9 +26,9 @@ from ringzero.tokenizer import CharTokenizer
 DIGITS = 4
 PROBLEMS = 4
 SFT_STEPS = 250
-MODEL = {"vocab_size": 64, "d_model": 64, "n_layers": 2, "n_heads": 2, "layout": "hybrid", "mla_every": 2,
-         "mla": {"kv_lora_rank": 16, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 16},
-         "lightning": {"head_dim": 16, "block_size": 32}, "mlp_hidden": 128, "max_seq_len": 160}
+MODEL = {"vocab_size": 64, "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2, "layout": "hybrid", "layer_group_size": 2,
+         "kv_lora_rank": 16, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 16,
+         "head_dim": 16, "lightning_block_size": 32, "intermediate_size": 128, "max_position_embeddings": 160}
 
 
 class FourProblems(SyntheticArithmetic):

@@ -44,9 +44,9 @@ def manifest(run_dir: Path) -> dict:
 
 
 MICRO_MODEL = {
-    "vocab_size": 64, "d_model": 32, "n_layers": 2, "n_heads": 2, "layout": "LM", "mlp_hidden": 64,
-    "max_seq_len": 96, "mla": {"kv_lora_rank": 8, "qk_nope_head_dim": 8, "qk_rope_head_dim": 4, "v_head_dim": 8},
-    "lightning": {"head_dim": 8, "block_size": 16},
+    "vocab_size": 64, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "layout": "LM", "intermediate_size": 64,
+    "max_position_embeddings": 96, "kv_lora_rank": 8, "qk_nope_head_dim": 8, "qk_rope_head_dim": 4, "v_head_dim": 8,
+    "head_dim": 8, "lightning_block_size": 16,
 }
 
 

@@ -15,7 +15,7 @@ from ringzero.rollout.types import GenerateRequest, SamplingParams
 from ringzero.tokenizer import CharTokenizer
 
 META = torch.device("meta")
-MAX_LEN = 32  # the meta model's max_seq_len: caps the long request below
+MAX_LEN = 32  # the meta model's max_position_embeddings: caps the long request below
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 
@@ -29,7 +29,7 @@ def _mixed_requests() -> list[GenerateRequest]:
 
 
 def _meta_engine(**kwargs) -> EmbeddedEngine:
-    engine = EmbeddedEngine(tiny_model("float64", max_seq_len=MAX_LEN).to(META), **kwargs)
+    engine = EmbeddedEngine(tiny_model("float64", max_position_embeddings=MAX_LEN).to(META), **kwargs)
     assert engine.device == META
     return engine
 
@@ -43,7 +43,7 @@ def test_decode_loop_makes_no_host_tensor_and_reads_back_once_per_step(determini
     reqs = _mixed_requests()
     with device_trap(META) as trap:
         out = engine.generate(reqs)
-    # On meta every read says "no stop sampled", so each row runs to its cap (the room under max_seq_len).
+    # On meta every read says "no stop sampled", so each row runs to its cap (the room under max_position_embeddings).
     caps = [min(r.params.max_new_tokens, MAX_LEN - len(r.input_ids)) for r in reqs]
     assert [[len(c.output_ids) for c in g] for g in out] == [[cap] * r.params.n for cap, r in zip(caps, reqs, strict=True)]
     assert all(c.finish_reason == "length" for g in out for c in g)

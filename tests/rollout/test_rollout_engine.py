@@ -149,7 +149,7 @@ def test_protocol_records_and_length_cap():
     engine: RolloutClient = InProcessClient(model, CharTokenizer(), weight_version="v3")
     assert engine.health() is True
     (c,), = engine.generate([GenerateRequest(prompts([60])[0], SamplingParams(max_new_tokens=30), rid="r1")])
-    assert c.finish_reason == "length" and len(c.output_ids) == 4  # max_seq_len 64 leaves 4 tokens
+    assert c.finish_reason == "length" and len(c.output_ids) == 4  # max_position_embeddings 64 leaves 4 tokens
     assert c.weight_version == "v3" and c.meta == {"rid": "r1"} and c.matched_stop is None
 
 

@@ -37,7 +37,7 @@ def test_scores_carry_gradients_for_the_trainer():
     seqs, plens = _sequences()
     total = sum(t.sum() for t in score_sequences(model, seqs, plens))
     total.backward()
-    assert model.embed.weight.grad is not None and float(model.embed.weight.grad.abs().sum()) > 0
+    assert model.word_embeddings.weight.grad is not None and float(model.word_embeddings.weight.grad.abs().sum()) > 0
 
 
 def test_greedy_temperature_scores_the_plain_log_softmax():

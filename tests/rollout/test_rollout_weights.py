@@ -50,7 +50,7 @@ def test_update_weights_from_disk(tmp_path):
     assert _ids(engine) == _ids(EmbeddedEngine(new, policy=policy("float32")))
     assert engine.weight_version == "step-1"
 
-    other = save_model(store, "wider", tiny_model("float32", d_model=40))
+    other = save_model(store, "wider", tiny_model("float32", hidden_size=40))
     with pytest.raises(RingzeroError, match="config differs"):
         engine.update_weights_from_disk(other, "x")
     assert engine.weight_version == "step-1"

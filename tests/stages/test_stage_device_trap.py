@@ -44,9 +44,9 @@ class RecordingOptimizer:
 def _step_on_meta(kl_coef: float = 0.0):
     cfg = parse_config({
         "run": {"name": "trap", "device": "cpu"},
-        "model": {"vocab_size": 64, "d_model": 32, "n_layers": 2, "n_heads": 4, "layout": "LM",
-                  "mla": {"kv_lora_rank": 12, "qk_nope_head_dim": 8, "qk_rope_head_dim": 4, "v_head_dim": 8},
-                  "lightning": {"head_dim": 8, "block_size": 8}, "mlp_hidden": 48, "max_seq_len": 64},
+        "model": {"vocab_size": 64, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4, "layout": "LM",
+                  "kv_lora_rank": 12, "qk_nope_head_dim": 8, "qk_rope_head_dim": 4, "v_head_dim": 8,
+                  "head_dim": 8, "lightning_block_size": 8, "intermediate_size": 48, "max_position_embeddings": 64},
         "precision": {"train": "fp32-islands", "rollout": "fp32-islands"},
         "task": {"kind": "arithmetic", "operation": "digitsum", "digits": 2},
         "stages": [{"name": "rl", "kind": "rl", "prompts_per_step": 2, "samples_per_prompt": 2, "minibatches": 2,

@@ -44,7 +44,7 @@ def test_bf16_body_trains_fp32_masters_and_keeps_updates_bf16_would_round_away()
     assert moved, "the fp32 masters must move"
     # Adam steps of ~lr = 1e-5 are far below bf16's resolution near 1 (2^-8): a norm gain equal to 1.0
     # stays exactly 1.0 in the bf16 model, while its master has moved.
-    gain = "layers.0.attn_norm.weight"
+    gain = "layers.0.input_layernorm.weight"
     assert torch.all(m.state_dict()[gain] == 1.0) and not torch.equal(after[gain], before[gain])
     assert all(p.dtype == torch.bfloat16 for p in m.parameters())
 

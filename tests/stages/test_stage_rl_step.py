@@ -35,7 +35,7 @@ def test_numerator_comes_from_the_training_model_not_the_engine():
     parts = rl_parts(deterministic=True, minibatches=1)
     batch = parts.step.generate(0)
     with torch.no_grad():
-        parts.model.embed.weight.mul_(1.5)  # the trainer's weights drift away from what the engine sampled
+        parts.model.word_embeddings.weight.mul_(1.5)  # the trainer's weights drift away from what the engine sampled
     metrics = parts.trainer.train(batch, torch.zeros(len(batch)), seed=0)
     assert metrics["ratio/first_minibatch_max"] > 1e-3
 
