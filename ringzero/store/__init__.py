@@ -2,9 +2,11 @@
 
     store = open_store("s3://bucket/run1", s3_settings)    # or "file://runs/store"
     uri = store.save("step-000100", tensors, config, meta)  # committed when it returns
-    ckpt = store.load(uri)                                  # .tensors .config .meta .uri, all verified
+    ckpt = store.load(uri)                                  # .tensors .config .meta .files .uri, all verified
+    store.export_folder(uri, "/models/policy")              # a plain Hugging Face model folder
 
-Layout and commit protocol: ``checkpoint.py``. Backends: ``local.py``, ``s3.py``.
+Layout and commit protocol: ``checkpoint.py`` (file names: ``layout.py``). Local folders: ``folder.py``.
+Backends: ``local.py``, ``s3.py``.
 """
 
 import importlib

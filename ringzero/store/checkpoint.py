@@ -1,12 +1,15 @@
 """Checkpoints on top of a backend: sharded safetensors, a manifest of checksums, a commit marker.
 
-Layout of checkpoint ``NAME`` under the store root::
+Layout of checkpoint ``NAME`` under the store root: a Hugging Face model folder (``layout.py``)
+between the store's two markers and its manifest::
 
-    NAME/STARTED                 written first: a save of NAME began
-    NAME/shard-00000.safetensors ...
+    NAME/STARTED                           written first: a save of NAME began
+    NAME/model.safetensors                 or model-00001-of-0000N.safetensors ... and
+    NAME/model.safetensors.index.json      (several shards only)
     NAME/config.json
-    NAME/manifest.json           size and sha256 of every file above (and the tensors in each shard)
-    NAME/COMMITTED               written last: size and sha256 of manifest.json
+    NAME/generation_config.json ...        extra files given to ``save``
+    NAME/manifest.json                     size and sha256 of every file above (and the tensors in each shard)
+    NAME/COMMITTED                         written last: size and sha256 of manifest.json
 
 Readers start from ``COMMITTED``: without it the folder does not exist for ``list``, ``latest`` and
 ``load``, whatever else it holds. Checkpoints are immutable: saving over a committed name is
@@ -21,12 +24,15 @@ import time
 from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from os import PathLike
 from typing import Any
 
 import structlog
 import torch
 
 from ringzero.errors import IntegrityError, StoreError
+from ringzero.store import folder as hf_folder
+from ringzero.store import layout
 from ringzero.store.backend import Backend, MissingObjectError, ObjectInfo, check_key
 from ringzero.store.documents import decode_document, encode_document
 from ringzero.store.manifest import (
@@ -41,7 +47,7 @@ from ringzero.store.manifest import (
     sha256_hex,
 )
 from ringzero.store.progress import transfer_progress
-from ringzero.store.shards import check_tensors, deserialize, plan_shards, serialize, shard_file
+from ringzero.store.shards import check_tensors, deserialize, plan_shards, serialize
 from ringzero.store.uri import parse_uri
 
 log = structlog.get_logger(__name__)
@@ -56,6 +62,7 @@ class Checkpoint:
     config: dict[str, Any]
     meta: dict[str, Any]
     uri: str
+    files: dict[str, bytes] = field(default_factory=dict)  # the extra files (generation_config.json, ...)
 
     def __repr__(self) -> str:
         nbytes = sum(t.numel() * t.element_size() for t in self.tensors.values())
@@ -103,11 +110,16 @@ class CheckpointStore:
 
     def save(
         self, name: str, tensors: Mapping[str, torch.Tensor], config: Mapping[str, Any],
-        meta: Mapping[str, Any] | None = None,
+        meta: Mapping[str, Any] | None = None, *, extra_files: Mapping[str, bytes] | None = None,
     ) -> str:
-        """Write and commit checkpoint ``name``; returns its URI. Refuses a name already committed."""
+        """Write and commit checkpoint ``name``; returns its URI. Refuses a name already committed.
+
+        ``extra_files`` (``{"generation_config.json": b"..."}``, tokenizer files) land next to
+        ``config.json``, listed in the manifest like every other file.
+        """
         name = check_key(name, "checkpoint name")
         check_tensors(tensors)
+        extras = layout.check_extra_files(extra_files)
         if not isinstance(config, Mapping):
             raise StoreError(f"config must be a dict (got {type(config).__name__})")
         if meta is not None and not isinstance(meta, Mapping):
@@ -121,20 +133,23 @@ class CheckpointStore:
         self.backend.write(f"{name}/{STARTED_FILE}", dump_json({"started_at": time.time()}, "start marker"))
         files: dict[str, FileEntry] = {}
         total = sum(t.numel() * t.element_size() for t in tensors.values())
+        plan = plan_shards(tensors, self.max_shard_bytes)
         with transfer_progress(f"save {name}", total) as advance:
-            for index, names in enumerate(plan_shards(tensors, self.max_shard_bytes)):
-                data = serialize(tensors, names)
-                self.backend.write(f"{name}/{shard_file(index)}", data, advance)
-                files[shard_file(index)] = FileEntry(len(data), sha256_hex(data), tuple(names))
+            for index, names in enumerate(plan):
+                fname, data = layout.shard_file(index, len(plan)), serialize(tensors, names)
+                self.backend.write(f"{name}/{fname}", data, advance)
+                files[fname] = FileEntry(len(data), sha256_hex(data), tuple(names))
                 del data  # let this shard's bytes go before the next is built: peak memory stays one shard
-        self.backend.write(f"{name}/{CONFIG_FILE}", config_bytes)
-        files[CONFIG_FILE] = FileEntry(len(config_bytes), sha256_hex(config_bytes))
+        small = {layout.INDEX_FILE: layout.index_bytes(plan, tensors)} if len(plan) > 1 else {}
+        for fname, data in {**small, CONFIG_FILE: config_bytes, **extras}.items():
+            self.backend.write(f"{name}/{fname}", data)
+            files[fname] = FileEntry(len(data), sha256_hex(data))
         manifest = Manifest(files=files, meta=meta, created_at=time.time()).to_bytes()
         self.backend.write(f"{name}/{MANIFEST_FILE}", manifest)
         commit = Commit(FileEntry(len(manifest), sha256_hex(manifest)), time.time_ns())
         self.backend.write(f"{name}/{COMMIT_FILE}", commit.to_bytes())
         log.info(
-            "store.saved", uri=uri, tensors=len(tensors), shards=len(files) - 1,
+            "store.saved", uri=uri, tensors=len(tensors), shards=len(plan), extra_files=len(extras),
             bytes=sum(e.size for e in files.values()), seconds=round(time.monotonic() - started, 3),
         )
         return uri
@@ -151,16 +166,37 @@ class CheckpointStore:
             if clash:
                 raise IntegrityError(f"{self.backend.uri(name)}: tensor {sorted(clash)[0]!r} is in two shards")
             tensors.update((t, part[t]) for t in entry.tensors)  # the order they were saved in
+        self._check_index(name, manifest)
         config = json.loads(self._verified(name, CONFIG_FILE, manifest.files[CONFIG_FILE]))
-        return Checkpoint(tensors=tensors, config=config, meta=manifest.meta, uri=self.backend.uri(name))
+        files = {f: self._verified(name, f, e) for f, e in manifest.files.items() if layout.is_extra(f)}
+        return Checkpoint(tensors=tensors, config=config, meta=manifest.meta, uri=self.backend.uri(name), files=files)
+
+    def read_file(self, uri_or_name: str, file_name: str) -> bytes:
+        """One file of a committed checkpoint (``generation_config.json``, ...), checked against its manifest."""
+        name = self.name_of(uri_or_name)
+        manifest = self._manifest(name)
+        if file_name not in manifest.files:
+            raise StoreError(f"{self.backend.uri(name)} has no file {file_name!r}; it holds {sorted(manifest.files)}")
+        return self._verified(name, file_name, manifest.files[file_name])
 
     def verify(self, uri_or_name: str) -> Manifest:
         """Check every file of a committed checkpoint against its manifest without building tensors."""
         name = self.name_of(uri_or_name)
         manifest = self._manifest(name)
+        index = None
         for fname, entry in manifest.files.items():
-            self._verified(name, fname, entry)
+            data = self._verified(name, fname, entry)
+            index = data if fname == layout.INDEX_FILE else index
+        self._check_index(name, manifest, index)
         return manifest
+
+    def export_folder(self, uri_or_name: str, local_dir: str | PathLike) -> list[str]:
+        """Write a committed checkpoint as a plain local Hugging Face folder; see ``folder.export_folder``."""
+        return hf_folder.export_folder(self, uri_or_name, local_dir)
+
+    def import_folder(self, local_dir: str | PathLike, name: str, meta: Mapping[str, Any] | None = None) -> str:
+        """Commit a local Hugging Face folder as checkpoint ``name``; see ``folder.import_folder``."""
+        return hf_folder.import_folder(self, local_dir, name, meta)
 
     def list(self, prefix: str = "") -> list[str]:
         """URIs of the committed checkpoints whose names start with ``prefix``, sorted by name."""
@@ -262,6 +298,11 @@ class CheckpointStore:
         if CONFIG_FILE not in manifest.files:
             raise IntegrityError(f"{where}: does not list {CONFIG_FILE}")
         return manifest
+
+    def _check_index(self, name: str, manifest: Manifest, index: bytes | None = None) -> None:
+        if index is None and layout.INDEX_FILE in manifest.files:
+            index = self._verified(name, layout.INDEX_FILE, manifest.files[layout.INDEX_FILE])
+        layout.check_manifest_index(manifest, index, self.backend.uri(name))
 
     def _verified(self, name: str, fname: str, entry: FileEntry, lister: str = "the manifest") -> bytes:
         key = f"{name}/{fname}"

@@ -56,7 +56,7 @@ class LocalBackend:
             finally:
                 tmp.unlink(missing_ok=True)
             # The rename is durable only once the folder entry itself reaches the disk.
-            _fsync_dir(path.parent)
+            fsync_dir(path.parent)
         except OSError as exc:
             raise StoreError(f"cannot write {self.uri(key)}: {exc.strerror or exc}") from None
         if on_bytes:
@@ -83,7 +83,7 @@ class LocalBackend:
                             return False
                 finally:
                     tmp.unlink(missing_ok=True)
-                _fsync_dir(path.parent)
+                fsync_dir(path.parent)
                 return True
             except FileNotFoundError:
                 # A delete emptied and removed the folder between our mkdir and our write: go again.
@@ -174,7 +174,7 @@ def _create_exclusive(path: Path, data: bytes) -> bool:
     return True
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)

@@ -18,10 +18,8 @@ SUPPORTED_DTYPES = frozenset({
     torch.uint64, torch.uint32, torch.uint16, torch.uint8, torch.bool,
 })
 _RESERVED_NAME = "__metadata__"  # the key of safetensors' own header metadata
-
-
-def shard_file(index: int) -> str:
-    return f"shard-{index:05d}.safetensors"
+# The header metadata transformers writes and checks for: a shard is a PyTorch state dict.
+_HEADER_METADATA = {"format": "pt"}
 
 
 def check_tensors(tensors: Mapping[str, torch.Tensor]) -> None:
@@ -80,7 +78,7 @@ def serialize(tensors: Mapping[str, torch.Tensor], names: list[str]) -> bytes:
         if t.numel():
             seen.add(t.untyped_storage().data_ptr())
         prepared[name] = t
-    return safetensors.torch.save(prepared)
+    return safetensors.torch.save(prepared, metadata=_HEADER_METADATA)
 
 
 def deserialize(data: bytes, expected: tuple[str, ...], where: str) -> dict[str, torch.Tensor]:

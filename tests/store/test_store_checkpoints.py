@@ -56,7 +56,7 @@ def test_folder_holds_shards_config_manifest_and_commit_marker(file_store):
     uri = file_store.save("c", {"a": torch.zeros(4)}, {"k": 1})
     folder = file_store.backend.root / "c"
     assert sorted(p.name for p in folder.iterdir()) == sorted(
-        [STARTED_FILE, "shard-00000.safetensors", CONFIG_FILE, MANIFEST_FILE, COMMIT_FILE]
+        [STARTED_FILE, "model.safetensors", CONFIG_FILE, MANIFEST_FILE, COMMIT_FILE]
     )
     assert json.loads((folder / CONFIG_FILE).read_text()) == {"k": 1}  # plain config.json, as HF tools expect
     assert uri == f"file://{folder}"

@@ -57,11 +57,11 @@ def test_verify_passes_intact_and_names_the_damaged_file(populated, capsys):
     code, out, _ = run(capsys, "verify", uri)
     assert (code, out) == (0, f"ok: {uri}: 2 files, 1 tensors, {_size(populated, 'run/step-1')} bytes, every sha256 matches\n")
 
-    shard = populated.backend.root / "run" / "step-1" / "shard-00000.safetensors"
+    shard = populated.backend.root / "run" / "step-1" / "model.safetensors"
     shard.write_bytes(shard.read_bytes()[:-1] + b"\x00")
     code, out, err = run(capsys, "verify", uri)
     assert (code, out) == (2, "")
-    assert f"error: {uri}/shard-00000.safetensors: sha256 mismatch: expected " in err
+    assert f"error: {uri}/model.safetensors: sha256 mismatch: expected " in err
     assert "Traceback" not in err
 
 

@@ -52,15 +52,15 @@ def test_killed_server_leaves_no_committed_checkpoint_and_a_retry_loads_bit_exac
     writer = open_store(root, target.settings(), max_shard_bytes=SHARD)
     kill_before_part(writer, target, KILL_AT_PART)
     try:
-        with pytest.raises(StoreError, match=r"upload part 1/3 of ckpts/run/step-1/shard-00001.safetensors: "
+        with pytest.raises(StoreError, match=r"upload part 1/3 of ckpts/run/step-1/model-00002-of-00002.safetensors: "
                                              r"S3 at .* still failing after 2 retries"):
             writer.save("run/step-1", tensors, {"model": "tiny"})
     finally:
         target.restart()
 
     # What the dead server holds: the start marker and shard 0, shard 1 as an incomplete upload.
-    assert objects(target, bucket) == ["ckpts/run/step-1/STARTED", "ckpts/run/step-1/shard-00000.safetensors"]
-    assert incomplete_uploads(target, bucket) == ["ckpts/run/step-1/shard-00001.safetensors"]
+    assert objects(target, bucket) == ["ckpts/run/step-1/STARTED", "ckpts/run/step-1/model-00001-of-00002.safetensors"]
+    assert incomplete_uploads(target, bucket) == ["ckpts/run/step-1/model-00002-of-00002.safetensors"]
 
     reader = open_store(root, target.settings(), max_shard_bytes=SHARD)  # another process, after the restart
     assert reader.list() == []

@@ -39,7 +39,7 @@ def test_multi_shard_checkpoint_goes_up_in_parts_and_loads_bit_exact(s3_store):
 
     # Two shards of about 11 MiB, each in three 5 MiB parts; the small files go up whole.
     assert sorted({(a[1].rsplit("/", 1)[1], a[5]) for a in parts}) == [
-        (f"shard-0000{s}.safetensors", p) for s in (0, 1) for p in (1, 2, 3)
+        (f"model-0000{s}-of-00002.safetensors", p) for s in (1, 2) for p in (1, 2, 3)
     ]
     assert all(len(a[2]) == 5 * MiB for a in parts if a[5] < 3)
     ckpt = s3_store.load(uri)
@@ -64,7 +64,7 @@ def test_checkpoints_and_documents_stay_under_the_store_prefix(s3_env):
 
 def test_gc_aborts_incomplete_multipart_uploads(s3_store):
     backend = s3_store.backend
-    backend._client._create_multipart_upload(backend.bucket, "ckpts/dead/shard-00000.safetensors", {})
+    backend._client._create_multipart_upload(backend.bucket, "ckpts/dead/model-00001-of-00002.safetensors", {})
 
     result = s3_store.gc_uncommitted()
 

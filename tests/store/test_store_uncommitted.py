@@ -13,9 +13,9 @@ from ringzero.errors import StoreError
 from ringzero.store import CheckpointStore
 from ringzero.store.manifest import COMMIT_FILE, STARTED_FILE
 
-# Writes of one save, in order: STARTED, shard 0..n-1, config.json, manifest.json, COMMITTED.
+# Writes of one save, in order: STARTED, shards 1..n, the index, config.json, manifest.json, COMMITTED.
 FOUR_SHARDS = {f"w{i}": torch.full((200,), float(i)) for i in range(4)}  # 800 bytes each, 1024-byte shards
-WRITES = 1 + len(FOUR_SHARDS) + 3
+WRITES = 1 + len(FOUR_SHARDS) + 4
 
 
 def crashed_save(store: CheckpointStore, name: str, at: int, tensors=FOUR_SHARDS) -> None:
@@ -80,7 +80,7 @@ def test_gc_spares_folders_written_to_within_min_age(file_store):
 def test_gc_removes_temporary_files_of_interrupted_local_writes(file_store):
     file_store.save("c", {"w": torch.ones(2)}, {})
     folder = file_store.backend.root / "c"
-    stray = folder / ".shard-00000.safetensors.tmp-0123abcd"  # what a kill during a write leaves
+    stray = folder / ".model.safetensors.tmp-0123abcd"  # what a kill during a write leaves
     stray.write_bytes(b"half a shard")
     assert file_store.list() == [file_store.uri_of("c")]
     assert all(".tmp-" not in i.key for i in file_store.backend.list(""))
@@ -93,13 +93,13 @@ def test_gc_removes_temporary_files_of_interrupted_local_writes(file_store):
 
 
 def test_a_new_save_after_a_crash_replaces_every_leftover(any_store):
-    crashed_save(any_store, "ck", at=WRITES)  # four shards written, never committed
+    crashed_save(any_store, "ck", at=WRITES)  # four shards and the index written, never committed
     fewer = {"only": torch.arange(3)}
 
     uri = any_store.save("ck", fewer, {"attempt": 2})
 
     keys = sorted(i.key for i in any_store.backend.list("ck/"))
-    assert [k for k in keys if k.endswith(".safetensors")] == ["ck/shard-00000.safetensors"]
+    assert [k for k in keys if k.endswith(".safetensors")] == ["ck/model.safetensors"]
     ckpt = any_store.load(uri)
     assert_bit_exact(ckpt.tensors, fewer)
     assert ckpt.config == {"attempt": 2}
