@@ -23,6 +23,7 @@ COMMAND_MODULES = [
     "ringzero.cli.cp_cmd",
     "ringzero.cli.kfp_cmd",
     "ringzero.cli.serve_cmd",
+    "ringzero.cli.model_cmd",
 ]
 
 

@@ -1,6 +1,7 @@
 """``ringzero serve``: the embedded rollout engine behind SGLang's HTTP API.
 
     ringzero serve --checkpoint file://runs/store/base --port 30000
+    ringzero serve --model-path DIR                                 # a Ling 2.5 folder, as SGLang takes
     ringzero serve --init random --config configs/tiny-cpu.yaml     # smoke tests, no checkpoint
 
 ``--config`` takes a run config or a bare model section. From a run config come the tokenizer, the
@@ -77,6 +78,8 @@ def _tokenizer(flag: str | None, section):
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
     from ringzero.errors import RingzeroError
 
     if args.init == "random" and args.config is None:  # before torch loads: fail fast
@@ -91,6 +94,8 @@ def _serve(args: argparse.Namespace) -> int:
     log = structlog.get_logger("ringzero.serve")
     conf = _from_config(args.config)
     policy = PrecisionPolicy.preset(args.precision) if args.precision else (conf.precision or PrecisionPolicy())
+    if args.tokenizer is None and args.model_path and (Path(args.model_path) / "tokenizer.json").is_file():
+        args.tokenizer = str(Path(args.model_path) / "tokenizer.json")  # the folder's own, as SGLang reads it
     tokenizer, tokenizer_path = _tokenizer(args.tokenizer, conf.tokenizer)
     model, model_path = load_source_model(args, policy, conf.model, s3=conf.s3)
     if tokenizer.vocab_size > model.cfg.vocab_size:

@@ -98,13 +98,13 @@ def model_config_from_hf(config: Mapping, source: str) -> ModelConfig:
                             "builds a one-expert MoE there and SGLang a dense MLP, so the folder means two models")
         fields["num_experts"] = None
         fields["first_k_dense_replace"] = 0
+    try:
+        cfg = ModelConfig.model_validate(fields)
+    except ValidationError as exc:
+        problems += [f"{'.'.join(map(str, e['loc'])) or 'config'}: {e['msg']}" for e in exc.errors()]
     if problems:
         raise ConfigError(f"{source} config.json", problems)
-    try:
-        return ModelConfig.model_validate(fields)
-    except ValidationError as exc:
-        raise ConfigError(f"{source} config.json",
-                          [f"{'.'.join(map(str, e['loc'])) or 'config'}: {e['msg']}" for e in exc.errors()]) from None
+    return cfg
 
 
 def hf_name(key: str) -> str:

@@ -74,18 +74,18 @@ class MoE(nn.Module):
         )
         shared = cfg.num_shared_experts or 0
         self.shared_experts = SwiGLU(cfg.hidden_size, cfg.moe_intermediate_size * shared) if shared else None
-        self.replay: torch.Tensor | None = None  # [N, K] expert ids to use instead of routing
-        self.record: list[torch.Tensor] | None = None  # chosen ids of each forward, when capturing
+        self.replay: torch.Tensor | None = None  # [B, S, K] expert ids to use instead of routing
+        self.record: list[torch.Tensor] | None = None  # [B, S, K] chosen ids of each forward, when capturing
 
     def route(self, x_ND: torch.Tensor):
         """``(chosen [N, K], weights [N, K] fp32)`` for tokens ``x_ND``."""
         compute = at_least_fp32(x_ND.dtype)
         scores_NE = torch.sigmoid(F.linear(x_ND.to(compute), self.gate.weight.to(compute)))
         if self.replay is not None:
-            chosen = self.replay.to(x_ND.device)
-            if chosen.shape != (x_ND.shape[0], self.top_k):
-                raise ValueError(f"routing replay: expected expert ids of shape {[x_ND.shape[0], self.top_k]}, "
-                                 f"got {list(chosen.shape)}")
+            chosen = self.replay.to(x_ND.device).reshape(-1, self.replay.shape[-1])
+            if chosen.shape != (x_ND.shape[0], self.top_k) or bool(((chosen < 0) | (chosen >= self.num_experts)).any()):
+                raise ValueError(f"routing replay: expected expert ids in [0, {self.num_experts}) for "
+                                 f"{x_ND.shape[0]} tokens x {self.top_k}, got shape {list(self.replay.shape)}")
         else:
             bias = self.gate.expert_bias
             routing = scores_NE if bias is None else scores_NE + bias.to(compute)
@@ -93,13 +93,13 @@ class MoE(nn.Module):
         weights = scores_NE.gather(1, chosen)
         if self.normalize and self.top_k > 1:
             weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
-        if self.record is not None:
-            self.record.append(chosen.detach())
         return chosen, weights * self.scaling
 
     def forward(self, x_BSD: torch.Tensor) -> torch.Tensor:
         x_ND = x_BSD.reshape(-1, x_BSD.shape[-1])
         chosen_NK, weights_NK = self.route(x_ND)
+        if self.record is not None:
+            self.record.append(chosen_NK.detach().view(*x_BSD.shape[:-1], -1))
         # The weighted sum over a token's experts runs in the router's precision, as the reference's.
         out_ND = torch.zeros(x_ND.shape, dtype=weights_NK.dtype, device=x_ND.device)
         for e, expert in enumerate(self.experts):

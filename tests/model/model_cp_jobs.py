@@ -15,10 +15,12 @@ SEQ = 21
 
 
 def sdpa_model_cfg() -> ModelConfig:
-    return ModelConfig(vocab_size=40, hidden_size=32, num_hidden_layers=4, num_attention_heads=2, layout="LMLM", intermediate_size=40,
-                       max_position_embeddings=64, head_dim=8, lightning_block_size=4,
-                       kv_lora_rank=10, qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=6,
-                                mla_attention_impl="sdpa")
+    # MoE from layer 1 on: routing is per token, so it must not care how the sequence is sharded.
+    return ModelConfig(vocab_size=40, hidden_size=32, num_hidden_layers=4, num_attention_heads=2, layout="LMLM",
+                       intermediate_size=40, max_position_embeddings=64, head_dim=8, lightning_block_size=4,
+                       kv_lora_rank=10, qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=6, group_norm_size=2,
+                       mla_attention_impl="sdpa", num_experts=4, n_group=2, topk_group=1, moe_intermediate_size=16,
+                       first_k_dense_replace=1)
 
 
 def cp_batch():

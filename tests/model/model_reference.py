@@ -136,7 +136,7 @@ def moe(m, h_SD):
         allowed = [e for e in range(E) if e // (E // G) in groups]
         chosen = sorted(allowed, key=lambda e: -float(routing[e]))[: m.top_k]
         weights = scores[chosen] / (scores[chosen].sum() + 1e-20) if m.normalize and m.top_k > 1 else scores[chosen]
-        for e, wt in zip(chosen, weights * m.scaling):
+        for e, wt in zip(chosen, weights * m.scaling, strict=True):
             out[t] += wt * swiglu(m.experts[e], h_SD[t : t + 1])[0]
     if m.shared_experts is not None:
         out += swiglu(m.shared_experts, h_SD)

@@ -69,3 +69,13 @@ def test_other_modules_share_the_check_parser():
     first.add_parser("gap").set_defaults(handler="gap")
     assert check_subcommands(sub) is first
     assert parser.parse_args(["check", "gap"]).handler == "gap"
+
+
+def test_check_decode_covers_a_moe_model(tmp_path, capsys):
+    """Cached decoding routes each new token alone; its experts and output equal the parallel form's."""
+    moe = {**SMALL, "num_experts": 4, "n_group": 2, "topk_group": 1, "moe_intermediate_size": 8}
+    path = tmp_path / "moe.yaml"
+    path.write_text(yaml.safe_dump({"model": moe}))
+    rc = main(["check", "decode", "--layer", "model", "--dtype", "float64", "--config", str(path), "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 0 and out["ok"] is True and out["max_abs"] < 1e-12

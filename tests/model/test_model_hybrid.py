@@ -6,7 +6,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from model_kit import policy, randomize, tiny_cfg
+from model_kit import TINY_MOE, policy, randomize, tiny_cfg
 from model_reference import model_logits
 from model_tolerances import assert_close
 
@@ -19,6 +19,8 @@ LAYOUTS = {
     "all_mla": {"layout": "mla", "num_hidden_layers": 2},
     "all_lightning": {"layout": "lightning", "num_hidden_layers": 2},
     "explicit_tied": {"layout": "MLLM", "tie_word_embeddings": True, "q_lora_rank": 12},
+    "moe": TINY_MOE,
+    "moe_tail": {**TINY_MOE, "num_hidden_layers": 5, "layer_group_size": 2, "first_k_dense_replace": 0},
 }
 
 
