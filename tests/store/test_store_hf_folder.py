@@ -309,3 +309,27 @@ def test_import_refuses_a_folder_without_config_or_with_a_broken_one(file_store,
         file_store.import_folder(folder, "base")
     assert file_store.list() == []
     assert not (file_store.backend.root / "base").exists()
+
+
+# -- transformers itself -------------------------------------------------------------------------
+
+
+@pytest.mark.transformers
+def test_transformers_loads_an_exported_folder_and_its_save_pretrained_imports(file_store, tmp_path):
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                                   num_attention_heads=2, num_key_value_heads=2, tie_word_embeddings=False)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(cfg)
+    generation = model.generation_config.to_json_string().encode()
+    uri = file_store.save("llama", model.state_dict(), cfg.to_dict(), extra_files={"generation_config.json": generation})
+    assert len(file_store.verify(uri).shards) > 1  # 4 KiB shards: the index is what transformers follows
+
+    file_store.export_folder(uri, tmp_path / "out")
+    reloaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out")
+    assert_bit_exact(reloaded.state_dict(), model.state_dict())
+
+    model.save_pretrained(tmp_path / "hf", max_shard_size="5KB")
+    ckpt = file_store.load(file_store.import_folder(tmp_path / "hf", "imported"))
+    assert_bit_exact({k: ckpt.tensors[k] for k in model.state_dict()}, model.state_dict())
+    assert list(ckpt.files) == ["generation_config.json"]
