@@ -56,7 +56,7 @@ def test_fetch_writes_a_plain_hf_folder_from_s3(moto_endpoint, tmp_path, monkeyp
 
     code, out, err = run(capsys, uri, dest, "--endpoint", moto_endpoint)
 
-    assert (code, err) == (0, "")
+    assert code == 0, err
     assert out.splitlines()[-1] == f"fetched {len(HF_FILES)} files from {uri} to {dest}"
     assert sorted(p.name for p in dest.iterdir()) == HF_FILES
     assert json.loads((dest / "config.json").read_text()) == CONFIG
