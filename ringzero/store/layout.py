@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping
 
 import torch
 
-from ringzero.errors import IntegrityError, StoreError
+from ringzero.errors import IntegrityError, RingzeroError, StoreError
 from ringzero.store.manifest import COMMIT_FILE, CONFIG_FILE, MANIFEST_FILE, STARTED_FILE, Manifest
 
 SHARD_SUFFIX = ".safetensors"
@@ -57,7 +57,7 @@ def index_bytes(plan: list[list[str]], tensors: Mapping[str, torch.Tensor]) -> b
     return (json.dumps(doc, indent=2, sort_keys=True, ensure_ascii=False) + "\n").encode()
 
 
-def parse_index(data: bytes, where: str, error: type[StoreError] = IntegrityError) -> dict[str, str]:
+def parse_index(data: bytes, where: str, error: type[RingzeroError] = IntegrityError) -> dict[str, str]:
     """The ``weight_map`` of an index file's bytes; ``error`` naming ``where`` if it is malformed."""
     try:
         doc = json.loads(data)
