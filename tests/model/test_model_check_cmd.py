@@ -79,3 +79,18 @@ def test_check_decode_covers_a_moe_model(tmp_path, capsys):
     rc = main(["check", "decode", "--layer", "model", "--dtype", "float64", "--config", str(path), "--json"])
     out = json.loads(capsys.readouterr().out)
     assert rc == 0 and out["ok"] is True and out["max_abs"] < 1e-12
+
+
+def test_fp64_lightning_check_is_fp64_accurate_on_two_threads_every_time():
+    """A report had this check flip between 4.7e-15 and 1.82e-8 (fp32-like) from run to run on two threads.
+    Each fresh process must give the same fp64-level error."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "OMP_NUM_THREADS": "2", "MKL_NUM_THREADS": "2"}
+    cmd = [sys.executable, "-m", "ringzero.cli.main", "check", "decode", "--layer", "lightning",
+           "--dtype", "float64", "--json"]
+    results = {json.loads(subprocess.run(cmd, env=env, capture_output=True, text=True, check=True).stdout)["max_abs"]
+               for _ in range(4)}
+    assert len(results) == 1 and results.pop() < 1e-12

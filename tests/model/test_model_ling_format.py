@@ -156,3 +156,13 @@ def test_cli_export_import_serve_folder_round_trip(tmp_path, capsys):
     b = load_model(f"file://{tmp_path}/store/bases/tiny").model.state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert main(["export", "--init", "random", "--config", "configs/tiny-cpu.yaml", str(out)]) == 2  # not empty
+
+
+def test_sglang_servability_is_checked_against_its_loader():
+    from ringzero.model.hf_format import sglang_problems
+
+    assert sglang_problems(ModelConfig(num_hidden_layers=16, layer_group_size=8, head_dim=32)) == []
+    tiny = sglang_problems(ModelConfig(num_hidden_layers=4, layer_group_size=2))
+    assert len(tiny) == 1 and "MLA layers [1, 3] are outside" in tiny[0]
+    assert any("must be a multiple of layer_group_size" in p
+               for p in sglang_problems(ModelConfig(num_hidden_layers=10, layer_group_size=8)))
