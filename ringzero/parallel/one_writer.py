@@ -19,7 +19,7 @@ from typing import Any
 from ringzero.errors import RingzeroError
 from ringzero.parallel.runtime import Runtime
 
-WRITES = ("save", "put_json", "put_bytes", "delete", "gc_uncommitted")
+WRITES = ("save", "put_json", "put_bytes", "delete", "gc_uncommitted", "import_folder", "export_folder")
 DECIDING_READS = ("list", "latest", "get_json", "get_bytes")
 
 
