@@ -60,17 +60,66 @@ class TrainingEngine(StrictModel):
         return self
 
 
+class DistributedSync(StrictModel):
+    """Weight pushes over a torch.distributed group the trainer opens with every server (``weight_sync: distributed``).
+
+    The trainer is rank 0; replica ``r`` holds ranks ``1 + r * tp_size`` to ``(r + 1) * tp_size``.
+    """
+
+    backend: Literal["nccl", "gloo"] = Field("nccl", description="nccl on GPUs; gloo for CPU tests")
+    master_address: str | None = Field(
+        None, description="address the servers reach the trainer at; null = the trainer host's own address"
+    )
+    master_port: int = Field(0, ge=0, le=65535, description="port of the group's store on the trainer; 0 = a free one")
+    group_name: str = Field("ringzero-weights", min_length=1, description="the group's name on every server")
+    timeout_s: float = Field(600.0, gt=0, description="to form the group and for each collective")
+
+
 class RolloutEngine(StrictModel):
-    kind: Literal["embedded", "sglang"] = Field("embedded", description="embedded: in-process; sglang: HTTP server")
-    endpoint: str | None = Field(None, description="http(s)://host:port of an SGLang-compatible server")
+    kind: Literal["embedded", "sglang"] = Field("embedded", description="embedded: in-process; sglang: HTTP servers")
+    endpoint: str | None = Field(
+        None, description="http(s)://host:port of one SGLang-compatible server (a load-balanced Service reaches "
+        "one pod per call, so weight pushes would miss the others: give endpoints or replica_dns for several)"
+    )
+    endpoints: list[str] = Field(default_factory=list, description="http(s)://host:port of every replica")
+    replica_dns: str | None = Field(
+        None, description="host:port of a headless Service: each of its DNS A records is one replica"
+    )
+    replicas: int | None = Field(None, ge=1, description="replicas replica_dns must resolve to before sampling")
+    tp_size: int = Field(1, ge=1, description="tensor-parallel ranks of each replica (distributed weight sync)")
     timeout_s: float = Field(600.0, gt=0)
+    stale: Literal["refuse", "count"] = Field(
+        "refuse", description="a completion whose weight_version is not the last one pushed: refuse the batch, or "
+        "keep it and count it (metric rollout/stale_samples)"
+    )
+    weight_sync: Literal["disk", "distributed", "store"] = Field(
+        "disk", description="disk: each server loads a model folder at a local path it can read (weights_dir); "
+        "distributed: tensors broadcast from the trainer over a torch.distributed group; store: the committed "
+        "checkpoint's store URI (only `ringzero serve` reads those)"
+    )
+    weights_dir: str | None = Field(
+        None, description="absolute path of the folder trainer and servers share (a volume mounted in both); "
+        "disk pushes must name a model folder under it"
+    )
+    served_uri: str | None = Field(
+        None, description="checkpoint the servers were started with (the launcher sets it): a stage that samples "
+        "from that checkpoint pushes nothing"
+    )
+    distributed: DistributedSync = DistributedSync()
 
     @model_validator(mode="after")
     def _endpoint(self) -> RolloutEngine:
-        if self.kind == "sglang" and not self.endpoint:
-            raise ValueError("endpoint is required when kind is sglang")
-        if self.endpoint and not self.endpoint.startswith(("http://", "https://")):
-            raise ValueError(f"endpoint must start with http:// or https:// (got {self.endpoint!r})")
+        if self.kind == "sglang" and not (self.endpoint or self.endpoints or self.replica_dns):
+            raise ValueError("endpoint is required when kind is sglang (or endpoints, or replica_dns)")
+        for url in [self.endpoint, *self.endpoints]:
+            if url and not url.startswith(("http://", "https://")):
+                raise ValueError(f"endpoint must start with http:// or https:// (got {url!r})")
+        if self.replica_dns is not None:
+            host, _, port = self.replica_dns.rpartition(":")
+            if "://" in self.replica_dns or not host or not port.isdigit():
+                raise ValueError(f"replica_dns must be host:port without a scheme (got {self.replica_dns!r})")
+        if self.weights_dir is not None and not self.weights_dir.startswith("/"):
+            raise ValueError(f"weights_dir must be an absolute path (got {self.weights_dir!r})")
         return self
 
 

@@ -11,6 +11,13 @@ is a ``RingzeroError`` naming the endpoint and, when the server gave one, its me
 Seeds: ``SamplingParams.seed`` travels as SGLang's ``sampling_seed``. SGLang gives all ``n`` copies
 of a request the same seed, so a real SGLang server returns ``n`` identical samples for a seeded
 request with ``n > 1``; leave ``seed`` unset there when samples must differ.
+
+Every body is built by one function here, named after the SGLang request it matches
+(``python/sglang/srt/managers/io_struct.py``): ``GenerateReqInput``, ``UpdateWeightFromDiskReqInput``,
+``InitWeightsUpdateGroupReqInput``, ``UpdateWeightsFromDistributedReqInput``, ``PauseGenerationReqInput``.
+``tests/rollout/test_sglang_pairs.py`` checks them against SGLang's own fields. This client talks to one
+server; ``ringzero.rollout.replicas.ReplicaSet`` drives several and orders a weight push
+(pause, update, continue) across them.
 """
 
 from __future__ import annotations
@@ -36,6 +43,46 @@ def sampling_params_body(p: SamplingParams) -> dict:
     if p.seed is not None:
         body["sampling_seed"] = p.seed
     return body
+
+
+def generate_body(requests_: list[GenerateRequest]) -> dict:
+    """``GenerateReqInput`` for one batch whose requests share ``n`` (SGLang refuses mixed ``n``).
+
+    ``rid`` holds one id per prompt: SGLang gives each of the ``n`` samples its own id in ``meta_info.id``.
+    """
+    return {
+        "input_ids": [list(r.input_ids) for r in requests_],
+        "sampling_params": [sampling_params_body(r.params) for r in requests_],
+        "return_logprob": True,
+        "rid": [r.rid or uuid.uuid4().hex for r in requests_],
+    }
+
+
+def disk_update_body(model_path: str, weight_version: str) -> dict:
+    """``UpdateWeightFromDiskReqInput``. ``load_format`` is left out: SGLang then uses its own ``--load-format``."""
+    return {"model_path": model_path, "weight_version": str(weight_version), "flush_cache": True,
+            "abort_all_requests": False}
+
+
+def init_group_body(master_address: str, master_port: int, rank_offset: int, world_size: int, group_name: str,
+                    backend: str) -> dict:
+    """``InitWeightsUpdateGroupReqInput``: the server's TP ranks join as ``rank_offset + tp_rank``."""
+    return {"master_address": master_address, "master_port": int(master_port), "rank_offset": int(rank_offset),
+            "world_size": int(world_size), "group_name": group_name, "backend": backend}
+
+
+def distributed_update_body(names: list[str], dtypes: list[str], shapes: list[list[int]], group_name: str,
+                            weight_version: str) -> dict:
+    """``UpdateWeightsFromDistributedReqInput``: the server receives the tensors in ``names`` order from rank 0."""
+    return {"names": list(names), "dtypes": list(dtypes), "shapes": [list(s) for s in shapes],
+            "group_name": group_name, "weight_version": str(weight_version), "flush_cache": True,
+            "abort_all_requests": False}
+
+
+PAUSE_BODY = {"mode": "abort"}
+"""``PauseGenerationReqInput``. A push happens between sampling phases, when nothing should be in flight:
+``abort`` ends anything that still is (it comes back as ``finish_reason: abort``, and its version is the old
+one) instead of letting it resume on new weights with tokens from two versions."""
 
 
 def _completion(item: dict, prompt_ids: list[int], where: str) -> Completion:
@@ -117,13 +164,7 @@ class HttpRolloutClient:
             by_n.setdefault(req.params.n, []).append(i)
         for n, indices in by_n.items():
             group = [requests_[i] for i in indices]
-            body = {
-                "input_ids": [list(r.input_ids) for r in group],
-                "sampling_params": [sampling_params_body(r.params) for r in group],
-                "return_logprob": True,
-                "rid": [r.rid or uuid.uuid4().hex for r in group],
-            }
-            items = self._json("POST", "/generate", body)
+            items = self._json("POST", "/generate", generate_body(group))
             where = f"POST {self.endpoint}/generate"
             if not isinstance(items, list) or len(items) != len(group) * n:
                 got = len(items) if isinstance(items, list) else type(items).__name__
@@ -133,17 +174,70 @@ class HttpRolloutClient:
         return results  # type: ignore[return-value]
 
     def update_weights_from_disk(self, uri: str, weight_version: str) -> None:
-        body = {"model_path": uri, "weight_version": str(weight_version), "flush_cache": True}
-        resp = self._request("POST", "/update_weights_from_disk", body)
+        """``model_path`` as given: a local folder for SGLang, a store URI for ``ringzero serve``."""
+        # Retried like any call: loading the same folder twice is harmless.
+        self._update("/update_weights_from_disk", disk_update_body(uri, weight_version),
+                     f"{uri}, version {weight_version}", retries=None)
+
+    # --- weight pushes (SGLang's RL endpoints) ---
+
+    def _update(self, path: str, body: dict, what: str, *, timeout_s: float | None = None,
+                retries: int | None = 0) -> dict:
+        """POST an update; SGLang answers ``{"success": bool, "message": str}`` (HTTP 400 on failure).
+
+        Not retried by default: a group join or a broadcast happens once, on both sides.
+        """
+        resp = self._request("POST", path, body, timeout_s=timeout_s, retries=retries)
         try:
             answer = resp.json()
         except ValueError:
             answer = {}
+        if not isinstance(answer, dict):
+            answer = {}
         if resp.status_code != 200 or not answer.get("success", False):
             raise RingzeroError(
-                f"POST {self.endpoint}/update_weights_from_disk ({uri}, version {weight_version}): "
-                f"HTTP {resp.status_code}: {answer.get('message') or _message(resp)}"
+                f"POST {self.endpoint}{path} ({what}): HTTP {resp.status_code}: {answer.get('message') or _message(resp)}"
             )
+        return answer
+
+    def _control(self, path: str, body: dict) -> bool:
+        """POST a control call; ``False`` when the server has no such endpoint (HTTP 404), an error otherwise."""
+        resp = self._request("POST", path, body, retries=0)
+        if resp.status_code == 404:
+            return False
+        if resp.status_code != 200:
+            raise RingzeroError(f"POST {self.endpoint}{path}: HTTP {resp.status_code}: {_message(resp)}")
+        try:
+            answer = resp.json()
+        except ValueError:
+            return True
+        if isinstance(answer, dict) and answer.get("success") is False:
+            raise RingzeroError(f"POST {self.endpoint}{path}: {answer.get('message') or answer}")
+        return True
+
+    def pause_generation(self) -> bool:
+        return self._control("/pause_generation", dict(PAUSE_BODY))
+
+    def continue_generation(self) -> bool:
+        return self._control("/continue_generation", {})
+
+    def begin_weight_update(self) -> bool:
+        """Open SGLang's weight-update session (servers from mid-2026 on); ``False`` on servers without one."""
+        return self._control("/begin_weight_update", {"selector": "all"})
+
+    def end_weight_update(self) -> bool:
+        return self._control("/end_weight_update", {})
+
+    def init_weights_update_group(self, body: dict, *, timeout_s: float | None = None) -> dict:
+        """Blocks until every rank of the group joined (the server's answer comes after its ranks did)."""
+        return self._update("/init_weights_update_group", body, f"group {body.get('group_name')}, rank_offset "
+                            f"{body.get('rank_offset')} of {body.get('world_size')}", timeout_s=timeout_s)
+
+    def update_weights_from_distributed(self, body: dict, *, timeout_s: float | None = None) -> dict:
+        """Blocks until the server received every tensor of ``body['names']`` and loaded them."""
+        return self._update("/update_weights_from_distributed", body,
+                            f"{len(body.get('names', []))} tensors, version {body.get('weight_version')}",
+                            timeout_s=timeout_s)
 
     def health(self) -> bool:
         try:

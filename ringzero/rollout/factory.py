@@ -1,0 +1,85 @@
+"""One place that builds the rollout client of every sampling stage from ``engines.rollout``.
+
+- ``embedded`` (or ``local=True``, for stages whose jobs get no rollout servers: see
+  ``ringzero.cluster.step.SAMPLING_KINDS``): an ``EmbeddedEngine`` on ``model``, spread over the job's
+  ranks when a runtime is given.
+- ``sglang``: a ``ReplicaSet`` over every replica (``DistributedReplicaSet`` for ``weight_sync:
+  distributed``), spread over the ranks the same way. One per server set and process: a stage that builds
+  several (eval measures checkpoint after checkpoint) reuses its connections, the weight group it opened
+  and the version it pushed last.
+
+``serves``: the committed checkpoint ``model`` holds. The servers started with ``engines.rollout.served_uri``;
+when ``serves`` is another checkpoint, its weights are pushed first (``distributed``: the tensors;
+``store``: the URI) under the URI as version, so samples come from the model the stage measures. Left
+unset, nothing is pushed: the caller pushes itself (the RL loop does, before its first step).
+"""
+
+from __future__ import annotations
+
+from ringzero.errors import RingzeroError
+from ringzero.rollout.replicas import DistributedReplicaSet, ReplicaSet, resolve_endpoints
+from ringzero.rollout.spread import spread
+
+_REMOTE: dict[str, ReplicaSet] = {}
+_SERVING: dict[int, str | None] = {}  # id(replica set) -> checkpoint its servers hold, when known
+
+
+def rollout_client(cfg, model, tokenizer, runtime=None, *, seed: int, max_batch: int, deterministic: bool = False,
+                   serves: str | None = None, local: bool = False):
+    """The rollout client a stage samples with; ``runtime`` spreads it over the job's ranks (None: as is)."""
+    engine = cfg.engines.rollout
+    if engine.kind == "embedded" or local:
+        from ringzero.rollout.engine import EmbeddedEngine
+
+        client = EmbeddedEngine(model, tokenizer, cfg.precision.rollout, deterministic=deterministic,
+                                max_batch=max_batch, seed=seed)
+        return client if runtime is None else spread(client, runtime)
+    remote = remote_client(engine)
+    client = remote if runtime is None else spread(remote, runtime)
+    if serves is not None:
+        _serve(client, remote, engine, model, serves)
+    return client
+
+
+def remote_client(engine) -> ReplicaSet:
+    """The ``ReplicaSet`` of ``engines.rollout`` (kind sglang), built once per process."""
+    key = engine.model_dump_json()
+    if key not in _REMOTE:
+        endpoints = resolve_endpoints(engine)
+        common = dict(stale=engine.stale, weights_dir=engine.weights_dir, timeout_s=engine.timeout_s,
+                      accept_store_uris=engine.weight_sync == "store")
+        if engine.weight_sync == "distributed":
+            d = engine.distributed
+            remote = DistributedReplicaSet(endpoints, tp_size=engine.tp_size, backend=d.backend,
+                                           master_address=d.master_address, master_port=d.master_port,
+                                           group_name=d.group_name, sync_timeout_s=d.timeout_s, **common)
+        else:
+            remote = ReplicaSet(endpoints, **common)
+        _REMOTE[key] = remote
+        _SERVING[id(remote)] = engine.served_uri
+    return _REMOTE[key]
+
+
+def close_remote_clients() -> None:
+    """Forget every cached replica set (tests; a process that points at new servers)."""
+    for remote in _REMOTE.values():
+        remote.close()
+    _REMOTE.clear()
+    _SERVING.clear()
+
+
+def _serve(client, remote: ReplicaSet, engine, model, uri: str) -> None:
+    if _SERVING.get(id(remote)) == uri and remote.weight_version in (None, uri):
+        return
+    if hasattr(client, "update_weights"):
+        client.update_weights(model.state_dict(), uri)
+    elif engine.weight_sync == "store":
+        client.update_weights_from_disk(uri, uri)
+    else:
+        raise RingzeroError(
+            f"rollout servers: cannot serve {uri} with weight_sync disk: the servers load a model folder from the "
+            "shared weights volume and no folder of that checkpoint is written there; use weight_sync "
+            "distributed, or sample only from the checkpoint the servers started with "
+            f"(engines.rollout.served_uri = {engine.served_uri!r})"
+        )
+    _SERVING[id(remote)] = uri
