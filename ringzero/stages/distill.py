@@ -29,8 +29,7 @@ import torch
 from ringzero.errors import RingzeroError
 from ringzero.rl.rewards import TaskReward
 from ringzero.rl.rollout_batch import collect, sampling_params
-from ringzero.rollout.engine import EmbeddedEngine
-from ringzero.rollout.spread import spread
+from ringzero.rollout.factory import rollout_client
 from ringzero.stages.base import StageContext, StageInputs, StageOutcome
 from ringzero.stages.config import DistillStage
 from ringzero.stages.distill_data import epoch_order, select_traces, sft_batch
@@ -104,7 +103,7 @@ def run(ctx: StageContext, stage: DistillStage, inputs: StageInputs) -> StageOut
     model.eval()
     uri = save_final(ctx.store, ctx.checkpoint_prefix, model, optimizer.master_state_dict(),
                      {"stage": stage.name, "steps": total, "examples": len(examples)})
-    after = heldout(cfg, model, task, tokenizer, stage, rt)
+    after = heldout(cfg, model, task, tokenizer, stage, rt, serves=uri)
     ctx.metrics.log(total, {k: after[v] for k, v in HELDOUT_KEYS.items() if v in after})
     summary = finite_only({**plan["stats"], **compression(plan["before"], after), **after,
                          **{k: after[v] for k, v in HELDOUT_KEYS.items() if v in after},
@@ -124,9 +123,9 @@ def distill_set(ctx: StageContext, stage: DistillStage, policy_uri: str, task, t
     cfg = ctx.cfg
     rt = ctx.runtime
     policy = start_model(cfg, ctx.store, policy_uri, cfg.precision.train).to(rt.device).eval()
-    before = heldout(cfg, policy, task, tokenizer, stage, rt)
-    engine = spread(EmbeddedEngine(policy, tokenizer, cfg.precision.rollout, max_batch=ENGINE_BATCH,
-                                   seed=seeded(cfg.run.seed, "distill-engine")), rt)
+    before = heldout(cfg, policy, task, tokenizer, stage, rt, serves=policy_uri)
+    engine = rollout_client(cfg, policy, tokenizer, rt, max_batch=ENGINE_BATCH,
+                            seed=seeded(cfg.run.seed, "distill-engine"), serves=policy_uri)
     problems = task.prompts("train", stage.prompts, seeded(cfg.run.seed, "distill-prompts"))
     params = sampling_params(stage.sampling, task, tokenizer, stage.samples_per_prompt,
                              seeded(cfg.run.seed, "distill-samples"))
@@ -150,10 +149,9 @@ def distill_set(ctx: StageContext, stage: DistillStage, policy_uri: str, task, t
     return plan
 
 
-def heldout(cfg, model, task, tokenizer, stage: DistillStage, runtime=None) -> dict[str, float]:
-    engine = EmbeddedEngine(model, tokenizer, cfg.precision.rollout, max_batch=ENGINE_BATCH,
-                            seed=seeded(cfg.run.seed, "distill-heldout"))
-    engine = engine if runtime is None else spread(engine, runtime)
+def heldout(cfg, model, task, tokenizer, stage: DistillStage, runtime=None, serves: str | None = None) -> dict[str, float]:
+    engine = rollout_client(cfg, model, tokenizer, runtime, max_batch=ENGINE_BATCH,
+                            seed=seeded(cfg.run.seed, "distill-heldout"), serves=serves)
     return evaluate_heldout(engine, task, tokenizer, prompts=getattr(cfg.task, "eval_prompts", 128),
                             samples=EVAL_SAMPLES, max_new_tokens=stage.sampling.max_new_tokens, forced_trace=False)
 

@@ -32,10 +32,9 @@ from ringzero.parallel.runtime import single
 from ringzero.rl.rewards import TaskReward
 from ringzero.rl.rollout_batch import RolloutBatch, collect, sampling_params
 from ringzero.rl.seeds import derive_seed
-from ringzero.rollout.engine import EmbeddedEngine
+from ringzero.rollout.factory import rollout_client
 from ringzero.rollout.gap import gap_stats
 from ringzero.rollout.scoring import score_sequences
-from ringzero.rollout.spread import spread
 from ringzero.stages.base import StageContext, StageInputs, StageOutcome
 from ringzero.stages.config import EvalStage, Tier
 from ringzero.stages.eval_metrics import (
@@ -126,8 +125,8 @@ def measure_checkpoint(cfg, store, uri: str, stage: EvalStage, task, tokenizer, 
     """Sampling is spread over the job's ranks; every rank then holds every sample (and the same values)."""
     runtime = runtime or single()
     model = start_model(cfg, store, uri, cfg.precision.train).to(runtime.device).eval()
-    engine = spread(EmbeddedEngine(model, tokenizer, cfg.precision.rollout, deterministic=cfg.precision.deterministic,
-                                   max_batch=ENGINE_BATCH, seed=seeded(cfg.run.seed, "eval-engine")), runtime)
+    engine = rollout_client(cfg, model, tokenizer, runtime, deterministic=cfg.precision.deterministic,
+                            max_batch=ENGINE_BATCH, seed=seeded(cfg.run.seed, "eval-engine"), serves=uri)
     seed = seeded(cfg.run.seed, "eval-samples")
     reward = TaskReward(task, tiers)  # rewards are not read here; tiered prompts need their tier known
 

@@ -16,8 +16,7 @@ import time
 import structlog
 import torch
 
-from ringzero.rollout.engine import EmbeddedEngine
-from ringzero.rollout.spread import spread
+from ringzero.rollout.factory import rollout_client
 from ringzero.stages.base import StageContext, StageInputs, StageOutcome
 from ringzero.stages.config import PretrainStage
 from ringzero.stages.corpus_windows import CorpusWindows
@@ -89,8 +88,8 @@ def run(ctx: StageContext, stage: PretrainStage, inputs: StageInputs) -> StageOu
 
 def measure_base(cfg, model, task, tokenizer, runtime=None) -> dict[str, float]:
     """Held-out behaviour of the base under the rollout engine's precision (what RL will sample)."""
-    engine = EmbeddedEngine(model, tokenizer, cfg.precision.rollout, max_batch=256, seed=cfg.run.seed)
-    engine = engine if runtime is None else spread(engine, runtime)
+    # Pretrain jobs get no rollout servers (ringzero.cluster.step.SAMPLING_KINDS): always the embedded engine.
+    engine = rollout_client(cfg, model, tokenizer, runtime, max_batch=256, seed=cfg.run.seed, local=True)
     prompts = getattr(cfg.task, "eval_prompts", 128)
     max_new = min(EVAL_MAX_NEW_TOKENS, cfg.model.max_seq_len // 2)
     out = evaluate_heldout(engine, task, tokenizer, prompts=prompts, samples=EVAL_SAMPLES, max_new_tokens=max_new)

@@ -19,7 +19,7 @@ from ringzero.rl.rewards import TaskReward
 from ringzero.rl.step import RLStep, StepShape
 from ringzero.rl.sync import push_weights, weight_version
 from ringzero.rl.trainer import PolicyTrainer
-from ringzero.rollout.spread import spread
+from ringzero.rollout.factory import rollout_client as build_rollout_client
 from ringzero.stages.optimizer import TrainOptimizer
 from ringzero.stages.setup import apply_threads, placed, start_model, task_and_tokenizer, training_model
 from ringzero.stages.train_state import load_resume_point
@@ -48,15 +48,8 @@ class RLSession:
 def rollout_client(cfg, model, tokenizer, runtime: Runtime | None = None):
     """The stage's rollout engine, spread over the job's ranks (each samples its share of requests)."""
     runtime = runtime or single(model.embed.weight.device)
-    engine = cfg.engines.rollout
-    if engine.kind == "sglang":
-        from ringzero.rollout.http_client import HttpRolloutClient
-
-        return spread(HttpRolloutClient(engine.endpoint, timeout_s=engine.timeout_s), runtime)
-    from ringzero.rollout.engine import EmbeddedEngine
-
-    return spread(EmbeddedEngine(model, tokenizer, cfg.precision.rollout, deterministic=cfg.precision.deterministic,
-                                 max_batch=ROLLOUT_MAX_BATCH, seed=cfg.run.seed), runtime)
+    return build_rollout_client(cfg, model, tokenizer, runtime, deterministic=cfg.precision.deterministic,
+                                max_batch=ROLLOUT_MAX_BATCH, seed=cfg.run.seed)
 
 
 def frozen_reference(cfg, store, uri: str | None, runtime: Runtime | None = None):
