@@ -1,7 +1,10 @@
 """``launch_stage``: run one stage on the cluster and always clean up after it.
 
-Order: the run-config ConfigMap, then (for stages that sample) the SGLang servers, waited on until
-healthy, then the training job, waited on until it ends. Whatever happens (success, failure, timeout,
+Order: the run-config ConfigMap, then (for stages that sample) the SGLang servers and their Services,
+waited on until healthy, then the training job, waited on until it ends. The job's run config is
+pointed at those servers with ``--set`` flags (``rollout_overrides``): the Service, the headless
+Service whose A records are the replicas, their count and TP size, the weight transport and the
+checkpoint they serve; for disk weight sync the shared weights volume is mounted in the job's pods. Whatever happens (success, failure, timeout,
 Ctrl-C, SIGTERM from a cancelled pipeline step) everything created is deleted on the way out; the owner
 reference to the pipeline step's pod is the second line of defence if the launcher itself is killed.
 """
@@ -19,7 +22,14 @@ from ringzero.cluster.api import ClusterApi, ObjectRef
 from ringzero.cluster.job import StageJob, render_config_map
 from ringzero.cluster.labels import LAUNCH_LABEL, selector
 from ringzero.cluster.pytorchjob import render_pytorchjob
-from ringzero.cluster.rollout import RolloutSpec, endpoint, render_rollout
+from ringzero.cluster.rollout import (
+    RolloutSpec,
+    endpoint,
+    render_rollout,
+    replica_dns,
+    weights_dir,
+    with_shared_weights,
+)
 from ringzero.cluster.trainjob import render_trainjob
 from ringzero.cluster.wait import (
     StageFailed,
@@ -49,9 +59,29 @@ def render_stage(settings: ClusterSettings, job: StageJob, rollout: RolloutSpec 
     extra: tuple[str, ...] = ()
     if rollout is not None:
         objects += render_rollout(settings, job, rollout)
-        extra = ("--set", "engines.rollout.kind=sglang", "--set", f"engines.rollout.endpoint={endpoint(job)}")
-    objects.append(render_job(settings, job, extra))
+        extra = rollout_overrides(settings, job, rollout)
+    training = render_job(settings, job, extra)
+    objects.append(with_shared_weights(settings, training) if rollout is not None else training)
     return objects
+
+
+def rollout_overrides(settings: ClusterSettings, job: StageJob, rollout: RolloutSpec) -> tuple[str, ...]:
+    """``--set`` flags that point the stage's rollout client at this launch's servers, every replica by address."""
+    values = {
+        "kind": "sglang",
+        "endpoint": endpoint(job),
+        "replica_dns": replica_dns(job),
+        "replicas": settings.rollout.replicas,
+        "tp_size": settings.rollout.tp_size,
+        "weight_sync": settings.rollout.weight_sync,
+        "served_uri": rollout.model_uri,
+    }
+    if settings.rollout.weight_sync == "disk":
+        values["weights_dir"] = weights_dir(settings, job)
+    out: list[str] = []
+    for key, value in values.items():
+        out += ["--set", f"engines.rollout.{key}={value}"]
+    return tuple(out)
 
 
 def launch_stage(api: ClusterApi, settings: ClusterSettings, job: StageJob, rollout: RolloutSpec | None = None,

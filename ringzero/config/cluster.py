@@ -101,6 +101,38 @@ class RolloutSettings(StrictModel):
     tp_size: int = Field(1, ge=1, description="tensor-parallel size of each server = GPUs per server pod")
     resources: NodeResources = NodeResources(cpu="8", memory="64Gi", shm="16Gi")
     ready_timeout_s: float = Field(1800.0, gt=0, description="wait this long for every server to pass /health")
+    weight_sync: Literal["distributed", "disk"] = Field(
+        "distributed", description="distributed: the trainer broadcasts new weights to every server over "
+        "NCCL; disk: every server loads a model folder from the shared weights volume (shared_weights_pvc)"
+    )
+    shared_weights_pvc: str | None = Field(
+        None, description="PersistentVolumeClaim (ReadWriteMany) mounted in trainer and server pods for disk "
+        "weight sync; its claim must exist in the run namespace"
+    )
+    shared_weights_mount: str = Field("/shared-weights", description="where trainer and servers mount that volume")
+
+    @field_validator("shared_weights_pvc")
+    @classmethod
+    def _pvc(cls, v: str | None) -> str | None:
+        if v is not None and (not _DNS_SUBDOMAIN.match(v) or len(v) > 253):
+            raise ValueError(f"must be a Kubernetes object name (got {v!r})")
+        return v
+
+    @field_validator("shared_weights_mount")
+    @classmethod
+    def _mount(cls, v: str) -> str:
+        if not v.startswith("/") or v.rstrip("/") in ("", "/tmp", "/dev/shm", "/models"):
+            raise ValueError(f"must be an absolute path of its own, not / or a scratch folder (got {v!r})")
+        return v.rstrip("/")
+
+    @model_validator(mode="after")
+    def _disk_needs_a_volume(self) -> RolloutSettings:
+        if self.weight_sync == "disk" and self.shared_weights_pvc is None:
+            raise ValueError(
+                "weight_sync disk needs shared_weights_pvc: SGLang loads pushed weights from a local path, so "
+                "trainer and servers must mount one volume; set a ReadWriteMany claim or use weight_sync distributed"
+            )
+        return self
 
 
 class ClusterSettings(StrictModel):

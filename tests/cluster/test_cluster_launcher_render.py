@@ -35,9 +35,9 @@ def job(**over) -> StageJob:
     return StageJob(**{**base, **over})
 
 
-def rollout(lm_head_fp32=True, deterministic=False) -> RolloutSpec:
+def rollout(lm_head_fp32=True, deterministic=False, body="bfloat16") -> RolloutSpec:
     return RolloutSpec("s3://ringzero/runs/h200/base", S3Settings(endpoint="minio.ml.svc:9000"),
-                       lm_head_fp32, deterministic, seed=7)
+                       lm_head_fp32, deterministic, seed=7, body=body)
 
 
 def kinds(objs):
@@ -47,8 +47,12 @@ def kinds(objs):
 @pytest.mark.parametrize("backend,kind", [("trainjob", "TrainJob"), ("pytorchjob", "PyTorchJob")])
 def test_every_launched_object_validates(backend, kind):
     objs = render_stage(settings(backend=backend), job(), rollout())
-    assert kinds(objs) == ["ConfigMap", "Deployment", "Service", kind]
+    assert kinds(objs) == ["ConfigMap", "Deployment", "Service", "Service", kind]
     for obj in objs:
+        validate(obj)
+    shared = settings(backend=backend, rollout={"replicas": 2, "tp_size": 4, "weight_sync": "disk",
+                                                "shared_weights_pvc": "ringzero-weights"})
+    for obj in render_stage(shared, job(), rollout()):
         validate(obj)
 
 
@@ -175,6 +179,7 @@ def test_rollout_servers_follow_the_precision_policy():
     assert args[args.index("--tp-size") + 1] == "4"
     assert args[args.index("--random-seed") + 1] == "7"
     assert args[args.index("--model-path") + 1] == "/models/policy"
+    assert args[args.index("--dtype") + 1] == "bfloat16"
     assert "--enable-fp32-lm-head" in args and "--enable-deterministic-inference" not in args
     assert server["resources"]["limits"]["nvidia.com/gpu"] == "4"
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
@@ -185,16 +190,85 @@ def test_rollout_servers_follow_the_precision_policy():
     fetch = pod["initContainers"][0]
     assert fetch["args"][:2] == ["s3://ringzero/runs/h200/base", "/models/policy"]
     assert deployment["spec"]["replicas"] == 2
-    plain = render_stage(settings(), job(), rollout(lm_head_fp32=False, deterministic=True))[1]
+    plain = render_stage(settings(), job(), rollout(lm_head_fp32=False, deterministic=True, body="float32"))[1]
     plain_args = plain["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--enable-fp32-lm-head" not in plain_args and "--enable-deterministic-inference" in plain_args
+    assert plain_args[plain_args.index("--dtype") + 1] == "float32"
+    assert plain_args[plain_args.index("--random-seed") + 1] == "7"
+    # SGLang has no flag for the attention softmax precision: none is invented.
+    assert not [a for a in args + plain_args if "softmax" in a]
+
+
+def test_a_float64_rollout_body_is_refused_for_sglang():
+    with pytest.raises(RingzeroError, match="SGLang serves bfloat16 or float32.*float64"):
+        render_stage(settings(), job(), rollout(body="float64"))
+
+
+def test_every_replica_is_resolvable_through_a_headless_service():
+    j = job()
+    deployment, service, headless = render_stage(settings(), j, rollout())[1:4]
+    assert headless["metadata"]["name"] == f"{j.name}-pods" and len(headless["metadata"]["name"]) <= 63
+    assert headless["spec"]["clusterIP"] == "None"
+    assert headless["spec"]["publishNotReadyAddresses"] is False
+    assert headless["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"] == service["spec"]["selector"]
+    assert headless["spec"]["ports"] == service["spec"]["ports"]
+    assert "clusterIP" not in service["spec"]  # the load-balanced Service stays as it was
+
+
+def overrides(args: list[str]) -> dict[str, str]:
+    pairs = [args[i + 1] for i, a in enumerate(args) if a == "--set"]
+    return dict(p.removeprefix("engines.rollout.").split("=", 1) for p in pairs if p.startswith("engines.rollout."))
+
+
+def test_the_trainer_is_pointed_at_every_replica_and_the_served_checkpoint():
+    j = job()
+    args = render_stage(settings(), j, rollout())[-1]["spec"]["trainer"]["args"]
+    assert overrides(args) == {
+        "kind": "sglang", "endpoint": f"http://{j.name}-rollout.ml.svc:30000",
+        "replica_dns": f"{j.name}-pods.ml.svc:30000", "replicas": "2", "tp_size": "4",
+        "weight_sync": "distributed", "served_uri": "s3://ringzero/runs/h200/base",
+    }
+    # The overrides load into the run config the job reads.
+    cfg = load_config(REPO / "configs" / "tiny-cpu.yaml", [f"engines.rollout.{k}={v}" for k, v in overrides(args).items()])
+    engine = cfg.engines.rollout
+    assert (engine.replica_dns, engine.replicas, engine.tp_size, engine.weight_sync) == (
+        f"{j.name}-pods.ml.svc:30000", 2, 4, "distributed")
+
+
+@pytest.mark.parametrize("backend", ["trainjob", "pytorchjob"])
+def test_disk_sync_mounts_one_claim_in_trainer_and_server_pods(backend):
+    j = job()
+    shared = settings(backend=backend, rollout={"replicas": 2, "tp_size": 4, "weight_sync": "disk",
+                                                "shared_weights_pvc": "ringzero-weights"})
+    objs = render_stage(shared, j, rollout())
+    claim = {"name": "shared-weights", "persistentVolumeClaim": {"claimName": "ringzero-weights"}}
+    for where, pod in [p for o in objs for p in pod_specs(o)]:
+        assert claim in pod["volumes"], where
+        for container in pod["containers"]:
+            (mount,) = [m for m in container["volumeMounts"] if m["name"] == "shared-weights"]
+            assert mount["mountPath"] == "/shared-weights"
+            assert mount.get("readOnly", False) == (container["name"] == "sglang"), where
+    trainer = objs[-1]
+    args = trainer["spec"]["trainer"]["args"] if backend == "trainjob" else (
+        trainer["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["args"])
+    assert overrides(args)["weight_sync"] == "disk"
+    assert overrides(args)["weights_dir"] == f"/shared-weights/{j.name}"
+    # Without a rollout nothing is mounted.
+    assert "shared-weights" not in str(render_stage(shared, j)[-1])
+
+
+def test_disk_sync_without_a_shared_volume_is_refused():
+    with pytest.raises(ValidationError, match="weight_sync disk needs shared_weights_pvc"):
+        settings(rollout={"weight_sync": "disk"})
+    with pytest.raises(ValidationError, match="shared_weights_mount"):
+        settings(rollout={"weight_sync": "disk", "shared_weights_pvc": "w", "shared_weights_mount": "/tmp"})
 
 
 @pytest.mark.parametrize("preset,flag", [("fp32-islands", True), ("bf16", False)])
 def test_rollout_spec_comes_from_the_run_config(preset, flag):
     cfg = load_config(REPO / "configs" / "tiny-cpu.yaml", [f"precision.rollout={preset}", "run.seed=3"])
     spec = RolloutSpec.from_run_config(cfg, "s3://b/p/ckpt")
-    assert (spec.lm_head_fp32, spec.seed) == (flag, 3)
+    assert (spec.lm_head_fp32, spec.seed, spec.body) == (flag, 3, "bfloat16")
 
 
 def test_trainer_reaches_the_rollout_service_it_waits_for():
@@ -203,6 +277,7 @@ def test_trainer_reaches_the_rollout_service_it_waits_for():
     args = objs[-1]["spec"]["trainer"]["args"]
     assert f"engines.rollout.endpoint=http://{j.name}-rollout.ml.svc:30000" in args
     assert objs[2]["metadata"]["name"] == f"{j.name}-rollout"
+    assert f"engines.rollout.replica_dns={j.name}-pods.ml.svc:30000" in args
     assert "engines.rollout.endpoint" not in str(render_stage(settings(), j)[-1])
 
 
@@ -258,3 +333,4 @@ def test_launch_names_are_dns_labels_and_distinct():
     assert len(names) == 50
     for name in names:
         assert len(f"{name}-rollout") <= 63 and name[0].isalnum() and name[-1].isalnum()
+        assert len(f"{name}-pods") <= 63

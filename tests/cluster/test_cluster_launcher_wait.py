@@ -38,9 +38,9 @@ def test_rollout_servers_become_ready_before_the_job_starts():
     api = FakeApi({"Deployment": [[{"status": {}}, READY]],
                    "TrainJob": [[lambda: order.append(list(api.deleted)), COMPLETE]]})
     launch_stage(api, SETTINGS, JOB, ROLLOUT, clock=FakeClock())
-    assert api.created == ["ConfigMap", "Deployment", "Service", "TrainJob"]
+    assert api.created == ["ConfigMap", "Deployment", "Service", "Service", "TrainJob"]
     assert order == [[]]  # the servers were still up while the job ran
-    assert api.deleted == ["TrainJob", "Service", "Deployment", "ConfigMap"]
+    assert api.deleted == ["TrainJob", "Service", "Service", "Deployment", "ConfigMap"]
 
 
 def test_failure_surfaces_the_reason_and_the_failed_pod_logs_first():
@@ -73,7 +73,7 @@ def test_servers_that_never_get_ready_time_out_before_any_job():
     with pytest.raises(StageTimeout, match="Deployment ml/r-stage1-0a1b2c3d-rollout"):
         launch_stage(api, SETTINGS, JOB, ROLLOUT, clock=FakeClock())
     assert "TrainJob" not in api.created
-    assert api.deleted == ["Service", "Deployment", "ConfigMap"]
+    assert api.deleted == ["Service", "Service", "Deployment", "ConfigMap"]
 
 
 def test_ctrl_c_while_waiting_deletes_everything_and_propagates():
@@ -83,7 +83,7 @@ def test_ctrl_c_while_waiting_deletes_everything_and_propagates():
     api = FakeApi({"Deployment": [[READY]], "TrainJob": [[RUNNING, interrupt]]})
     with pytest.raises(KeyboardInterrupt):
         launch_stage(api, SETTINGS, JOB, ROLLOUT, clock=FakeClock())
-    assert api.deleted == ["TrainJob", "Service", "Deployment", "ConfigMap"]
+    assert api.deleted == ["TrainJob", "Service", "Service", "Deployment", "ConfigMap"]
 
 
 def test_sigterm_while_waiting_deletes_everything():
