@@ -269,17 +269,26 @@ class DistributedReplicaSet(ReplicaSet):
         self.tp_size, self.backend, self.group_name = tp_size, backend, group_name
         self.master_address, self.master_port, self.sync_timeout_s = master_address, master_port, sync_timeout_s
         self.group: WeightGroup | None = None
+        self.broken: str | None = None  # why the group cannot be used any more
 
     def update_weights(self, state_dict: dict[str, torch.Tensor], weight_version: str) -> None:
         """Send ``state_dict`` (the checkpoint's tensor names) to every replica; later samples carry the version."""
         if not state_dict:
             raise RingzeroError("update_weights: no tensors to send")
+        if self.broken is not None:
+            raise RingzeroError(f"weight group {self.group_name!r} is unusable after a failed push ({self.broken}); "
+                                "the servers must be restarted")
         group = self.group or self._open_group()
         names = list(state_dict)
         tensors = [self._on_device(state_dict[n]) for n in names]
         body = distributed_update_body(names, [str(t.dtype).removeprefix("torch.") for t in tensors],
                                        [list(t.shape) for t in tensors], self.group_name, weight_version)
-        self._push(weight_version, lambda: self._send(group, body, tensors), session=True, fan_out=False)
+        try:
+            self._push(weight_version, lambda: self._send(group, body, tensors), session=True, fan_out=False)
+        except Exception as exc:
+            # A broadcast may still be in flight on some ranks: the group's next collective would not line up.
+            self.broken = str(exc)[:300]
+            raise
 
     def _send(self, group: WeightGroup, body: dict, tensors: list[torch.Tensor]) -> None:
         """Post the update to every replica and broadcast while the posts wait; fail as soon as one refuses."""

@@ -451,6 +451,32 @@ def test_distributed_pushes_reach_every_replica_through_the_weight_group():
             p.close()
 
 
+class StuckGroup:
+    """A weight group whose broadcasts never complete (the receiving side went away)."""
+
+    class Work:
+        def is_completed(self):
+            return False
+
+    def broadcast(self, tensors):
+        return [self.Work() for _ in tensors]
+
+
+def test_a_replica_refusing_a_distributed_push_fails_it_at_once_and_retires_the_group(fakes):
+    from ringzero.errors import RingzeroError
+    from ringzero.rollout.replicas import DistributedReplicaSet
+
+    good, bad = fakes(1)[0], fakes(1, refuse="/update_weights_from_distributed")[0]
+    client = DistributedReplicaSet([good.url, bad.url], retries=0, backend="gloo", sync_timeout_s=5)
+    client.group = StuckGroup()
+    good.answer = lambda path, body: (200, {"success": True, "message": ""})  # answers without receiving
+    with pytest.raises(RingzeroError, match=rf"{bad.url} refused the weight push 'step-1'.*r1 cannot load that"):
+        client.update_weights({"w": torch.zeros(2)}, "step-1")
+    assert bad.paths()[-1] == "/continue_generation" and good.paths()[-1] == "/continue_generation"
+    with pytest.raises(RingzeroError, match="unusable after a failed push"):
+        client.update_weights({"w": torch.zeros(2)}, "step-2")
+
+
 def test_distributed_bodies_name_the_group_and_each_replicas_ranks():
     from ringzero.rollout.http_client import init_group_body
     from ringzero.rollout.weight_group import rank_offsets
