@@ -47,7 +47,7 @@ class RLSession:
 
 def rollout_client(cfg, model, tokenizer, runtime: Runtime | None = None):
     """The stage's rollout engine, spread over the job's ranks (each samples its share of requests)."""
-    runtime = runtime or single(model.embed.weight.device)
+    runtime = runtime or single(next(model.parameters()).device)
     return build_rollout_client(cfg, model, tokenizer, runtime, deterministic=cfg.precision.deterministic,
                                 max_batch=ROLLOUT_MAX_BATCH, seed=cfg.run.seed)
 
