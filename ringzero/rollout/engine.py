@@ -11,7 +11,15 @@ How a ``generate`` call runs:
    rows that finish (stop id, stop string, length cap) are dropped from the cache at once, so they
    stop costing compute;
 4. each completion carries its token ids, the log-prob of each token (``log_softmax(logits / T)`` before
-   top-k/top-p, SGLang's convention) and a finish reason.
+   top-k/top-p, SGLang's convention) and a finish reason; and when its request asks
+   (``GenerateRequest.logprobs``), the top-k alternatives of each step and the prompt's log-probs
+   (see ``ringzero.rollout.logprob_extras``).
+
+A request with ``max_new_tokens == 0`` is not decoded at all: it finishes ``length`` with no output, and
+serves to score its prompt. ``ignore_eos`` drops EOS and ``stop_token_ids`` from a row's stop ids (stop
+strings still apply), as SGLang does. ``generate(..., abort=...)`` polls which requests the caller has
+aborted, before each group's prefill and once per decoding step; their rows stop at once and finish
+``abort`` with the tokens sampled so far (none when the group had not been prefilled yet).
 
 The engine owns a copy of the weights cast to *its* precision policy, whatever the caller's model runs
 under: the rollout side of the train/rollout gap. Under ``deterministic=True`` the reported log-probs
@@ -26,14 +34,15 @@ check (which rows sampled a stop id, plus the tokens of rows with stop strings);
 back once per group. A CUDA generator draws other streams than a CPU one seeded alike, so a seeded
 request gives the same tokens on every run and in every batch on one device type, not across types.
 
-A sequence's total length (prompt + output) is capped at the model's ``max_seq_len``; a prompt that
-leaves no room is refused.
+A sequence's total length (prompt + output) is capped at the model's ``max_position_embeddings``; a prompt
+that leaves no room is refused (one that is only scored may fill the context).
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -41,15 +50,38 @@ from ringzero.errors import RingzeroError
 from ringzero.model.cache import left_padded
 from ringzero.model.config import PrecisionPolicy
 from ringzero.model.hybrid import HybridLM
+from ringzero.rollout.logprob_extras import TopK, TopKTrack, prompt_logprobs, top_pairs
 from ringzero.rollout.rows import DecodingRows, Finished, RowSpec
-from ringzero.rollout.sampling import sample_next, sample_seed
-from ringzero.rollout.scoring import score_sequences
-from ringzero.rollout.stopping import StopStrings
+from ringzero.rollout.sampling import sample_next, sample_next_with_top, sample_seed
+from ringzero.rollout.scoring import score_tokens
+from ringzero.rollout.stopping import LENGTH, StopStrings
 from ringzero.rollout.types import Completion, GenerateRequest
 from ringzero.rollout.weights import copy_under_policy, load_weights_
 from ringzero.tokenizer.base import Tokenizer
 
 DEFAULT_MAX_BATCH = 64
+ABORT = "abort"
+ABORTED_BEFORE_PREFILL = "Abort before prefill"  # SGLang's message for a request aborted while queued
+ABORTED = "Aborted"
+
+AbortCheck = Callable[[], Collection[int]]
+"""Returns the indices of the requests aborted so far; polled per decoding step, so it must be cheap.
+The engine re-reads its answer only when a different object comes back."""
+
+_NONE_ABORTED: frozenset[int] = frozenset()
+
+
+def _never() -> frozenset[int]:
+    return _NONE_ABORTED
+
+
+@dataclass
+class _Done:
+    """A row's outcome plus what ``Finished`` does not carry: its top-k alternatives and abort message."""
+
+    result: Finished
+    top: list[TopK] | None = None
+    abort_message: str | None = None
 
 
 class EmbeddedEngine:
@@ -77,6 +109,7 @@ class EmbeddedEngine:
         self.prefill_chunk = prefill_chunk
         self.weight_version = str(weight_version)
         self.s3 = s3
+        self.seed = seed
         self._seeds = random.Random(seed)
 
     # -- RolloutClient ----------------------------------------------------------------------------
@@ -84,22 +117,41 @@ class EmbeddedEngine:
     def health(self) -> bool:
         return True
 
-    def generate(self, requests: Sequence[GenerateRequest]) -> list[list[Completion]]:
-        """``n`` completions per request, in request order."""
+    def generate(self, requests: Sequence[GenerateRequest], *, abort: AbortCheck | None = None,
+                 ) -> list[list[Completion]]:
+        """``n`` completions per request, in request order (``abort``: see the module docstring)."""
         rows = self._rows(requests)
-        finished: list[Finished] = []
+        top_ks = [requests[r.request].logprobs.top_k for r in rows]
+        done: list[_Done | None] = [None] * len(rows)
+        decoded = []
+        for j, row in enumerate(rows):
+            if row.max_new == 0:  # prefill-only: the prompt is scored below, nothing is decoded
+                done[j] = _Done(Finished([], [], LENGTH, None))
+            else:
+                decoded.append(j)
         with torch.inference_mode():
-            for start in range(0, len(rows), self.max_batch):
-                finished += self._run_group(rows[start:start + self.max_batch])
+            for start in range(0, len(decoded), self.max_batch):
+                group = decoded[start:start + self.max_batch]
+                results = self._run_group([rows[j] for j in group], [top_ks[j] for j in group], abort or _never)
+                for j, d in zip(group, results, strict=True):
+                    done[j] = d
             if self.deterministic:
-                self._rescore(rows, finished)
+                self._rescore(rows, done, top_ks)
+            queued = {r.request for r, d in zip(rows, done, strict=True) if d.abort_message == ABORTED_BEFORE_PREFILL}
+            wanted = [i for i, req in enumerate(requests) if req.logprobs.prompt_from is not None and i not in queued]
+            pad = self.tokenizer.pad_id if self.tokenizer is not None else 0
+            prompts = prompt_logprobs(self.model, requests, wanted, deterministic=self.deterministic, pad_id=pad)
         out: list[list[Completion]] = [[] for _ in requests]
-        for row, done in zip(rows, finished, strict=True):
+        for row, d in zip(rows, done, strict=True):
             meta = {"rid": row.rid} if row.rid is not None else {}
+            if d.abort_message is not None:
+                meta["message"] = d.abort_message
+            f, scored = d.result, prompts.get(row.request)
             out[row.request].append(Completion(
-                prompt_ids=list(row.prompt), output_ids=done.output_ids, output_logprobs=done.logprobs,
-                finish_reason=done.reason, matched_stop=done.matched, weight_version=self.weight_version,
-                meta=meta,
+                prompt_ids=list(row.prompt), output_ids=f.output_ids, output_logprobs=f.logprobs,
+                finish_reason=f.reason, matched_stop=f.matched, weight_version=self.weight_version, meta=meta,
+                output_top_logprobs=d.top if requests[row.request].logprobs.top_k else None,
+                prompt_logprobs=scored.values if scored else None, prompt_top_logprobs=scored.top if scored else None,
             ))
         return out
 
@@ -128,24 +180,36 @@ class EmbeddedEngine:
             prompt, p = self._checked_prompt(i, req), req.params
             StopStrings(p.stop, self.tokenizer)  # refuse bad stop strings before any work
             base = p.seed if p.seed is not None else self._seeds.getrandbits(62)
-            room = self.model.cfg.max_seq_len - len(prompt)
-            stop_ids = tuple(sorted(set(p.stop_token_ids) | eos))
+            room = self.model.cfg.max_position_embeddings - len(prompt)
+            stop_ids = () if p.ignore_eos else tuple(sorted(set(p.stop_token_ids) | eos))
             rows += [RowSpec(i, prompt, p, sample_seed(base, k), min(p.max_new_tokens, room), stop_ids, req.rid)
                      for k in range(p.n)]
         return rows
 
     def _checked_prompt(self, i: int, req: GenerateRequest) -> list[int]:
-        vocab, limit = self.model.cfg.vocab_size, self.model.cfg.max_seq_len
+        vocab, limit = self.model.cfg.vocab_size, self.model.cfg.max_position_embeddings
         prompt = [int(t) for t in req.input_ids]
         if not prompt:
             raise RingzeroError(f"request {i}: input_ids is empty; a prompt needs at least one token")
         bad = [t for t in prompt if not 0 <= t < vocab]
         if bad:
             raise RingzeroError(f"request {i}: token ids {bad[:5]} outside the vocabulary of {vocab}")
-        if len(prompt) >= limit:
+        # A prompt that is only scored (max_new_tokens 0) may fill the context; one to continue must leave room.
+        if len(prompt) + (req.params.max_new_tokens > 0) > limit:
             raise RingzeroError(f"request {i}: a prompt of {len(prompt)} tokens leaves no room under "
-                                f"max_seq_len {limit}")
+                                f"max_position_embeddings {limit}")
+        lp, room = req.logprobs, len(prompt) - (req.params.max_new_tokens > 0)
+        if lp.prompt_from is not None and not 0 <= lp.prompt_from <= room:
+            raise RingzeroError(f"request {i}: prompt log-probs from position {lp.prompt_from}, outside "
+                                f"0..{room} for a prompt of {len(prompt)} tokens")
+        if not 0 <= lp.top_k <= vocab:
+            raise RingzeroError(f"request {i}: top-k log-probs of {lp.top_k} tokens, outside 0..{vocab}")
         return prompt
+
+    @property
+    def context_length(self) -> int:
+        """Tokens a sequence (prompt + output) may hold."""
+        return self.model.cfg.max_position_embeddings
 
     @property
     def device(self) -> torch.device:
@@ -163,38 +227,78 @@ class EmbeddedEngine:
         # Only the last column's logits are needed: skip the LM head on the rest of the prompt.
         return self.model.logits(hidden_PSD[:, -1:])[:, 0], cache
 
-    def _run_group(self, rows: list[RowSpec]) -> list[Finished]:
+    def _run_group(self, rows: list[RowSpec], top_ks: list[int], aborted: AbortCheck) -> list[_Done]:
+        """Decode a group; rows whose request is aborted already finish without a prefill."""
+        seen = aborted()
+        live = [b for b, r in enumerate(rows) if r.request not in seen]
+        done = {b: _Done(Finished([], [], ABORT, None), abort_message=ABORTED_BEFORE_PREFILL)
+                for b, r in enumerate(rows) if r.request in seen}
+        if live:
+            for b, d in zip(live, self._decode([rows[b] for b in live], [top_ks[b] for b in live], aborted, seen),
+                            strict=True):
+                done[b] = d
+        return [done[b] for b in range(len(rows))]
+
+    def _decode(self, rows: list[RowSpec], top_ks: list[int], aborted: AbortCheck, seen) -> list[_Done]:
         """Prefill each distinct prompt once, fan out to the rows, decode until every row finished.
 
         Everything stays on the engine's device; per step at most one small read comes back to the
-        host, the stop check of ``DecodingRows.advance``; the outputs come back once, at the end.
+        host, the stop check of ``DecodingRows.advance``; the outputs (and top-k alternatives) come
+        back once, at the end. ``seen`` is the abort check's last answer.
         """
         first_row_of: dict[int, int] = {}
         for r in rows:
             first_row_of.setdefault(r.request, len(first_row_of))
         prompts = list({r.request: r.prompt for r in rows}.values())
         state = DecodingRows(rows, self.tokenizer, self.device)
+        track = TopKTrack(len(rows), state.steps, max(top_ks), self.device) if any(top_ks) else None
         logits_BV, cache = self._prefill(prompts, max(len(p) for p in prompts) + state.steps)
         fan_out_B = torch.tensor([first_row_of[r.request] for r in rows], dtype=torch.long, device=self.device)
         cache.select(fan_out_B, check=False)  # built from the prompts just prefilled: in range
         logits_BV = logits_BV[fan_out_B]
+        capped: set[int] = set()
         for t in range(state.steps):
-            tokens_B, logp_B = sample_next(logits_BV, state.settings, state.uniforms.next())
+            if track is None:
+                tokens_B, logp_B = sample_next(logits_BV, state.settings, state.uniforms.next())
+            else:
+                tokens_B, logp_B, top = sample_next_with_top(logits_BV, state.settings, state.uniforms.next(), track.k)
+                track.record(t, *top)
+            now = aborted()
+            if now is not seen:  # the caller aborted requests: their rows end with this step's token
+                seen = now
+                for b, r in enumerate(rows):
+                    if r.request in now and b not in capped:
+                        capped.add(b)
+                        # DecodingRows has no public way to end a row early; its length cap is the one.
+                        state._max_new[b] = min(state._max_new[b], t + 1)
             keep_B = state.advance(t, tokens_B, logp_B)
             if keep_B is not None:  # some rows finished: stop paying for them
                 if keep_B.numel() == 0:
                     break
                 cache.select(keep_B, check=False)  # live rows of this cache, by construction
                 tokens_B = tokens_B[keep_B]
+                if track is not None:
+                    track.select(keep_B)
             logits_BV = self.model(tokens_B[:, None], cache=cache)[:, -1]
-        return state.results()
+        out = []
+        for b, f in enumerate(state.results()):
+            d = _Done(f, track.pairs(b, len(f.output_ids), top_ks[b]) if track is not None and top_ks[b] else None)
+            if b in capped and f.reason == LENGTH and len(f.output_ids) < rows[b].max_new:
+                f.reason, d.abort_message = ABORT, ABORTED
+            out.append(d)
+        return out
 
-    def _rescore(self, rows: list[RowSpec], finished: list[Finished]) -> None:
+    def _rescore(self, rows: list[RowSpec], done: list[_Done], top_ks: list[int]) -> None:
         """Deterministic mode: replace decoding log-probs with the trainer's batch-invariant scoring."""
-        for row, done in zip(rows, finished, strict=True):
-            (logp,) = score_sequences(self.model, [row.prompt + done.output_ids], [len(row.prompt)],
-                                      row.params.temperature, batch_invariant=True)
-            done.logprobs = logp.double().tolist()
+        for row, d, k in zip(rows, done, top_ks, strict=True):
+            output = d.result.output_ids
+            if not output:
+                continue
+            (scored,) = score_tokens(self.model, [row.prompt + output], [len(row.prompt)], row.params.temperature,
+                                     batch_invariant=True, top_k=k)
+            d.result.logprobs = scored.logprobs.double().tolist()
+            if k:
+                d.top = top_pairs(scored.top_values, scored.top_ids, k)
 
 
 InProcessClient = EmbeddedEngine

@@ -146,21 +146,37 @@ def inverse_cdf(probs_BV: torch.Tensor, u_B: torch.Tensor) -> torch.Tensor:
     return torch.minimum(idx_B, last_kept_B)
 
 
+def _sample(logp_BV: torch.Tensor, rows: RowSettings, u_B: torch.Tensor) -> torch.Tensor:
+    # Branches follow the host flags: reading ``greedy_B`` back would cost a device sync per step.
+    if all(rows.greedy):
+        return logp_BV.argmax(dim=-1)
+    probs_BV = logp_BV.exp()
+    tokens_B = inverse_cdf(probs_BV, u_B)
+    if rows.any_filter:
+        # Chosen per row, never per batch: a row's tokens must not depend on its batch neighbours'
+        # settings (the sorted and the vocab-order inverse CDF map one uniform to different tokens).
+        kept_BV, order_BV = filter_mask(probs_BV, rows.top_k_B, rows.top_p_B)
+        filtered_B = order_BV.gather(-1, inverse_cdf(kept_BV, u_B)[:, None])[:, 0]
+        tokens_B = torch.where(rows.filters_B, filtered_B, tokens_B)
+    if any(rows.greedy):
+        tokens_B = torch.where(rows.temperature_B == 0, logp_BV.argmax(dim=-1), tokens_B)
+    return tokens_B
+
+
 def sample_next(logits_BV: torch.Tensor, rows: RowSettings, u_B: torch.Tensor):
     """``(token_ids [B], logprobs [B])``: sampled (or greedy) tokens and their pre-filter log-probs."""
     logp_BV = scaled_logprobs(logits_BV, rows.temperature_B)
-    # Branches follow the host flags: reading ``greedy_B`` back would cost a device sync per step.
-    if all(rows.greedy):
-        tokens_B = logp_BV.argmax(dim=-1)
-    else:
-        probs_BV = logp_BV.exp()
-        tokens_B = inverse_cdf(probs_BV, u_B)
-        if rows.any_filter:
-            # Chosen per row, never per batch: a row's tokens must not depend on its batch neighbours'
-            # settings (the sorted and the vocab-order inverse CDF map one uniform to different tokens).
-            kept_BV, order_BV = filter_mask(probs_BV, rows.top_k_B, rows.top_p_B)
-            filtered_B = order_BV.gather(-1, inverse_cdf(kept_BV, u_B)[:, None])[:, 0]
-            tokens_B = torch.where(rows.filters_B, filtered_B, tokens_B)
-        if any(rows.greedy):
-            tokens_B = torch.where(rows.temperature_B == 0, logp_BV.argmax(dim=-1), tokens_B)
+    tokens_B = _sample(logp_BV, rows, u_B)
     return tokens_B, logp_BV.gather(-1, tokens_B[:, None])[:, 0]
+
+
+def sample_next_with_top(logits_BV: torch.Tensor, rows: RowSettings, u_B: torch.Tensor, k: int):
+    """``sample_next`` plus ``(values [B, k], ids [B, k])``: the k most likely tokens of the same distribution.
+
+    Top-k alternatives are taken from the reported distribution (``log_softmax(logits / T)`` before
+    top-k/top-p), as SGLang reports ``output_top_logprobs``; the draws are those of ``sample_next``.
+    """
+    logp_BV = scaled_logprobs(logits_BV, rows.temperature_B)
+    tokens_B = _sample(logp_BV, rows, u_B)
+    values_Bk, ids_Bk = logp_BV.topk(min(k, logp_BV.shape[-1]), dim=-1)
+    return tokens_B, logp_BV.gather(-1, tokens_B[:, None])[:, 0], (values_Bk, ids_Bk)

@@ -12,7 +12,7 @@ from ringzero.errors import RingzeroError
 class SamplingParams:
     """Per-request sampling settings, named as SGLang's ``sampling_params``."""
 
-    max_new_tokens: int = 128
+    max_new_tokens: int = 128  # 0 = score the prompt only (prefill, no decoding)
     temperature: float = 1.0  # 0 = greedy
     top_p: float = 1.0
     top_k: int = 0  # 0 or -1 = off (SGLang uses -1)
@@ -20,11 +20,12 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     n: int = 1
     seed: int | None = None  # SGLang: sampling_seed
+    ignore_eos: bool = False  # SGLang: EOS and stop_token_ids do not end a row; stop strings still do
 
     def __post_init__(self) -> None:
         problems = []
-        if self.max_new_tokens < 1:
-            problems.append(f"max_new_tokens must be >= 1 (got {self.max_new_tokens})")
+        if self.max_new_tokens < 0:
+            problems.append(f"max_new_tokens must be >= 0 (got {self.max_new_tokens})")
         if self.temperature < 0:
             problems.append(f"temperature must be >= 0 (got {self.temperature})")
         if not 0 < self.top_p <= 1:
@@ -38,10 +39,26 @@ class SamplingParams:
 
 
 @dataclass(frozen=True)
+class LogprobRequest:
+    """Log-probs a request asks for beyond those of its sampled tokens (SGLang's names in comments).
+
+    ``prompt_from`` (``logprob_start_len``): report prompt positions ``prompt_from..len(prompt)-1``;
+    None = none. ``top_k`` (``top_logprobs_num``): the ``top_k`` most likely tokens at each reported
+    position. ``prompt_temperature_scaled`` (``temp_scaled_logprobs``): prompt log-probs under the
+    request's temperature; by default they are the plain ``log_softmax(logits)``, as SGLang reports them.
+    """
+
+    prompt_from: int | None = None
+    top_k: int = 0
+    prompt_temperature_scaled: bool = False
+
+
+@dataclass(frozen=True)
 class GenerateRequest:
     input_ids: list[int]
     params: SamplingParams = SamplingParams()
     rid: str | None = None
+    logprobs: LogprobRequest = LogprobRequest()
 
 
 @dataclass
@@ -53,10 +70,16 @@ class Completion:
     prompt_ids: list[int]
     output_ids: list[int]
     output_logprobs: list[float]
-    finish_reason: Literal["stop", "length", "abort"]
+    finish_reason: Literal["stop", "length", "abort"]  # abort: cut short by the client; outputs so far
     matched_stop: int | str | None = None
     weight_version: str = "0"
     meta: dict = field(default_factory=dict)
+    # Only when the request asked (``GenerateRequest.logprobs``); top-k entries are (logprob, token_id)
+    # pairs, most likely first. ``prompt_logprobs[j]`` is prompt position ``prompt_from + j``; its first
+    # entry is None (SGLang reports none for the first position of the range).
+    output_top_logprobs: list[list[tuple[float, int]]] | None = None
+    prompt_logprobs: list[float | None] | None = None
+    prompt_top_logprobs: list[list[tuple[float, int]] | None] | None = None
 
 
 class RolloutClient(Protocol):
