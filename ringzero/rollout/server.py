@@ -3,14 +3,17 @@
 Native endpoints (SGLang's names and shapes, so a real SGLang server is a drop-in for the client):
 
 * ``POST /generate`` - ``text`` or ``input_ids`` (one prompt or a list), ``sampling_params`` (one
-  object or one per prompt), ``return_logprob``, ``return_text_in_logprobs``, ``rid``. Answers
-  ``{"text", "output_ids", "meta_info"}`` for one prompt with ``n == 1``, else a list of those,
+  object or one per prompt; ``max_new_tokens: 0`` scores the prompt only, ``ignore_eos``),
+  ``return_logprob``, ``logprob_start_len``, ``top_logprobs_num``, ``return_text_in_logprobs``, ``rid``.
+  Answers ``{"text", "output_ids", "meta_info"}`` for one prompt with ``n == 1``, else a list of those,
   prompt-major (prompt ``i``'s ``n`` samples at ``i * n + j``), as SGLang expands ``n``.
-* ``POST /update_weights_from_disk`` - ``{model_path, load_format?, weight_version?, flush_cache?}``
-  -> ``{success, message, num_paused_requests}``, 400 when the load fails.
+* ``POST /update_weights_from_disk`` - ``{model_path, load_format?, weight_version?, flush_cache?,
+  abort_all_requests?}`` -> ``{success, message, num_paused_requests}``, 400 when the load fails.
+* ``POST /pause_generation``, ``/continue_generation``, ``/abort_request``, ``GET /get_server_info``
+  (and ``/server_info``): see ``server_control.py``.
 * ``GET /health`` (and ``/health_generate``), ``GET /get_model_info``, ``GET /get_weight_version``,
   ``GET|POST /flush_cache``.
-* ``POST /v1/completions`` - OpenAI legacy completions with ``logprobs``.
+* ``POST /v1/completions`` - OpenAI legacy completions with ``logprobs`` (top-k dicts) and ``echo``.
 
 Bad bodies get HTTP 400 ``{"object": "error", "message", "type", "param", "code"}`` (SGLang's
 ``ErrorResponse``) whose message and ``param`` name the field. Concurrent requests are batched by
@@ -20,6 +23,7 @@ Bad bodies get HTTP 400 ``{"object": "error", "message", "type", "param", "code"
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 import threading
 import time
@@ -30,14 +34,18 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from ringzero.errors import RingzeroError
-from ringzero.rollout.server_format import EngineCrash, generate_item, openai_completion, sample_ids
-from ringzero.rollout.server_scheduler import EngineScheduler
-from ringzero.rollout.server_schema import (
-    BadRequest,
-    parse_completion,
-    parse_generate,
+from ringzero.rollout.server_control import (
+    GenerationGate,
+    parse_abort,
+    parse_continue,
+    parse_pause,
     parse_weight_update,
+    server_info,
 )
+from ringzero.rollout.server_format import EngineCrash, generate_item, sample_ids
+from ringzero.rollout.server_openai import openai_completion, parse_completion
+from ringzero.rollout.server_scheduler import EngineScheduler
+from ringzero.rollout.server_schema import BadRequest, parse_generate
 
 log = structlog.get_logger(__name__)
 
@@ -50,9 +58,13 @@ def _error(status: int, message: str, param: str | None = None) -> JSONResponse:
                         status_code=status)
 
 
-async def _body(request: Request):
+async def _body(request: Request, *, optional: bool = False):
+    """The JSON body; with ``optional`` an empty body is None (clients post control calls without one)."""
+    raw = await request.body()
+    if optional and not raw.strip():
+        return None
     try:
-        return await request.json()
+        return json.loads(raw)
     except ValueError:
         raise BadRequest("body", "is not valid JSON") from None
 
@@ -69,6 +81,7 @@ class RolloutServer:
         self.tokenizer_path = tokenizer_path
         self.weight_version = str(weight_version or getattr(engine, "weight_version", None) or "0")
         self.scheduler = EngineScheduler(engine, window_s=window_s, max_batch_requests=max_batch_requests)
+        self.gate = GenerationGate(self.scheduler)
         self.app = self._build_app()
 
     async def _engine(self, future):
@@ -113,12 +126,22 @@ class RolloutServer:
         app.add_api_route("/get_model_info", self.model_info, methods=["GET"])
         app.add_api_route("/get_weight_version", self.get_weight_version, methods=["GET"])
         app.add_api_route("/flush_cache", self.flush_cache, methods=["GET", "POST"])
+        app.add_api_route("/pause_generation", self.pause_generation, methods=["POST"])
+        app.add_api_route("/continue_generation", self.continue_generation, methods=["POST"])
+        app.add_api_route("/abort_request", self.abort_request, methods=["POST"])
+        app.add_api_route("/get_server_info", self.server_info, methods=["GET"])
+        app.add_api_route("/server_info", self.server_info, methods=["GET"])
         return app
+
+    async def _run(self, requests):
+        """Submit once admitted (a pause holds new work back) and wait for the engine's groups."""
+        await self.gate.admitted()
+        return await self._engine(self.scheduler.generate(requests))
 
     async def generate(self, request: Request) -> JSONResponse:
         plan = parse_generate(await _body(request), self.tokenizer, self.vocab_size)
         start = time.perf_counter()
-        groups = await self._engine(self.scheduler.generate(plan.requests))
+        groups = await self._run(plan.requests)
         latency = time.perf_counter() - start
         items = []
         for i, (req, group) in enumerate(zip(plan.requests, groups, strict=True)):
@@ -126,18 +149,15 @@ class RolloutServer:
                 raise EngineCrash(f"engine returned {len(group)} completions for n={req.params.n}")
             for c, rid in zip(group, sample_ids(req.rid, req.params.n), strict=True):
                 items.append(generate_item(
-                    c, rid, self.tokenizer, plan.text_options[i], return_logprob=plan.return_logprob[i],
+                    c, rid, self.tokenizer, plan.text_options[i], req.logprobs, return_logprob=plan.return_logprob[i],
                     text_in_logprobs=plan.text_in_logprobs, e2e_latency=latency,
                 ))
         return JSONResponse(items[0] if plan.single else items)
 
     async def completions(self, request: Request) -> JSONResponse:
         plan = parse_completion(await _body(request), self.tokenizer, self.vocab_size)
-        groups = await self._engine(self.scheduler.generate(plan.requests))
-        return JSONResponse(openai_completion(
-            groups, self.tokenizer, plan.text_options, model=plan.model, logprobs=plan.logprobs,
-            return_token_ids=plan.return_token_ids,
-        ))
+        groups = await self._run(plan.requests)
+        return JSONResponse(openai_completion(groups, self.tokenizer, plan))
 
     async def update_weights_from_disk(self, request: Request) -> JSONResponse:
         update = parse_weight_update(await _body(request))
@@ -149,6 +169,9 @@ class RolloutServer:
             if update.flush_cache and hasattr(engine, "flush_cache"):
                 engine.flush_cache()
 
+        if update.abort_all_requests:
+            # SGLang aborts the running requests before loading; here they would otherwise finish first.
+            self.scheduler.abort(abort_all=True)
         try:
             await self._engine(self.scheduler.call(load))
         except Exception as exc:  # noqa: BLE001 - any failed load is the client's 400, as in SGLang
@@ -190,6 +213,27 @@ class RolloutServer:
     async def flush_cache(self) -> PlainTextResponse:
         await self._engine(self.scheduler.call(lambda e: e.flush_cache() if hasattr(e, "flush_cache") else None))
         return PlainTextResponse("Cache flushed.\n")
+
+    async def pause_generation(self, request: Request) -> JSONResponse:
+        mode = parse_pause(await _body(request, optional=True))
+        await self.gate.pause(mode)
+        log.info("rollout.generation_paused", mode=mode)
+        return JSONResponse({"message": "Generation paused successfully.", "status": "ok"})
+
+    async def continue_generation(self, request: Request) -> JSONResponse:
+        parse_continue(await _body(request, optional=True))
+        self.gate.resume()
+        log.info("rollout.generation_continued")
+        return JSONResponse({"message": "Generation continued successfully.", "status": "ok"})
+
+    async def abort_request(self, request: Request) -> Response:
+        req = parse_abort(await _body(request, optional=True))
+        hits = self.scheduler.abort(req.rid, abort_all=req.abort_all, message=req.message)
+        log.info("rollout.requests_aborted", rid=req.rid, abort_all=req.abort_all, requests=hits)
+        return Response(status_code=200)
+
+    async def server_info(self) -> dict:
+        return server_info(self)
 
 
 class ServerThread:

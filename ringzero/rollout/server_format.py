@@ -1,19 +1,23 @@
-"""Completion records -> SGLang's ``/generate`` items and OpenAI legacy completion responses.
+"""Completion records -> SGLang's ``/generate`` items.
 
 SGLang keeps the stop token or stop string in ``output_ids`` and trims it from ``text`` (unless
-``no_stop_trim``); ``meta_info.finish_reason`` is ``{"type": "stop", "matched": id_or_str}`` or
-``{"type": "length", "length": n}``. Log-probs are ``[logprob, token_id, text_or_null]`` per output
-token. JSON has no infinity: a log-prob of -inf is sent as null, as SGLang's orjson does.
+``no_stop_trim``); ``meta_info.finish_reason`` is ``{"type": "stop", "matched": id_or_str}``,
+``{"type": "length", "length": n}`` or ``{"type": "abort", "message", "status_code", "err_type"}``.
+Log-probs are ``[logprob, token_id, text_or_null]`` per token (text with ``return_text_in_logprobs``):
+``output_token_logprobs`` per output token, ``input_token_logprobs`` per prompt position from
+``logprob_start_len`` (the first null); with ``top_logprobs_num`` k, ``output_top_logprobs`` and
+``input_top_logprobs`` hold k such triples per position (null at the prompt range's first position).
+JSON has no infinity: a log-prob of -inf is sent as null, as SGLang's orjson does.
 """
 
 from __future__ import annotations
 
 import math
-import time
 import uuid
+from dataclasses import replace
 
 from ringzero.rollout.server_schema import TextOptions
-from ringzero.rollout.types import Completion
+from ringzero.rollout.types import Completion, LogprobRequest
 
 
 class EngineCrash(Exception):
@@ -25,7 +29,8 @@ def finish_reason(c: Completion) -> dict:
         return {"type": "length", "length": len(c.output_ids)}
     if c.finish_reason == "stop":
         return {"type": "stop", "matched": c.matched_stop}
-    return {"type": "abort", "message": str(c.meta.get("message", "aborted by the engine"))}
+    return {"type": "abort", "message": str(c.meta.get("message", "aborted by the engine")),
+            "status_code": None, "err_type": None}
 
 
 def completion_text(c: Completion, tokenizer, opts: TextOptions) -> str:
@@ -41,23 +46,83 @@ def completion_text(c: Completion, tokenizer, opts: TextOptions) -> str:
     return text
 
 
-def _json_float(x: float) -> float | None:
-    return float(x) if math.isfinite(x) else None
+def json_float(x: float | None) -> float | None:
+    return float(x) if x is not None and math.isfinite(x) else None
 
 
-def token_logprobs(c: Completion, tokenizer, with_text: bool) -> list[list]:
-    if len(c.output_logprobs) != len(c.output_ids):
-        raise EngineCrash(
-            f"engine returned {len(c.output_logprobs)} log-probs for {len(c.output_ids)} output tokens"
-        )
-    return [
-        [_json_float(lp), int(tid), tokenizer.decode([tid], skip_special=False) if with_text else None]
-        for lp, tid in zip(c.output_logprobs, c.output_ids, strict=True)
-    ]
+class TokenText:
+    """Each token's own text (specials included), decoded once per answer."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer, self._cache = tokenizer, {}
+
+    def __call__(self, token_id: int) -> str:
+        if token_id not in self._cache:
+            self._cache[token_id] = self.tokenizer.decode([token_id], skip_special=False)
+        return self._cache[token_id]
 
 
-def generate_item(c: Completion, rid: str, tokenizer, opts: TextOptions, *, return_logprob: bool,
-                  text_in_logprobs: bool, e2e_latency: float) -> dict:
+def checked_logprobs(c: Completion, wanted: LogprobRequest) -> Completion:
+    """``c`` with the log-probs its request asked for, lined up with the tokens they describe.
+
+    A prompt range holding at most the prompt's last position needs no values (its one entry is None),
+    so it is filled in here for an engine that computes none; anything else asked for and missing is
+    the engine answering out of contract.
+    """
+    n, size = len(c.output_ids), len(c.prompt_ids)
+    if len(c.output_logprobs) != n:
+        raise EngineCrash(f"engine returned {len(c.output_logprobs)} log-probs for {n} output tokens")
+    output_top, prompt, prompt_top = c.output_top_logprobs, c.prompt_logprobs, c.prompt_top_logprobs
+    if wanted.top_k and output_top is None and n:
+        raise EngineCrash("engine returned no top-k log-probs for a request that asked for them")
+    if output_top is not None and len(output_top) != n:
+        raise EngineCrash(f"engine returned {len(output_top)} top-k entries for {n} output tokens")
+    start = wanted.prompt_from
+    if start is not None and prompt is None:
+        if start >= size - 1:
+            prompt = [None] * (size - start)
+        elif not (c.finish_reason == "abort" and not n):  # aborted before its prefill: nothing was scored
+            raise EngineCrash("engine returned no prompt log-probs for a request that asked for them")
+    if prompt is not None:
+        if start is None or len(prompt) != size - start:
+            raise EngineCrash(f"engine returned {len(prompt)} prompt log-probs for positions {start}..{size - 1}")
+        if wanted.top_k and prompt_top is None:
+            if len(prompt) > 1:
+                raise EngineCrash("engine returned no prompt top-k log-probs for a request that asked for them")
+            prompt_top = [None] * len(prompt)
+    return replace(c, output_top_logprobs=output_top or ([] if wanted.top_k else None), prompt_logprobs=prompt,
+                   prompt_top_logprobs=prompt_top if wanted.top_k and prompt is not None else None)
+
+
+def prompt_range(c: Completion) -> list[int]:
+    """The prompt tokens ``prompt_logprobs`` describes: the last ``len(prompt_logprobs)`` of the prompt."""
+    return c.prompt_ids[len(c.prompt_ids) - len(c.prompt_logprobs or []):]
+
+
+def _triples(logprobs, ids, text: TokenText | None) -> list[list]:
+    return [[json_float(lp), int(t), text(int(t)) if text else None] for lp, t in zip(logprobs, ids, strict=True)]
+
+
+def _top_triples(tops, text: TokenText | None) -> list[list[list] | None]:
+    return [None if top is None else _triples([lp for lp, _ in top], [t for _, t in top], text) for top in tops]
+
+
+def logprob_meta(c: Completion, tokenizer, wanted: LogprobRequest, *, with_text: bool) -> dict:
+    """The ``meta_info`` log-prob fields of one completion (``return_logprob``)."""
+    c = checked_logprobs(c, wanted)
+    text = TokenText(tokenizer) if with_text else None
+    meta = {"output_token_logprobs": _triples(c.output_logprobs, c.output_ids, text)}
+    if c.prompt_logprobs is not None:
+        meta["input_token_logprobs"] = _triples(c.prompt_logprobs, prompt_range(c), text)
+    if wanted.top_k > 0:
+        meta["output_top_logprobs"] = _top_triples(c.output_top_logprobs, text)
+        if c.prompt_top_logprobs is not None:
+            meta["input_top_logprobs"] = _top_triples(c.prompt_top_logprobs, text)
+    return meta
+
+
+def generate_item(c: Completion, rid: str, tokenizer, opts: TextOptions, wanted: LogprobRequest, *,
+                  return_logprob: bool, text_in_logprobs: bool, e2e_latency: float) -> dict:
     meta = {
         "id": rid,
         "finish_reason": finish_reason(c),
@@ -68,7 +133,7 @@ def generate_item(c: Completion, rid: str, tokenizer, opts: TextOptions, *, retu
         "e2e_latency": e2e_latency,
     }
     if return_logprob:
-        meta["output_token_logprobs"] = token_logprobs(c, tokenizer, text_in_logprobs)
+        meta.update(logprob_meta(c, tokenizer, wanted, with_text=text_in_logprobs))
     return {"text": completion_text(c, tokenizer, opts), "output_ids": [int(t) for t in c.output_ids],
             "meta_info": meta}
 
@@ -78,55 +143,3 @@ def sample_ids(rid: str | None, n: int) -> list[str]:
     if n == 1:
         return [rid or uuid.uuid4().hex]
     return [uuid.uuid4().hex for _ in range(n)]
-
-
-def _openai_logprobs(c: Completion, tokenizer) -> dict:
-    if len(c.output_logprobs) != len(c.output_ids):
-        raise EngineCrash(
-            f"engine returned {len(c.output_logprobs)} log-probs for {len(c.output_ids)} output tokens"
-        )
-    # text_offset: where each token starts in the choice's text (SGLang sends -1 here).
-    tokens, offsets, at = [], [], 0
-    for tid in c.output_ids:
-        piece = tokenizer.decode([tid], skip_special=False)
-        tokens.append(piece)
-        offsets.append(at)
-        at += len(piece)
-    return {
-        "tokens": tokens,
-        "token_logprobs": [_json_float(lp) for lp in c.output_logprobs],
-        # The engine keeps no top-k alternatives; OpenAI's schema allows null here.
-        "top_logprobs": None,
-        "text_offset": offsets,
-    }
-
-
-def openai_completion(groups: list[list[Completion]], tokenizer, opts: TextOptions, *, model: str,
-                      logprobs: bool, return_token_ids: bool) -> dict:
-    """Choices in prompt-major order (prompt i's samples at ``i * n + j``), as SGLang numbers them."""
-    choices = []
-    flat = [c for group in groups for c in group]
-    for index, c in enumerate(flat):
-        reason = finish_reason(c)
-        choice = {
-            "index": index,
-            "text": completion_text(c, tokenizer, opts),
-            "logprobs": _openai_logprobs(c, tokenizer) if logprobs else None,
-            "finish_reason": reason["type"],
-            "matched_stop": reason.get("matched"),
-        }
-        if return_token_ids:
-            choice["token_ids"] = [int(t) for t in c.output_ids]
-        choices.append(choice)
-    prompt_tokens = sum(len(group[0].prompt_ids) for group in groups if group)
-    completion_tokens = sum(len(c.output_ids) for c in flat)
-    return {
-        "id": f"cmpl-{uuid.uuid4().hex}",
-        "object": "text_completion",
-        "created": int(time.time()),
-        "model": model,
-        "choices": choices,
-        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                  "total_tokens": prompt_tokens + completion_tokens},
-        "metadata": {"weight_version": str(flat[0].weight_version) if flat else None},
-    }

@@ -12,15 +12,24 @@ here, in submission order. Batching policy:
   it was sampled with.
 * A batch that fails is re-run job by job, so one bad request (a prompt longer than the model's
   context, say) fails alone instead of failing the requests it happened to share a batch with.
+
+Aborts (``abort``): a request is aborted by its rid, or all at once, among the jobs submitted and not yet
+answered. A job whose every request is aborted before it reaches the engine is answered at once, each
+request with ``n`` empty completions that finish ``abort`` ("Abort before prefill", SGLang's words).
+Otherwise the engine hears of it while it runs: ``engine.generate(requests, abort=check)`` when the
+engine takes ``abort`` (the embedded engine does), and the aborted rows stop within one decoding step.
+An engine without it finishes its batch, and the aborted requests come back complete.
 """
 
 from __future__ import annotations
 
+import contextlib
+import inspect
 import queue
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,10 +40,13 @@ from ringzero.rollout.types import Completion, GenerateRequest
 log = structlog.get_logger(__name__)
 
 
-@dataclass
+@dataclass(eq=False)
 class _Generate:
     requests: list[GenerateRequest]
     future: Future = field(default_factory=Future)
+    aborted: set[int] = field(default_factory=set)  # indices into ``requests``
+    messages: dict[int, str] = field(default_factory=dict)  # the client's abort message, by index
+    started: bool = False  # taken into an engine batch (under the scheduler's lock)
 
 
 @dataclass
@@ -57,7 +69,12 @@ class EngineScheduler:
         self.max_batch_requests = max_batch_requests
         self.busy = False  # True while the engine works; health probes read it
         self.batch_sizes: list[int] = []  # prompts per engine.generate call, for logs and tests
+        self.last_gen_throughput = 0.0  # output tokens per second of the last batch
+        self.abort_calls = 0  # aborts asked for so far; the engine's abort check re-reads on a change
+        self.takes_abort = "abort" in inspect.signature(engine.generate).parameters
         self._queue: queue.Queue = queue.Queue()
+        self._lock = threading.Lock()  # guards _live, each job's aborted/started and abort_calls
+        self._live: list[_Generate] = []  # generate jobs submitted and not answered yet
         self._thread = threading.Thread(target=self._run, name="rollout-scheduler", daemon=True)
 
     # --- called from other threads ---
@@ -81,8 +98,49 @@ class EngineScheduler:
     def generate(self, requests: list[GenerateRequest]) -> Future:
         """Resolves to ``n`` completions per request, in request order."""
         job = _Generate(list(requests))
+        with self._lock:
+            self._live.append(job)
         self._queue.put(job)
         return job.future
+
+    def live_requests(self) -> tuple[int, int]:
+        """``(waiting, running)``: requests submitted and not answered, queued or in the running batch."""
+        with self._lock:
+            waiting = sum(len(job.requests) for job in self._live if not job.started)
+            return waiting, sum(len(job.requests) for job in self._live) - waiting
+
+    def abort(self, rid: str | None = None, *, abort_all: bool = False, message: str | None = None) -> int:
+        """Abort the unanswered requests with rid ``rid`` (or all of them); returns how many it hit.
+
+        ``message`` replaces the engine's in the aborted completions' finish reason.
+        """
+        answered = []
+        hits = 0
+        with self._lock:
+            for job in list(self._live):
+                new = {i for i, r in enumerate(job.requests)
+                       if abort_all or (rid is not None and r.rid == rid)} - job.aborted
+                if not new:
+                    continue
+                job.aborted |= new
+                if message:
+                    job.messages.update(dict.fromkeys(new, message))
+                hits += len(new)
+                if not job.started and len(job.aborted) == len(job.requests):
+                    self._live.remove(job)
+                    answered.append(job)
+            self.abort_calls += 1
+        for job in answered:  # outside the lock: a future's callbacks may call back into the scheduler
+            groups = [self._aborted_group(r, job.messages.get(i)) for i, r in enumerate(job.requests)]
+            with contextlib.suppress(InvalidStateError):  # its caller gave up (cancelled) meanwhile
+                job.future.set_result(groups)
+        return hits
+
+    def _aborted_group(self, req: GenerateRequest, message: str | None) -> list[Completion]:
+        version = str(getattr(self.engine, "weight_version", "0"))
+        meta = {"rid": req.rid} if req.rid is not None else {}
+        return [Completion(list(req.input_ids), [], [], "abort", None, version,
+                           {**meta, "message": message or "Abort before prefill"}) for _ in range(req.params.n)]
 
     def call(self, fn: Callable[[Any], Any]) -> Future:
         """Run ``fn(engine)`` on the scheduler thread, between batches."""
@@ -133,36 +191,83 @@ class EngineScheduler:
         finally:
             self.busy = False
 
-    def _generate(self, requests: list[GenerateRequest]) -> list[list[Completion]]:
-        groups = self.engine.generate(requests)
+    def _abort_check(self, batch: list[_Generate]):
+        """The engine's view of the aborts among ``batch``: indices into its concatenated requests."""
+        seen = {"version": None, "value": frozenset()}
+
+        def check() -> frozenset[int]:
+            if seen["version"] != self.abort_calls:  # an int read: no lock until something changed
+                with self._lock:
+                    seen["version"] = self.abort_calls
+                    offsets = [0]
+                    for job in batch:
+                        offsets.append(offsets[-1] + len(job.requests))
+                    seen["value"] = frozenset(off + i for job, off in zip(batch, offsets, strict=False)
+                                              for i in job.aborted)
+            return seen["value"]
+
+        return check
+
+    def _generate(self, batch: list[_Generate]) -> list[list[Completion]]:
+        requests = [r for job in batch for r in job.requests]
+        self.batch_sizes.append(len(requests))
+        start = time.perf_counter()
+        if self.takes_abort:
+            groups = self.engine.generate(requests, abort=self._abort_check(batch))
+        else:
+            groups = self.engine.generate(requests)
         if len(groups) != len(requests):
             raise ValueError(f"engine returned {len(groups)} completion groups for {len(requests)} requests")
+        tokens = sum(len(c.output_ids) for group in groups for c in group)
+        self.last_gen_throughput = tokens / max(time.perf_counter() - start, 1e-9)
         return groups
 
+    def _answer(self, job: _Generate, result=None, exc: BaseException | None = None) -> None:
+        with self._lock:
+            if job in self._live:
+                self._live.remove(job)
+        for i, text in job.messages.items() if exc is None else ():
+            for c in result[i]:
+                if c.finish_reason == "abort":
+                    c.meta["message"] = text
+        if exc is not None:
+            job.future.set_exception(exc)
+        else:
+            job.future.set_result(result)
+
+    def _start(self, batch: list[_Generate]) -> list[_Generate]:
+        """The jobs of ``batch`` still to run (not answered by an abort, not cancelled), marked started."""
+        with self._lock:
+            batch = [job for job in batch if job in self._live]  # an abort answers a job by taking it out
+            running = [job for job in batch if job.future.set_running_or_notify_cancel()]
+            for job in batch:
+                if job in running:
+                    job.started = True
+                else:  # cancelled by its caller while queued
+                    self._live.remove(job)
+        return running
+
     def _run_batch(self, batch: list[_Generate]) -> None:
-        batch = [job for job in batch if job.future.set_running_or_notify_cancel()]
+        batch = self._start(batch)
         if not batch:
             return
-        flat = [r for job in batch for r in job.requests]
         self.busy = True
         try:
-            self.batch_sizes.append(len(flat))
-            groups = self._generate(flat)
+            groups = self._generate(batch)
         except BaseException as exc:  # noqa: BLE001
             if len(batch) == 1:
-                batch[0].future.set_exception(exc)
+                self._answer(batch[0], exc=exc)
                 return
             log.warning("rollout.batch_failed", jobs=len(batch), error=str(exc), retry="one job at a time")
             for job in batch:
                 try:
-                    self.batch_sizes.append(len(job.requests))
-                    job.future.set_result(self._generate(job.requests))
+                    self._answer(job, self._generate([job]))
                 except BaseException as job_exc:  # noqa: BLE001
-                    job.future.set_exception(job_exc)
+                    self._answer(job, exc=job_exc)
             return
         finally:
             self.busy = False
         start = 0
         for job in batch:
-            job.future.set_result(groups[start:start + len(job.requests)])
+            self._answer(job, groups[start:start + len(job.requests)])
             start += len(job.requests)

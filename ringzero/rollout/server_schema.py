@@ -1,7 +1,8 @@
 """Request bodies of the rollout server, checked field by field into ``GenerateRequest`` records.
 
 Names and shapes follow SGLang's native ``/generate`` (``GenerateReqInput`` with a ``sampling_params``
-dict) and its OpenAI-compatible ``/v1/completions``. Every refusal is a ``BadRequest`` naming the field,
+dict); ``/v1/completions`` bodies are read in ``server_openai.py`` and the control endpoints' in
+``server_control.py``, with the checks defined here. Every refusal is a ``BadRequest`` naming the field,
 e.g. ``sampling_params[1].top_p: must be in (0, 1] (got 0)``. SGLang fields this server cannot honour
 are accepted only at their neutral value, so a client written for SGLang that sends defaults still works,
 while one that relies on a feature we lack hears so instead of getting silently different samples.
@@ -14,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ringzero.errors import RingzeroError
-from ringzero.rollout.types import GenerateRequest, SamplingParams
+from ringzero.rollout.types import GenerateRequest, LogprobRequest, SamplingParams
 
 
 class BadRequest(RingzeroError):
@@ -68,14 +69,27 @@ def _id_list(value: Any, field: str) -> tuple[int, ...]:
 
 
 def _neutral(expected: Any):
-    """A field we accept only at the value under which it changes nothing."""
+    """A field we accept only at the value under which it changes nothing (or a per-prompt list of it)."""
 
     def check(value: Any, field: str) -> None:
-        if value is None or value == expected:
+        values = value if isinstance(value, list) and expected is None else [value]
+        if all(v is None or v == expected for v in values):
             return None
         raise BadRequest(field, f"is not supported by this server; only {expected!r} (no effect) is accepted")
 
     return check
+
+
+def _no_media(value: Any, field: str) -> None:
+    """``image_data`` and kin on a text model: null, or lists (per prompt, per item) holding only nulls."""
+    if value is None or (isinstance(value, list) and all(_no_media(v, field) is None for v in value)):
+        return None
+    raise BadRequest(field, "this server serves a text-only model; only null entries (no media) are accepted")
+
+
+def _object_or_null(value: Any, field: str) -> None:
+    if value is not None and not isinstance(value, dict):
+        raise BadRequest(field, f"must be an object or null (got {value!r})")
 
 
 # --- sampling parameters ---------------------------------------------------------------------------
@@ -92,7 +106,7 @@ class TextOptions:
 # SGLang's sampling_params names. Each entry: checker(value, field) -> value for SamplingParams (or
 # TextOptions), or None when the field is accepted without effect.
 _SAMPLING: dict[str, Any] = {
-    "max_new_tokens": lambda v, f: _int(v, f, lo=1),
+    "max_new_tokens": lambda v, f: _int(v, f, lo=0),  # 0: score the prompt only
     "temperature": lambda v, f: _nonneg(_float(v, f), f),
     "top_p": lambda v, f: _top_p(_float(v, f), f),
     "top_k": lambda v, f: _int(v, f, lo=-1),
@@ -102,6 +116,7 @@ _SAMPLING: dict[str, Any] = {
     "sampling_seed": lambda v, f: _int(v, f),
     "no_stop_trim": _bool,
     "skip_special_tokens": _bool,
+    "ignore_eos": _bool,
     # No-ops here at any value: nothing streams, and our decoders put no spaces between specials.
     "stream_interval": lambda v, f: None,
     "spaces_between_special_tokens": lambda v, f: None,
@@ -110,18 +125,18 @@ _SAMPLING: dict[str, Any] = {
     "presence_penalty": _neutral(0.0),
     "repetition_penalty": _neutral(1.0),
     "min_new_tokens": _neutral(0),
-    "ignore_eos": _neutral(False),
     "logit_bias": lambda v, f: None if not v else _neutral(None)(v, f),
     "json_schema": _neutral(None),
     "regex": _neutral(None),
     "ebnf": _neutral(None),
     "structural_tag": _neutral(None),
     "stop_regex": _neutral(None),
-    "custom_params": _neutral(None),
+    # Read only by a custom logit processor, which this server refuses; slime sends it whenever top_p < 1.
+    "custom_params": _object_or_null,
 }
 _TO_PARAMS = {"max_new_tokens": "max_new_tokens", "temperature": "temperature", "top_p": "top_p",
               "top_k": "top_k", "stop": "stop", "stop_token_ids": "stop_token_ids", "n": "n",
-              "sampling_seed": "seed"}
+              "sampling_seed": "seed", "ignore_eos": "ignore_eos"}
 _TO_TEXT = {"no_stop_trim", "skip_special_tokens"}
 
 
@@ -171,7 +186,10 @@ def parse_sampling(fields: dict, where: str, aliases: dict[str, str] | None = No
 
 @dataclass
 class GeneratePlan:
-    """One ``/generate`` body: a request per prompt (``n`` samples each) and how to answer it."""
+    """One ``/generate`` body: a request per prompt (``n`` samples each) and how to answer it.
+
+    With ``return_logprob`` a request carries its prompt range and top-k in ``GenerateRequest.logprobs``.
+    """
 
     requests: list[GenerateRequest]
     text_options: list[TextOptions]
@@ -184,22 +202,49 @@ class GeneratePlan:
         return self.requests[0].params.n
 
 
-# Fields that change nothing in a non-streaming answer (metrics, logging and routing hints).
-_GENERATE_IGNORED = {"log_metrics", "priority", "custom_labels", "no_logs", "extra_key", "routing_key"}
+# Fields that change nothing in a non-streaming answer (metrics, logging, tracing and routing hints;
+# cache_salt only keys a prefix cache, which this server has none of).
+_GENERATE_IGNORED = {"log_metrics", "priority", "custom_labels", "no_logs", "extra_key", "routing_key",
+                     "session_id", "conversation_id", "external_trace_header", "received_time", "kv_router_hint",
+                     "cache_salt"}
+# Fields a router or a client sends at their defaults; anything else is refused (one data-parallel rank,
+# no prefill/decode disaggregation, no adapters, no media, nothing streamed).
 _GENERATE_NEUTRAL = {
     "stream": _neutral(False),
     "input_embeds": _neutral(None),
-    "image_data": _neutral(None),
-    "video_data": _neutral(None),
-    "audio_data": _neutral(None),
+    "image_data": _no_media,
+    "video_data": _no_media,
+    "audio_data": _no_media,
+    "modalities": _neutral(None),
+    "mm_hashes": _neutral(None),
+    "mm_content_hashes": _neutral(None),
     "lora_path": _neutral(None),
+    "lora_id": _neutral(None),
     "session_params": _neutral(None),
     "token_ids_logprob": _neutral(None),
     "return_hidden_states": _neutral(False),
+    "return_routed_experts": _neutral(False),
+    "return_entropy": _neutral(False),
+    "return_prompt_token_ids": _neutral(False),
+    "return_sampling_mask": _neutral(False),
+    "return_flat_raw_top_logprobs": _neutral(False),
+    "return_flat_raw_top_logprobs_b64": _neutral(False),
     "custom_logit_processor": _neutral(None),
+    "positional_embed_overrides": _neutral(None),
+    "data_parallel_rank": _neutral(0),
+    "routed_dp_rank": _neutral(0),
+    "disagg_prefill_dp_rank": _neutral(None),
+    "bootstrap_host": _neutral(None),
+    "bootstrap_port": _neutral(None),
+    "bootstrap_room": _neutral(None),
+    "bootstrap_pair_key": _neutral(None),
+    "decode_tp_size": _neutral(None),
+    "background": _neutral(False),
+    "require_reasoning": _neutral(False),
+    "max_thinking_tokens": _neutral(None),
 }
 _GENERATE_FIELDS = {"text", "input_ids", "sampling_params", "return_logprob", "logprob_start_len",
-                    "top_logprobs_num", "return_text_in_logprobs", "rid"}
+                    "top_logprobs_num", "return_text_in_logprobs", "temp_scaled_logprobs", "rid"}
 
 
 def _per_prompt(value: Any, field: str, size: int, check, default):
@@ -290,124 +335,43 @@ def parse_generate(body: Any, tokenizer, vocab_size: int) -> GeneratePlan:
         # SGLang expands n per request and refuses a batch whose entries disagree on it.
         raise BadRequest("sampling_params", "n must be the same for every prompt of a batch")
 
-    if _per_prompt(body.get("logprob_start_len"), "logprob_start_len", size, _int, -1) != [-1] * size:
-        raise BadRequest("logprob_start_len", "prompt log-probs are not supported; only -1 is accepted")
-    if _per_prompt(body.get("top_logprobs_num"), "top_logprobs_num", size, _int, 0) != [0] * size:
-        raise BadRequest("top_logprobs_num", "top log-probs are not supported; only 0 is accepted")
+    return_logprob = _per_prompt(body.get("return_logprob"), "return_logprob", size, _bool, False)
+    starts = _per_prompt(body.get("logprob_start_len"), "logprob_start_len", size,
+                         lambda v, f: _int(v, f, lo=-1), -1)
+    tops = _per_prompt(body.get("top_logprobs_num"), "top_logprobs_num", size, lambda v, f: _int(v, f, lo=0), 0)
+    scaled = body.get("temp_scaled_logprobs")
+    scaled = False if scaled is None else _bool(scaled, "temp_scaled_logprobs")
     text_in_logprobs = body.get("return_text_in_logprobs")
     rids = _rids(body.get("rid"), size)
-    requests = [GenerateRequest(list(p), params, rid)
-                for p, (params, _), rid in zip(prompts, parsed, rids, strict=True)]
+    requests = []
+    for i, (prompt, (params, _), rid) in enumerate(zip(prompts, parsed, rids, strict=True)):
+        logprobs = LogprobRequest()
+        if return_logprob[i]:
+            start_field, top_field = (f"{name}[{i}]" if isinstance(body.get(name), list) else name
+                                      for name in ("logprob_start_len", "top_logprobs_num"))
+            logprobs = LogprobRequest(_prompt_from(starts[i], len(prompt), params.max_new_tokens, start_field),
+                                      _top_k(tops[i], vocab_size, top_field), scaled)
+        requests.append(GenerateRequest(list(prompt), params, rid, logprobs))
     return GeneratePlan(
         requests=requests,
         text_options=[opts for _, opts in parsed],
-        return_logprob=_per_prompt(body.get("return_logprob"), "return_logprob", size, _bool, False),
+        return_logprob=return_logprob,
         text_in_logprobs=False if text_in_logprobs is None else _bool(text_in_logprobs, "return_text_in_logprobs"),
         single=single and parsed[0][0].n == 1,
     )
 
 
-# --- /v1/completions -------------------------------------------------------------------------------
+def _prompt_from(start: int, prompt_len: int, max_new_tokens: int, field: str) -> int:
+    """SGLang's prompt range: -1 is the last prompt position (none at all when only scoring the prompt)."""
+    if start == -1:
+        return prompt_len if max_new_tokens == 0 else prompt_len - 1
+    limit = prompt_len if max_new_tokens == 0 else prompt_len - 1
+    if start > limit:
+        raise BadRequest(field, f"is {start}, past the prompt's last position {limit} ({prompt_len} tokens)")
+    return start
 
 
-@dataclass
-class CompletionPlan:
-    model: str
-    requests: list[GenerateRequest]
-    text_options: TextOptions
-    logprobs: bool
-    return_token_ids: bool
-
-
-# OpenAI names that differ from SGLang's sampling_params names.
-_OPENAI_ALIASES = {"max_tokens": "max_new_tokens", "seed": "sampling_seed", "min_tokens": "min_new_tokens"}
-_OPENAI_SAMPLING = {"max_tokens", "temperature", "top_p", "top_k", "stop", "stop_token_ids", "n", "seed",
-                    "no_stop_trim", "skip_special_tokens", "min_p", "frequency_penalty", "presence_penalty",
-                    "repetition_penalty", "min_tokens", "ignore_eos", "logit_bias", "json_schema", "regex",
-                    "ebnf", "stop_regex", "custom_params"}
-_OPENAI_IGNORED = {"model", "user", "rid", "priority", "extra_key"}
-_OPENAI_NEUTRAL = {
-    "stream": _neutral(False),
-    "echo": _neutral(False),
-    "suffix": _neutral(None),
-    "stream_options": _neutral(None),
-    "lora_path": _neutral(None),
-    "response_format": _neutral(None),
-    "return_hidden_states": _neutral(False),
-}
-
-
-def _best_of(value: Any, n: int) -> None:
-    if value is not None and value != n:
-        raise BadRequest("best_of", f"is not supported; leave it unset or equal to n ({n})")
-
-
-def parse_completion(body: Any, tokenizer, vocab_size: int) -> CompletionPlan:
-    """An OpenAI legacy completions body (SGLang's extra fields included) -> one request per prompt."""
-    if not isinstance(body, dict):
-        raise BadRequest("body", "must be a JSON object")
-    sampling = {"max_tokens": 16}  # OpenAI's default, unlike SGLang's 128
-    for name, value in body.items():
-        if name in _OPENAI_SAMPLING:
-            sampling[name] = value
-        elif name in _OPENAI_NEUTRAL:
-            _OPENAI_NEUTRAL[name](value, name)
-        elif name not in _OPENAI_IGNORED and name not in {"prompt", "logprobs", "return_token_ids", "best_of"}:
-            raise BadRequest(name, "unknown field for /v1/completions")
-    model = body.get("model", "default")
-    if not isinstance(model, str):
-        raise BadRequest("model", f"must be a string (got {model!r})")
-    prompt = body.get("prompt")
-    if not isinstance(prompt, (str, list)) or not prompt:
-        raise BadRequest("prompt", f"must be a non-empty string, list of strings or token ids (got {prompt!r})")
-    key = "text" if isinstance(prompt, str) or (isinstance(prompt, list) and isinstance(prompt[0], str)) else "input_ids"
-    try:
-        prompts, _ = _prompts({key: prompt}, tokenizer, vocab_size)
-    except BadRequest as exc:
-        raise BadRequest(exc.field.replace(key, "prompt", 1), str(exc).split(": ", 1)[1]) from None
-    params, text_options = parse_sampling(sampling, "", _OPENAI_ALIASES)
-    _best_of(body.get("best_of"), params.n)
-    logprobs = body.get("logprobs")
-    if logprobs is not None:
-        _int(logprobs, "logprobs", lo=0)
-    return_ids = body.get("return_token_ids")
-    return CompletionPlan(
-        model=model,
-        requests=[GenerateRequest(list(p), params) for p in prompts],
-        text_options=text_options,
-        logprobs=logprobs is not None,
-        return_token_ids=False if return_ids is None else _bool(return_ids, "return_token_ids"),
-    )
-
-
-# --- /update_weights_from_disk ---------------------------------------------------------------------
-
-
-@dataclass
-class WeightUpdate:
-    model_path: str
-    weight_version: str | None
-    flush_cache: bool
-
-
-_UPDATE_IGNORED = {"abort_all_requests", "torch_empty_cache", "recapture_cuda_graph", "token_step", "is_async"}
-
-
-def parse_weight_update(body: Any) -> WeightUpdate:
-    if not isinstance(body, dict):
-        raise BadRequest("body", "must be a JSON object")
-    known = {"model_path", "load_format", "weight_version", "flush_cache"}
-    for name in body:
-        if name not in known and name not in _UPDATE_IGNORED:
-            raise BadRequest(name, "unknown field for /update_weights_from_disk")
-    path = body.get("model_path")
-    if not isinstance(path, str) or not path:
-        raise BadRequest("model_path", f"must be a non-empty checkpoint URI (got {path!r})")
-    load_format = body.get("load_format")
-    if load_format not in (None, "auto", "safetensors"):
-        raise BadRequest("load_format", f"must be null, 'auto' or 'safetensors' (got {load_format!r})")
-    version = body.get("weight_version")
-    if version is not None and not isinstance(version, str):
-        raise BadRequest("weight_version", f"must be a string (got {version!r})")
-    flush = body.get("flush_cache")
-    return WeightUpdate(path, version, True if flush is None else _bool(flush, "flush_cache"))
+def _top_k(k: int, vocab_size: int, field: str) -> int:
+    if k > vocab_size:
+        raise BadRequest(field, f"is {k}, more than the {vocab_size} tokens of the vocabulary")
+    return k

@@ -13,7 +13,7 @@ ONE = {"max_new_tokens": 1}
 
 @pytest.mark.parametrize("body, field", [
     ({"text": "a", "sampling_params": {"max_new_tokens": 1, "temprature": 0.5}}, "sampling_params.temprature"),
-    ({"text": "a", "sampling_params": {"max_new_tokens": 0}}, "sampling_params.max_new_tokens"),
+    ({"text": "a", "sampling_params": {"max_new_tokens": -1}}, "sampling_params.max_new_tokens"),
     ({"text": "a", "sampling_params": {"max_new_tokens": True}}, "sampling_params.max_new_tokens"),
     ({"text": "a", "sampling_params": {"temperature": -1}}, "sampling_params.temperature"),
     ({"text": "a", "sampling_params": {"top_p": 0}}, "sampling_params.top_p"),
@@ -36,8 +36,18 @@ ONE = {"max_new_tokens": 1}
     ({"text": "A"}, "text"),  # not in the char alphabet
     ({"text": "a", "stream": True}, "stream"),
     ({"text": "a", "image_data": "cat.png"}, "image_data"),
-    ({"text": "a", "top_logprobs_num": 3, "return_logprob": True}, "top_logprobs_num"),
-    ({"text": "a", "logprob_start_len": 0, "return_logprob": True}, "logprob_start_len"),
+    ({"text": ["a", "b"], "image_data": [None, "cat.png"]}, "image_data"),
+    ({"text": "a", "top_logprobs_num": 65, "return_logprob": True}, "top_logprobs_num"),  # vocab is 64
+    ({"text": "a", "top_logprobs_num": -1, "return_logprob": True}, "top_logprobs_num"),
+    ({"text": "a", "logprob_start_len": -2, "return_logprob": True}, "logprob_start_len"),
+    ({"text": "ab", "logprob_start_len": 2, "return_logprob": True}, "logprob_start_len"),  # past the prompt
+    ({"text": ["a", "bc"], "logprob_start_len": [0, 5], "return_logprob": True}, "logprob_start_len[1]"),
+    ({"text": "a", "custom_logit_processor": "{\"callable\": \"...\"}"}, "custom_logit_processor"),
+    ({"text": "a", "sampling_params": {"custom_params": "x"}}, "sampling_params.custom_params"),
+    ({"text": "a", "sampling_params": {"ignore_eos": "yes"}}, "sampling_params.ignore_eos"),
+    ({"text": "a", "routed_dp_rank": 1}, "routed_dp_rank"),  # one data-parallel rank
+    ({"text": "a", "bootstrap_host": "10.0.0.1"}, "bootstrap_host"),  # no prefill/decode disaggregation
+    ({"text": "a", "lora_path": "adapter"}, "lora_path"),
     ({"text": "a", "return_logprob": "yes"}, "return_logprob"),
     ({"text": ["a", "b"], "rid": ["same", "same"]}, "rid"),
     ({"text": "a", "colour": "blue"}, "colour"),
@@ -58,9 +68,10 @@ def test_body_that_is_not_json(fake_shared):
 
 
 @pytest.mark.parametrize("body, field", [
-    ({"prompt": "a", "max_tokens": 0}, "max_tokens"),
+    ({"prompt": "a", "max_tokens": -1}, "max_tokens"),
     ({"prompt": "a", "seed": "x"}, "seed"),
-    ({"prompt": "a", "echo": True}, "echo"),
+    ({"prompt": "a", "echo": "yes"}, "echo"),
+    ({"prompt": "a", "logprobs": 65}, "logprobs"),
     ({"prompt": "a", "stream": True}, "stream"),
     ({"prompt": "a", "best_of": 3}, "best_of"),
     ({"prompt": "a", "logprobs": -1}, "logprobs"),
