@@ -1,10 +1,10 @@
-"""The small programs cluster pods run: fetch a checkpoint, upload the pipeline, check an installation."""
+"""The small programs cluster pods run: read store credentials, upload the pipeline, check an installation.
+
+Fetching a checkpoint is tested in test_cluster_fetch_model.py."""
 
 from __future__ import annotations
 
 import socket
-from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 
@@ -12,57 +12,11 @@ from ringzero.cluster import fetch_model, kfp_upload, smoke
 from ringzero.errors import RingzeroError
 
 
-@dataclass
-class Obj:
-    object_name: str
-    size: int
-    is_dir: bool = False
-
-
 class FakeBucket:
-    def __init__(self, files: dict[str, bytes], short: str | None = None):
-        self.files, self.short = files, short
-
-    def list_objects(self, bucket, prefix, recursive):
-        assert recursive
-        return [Obj(k, len(v)) for k, v in self.files.items() if k.startswith(prefix)]
-
-    def fget_object(self, bucket, name, path):
-        data = self.files[name]
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        Path(path).write_bytes(data[:-1] if name == self.short else data)
+    """The one bucket call the install check makes."""
 
     def bucket_exists(self, bucket):
         return bucket == "ringzero"
-
-
-CKPT = {"runs/r/base/model-00001.safetensors": b"x" * 100, "runs/r/base/config.json": b"{}",
-        "runs/r/base/manifest.json": b"{}", "runs/r/base/COMMITTED": b"", "runs/r/base2/other": b"no"}
-
-
-def test_fetch_copies_a_committed_checkpoint(tmp_path):
-    names = fetch_model.fetch(FakeBucket(CKPT), "s3://ringzero/runs/r/base", tmp_path / "policy")
-    assert names == ["COMMITTED", "config.json", "manifest.json", "model-00001.safetensors"]
-    assert (tmp_path / "policy" / "model-00001.safetensors").read_bytes() == b"x" * 100
-    assert not (tmp_path / "policy" / "other").exists()
-
-
-def test_fetch_refuses_an_uncommitted_checkpoint(tmp_path):
-    files = {k: v for k, v in CKPT.items() if not k.endswith("COMMITTED")}
-    with pytest.raises(RingzeroError, match="no COMMITTED marker"):
-        fetch_model.fetch(FakeBucket(files), "s3://ringzero/runs/r/base", tmp_path)
-
-
-def test_fetch_refuses_a_short_download(tmp_path):
-    bucket = FakeBucket(CKPT, short="runs/r/base/model-00001.safetensors")
-    with pytest.raises(RingzeroError, match="got 99 bytes, the store lists 100"):
-        fetch_model.fetch(bucket, "s3://ringzero/runs/r/base", tmp_path)
-
-
-@pytest.mark.parametrize("uri", ["file:///tmp/x", "s3://", "s3://bucket", "s3://bucket/"])
-def test_fetch_refuses_bad_uris(uri, tmp_path):
-    with pytest.raises(RingzeroError, match="s3://BUCKET/PREFIX"):
-        fetch_model.fetch(FakeBucket({}), uri, tmp_path)
 
 
 def test_credentials_come_from_env_or_file(tmp_path):
@@ -130,6 +84,6 @@ def test_smoke_names_missing_gpus_and_buckets():
     env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1", "RANK": "0", "WORLD_SIZE": "1"}
     with pytest.raises(RingzeroError, match="expected 8"):
         smoke.check_allreduce(env, expect_gpus=8)
-    assert "reachable" in smoke.check_bucket(FakeBucket({}), "ringzero")
+    assert "reachable" in smoke.check_bucket(FakeBucket(), "ringzero")
     with pytest.raises(RingzeroError, match="does not exist"):
-        smoke.check_bucket(FakeBucket({}), "missing")
+        smoke.check_bucket(FakeBucket(), "missing")
