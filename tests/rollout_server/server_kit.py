@@ -89,9 +89,9 @@ class FakeEngine:
 
 
 TINY = dict(
-    vocab_size=64, d_model=32, n_layers=2, n_heads=2, layout="LM", mlp_hidden=48, max_seq_len=48,
-    mla=dict(kv_lora_rank=8, qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=6),
-    lightning=dict(head_dim=8, block_size=4),
+    vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, layout="LM", intermediate_size=48, max_position_embeddings=48,
+    kv_lora_rank=8, qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=6,
+    head_dim=8, lightning_block_size=4,
 )
 POLICY = PrecisionPolicy.preset("fp32")
 

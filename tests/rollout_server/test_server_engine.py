@@ -98,7 +98,7 @@ def test_weight_update_from_a_checkpoint_changes_outputs_and_version(real, tmp_p
 def test_a_prompt_longer_than_the_context_is_a_400(real):
     resp = requests.post(real.url + "/generate", json={"input_ids": [5] * 48}, timeout=60)
     assert resp.status_code == 400
-    assert "max_seq_len" in resp.json()["message"]
+    assert "max_position_embeddings" in resp.json()["message"]
 
 
 def test_health_and_model_info(real):
