@@ -112,6 +112,9 @@ helm.sh/chart: {{ include "ringzero.chart" .root }}
 {{- if and (eq .Values.cluster.device "gpu") (eq (int .Values.cluster.gpusPerNode) 0) -}}
 {{- fail "cluster.gpusPerNode must be at least 1 when cluster.device is gpu (use cluster.device=cpu for CPU-only clusters)" -}}
 {{- end -}}
+{{- if and (eq .Values.cluster.rollout.weightSync "disk") (not .Values.cluster.rollout.sharedWeightsPvc) -}}
+{{- fail "cluster.rollout.weightSync disk needs cluster.rollout.sharedWeightsPvc: SGLang loads pushed weights from a local path, so trainer and server pods must mount one ReadWriteMany claim; set it or use weightSync distributed" -}}
+{{- end -}}
 {{- if .Values.pipeline.upload -}}
 {{- $shipped := keys .Values.runConfigs.extra -}}
 {{- if .Values.runConfigs.bundled -}}
