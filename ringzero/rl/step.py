@@ -63,6 +63,8 @@ class RLStep:
         self.push(step)
         t3 = time.perf_counter()
         metrics.update(rollout_metrics(self.task, batch))
+        if hasattr(self.client, "pop_metrics"):  # e.g. rollout/stale_samples of remote servers (every rank calls it)
+            metrics.update(self.client.pop_metrics())
         metrics.update({"time/generate": t1 - t0, "time/train": t2 - t1, "time/sync": t3 - t2, "time/step": t3 - t0,
                         "throughput/tokens_per_s": sum(batch.lengths) / (t3 - t0)})
         return metrics

@@ -10,13 +10,13 @@
 
 ``serves``: the committed checkpoint ``model`` holds. The servers started with ``engines.rollout.served_uri``;
 when ``serves`` is another checkpoint, its weights are pushed first (``distributed``: the tensors;
-``store``: the URI) under the URI as version, so samples come from the model the stage measures. Left
+``disk``: a folder under ``weights_dir``; ``store``: the URI) under the URI as version, so samples come from the model the stage measures. Left
 unset, nothing is pushed: the caller pushes itself (the RL loop does, before its first step).
 """
 
 from __future__ import annotations
 
-from ringzero.errors import RingzeroError
+from ringzero.model.precision import body_dtype
 from ringzero.rollout.replicas import DistributedReplicaSet, ReplicaSet, resolve_endpoints
 from ringzero.rollout.spread import spread
 
@@ -34,15 +34,16 @@ def rollout_client(cfg, model, tokenizer, runtime=None, *, seed: int, max_batch:
         client = EmbeddedEngine(model, tokenizer, cfg.precision.rollout, deterministic=deterministic,
                                 max_batch=max_batch, seed=seed)
         return client if runtime is None else spread(client, runtime)
-    remote = remote_client(engine)
+    remote = remote_client(engine, cfg.precision.rollout)
     client = remote if runtime is None else spread(remote, runtime)
     if serves is not None:
-        _serve(client, remote, engine, model, serves)
+        _serve(client, remote, engine, model, serves, runtime, tokenizer, cfg.precision.rollout)
     return client
 
 
-def remote_client(engine) -> ReplicaSet:
-    """The ``ReplicaSet`` of ``engines.rollout`` (kind sglang), built once per process."""
+def remote_client(engine, policy=None) -> ReplicaSet:
+    """The ``ReplicaSet`` of ``engines.rollout`` (kind sglang), built once per process; ``policy`` is the
+    rollout precision policy (distributed pushes are cast to its body dtype)."""
     key = engine.model_dump_json()
     if key not in _REMOTE:
         endpoints = resolve_endpoints(engine)
@@ -52,7 +53,8 @@ def remote_client(engine) -> ReplicaSet:
             d = engine.distributed
             remote = DistributedReplicaSet(endpoints, tp_size=engine.tp_size, backend=d.backend,
                                            master_address=d.master_address, master_port=d.master_port,
-                                           group_name=d.group_name, sync_timeout_s=d.timeout_s, **common)
+                                           group_name=d.group_name, sync_timeout_s=d.timeout_s,
+                                           dtype=None if policy is None else body_dtype(policy), **common)
         else:
             remote = ReplicaSet(endpoints, **common)
         _REMOTE[key] = remote
@@ -68,7 +70,7 @@ def close_remote_clients() -> None:
     _SERVING.clear()
 
 
-def _serve(client, remote: ReplicaSet, engine, model, uri: str) -> None:
+def _serve(client, remote: ReplicaSet, engine, model, uri: str, runtime, tokenizer, policy) -> None:
     if _SERVING.get(id(remote)) == uri and remote.weight_version in (None, uri):
         return
     if hasattr(client, "update_weights"):
@@ -76,10 +78,8 @@ def _serve(client, remote: ReplicaSet, engine, model, uri: str) -> None:
     elif engine.weight_sync == "store":
         client.update_weights_from_disk(uri, uri)
     else:
-        raise RingzeroError(
-            f"rollout servers: cannot serve {uri} with weight_sync disk: the servers load a model folder from the "
-            "shared weights volume and no folder of that checkpoint is written there; use weight_sync "
-            "distributed, or sample only from the checkpoint the servers started with "
-            f"(engines.rollout.served_uri = {engine.served_uri!r})"
-        )
+        from ringzero.rollout.folder_push import push_folder
+
+        push_folder(client, model.state_dict(), uri, model_cfg=model.cfg, weights_dir=engine.weights_dir,
+                    runtime=runtime, tokenizer=tokenizer, dtype=body_dtype(policy))
     _SERVING[id(remote)] = uri

@@ -264,17 +264,23 @@ class DistributedReplicaSet(ReplicaSet):
 
     def __init__(self, endpoints: Sequence[str], *, tp_size: int = 1, backend: str = "nccl",
                  master_address: str | None = None, master_port: int = 0, group_name: str = "ringzero-weights",
-                 sync_timeout_s: float = 600.0, **kwargs):
+                 sync_timeout_s: float = 600.0, dtype: torch.dtype | None = None, **kwargs):
         super().__init__(endpoints, **kwargs)
+        self.dtype = dtype  # the rollout body dtype: half the bytes of fp32 masters under a bf16 body
         self.tp_size, self.backend, self.group_name = tp_size, backend, group_name
         self.master_address, self.master_port, self.sync_timeout_s = master_address, master_port, sync_timeout_s
         self.group: WeightGroup | None = None
         self.broken: str | None = None  # why the group cannot be used any more
 
     def update_weights(self, state_dict: dict[str, torch.Tensor], weight_version: str) -> None:
-        """Send ``state_dict`` (the checkpoint's tensor names) to every replica; later samples carry the version."""
+        """Send a ``HybridLM`` state dict to every replica under the checkpoint's tensor names (what SGLang's
+        loader maps), cast to ``dtype`` when set; later samples carry the version."""
         if not state_dict:
             raise RingzeroError("update_weights: no tensors to send")
+        from ringzero.model.hf_format import hf_tensors
+
+        state_dict = {k: (v.to(self.dtype) if self.dtype is not None and v.is_floating_point() and
+                          "expert_bias" not in k else v) for k, v in hf_tensors(state_dict).items()}
         if self.broken is not None:
             raise RingzeroError(f"weight group {self.group_name!r} is unusable after a failed push ({self.broken}); "
                                 "the servers must be restarted")

@@ -16,7 +16,7 @@ from ringzero.model.hybrid import HybridLM
 
 def copy_under_policy(model: HybridLM, policy: PrecisionPolicy) -> HybridLM:
     """A new ``HybridLM`` with ``model``'s config and weights, cast to ``policy``'s body dtype."""
-    copy = HybridLM(model.cfg, policy).to(model.embed.weight.device)
+    copy = HybridLM(model.cfg, policy).to(model.word_embeddings.weight.device)
     load_weights_(copy, model.state_dict(), source="copy_under_policy")
     return copy
 

@@ -102,7 +102,7 @@ def run(ctx: StageContext, stage: DistillStage, inputs: StageInputs) -> StageOut
 
     model.eval()
     uri = save_final(ctx.store, ctx.checkpoint_prefix, model, optimizer.master_state_dict(),
-                     {"stage": stage.name, "steps": total, "examples": len(examples)})
+                     {"stage": stage.name, "steps": total, "examples": len(examples)}, tokenizer=tokenizer)
     after = heldout(cfg, model, task, tokenizer, stage, rt, serves=uri)
     ctx.metrics.log(total, {k: after[v] for k, v in HELDOUT_KEYS.items() if v in after})
     summary = finite_only({**plan["stats"], **compression(plan["before"], after), **after,

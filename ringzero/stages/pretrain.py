@@ -78,7 +78,7 @@ def run(ctx: StageContext, stage: PretrainStage, inputs: StageInputs) -> StageOu
     final_loss = lm_step(model, windows.batch(stage.steps, stage.batch_size), rt,  # an unseen batch
                          sharding=cfg.parallel.sharding, micro_batch=stage.micro_batch).loss
     uri = save_final(ctx.store, ctx.checkpoint_prefix, model, optimizer.master_state_dict(),
-                     {"stage": stage.name, "steps": stage.steps})
+                     {"stage": stage.name, "steps": stage.steps}, tokenizer=tokenizer)
     summary = {"train/loss": final_loss, "loss/skipped": float(optimizer.skipped)}
     summary.update(measure_base(cfg, model, task, tokenizer, rt))
     summary = finite_only(summary)
@@ -91,7 +91,7 @@ def measure_base(cfg, model, task, tokenizer, runtime=None) -> dict[str, float]:
     # Pretrain jobs get no rollout servers (ringzero.cluster.step.SAMPLING_KINDS): always the embedded engine.
     engine = rollout_client(cfg, model, tokenizer, runtime, max_batch=256, seed=cfg.run.seed, local=True)
     prompts = getattr(cfg.task, "eval_prompts", 128)
-    max_new = min(EVAL_MAX_NEW_TOKENS, cfg.model.max_seq_len // 2)
+    max_new = min(EVAL_MAX_NEW_TOKENS, cfg.model.max_position_embeddings // 2)
     out = evaluate_heldout(engine, task, tokenizer, prompts=prompts, samples=EVAL_SAMPLES, max_new_tokens=max_new)
     # The base is measured on held-out prompts only, so its sampled behaviour doubles as the stage's
     # trace/rate and len/mean (the keys RL stages report for their own samples).

@@ -54,7 +54,7 @@ def run(ctx: StageContext, stage: RLStage, inputs: StageInputs) -> StageOutcome:
                 reason = why
                 break
     uri = save_final(ctx.store, ctx.checkpoint_prefix, rl.model, rl.optimizer.master_state_dict(),
-                     {"stage": stage.name, "steps": step, "stop_reason": reason})
+                     {"stage": stage.name, "steps": step, "stop_reason": reason}, tokenizer=rl.tokenizer)
     summary = {**mean_of_last(history, SUMMARY_KEYS, SUMMARY_STEPS), **heldout(ctx.cfg, rl, stage)}
     return StageOutcome(uri, finite_only(summary), reason, step, wall_s=time.time() - started)
 

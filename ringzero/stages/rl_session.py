@@ -14,6 +14,7 @@ from typing import Any
 import structlog
 
 from ringzero.errors import RingzeroError
+from ringzero.model.precision import body_dtype
 from ringzero.parallel.runtime import Runtime, single
 from ringzero.rl.rewards import TaskReward
 from ringzero.rl.step import RLStep, StepShape
@@ -80,9 +81,13 @@ def build_session(ctx, stage, inputs) -> RLSession:
         reference = frozen_reference(cfg, ctx.store, inputs.reference_uri or inputs.init_uri, rt)
     client = rollout_client(cfg, model, tokenizer, rt)
 
+    remote = cfg.engines.rollout
+    disk = remote.weights_dir if remote.kind == "sglang" and remote.weight_sync == "disk" else None
+
     def push(step: int):
         return push_weights(client, optimizer.master_state_dict(), weight_version(step + 1), store=ctx.store,
-                            prefix=ctx.checkpoint_prefix, model_cfg=cfg.model)
+                            prefix=ctx.checkpoint_prefix, model_cfg=cfg.model, weights_dir=disk, runtime=rt,
+                            tokenizer=tokenizer, dtype=body_dtype(cfg.precision.rollout))
 
     trainer = PolicyTrainer(model, optimizer, stage.loss, minibatches=stage.minibatches,
                             max_new_tokens=stage.sampling.max_new_tokens, temperature=stage.sampling.temperature,

@@ -51,13 +51,13 @@ def test_cluster_config_runs_the_papers_islands():
 
 def test_three_mistakes_are_all_reported_with_paths():
     data = tiny_data()
-    data["model"]["d_modl"] = 3
+    data["model"]["hiden_size"] = 3
     data["stages"][1]["loss"]["eps_high"] = -1
     data["run"]["name"] = "Bad_Name"
     problems = problems_of(data)
     assert len(problems) == 3, problems
     joined = "\n".join(problems)
-    assert "model.d_modl: unknown key; did you mean 'hidden_size'?" in joined
+    assert "model.hiden_size: unknown key; did you mean 'hidden_size'?" in joined
     assert "stages[1].loss.eps_high: Input should be greater than 0 (got -1)" in joined
     assert "run.name:" in joined and "'Bad_Name'" in joined
 
@@ -68,7 +68,7 @@ def test_three_mistakes_are_all_reported_with_paths():
         (lambda d: d["model"].update(num_attention_heads=0), "model.num_attention_heads: Input should be greater than or equal to 1 (got 0)"),
         (lambda d: d["model"].update(layout="LLX"), "model.layout: must be hybrid, mla, lightning or a string"),
         (lambda d: d["model"].update(layout="LLM"), "layout has 3 layer letters but num_hidden_layers is 4"),
-        (lambda d: d["model"]["mla"].update(qk_rope_head_dim=7), "model.mla.qk_rope_head_dim: must be even"),
+        (lambda d: d["model"].update(qk_rope_head_dim=7), "model.qk_rope_head_dim: must be even"),
         (lambda d: d["precision"].update(train="fp16"), "precision.train: unknown precision preset 'fp16'"),
         (lambda d: d["precision"].update(train={"body": "float16"}), "precision.train.body: Input should be"),
         (lambda d: d["storage"].update(root="/tmp/x"), "storage.root: must start with file:// or s3://"),

@@ -30,7 +30,7 @@ def test_check_cp_json_at_cp3_with_uneven_length():
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)
     assert result["ok"] and result["plan"] == {"lightning": "ring"}
-    assert {"output", "input_grad", "grads"} <= set(result) and "q_proj.weight" in result["grads"]
+    assert {"output", "input_grad", "grads"} <= set(result) and "query_key_value.weight" in result["grads"]
     assert result["max_abs"] < 1e-4
     assert [r["cp/lightning/steps_fwd"] for r in result["comm_per_rank"]] == [2, 2, 2]
 
