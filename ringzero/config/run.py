@@ -159,6 +159,27 @@ class RunConfig(StrictModel):
             )
         return self
 
+    @model_validator(mode="after")
+    def _model_serves(self) -> RunConfig:
+        problems = []
+        for i, st in enumerate(self.stages):
+            if not getattr(getattr(st, "loss", None), "routing_replay", False):
+                continue
+            if self.model.num_experts is None:
+                problems.append(f"stages[{i}].loss.routing_replay: the model has no MoE layers (model.num_experts "
+                                "is null), so there is no routing to replay")
+            if self.precision.deterministic:
+                problems.append(f"stages[{i}].loss.routing_replay: precision.deterministic already makes the "
+                                "rollout engine route every token as the trainer does")
+        if self.engines.rollout.kind == "sglang" and self.cluster is not None:
+            # The launcher starts real SGLang servers (an SGLang-compatible `ringzero serve` takes any layout).
+            from ringzero.model.hf_format import sglang_problems
+
+            problems += [f"model: the cluster's SGLang servers cannot serve it: {p}" for p in sglang_problems(self.model)]
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
     def stage(self, name: str):
         for s in self.stages:
             if s.name == name:

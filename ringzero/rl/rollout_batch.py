@@ -63,6 +63,8 @@ class RolloutBatch:
     truncated: list[bool]  # cut by max_new_tokens rather than a stop
     uses_trace: list[bool]
     group_size: int
+    # int32 [len(prompt) + len(output) - 1, layers, K] per response when the engine reported them (replay)
+    routed_experts: list | None = None
 
     def __len__(self) -> int:
         return len(self.output_ids)
@@ -88,15 +90,16 @@ def pad_rows(rows: Sequence[Sequence[float]] | Sequence[torch.Tensor], width: in
 
 def collect(client: RolloutClient, task: Task, tokenizer: Tokenizer, problems: Sequence[Problem], *,
             samples: int, params: SamplingParams, reward: RewardFn,
-            seeds: Sequence[int] | None = None, device=None) -> RolloutBatch:
+            seeds: Sequence[int] | None = None, device=None, routed_experts: bool = False) -> RolloutBatch:
     """``samples`` completions per problem from ``client``, decoded and rewarded; the batch's tensors
     are made on ``device`` (the trainer's), each in one upload.
 
     ``seeds``: one sampling seed per problem (overrides ``params.seed``), so prompts never share a
-    random stream while the whole batch stays reproducible.
+    random stream while the whole batch stays reproducible. ``routed_experts``: ask the engine for each
+    token's experts (routing replay) and keep them.
     """
     per_request = [params] * len(problems) if seeds is None else [replace(params, seed=s) for s in seeds]
-    requests = [GenerateRequest(encode_prompt(tokenizer, p), sp, rid=p.id)
+    requests = [GenerateRequest(encode_prompt(tokenizer, p), sp, rid=p.id, return_routed_experts=routed_experts)
                 for p, sp in zip(problems, per_request, strict=True)]
     results = client.generate(requests)
     flat: list[tuple[Problem, list[int], Completion]] = []
@@ -123,4 +126,14 @@ def collect(client: RolloutClient, task: Task, tokenizer: Tokenizer, problems: S
         truncated=truncated,
         uses_trace=[task.uses_trace(t) for t in texts],
         group_size=samples,
+        routed_experts=[_experts(c) for _, _, c in flat] if routed_experts else None,
     )
+
+
+def _experts(c: Completion):
+    expected = len(c.prompt_ids) + len(c.output_ids) - 1
+    if c.routed_experts is None or c.routed_experts.shape[0] != expected:
+        got = None if c.routed_experts is None else list(c.routed_experts.shape)
+        raise ValueError(f"routing replay: the rollout engine reported experts of shape {got} for a sequence of "
+                         f"{expected} fed tokens")
+    return c.routed_experts

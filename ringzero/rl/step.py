@@ -51,7 +51,8 @@ class RLStep:
         seeds = ([derive_seed(self.seed, "rl-sample", step, i) for i in range(len(problems))]
                  if self.seeded_sampling else None)
         return collect(self.client, self.task, self.tokenizer, problems, samples=self.shape.samples,
-                       params=params, reward=self.reward, seeds=seeds, device=self.trainer.device)
+                       params=params, reward=self.reward, seeds=seeds, device=self.trainer.device,
+                       routed_experts=self.trainer.routing_replay)
 
     def run(self, step: int) -> dict[str, float]:
         t0 = time.perf_counter()

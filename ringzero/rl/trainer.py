@@ -32,11 +32,13 @@ T response positions, W input columns.
 from __future__ import annotations
 
 import random
+from contextlib import nullcontext
 
 import numpy as np
 import torch
 
 from ringzero.model.hybrid import HybridLM
+from ringzero.model.routing import moe_layers, replay_routing
 from ringzero.parallel.grads import sync_grads
 from ringzero.parallel.runtime import Runtime, single
 from ringzero.parallel.token_shards import next_token_logprobs, pad_rows, shard_tokens
@@ -86,6 +88,12 @@ class PolicyTrainer:
         self.minibatches, self.max_new_tokens, self.temperature = minibatches, max_new_tokens, temperature
         self.reference, self.batch_invariant, self.pad_id = reference, batch_invariant, pad_id
         self.sharding, self.micro_batch = sharding, max(1, micro_batch)
+        self.routing_replay = bool(getattr(loss, "routing_replay", False))
+        if self.routing_replay and batch_invariant:
+            raise ValueError("routing_replay with batch-invariant scoring: the deterministic engine already routes "
+                             "every token as the trainer does")
+        if self.routing_replay and not moe_layers(model):
+            raise ValueError("routing_replay needs a model with MoE layers (num_experts is null)")
 
     @property
     def device(self) -> torch.device:
@@ -105,14 +113,19 @@ class PolicyTrainer:
                 for i in range(len(rows)):
                     ent_mT[i] = self._sharded(model, [sequences[i]], [prompt_lens[i]], T, t, True)[2][0]
             return logp_mT, owned_mT, ent_mT
-        return self._sharded(model, sequences, prompt_lens, T, t, with_entropy)
+        experts = None
+        if self.routing_replay and model is self.model:  # the frozen reference routes on its own
+            experts = [batch.routed_experts[i] for i in rows]
+        return self._sharded(model, sequences, prompt_lens, T, t, with_entropy, experts)
 
-    def _sharded(self, model, sequences, prompt_lens, T, t, with_entropy):
+    def _sharded(self, model, sequences, prompt_lens, T, t, with_entropy, experts=None):
         ids_mL = pad_rows(sequences, self.pad_id, self.device)
         shard = shard_tokens(ids_mL, self.runtime, self.sharding)
         plens_m = torch.tensor(prompt_lens, dtype=torch.long, device=self.device)
-        logp_mS, ent_mS = next_token_logprobs(model, shard, t, first_column=min(prompt_lens) - 1,
-                                              with_entropy=with_entropy)
+        replay = nullcontext() if experts is None else replay_routing(model, replay_experts(model, experts, shard))
+        with replay:
+            logp_mS, ent_mS = next_token_logprobs(model, shard, t, first_column=min(prompt_lens) - 1,
+                                                  with_entropy=with_entropy)
         logp_mT = response_view(shard.to_grid(logp_mS), plens_m, T)
         ent_mT = None if ent_mS is None else response_view(shard.to_grid(ent_mS), plens_m, T)
         owned_mT = response_view(shard.to_grid(torch.ones_like(logp_mS)), plens_m, T) > 0
@@ -214,6 +227,24 @@ class PolicyTrainer:
         if whole.kind == "token_sum":
             return whole
         return Normalization("sample_mean", lengths_N=lengths_m, num_sequences=M)
+
+
+def replay_experts(model, experts: list, shard) -> dict[int, torch.Tensor]:
+    """Per MoE layer ``[m, S, K]``: each row's reported experts at this shard's input columns (a fed token's
+    experts sit at its own index; columns past a row's end and layout padding take expert 0, which only
+    padding tokens see)."""
+    device = shard.inputs_BS.device
+    cols = torch.tensor([min(c, shard.width) for c in shard.columns], dtype=torch.long, device=device)
+    out = {}
+    for layer, _ in moe_layers(model):
+        rows = []
+        for e in experts:
+            per = torch.as_tensor(e)[:, layer].to(device=device, dtype=torch.long)  # [P + O - 1, K]
+            grid = per.new_zeros((shard.width + 1, per.shape[1]))
+            grid[: per.shape[0]] = per.clamp(min=0)
+            rows.append(grid.index_select(0, cols))
+        out[layer] = torch.stack(rows)
+    return out
 
 
 def _mean_metrics(records: list[dict[str, float]]) -> dict[str, float]:

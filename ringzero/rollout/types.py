@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 from ringzero.errors import RingzeroError
 
@@ -59,6 +59,7 @@ class GenerateRequest:
     params: SamplingParams = SamplingParams()
     rid: str | None = None
     logprobs: LogprobRequest = LogprobRequest()
+    return_routed_experts: bool = False  # SGLang's request flag: report each token's experts (MoE models)
 
 
 @dataclass
@@ -80,6 +81,10 @@ class Completion:
     output_top_logprobs: list[list[tuple[float, int]]] | None = None
     prompt_logprobs: list[float | None] | None = None
     prompt_top_logprobs: list[list[tuple[float, int]] | None] | None = None
+    # Only with ``return_routed_experts``: int32 ``[len(prompt) + len(output) - 1, num_hidden_layers,
+    # num_experts_per_tok]``, the experts each fed token went to in each layer, -1 on dense layers (the
+    # layout of SGLang's ``meta_info["routed_experts"]``; the last sampled token is never fed).
+    routed_experts: Any = None
 
 
 class RolloutClient(Protocol):

@@ -60,6 +60,10 @@ class LossSettings(StrictModel):
     )
     kl_coef: float = Field(0.0, ge=0, description="k3 KL to the frozen reference, as a loss term")
     advantage_std: bool = Field(True, description="divide group-centered rewards by the group std")
+    routing_replay: bool = Field(
+        False, description="MoE: rescore with the experts the rollout engine chose for each token (R3); the "
+        "router's weights still come from the trainer's forward"
+    )
 
 
 class Tier(StrictModel):
