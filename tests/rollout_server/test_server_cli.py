@@ -65,6 +65,30 @@ def test_serve_random_init_answers_generate(tmp_path):
         proc.wait(30)
 
 
+def test_exported_folder_is_served_with_its_own_tokenizer(tmp_path):
+    """``ringzero export --init random --config configs/tiny-cpu.yaml DIR`` then ``serve --model-path DIR``,
+    as ``sglang.launch_server --model-path DIR`` takes a folder."""
+    folder = tmp_path / "exported"
+    export = subprocess.run([sys.executable, "-m", "ringzero.cli.main", "export", "--init", "random", "--config",
+                             "configs/tiny-cpu.yaml", str(folder)], cwd=ROOT, capture_output=True, text=True)
+    assert export.returncode == 0, export.stderr
+    port, log = free_port(), tmp_path / "serve.log"
+    with log.open("w") as stderr:
+        proc = ringzero("serve", "--model-path", str(folder), "--port", str(port), "--precision", "fp32",
+                        stderr=stderr)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(url, proc, log)
+        info = requests.get(url + "/get_model_info", timeout=10).json()
+        assert (info["model_path"], info["tokenizer_path"]) == (str(folder), str(folder / "tokenizer.json"))
+        out = requests.post(url + "/generate", json={"text": "q: 1+2 ", "sampling_params": {
+            "max_new_tokens": 4, "temperature": 0}, "return_logprob": True}, timeout=60).json()
+        assert out["meta_info"]["prompt_tokens"] == 7 and len(out["output_ids"]) == 4
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
 def test_serve_random_init_without_a_config_is_refused():
     proc = ringzero("serve", "--init", "random")
     _, err = proc.communicate(timeout=120)
