@@ -34,6 +34,12 @@ check (which rows sampled a stop id, plus the tokens of rows with stop strings);
 back once per group. A CUDA generator draws other streams than a CPU one seeded alike, so a seeded
 request gives the same tokens on every run and in every batch on one device type, not across types.
 
+``return_routed_experts`` (MoE models only): each asking row's ``Completion.routed_experts`` holds the experts
+every fed token went to in the forwards that produced its tokens: the prefill's, then each decoding step's
+(see ``ringzero.rollout.routing_track``); under ``deterministic`` those of the rescoring forward, whose
+log-probs are the ones reported. A prefill-only request gets those of a prefill of its prompt. A row
+aborted before its prefill, or whose request did not ask, gets None.
+
 A sequence's total length (prompt + output) is capped at the model's ``max_position_embeddings``; a prompt
 that leaves no room is refused (one that is only scored may fill the context).
 """
@@ -42,6 +48,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Collection, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -50,7 +57,9 @@ from ringzero.errors import RingzeroError
 from ringzero.model.cache import left_padded
 from ringzero.model.config import PrecisionPolicy
 from ringzero.model.hybrid import HybridLM
+from ringzero.model.routing import capture_routing, moe_layers
 from ringzero.rollout.logprob_extras import TopK, TopKTrack, prompt_logprobs, top_pairs
+from ringzero.rollout.routing_track import GroupRouting, routing_shape, stacked, to_host
 from ringzero.rollout.rows import DecodingRows, Finished, RowSpec
 from ringzero.rollout.sampling import sample_next, sample_next_with_top, sample_seed
 from ringzero.rollout.scoring import score_tokens
@@ -77,11 +86,12 @@ def _never() -> frozenset[int]:
 
 @dataclass
 class _Done:
-    """A row's outcome plus what ``Finished`` does not carry: its top-k alternatives and abort message."""
+    """A row's outcome plus what ``Finished`` does not carry: top-k alternatives, abort message, experts."""
 
     result: Finished
     top: list[TopK] | None = None
     abort_message: str | None = None
+    routing: torch.Tensor | None = None  # [fed tokens, MoE layers, K] on the device, when the row asked
 
 
 class EmbeddedEngine:
@@ -122,6 +132,7 @@ class EmbeddedEngine:
         """``n`` completions per request, in request order (``abort``: see the module docstring)."""
         rows = self._rows(requests)
         top_ks = [requests[r.request].logprobs.top_k for r in rows]
+        routed = [requests[r.request].return_routed_experts for r in rows]
         done: list[_Done | None] = [None] * len(rows)
         decoded = []
         for j, row in enumerate(rows):
@@ -132,17 +143,22 @@ class EmbeddedEngine:
         with torch.inference_mode():
             for start in range(0, len(decoded), self.max_batch):
                 group = decoded[start:start + self.max_batch]
-                results = self._run_group([rows[j] for j in group], [top_ks[j] for j in group], abort or _never)
+                results = self._run_group([rows[j] for j in group], [top_ks[j] for j in group],
+                                          [routed[j] and not self.deterministic for j in group], abort or _never)
                 for j, d in zip(group, results, strict=True):
                     done[j] = d
             if self.deterministic:
-                self._rescore(rows, done, top_ks)
+                self._rescore(rows, done, top_ks, routed)
+            elif any(routed):
+                self._route_prompts(rows, done, routed)
             queued = {r.request for r, d in zip(rows, done, strict=True) if d.abort_message == ABORTED_BEFORE_PREFILL}
             wanted = [i for i, req in enumerate(requests) if req.logprobs.prompt_from is not None and i not in queued]
             pad = self.tokenizer.pad_id if self.tokenizer is not None else 0
             prompts = prompt_logprobs(self.model, requests, wanted, deterministic=self.deterministic, pad_id=pad)
+        experts = to_host([d.routing if want else None for d, want in zip(done, routed, strict=True)],
+                          [i for i, _ in moe_layers(self.model)], self.model.cfg.num_hidden_layers)
         out: list[list[Completion]] = [[] for _ in requests]
-        for row, d in zip(rows, done, strict=True):
+        for row, d, routing in zip(rows, done, experts, strict=True):
             meta = {"rid": row.rid} if row.rid is not None else {}
             if d.abort_message is not None:
                 meta["message"] = d.abort_message
@@ -152,6 +168,7 @@ class EmbeddedEngine:
                 finish_reason=f.reason, matched_stop=f.matched, weight_version=self.weight_version, meta=meta,
                 output_top_logprobs=d.top if requests[row.request].logprobs.top_k else None,
                 prompt_logprobs=scored.values if scored else None, prompt_top_logprobs=scored.top if scored else None,
+                routed_experts=routing,
             ))
         return out
 
@@ -178,6 +195,9 @@ class EmbeddedEngine:
         eos = {self.tokenizer.eos_id} if self.tokenizer is not None else set()
         for i, req in enumerate(requests):
             prompt, p = self._checked_prompt(i, req), req.params
+            if req.return_routed_experts and self.routing_shape is None:
+                raise RingzeroError(f"request {i}: return_routed_experts needs a model with MoE layers; the "
+                                    "served model has none")
             StopStrings(p.stop, self.tokenizer)  # refuse bad stop strings before any work
             base = p.seed if p.seed is not None else self._seeds.getrandbits(62)
             room = self.model.cfg.max_position_embeddings - len(prompt)
@@ -212,6 +232,11 @@ class EmbeddedEngine:
         return self.model.cfg.max_position_embeddings
 
     @property
+    def routing_shape(self) -> tuple[int, int] | None:
+        """``(num_hidden_layers, num_experts_per_tok)`` of ``routed_experts``; None: a dense model, no experts."""
+        return routing_shape(self.model)
+
+    @property
     def device(self) -> torch.device:
         """Where the engine's weights live, and with them every tensor of its decoding loop."""
         return next(self.model.parameters()).device
@@ -227,19 +252,22 @@ class EmbeddedEngine:
         # Only the last column's logits are needed: skip the LM head on the rest of the prompt.
         return self.model.logits(hidden_PSD[:, -1:])[:, 0], cache
 
-    def _run_group(self, rows: list[RowSpec], top_ks: list[int], aborted: AbortCheck) -> list[_Done]:
+    def _run_group(self, rows: list[RowSpec], top_ks: list[int], routed: list[bool], aborted: AbortCheck,
+                   ) -> list[_Done]:
         """Decode a group; rows whose request is aborted already finish without a prefill."""
         seen = aborted()
         live = [b for b, r in enumerate(rows) if r.request not in seen]
         done = {b: _Done(Finished([], [], ABORT, None), abort_message=ABORTED_BEFORE_PREFILL)
                 for b, r in enumerate(rows) if r.request in seen}
         if live:
-            for b, d in zip(live, self._decode([rows[b] for b in live], [top_ks[b] for b in live], aborted, seen),
-                            strict=True):
+            decoded = self._decode([rows[b] for b in live], [top_ks[b] for b in live], [routed[b] for b in live],
+                                   aborted, seen)
+            for b, d in zip(live, decoded, strict=True):
                 done[b] = d
         return [done[b] for b in range(len(rows))]
 
-    def _decode(self, rows: list[RowSpec], top_ks: list[int], aborted: AbortCheck, seen) -> list[_Done]:
+    def _decode(self, rows: list[RowSpec], top_ks: list[int], routed: list[bool], aborted: AbortCheck, seen,
+                ) -> list[_Done]:
         """Prefill each distinct prompt once, fan out to the rows, decode until every row finished.
 
         Everything stays on the engine's device; per step at most one small read comes back to the
@@ -252,7 +280,9 @@ class EmbeddedEngine:
         prompts = list({r.request: r.prompt for r in rows}.values())
         state = DecodingRows(rows, self.tokenizer, self.device)
         track = TopKTrack(len(rows), state.steps, max(top_ks), self.device) if any(top_ks) else None
-        logits_BV, cache = self._prefill(prompts, max(len(p) for p in prompts) + state.steps)
+        routing = GroupRouting(self.model, len(rows), self.device, enabled=any(routed))
+        with routing.prefill([len(p) for p in prompts]):
+            logits_BV, cache = self._prefill(prompts, max(len(p) for p in prompts) + state.steps)
         fan_out_B = torch.tensor([first_row_of[r.request] for r in rows], dtype=torch.long, device=self.device)
         cache.select(fan_out_B, check=False)  # built from the prompts just prefilled: in range
         logits_BV = logits_BV[fan_out_B]
@@ -279,26 +309,58 @@ class EmbeddedEngine:
                 tokens_B = tokens_B[keep_B]
                 if track is not None:
                     track.select(keep_B)
-            logits_BV = self.model(tokens_B[:, None], cache=cache)[:, -1]
+                routing.select(keep_B)
+            with routing.step():
+                logits_BV = self.model(tokens_B[:, None], cache=cache)[:, -1]
+        results = state.results()
+        experts: list[torch.Tensor | None] = [None] * len(rows)
+        if routing.enabled:  # every fed token: the prompt's, then each output token but the last
+            experts = routing.rows([first_row_of[r.request] for r in rows], [len(f.output_ids) - 1 for f in results])
         out = []
-        for b, f in enumerate(state.results()):
+        for b, (f, routes) in enumerate(zip(results, experts, strict=True)):
             d = _Done(f, track.pairs(b, len(f.output_ids), top_ks[b]) if track is not None and top_ks[b] else None)
             if b in capped and f.reason == LENGTH and len(f.output_ids) < rows[b].max_new:
                 f.reason, d.abort_message = ABORT, ABORTED
+            d.routing = routes if routed[b] else None
             out.append(d)
         return out
 
-    def _rescore(self, rows: list[RowSpec], done: list[_Done], top_ks: list[int]) -> None:
-        """Deterministic mode: replace decoding log-probs with the trainer's batch-invariant scoring."""
-        for row, d, k in zip(rows, done, top_ks, strict=True):
+    def _rescore(self, rows: list[RowSpec], done: list[_Done], top_ks: list[int], routed: list[bool]) -> None:
+        """Deterministic mode: replace decoding log-probs with the trainer's batch-invariant scoring.
+
+        A row that asks for its experts gets those of this same forward (prefill-only rows included).
+        """
+        moe = [i for i, _ in moe_layers(self.model)]
+        for row, d, k, want in zip(rows, done, top_ks, routed, strict=True):
             output = d.result.output_ids
-            if not output:
+            want = want and d.abort_message != ABORTED_BEFORE_PREFILL
+            if want and len(row.prompt) + len(output) == 1:  # one token, never fed
+                d.routing = torch.zeros((0, len(moe), self.model.cfg.num_experts_per_tok), dtype=torch.int32,
+                                        device=self.device)
                 continue
-            (scored,) = score_tokens(self.model, [row.prompt + output], [len(row.prompt)], row.params.temperature,
-                                     batch_invariant=True, top_k=k)
-            d.result.logprobs = scored.logprobs.double().tolist()
-            if k:
-                d.top = top_pairs(scored.top_values, scored.top_ids, k)
+            if not output and not want:
+                continue
+            with capture_routing(self.model) if want else nullcontext({}) as chosen:
+                (scored,) = score_tokens(self.model, [row.prompt + output], [len(row.prompt)],
+                                         row.params.temperature, batch_invariant=True, top_k=k)
+            if want:
+                d.routing = stacked(chosen, moe)[0]
+            if output:
+                d.result.logprobs = scored.logprobs.double().tolist()
+                if k:
+                    d.top = top_pairs(scored.top_values, scored.top_ids, k)
+
+    def _route_prompts(self, rows: list[RowSpec], done: list[_Done], routed: list[bool]) -> None:
+        """Prefill-only rows that ask: the experts of their prompts' tokens but the last, from a prefill."""
+        todo = [j for j, r in enumerate(rows) if routed[j] and r.max_new == 0]
+        for start in range(0, len(todo), self.max_batch):
+            group = todo[start:start + self.max_batch]
+            prompts = [rows[j].prompt for j in group]
+            routing = GroupRouting(self.model, len(group), self.device)
+            with routing.prefill([len(p) for p in prompts]):
+                self._prefill(prompts, max(len(p) for p in prompts))
+            for j, experts in zip(group, routing.rows(range(len(group)), [0] * len(group)), strict=True):
+                done[j].routing = experts[:-1]
 
 
 InProcessClient = EmbeddedEngine

@@ -1,8 +1,23 @@
 """``HttpRolloutClient``: the ``RolloutClient`` protocol over SGLang's native HTTP API.
 
 The same bodies work against ``ringzero serve`` and a real SGLang server: requests go out as one
-batched ``/generate`` per distinct ``n`` (SGLang refuses a batch whose prompts disagree on ``n``),
-with ``return_logprob`` on, and come back prompt-major (prompt ``i``'s samples at ``i * n + j``).
+batched ``/generate`` per distinct ``n`` (SGLang refuses a batch whose prompts disagree on ``n``) and
+``return_routed_experts`` (one flag per body in SGLang), with ``return_logprob`` on, and come back
+prompt-major (prompt ``i``'s samples at ``i * n + j``). ``GenerateRequest.logprobs`` travels as
+``logprob_start_len`` / ``top_logprobs_num``: one value, or a list per prompt when ``n == 1`` (SGLang refuses
+lists with ``n > 1``, so those batches are also split by these settings); the answer's prompt log-probs and
+top-k alternatives come back in the ``Completion``'s fields. ``prompt_temperature_scaled`` is not sent
+(SGLang's ``GenerateReqInput`` has no such field).
+
+Routed experts (``GenerateRequest.return_routed_experts``, MoE models): SGLang answers
+``meta_info["routed_experts"]``, the base64 of an int32 array's bytes without its shape, so the client needs
+the model's ``routing_shape=(num_hidden_layers, num_experts_per_tok)`` (as SGLang's RL clients pass
+``num_layers`` / ``moe_router_topk``; ``EmbeddedEngine.routing_shape`` gives it for a model); a request
+that asks without it is refused before anything is sent. The decoded ``Completion.routed_experts`` is a
+CPU int32 tensor ``[len(prompt) + len(output) - 1, num_hidden_layers, num_experts_per_tok]`` (slime's
+decoding: ``np.frombuffer(b64decode(...), np.int32).reshape(len(tokens) - 1, num_layers, topk)`` in
+``slime/rollout/sglang_rollout.py``). A real SGLang server returns the field only when launched with
+``--enable-return-routed-experts``; an answer without it is an error (unless aborted before any token).
 
 Connection failures and 5xx answers are retried ``retries`` times with a short backoff (a sample
 drawn twice is still a fair sample); a 4xx is the caller's fault and raised at once. Every failure
@@ -22,14 +37,17 @@ server; ``ringzero.rollout.replicas.ReplicaSet`` drives several and orders a wei
 
 from __future__ import annotations
 
+import base64
 import math
 import time
 import uuid
 
+import numpy as np
 import requests
+import torch
 
 from ringzero.errors import RingzeroError
-from ringzero.rollout.types import Completion, GenerateRequest, SamplingParams
+from ringzero.rollout.types import Completion, GenerateRequest, LogprobRequest, SamplingParams
 
 
 def sampling_params_body(p: SamplingParams) -> dict:
@@ -42,20 +60,47 @@ def sampling_params_body(p: SamplingParams) -> dict:
         body["stop_token_ids"] = list(p.stop_token_ids)
     if p.seed is not None:
         body["sampling_seed"] = p.seed
+    if p.ignore_eos:
+        body["ignore_eos"] = True
     return body
+
+
+def _start_len(lp: LogprobRequest) -> int:
+    return -1 if lp.prompt_from is None else lp.prompt_from  # SGLang's -1: output tokens only
+
+
+def _one_or_each(values: list):
+    return values[0] if len(set(values)) == 1 else values
 
 
 def generate_body(requests_: list[GenerateRequest]) -> dict:
     """``GenerateReqInput`` for one batch whose requests share ``n`` (SGLang refuses mixed ``n``).
 
     ``rid`` holds one id per prompt: SGLang gives each of the ``n`` samples its own id in ``meta_info.id``.
+    Prompt log-probs, top-k and routed experts are sent only when some request asks; with ``n > 1`` the
+    requests of a batch must agree on them (``HttpRolloutClient.generate`` splits batches so).
     """
-    return {
+    body = {
         "input_ids": [list(r.input_ids) for r in requests_],
         "sampling_params": [sampling_params_body(r.params) for r in requests_],
         "return_logprob": True,
         "rid": [r.rid or uuid.uuid4().hex for r in requests_],
     }
+    if any(r.logprobs.prompt_from is not None for r in requests_):
+        body["logprob_start_len"] = _one_or_each([_start_len(r.logprobs) for r in requests_])
+    if any(r.logprobs.top_k for r in requests_):
+        body["top_logprobs_num"] = _one_or_each([r.logprobs.top_k for r in requests_])
+    if any(r.return_routed_experts for r in requests_):
+        # GenerateReqInput.return_routed_experts is one bool for the whole body (io_struct.py).
+        body["return_routed_experts"] = True
+    return body
+
+
+def _batch_key(r: GenerateRequest) -> tuple:
+    """Requests that may share one ``/generate`` body: same ``n`` and routed-experts flag and, with ``n > 1``,
+    the same log-prob settings (SGLang: "Cannot use list logprob_start_len with parallel_sample_num > 1")."""
+    key = (r.params.n, r.return_routed_experts)
+    return key + (_start_len(r.logprobs), r.logprobs.top_k) if r.params.n > 1 else key
 
 
 def disk_update_body(model_path: str, weight_version: str) -> dict:
@@ -85,13 +130,47 @@ PAUSE_BODY = {"mode": "abort"}
 one) instead of letting it resume on new weights with tokens from two versions."""
 
 
-def _completion(item: dict, prompt_ids: list[int], where: str) -> Completion:
+_DECODED = ("output_token_logprobs", "finish_reason", "input_token_logprobs", "output_top_logprobs",
+            "input_top_logprobs", "routed_experts")
+
+
+def _logprob(value) -> float:
+    return -math.inf if value is None else float(value)  # JSON null: -inf (SGLang's orjson writes no infinity)
+
+
+def _tops(entries) -> list[list[tuple[float, int]] | None]:
+    """Per position, ``[logprob, token_id, text]`` triples -> (logprob, token_id) pairs (None stays None)."""
+    return [None if top is None else [(_logprob(e[0]), int(e[1])) for e in top] for top in entries]
+
+
+def _routed_experts(raw, fed: int, shape: tuple[int, int], where: str) -> torch.Tensor:
+    """SGLang's base64 int32 bytes -> ``[fed, num_layers, topk]`` (routed_experts_capturer.py's
+    ``extract_routed_experts_from_meta_info``, reshaped as slime does)."""
+    try:
+        flat = np.frombuffer(base64.b64decode(raw, validate=True), dtype="<i4")
+    except (TypeError, ValueError) as exc:
+        raise RingzeroError(f"{where}: meta_info.routed_experts is not base64 ({exc})") from None
+    layers, k = shape
+    if flat.size != fed * layers * k:
+        raise RingzeroError(f"{where}: meta_info.routed_experts holds {flat.size} expert ids; {fed} fed tokens x "
+                            f"{layers} layers x top-{k} needs {fed * layers * k}")
+    return torch.from_numpy(flat.astype(np.int32).reshape(fed, layers, k))
+
+
+def _completion(item: dict, req: GenerateRequest, where: str, routing_shape: tuple[int, int] | None = None,
+                ) -> Completion:
+    lp = req.logprobs
     try:
         meta = item["meta_info"]
         output_ids = [int(t) for t in item["output_ids"]]
         entries = meta.get("output_token_logprobs") or []
-        logprobs = [-math.inf if e[0] is None else float(e[0]) for e in entries]
+        logprobs = [_logprob(e[0]) for e in entries]
         reason = meta["finish_reason"] or {"type": "abort"}
+        output_top = _tops(meta.get("output_top_logprobs") or []) if lp.top_k else None
+        prompt = prompt_top = None
+        if lp.prompt_from is not None and "input_token_logprobs" in meta:
+            prompt = [None if j == 0 else _logprob(e[0]) for j, e in enumerate(meta["input_token_logprobs"])]
+            prompt_top = _tops(meta.get("input_top_logprobs") or [None] * len(prompt)) if lp.top_k else None
     except (KeyError, TypeError, IndexError, ValueError) as exc:
         raise RingzeroError(f"{where}: unexpected /generate item ({exc!r}): {str(item)[:200]}") from None
     if len(logprobs) != len(output_ids):
@@ -99,26 +178,44 @@ def _completion(item: dict, prompt_ids: list[int], where: str) -> Completion:
     kind = reason.get("type")
     if kind not in ("stop", "length", "abort"):
         raise RingzeroError(f"{where}: unknown finish_reason {reason!r}")
-    extra = {k: v for k, v in meta.items() if k not in ("output_token_logprobs", "finish_reason")}
+    experts = None
+    if req.return_routed_experts:
+        if meta.get("routed_experts") is not None:
+            experts = _routed_experts(meta["routed_experts"], len(req.input_ids) + len(output_ids) - 1,
+                                      routing_shape, where)
+        elif not (kind == "abort" and not output_ids):
+            raise RingzeroError(f"{where}: asked for routed experts, the answer has none (an SGLang server needs "
+                                "--enable-return-routed-experts)")
+    extra = {k: v for k, v in meta.items() if k not in _DECODED}
     if kind == "abort":
         extra["message"] = reason.get("message")
     return Completion(
-        prompt_ids=list(prompt_ids),
+        prompt_ids=list(req.input_ids),
         output_ids=output_ids,
         output_logprobs=logprobs,
         finish_reason=kind,
         matched_stop=reason.get("matched"),
         weight_version=str(meta.get("weight_version", "")),
         meta=extra,
+        output_top_logprobs=output_top,
+        prompt_logprobs=prompt,
+        prompt_top_logprobs=prompt_top,
+        routed_experts=experts,
     )
 
 
 class HttpRolloutClient:
-    """``RolloutClient`` against ``endpoint`` (``http://host:port`` of ringzero serve or SGLang)."""
+    """``RolloutClient`` against ``endpoint`` (``http://host:port`` of ringzero serve or SGLang).
 
-    def __init__(self, endpoint: str, timeout_s: float = 600.0, retries: int = 2, backoff_s: float = 0.5):
+    ``routing_shape``: ``(num_hidden_layers, num_experts_per_tok)`` of the served MoE model, needed to decode
+    routed experts (see the module docstring); it may also be set on the attribute later.
+    """
+
+    def __init__(self, endpoint: str, timeout_s: float = 600.0, retries: int = 2, backoff_s: float = 0.5, *,
+                 routing_shape: tuple[int, int] | None = None):
         if not endpoint.startswith(("http://", "https://")):
             raise RingzeroError(f"rollout endpoint must start with http:// or https:// (got {endpoint!r})")
+        self.routing_shape = routing_shape
         self.endpoint = endpoint.rstrip("/")
         self.timeout_s = timeout_s
         self.retries = retries
@@ -158,19 +255,24 @@ class HttpRolloutClient:
     # --- RolloutClient ---
 
     def generate(self, requests_: list[GenerateRequest]) -> list[list[Completion]]:
+        where = f"POST {self.endpoint}/generate"
+        if self.routing_shape is None and any(r.return_routed_experts for r in requests_):
+            raise RingzeroError(f"{where}: return_routed_experts needs the client's routing_shape=(num_hidden_layers, "
+                                "num_experts_per_tok) to decode the answer")
         results: list[list[Completion] | None] = [None] * len(requests_)
-        by_n: dict[int, list[int]] = {}
+        batches: dict[tuple, list[int]] = {}
         for i, req in enumerate(requests_):
-            by_n.setdefault(req.params.n, []).append(i)
-        for n, indices in by_n.items():
+            batches.setdefault(_batch_key(req), []).append(i)
+        for indices in batches.values():
             group = [requests_[i] for i in indices]
+            n = group[0].params.n
             items = self._json("POST", "/generate", generate_body(group))
-            where = f"POST {self.endpoint}/generate"
             if not isinstance(items, list) or len(items) != len(group) * n:
                 got = len(items) if isinstance(items, list) else type(items).__name__
                 raise RingzeroError(f"{where}: expected {len(group) * n} items, got {got}")
             for k, i in enumerate(indices):
-                results[i] = [_completion(items[k * n + j], requests_[i].input_ids, where) for j in range(n)]
+                results[i] = [_completion(items[k * n + j], requests_[i], where, self.routing_shape)
+                              for j in range(n)]
         return results  # type: ignore[return-value]
 
     def update_weights_from_disk(self, uri: str, weight_version: str) -> None:

@@ -4,7 +4,9 @@ Native endpoints (SGLang's names and shapes, so a real SGLang server is a drop-i
 
 * ``POST /generate`` - ``text`` or ``input_ids`` (one prompt or a list), ``sampling_params`` (one
   object or one per prompt; ``max_new_tokens: 0`` scores the prompt only, ``ignore_eos``),
-  ``return_logprob``, ``logprob_start_len``, ``top_logprobs_num``, ``return_text_in_logprobs``, ``rid``.
+  ``return_logprob``, ``logprob_start_len``, ``top_logprobs_num``, ``return_text_in_logprobs``, ``rid``,
+  ``return_routed_experts`` (MoE models; ``meta_info.routed_experts``, see ``server_format.py``) and
+  ``routed_experts_start_len``.
   Answers ``{"text", "output_ids", "meta_info"}`` for one prompt with ``n == 1``, else a list of those,
   prompt-major (prompt ``i``'s ``n`` samples at ``i * n + j``), as SGLang expands ``n``.
 * ``POST /update_weights_from_disk`` - ``{model_path, load_format?, weight_version?, flush_cache?,
@@ -74,8 +76,12 @@ class RolloutServer:
 
     def __init__(self, engine, tokenizer, *, model_path: str, tokenizer_path: str | None = None,
                  weight_version: str | None = None, vocab_size: int | None = None,
-                 window_s: float = 0.005, max_batch_requests: int = 256):
+                 window_s: float = 0.005, max_batch_requests: int = 256,
+                 routing_shape: tuple[int, int] | None = None):
+        """``routing_shape``: ``(num_hidden_layers, num_experts_per_tok)`` of the served MoE model, by default
+        the engine's ``routing_shape``; without one ``return_routed_experts`` is refused (a dense model)."""
         self.tokenizer = tokenizer
+        self.routing_shape = routing_shape or getattr(engine, "routing_shape", None)
         self.vocab_size = vocab_size or tokenizer.vocab_size
         self.model_path = model_path
         self.tokenizer_path = tokenizer_path
@@ -139,7 +145,7 @@ class RolloutServer:
         return await self._engine(self.scheduler.generate(requests))
 
     async def generate(self, request: Request) -> JSONResponse:
-        plan = parse_generate(await _body(request), self.tokenizer, self.vocab_size)
+        plan = parse_generate(await _body(request), self.tokenizer, self.vocab_size, self.routing_shape)
         start = time.perf_counter()
         groups = await self._run(plan.requests)
         latency = time.perf_counter() - start
@@ -151,6 +157,7 @@ class RolloutServer:
                 items.append(generate_item(
                     c, rid, self.tokenizer, plan.text_options[i], req.logprobs, return_logprob=plan.return_logprob[i],
                     text_in_logprobs=plan.text_in_logprobs, e2e_latency=latency,
+                    routed_from=plan.routed_from[i] if req.return_routed_experts else None,
                 ))
         return JSONResponse(items[0] if plan.single else items)
 

@@ -8,13 +8,20 @@ Log-probs are ``[logprob, token_id, text_or_null]`` per token (text with ``retur
 ``logprob_start_len`` (the first null); with ``top_logprobs_num`` k, ``output_top_logprobs`` and
 ``input_top_logprobs`` hold k such triples per position (null at the prompt range's first position).
 JSON has no infinity: a log-prob of -inf is sent as null, as SGLang's orjson does.
+With ``return_routed_experts``, ``meta_info.routed_experts`` is the base64 of the int32 array
+``[seqlen - 1 - start, num_hidden_layers, num_experts_per_tok]``'s bytes (C order, little-endian), as
+SGLang's ``tokenizer_manager.py`` / ``detokenizer_manager.py`` encode it (``pybase64.b64encode(
+tensor.numpy().tobytes())``); rows from ``routed_experts_start_len`` (``start``) on.
 """
 
 from __future__ import annotations
 
+import base64
 import math
 import uuid
 from dataclasses import replace
+
+import torch
 
 from ringzero.rollout.server_schema import TextOptions
 from ringzero.rollout.types import Completion, LogprobRequest
@@ -121,8 +128,26 @@ def logprob_meta(c: Completion, tokenizer, wanted: LogprobRequest, *, with_text:
     return meta
 
 
+def routed_experts_b64(c: Completion, start: int = 0) -> str | None:
+    """``meta_info.routed_experts`` of a completion whose request asked; None when nothing was fed (a
+    request aborted before its prefill), as SGLang then answers without the field."""
+    fed = len(c.prompt_ids) + len(c.output_ids) - 1
+    if c.routed_experts is None:
+        if c.finish_reason == "abort" and not c.output_ids:
+            return None
+        raise EngineCrash("engine returned no routed experts for a request that asked for them")
+    experts = torch.as_tensor(c.routed_experts)
+    if experts.dim() != 3 or experts.shape[0] != fed or experts.is_floating_point():
+        raise EngineCrash(f"engine returned routed experts of shape {list(experts.shape)} ({experts.dtype}) for "
+                          f"{fed} fed tokens; expected integer [{fed}, layers, top-k]")
+    rows = experts[min(start, fed):].to(device="cpu", dtype=torch.int32).contiguous().numpy()
+    return base64.b64encode(rows.astype("<i4", copy=False).tobytes()).decode("ascii")
+
+
 def generate_item(c: Completion, rid: str, tokenizer, opts: TextOptions, wanted: LogprobRequest, *,
-                  return_logprob: bool, text_in_logprobs: bool, e2e_latency: float) -> dict:
+                  return_logprob: bool, text_in_logprobs: bool, e2e_latency: float,
+                  routed_from: int | None = None) -> dict:
+    """``routed_from``: with ``return_routed_experts``, the first row of ``routed_experts`` to answer."""
     meta = {
         "id": rid,
         "finish_reason": finish_reason(c),
@@ -134,6 +159,8 @@ def generate_item(c: Completion, rid: str, tokenizer, opts: TextOptions, wanted:
     }
     if return_logprob:
         meta.update(logprob_meta(c, tokenizer, wanted, with_text=text_in_logprobs))
+    if routed_from is not None and (routed := routed_experts_b64(c, routed_from)) is not None:
+        meta["routed_experts"] = routed
     return {"text": completion_text(c, tokenizer, opts), "output_ids": [int(t) for t in c.output_ids],
             "meta_info": meta}
 

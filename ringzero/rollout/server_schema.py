@@ -188,7 +188,8 @@ def parse_sampling(fields: dict, where: str, aliases: dict[str, str] | None = No
 class GeneratePlan:
     """One ``/generate`` body: a request per prompt (``n`` samples each) and how to answer it.
 
-    With ``return_logprob`` a request carries its prompt range and top-k in ``GenerateRequest.logprobs``.
+    With ``return_logprob`` a request carries its prompt range and top-k in ``GenerateRequest.logprobs``;
+    with ``return_routed_experts`` its flag is set, and ``routed_from`` holds the first row to answer.
     """
 
     requests: list[GenerateRequest]
@@ -196,6 +197,7 @@ class GeneratePlan:
     return_logprob: list[bool]
     text_in_logprobs: bool
     single: bool  # a single prompt with n == 1 answers with one object, anything else with a list
+    routed_from: list[int]  # per prompt, SGLang's routed_experts_start_len (0: from the first token)
 
     @property
     def n(self) -> int:
@@ -223,7 +225,6 @@ _GENERATE_NEUTRAL = {
     "session_params": _neutral(None),
     "token_ids_logprob": _neutral(None),
     "return_hidden_states": _neutral(False),
-    "return_routed_experts": _neutral(False),
     "return_entropy": _neutral(False),
     "return_prompt_token_ids": _neutral(False),
     "return_sampling_mask": _neutral(False),
@@ -244,7 +245,8 @@ _GENERATE_NEUTRAL = {
     "max_thinking_tokens": _neutral(None),
 }
 _GENERATE_FIELDS = {"text", "input_ids", "sampling_params", "return_logprob", "logprob_start_len",
-                    "top_logprobs_num", "return_text_in_logprobs", "temp_scaled_logprobs", "rid"}
+                    "top_logprobs_num", "return_text_in_logprobs", "temp_scaled_logprobs", "rid",
+                    "return_routed_experts", "routed_experts_start_len"}
 
 
 def _per_prompt(value: Any, field: str, size: int, check, default):
@@ -310,7 +312,10 @@ def _rids(value: Any, size: int) -> list[str | None]:
     raise BadRequest("rid", f"must be a string or a list of {size} distinct strings (got {value!r})")
 
 
-def parse_generate(body: Any, tokenizer, vocab_size: int) -> GeneratePlan:
+def parse_generate(body: Any, tokenizer, vocab_size: int, routing_shape: tuple[int, int] | None = None,
+                   ) -> GeneratePlan:
+    """``routing_shape``: the served model's ``(num_hidden_layers, num_experts_per_tok)``; None (a dense
+    model) refuses ``return_routed_experts``."""
     if not isinstance(body, dict):
         raise BadRequest("body", "must be a JSON object")
     for name, value in body.items():
@@ -343,6 +348,11 @@ def parse_generate(body: Any, tokenizer, vocab_size: int) -> GeneratePlan:
     scaled = False if scaled is None else _bool(scaled, "temp_scaled_logprobs")
     text_in_logprobs = body.get("return_text_in_logprobs")
     rids = _rids(body.get("rid"), size)
+    routed = _per_prompt(body.get("return_routed_experts"), "return_routed_experts", size, _bool, False)
+    if any(routed) and routing_shape is None:
+        raise BadRequest("return_routed_experts", "the served model has no MoE layers, so no routed experts to "
+                                                  "return; only false is accepted")
+    routed_from = _routed_from(body.get("routed_experts_start_len"), prompts)
     requests = []
     for i, (prompt, (params, _), rid) in enumerate(zip(prompts, parsed, rids, strict=True)):
         logprobs = LogprobRequest()
@@ -351,14 +361,26 @@ def parse_generate(body: Any, tokenizer, vocab_size: int) -> GeneratePlan:
                                       for name in ("logprob_start_len", "top_logprobs_num"))
             logprobs = LogprobRequest(_prompt_from(starts[i], len(prompt), params.max_new_tokens, start_field),
                                       _top_k(tops[i], vocab_size, top_field), scaled)
-        requests.append(GenerateRequest(list(prompt), params, rid, logprobs))
+        requests.append(GenerateRequest(list(prompt), params, rid, logprobs, return_routed_experts=routed[i]))
     return GeneratePlan(
         requests=requests,
         text_options=[opts for _, opts in parsed],
         return_logprob=return_logprob,
         text_in_logprobs=False if text_in_logprobs is None else _bool(text_in_logprobs, "return_text_in_logprobs"),
         single=single and parsed[0][0].n == 1,
+        routed_from=routed_from,
     )
+
+
+def _routed_from(value: Any, prompts: list[list[int]]) -> list[int]:
+    """SGLang's ``routed_experts_start_len``: the answer covers rows ``[start, seqlen - 1)``, start in
+    ``0..len(prompt)`` (``GenerateReqInput`` in ``python/sglang/srt/managers/io_struct.py``)."""
+    starts = _per_prompt(value, "routed_experts_start_len", len(prompts), lambda v, f: _int(v, f, lo=0), 0)
+    for i, (start, prompt) in enumerate(zip(starts, prompts, strict=True)):
+        if start > len(prompt):
+            field = f"routed_experts_start_len[{i}]" if isinstance(value, list) else "routed_experts_start_len"
+            raise BadRequest(field, f"is {start}, past the prompt's {len(prompt)} tokens")
+    return starts
 
 
 def _prompt_from(start: int, prompt_len: int, max_new_tokens: int, field: str) -> int:
