@@ -178,10 +178,15 @@ class EmbeddedEngine:
         self.weight_version = str(weight_version)
 
     def update_weights_from_disk(self, uri: str, weight_version: str) -> None:
-        """Load a committed checkpoint (same architecture as the served model) through the store."""
+        """Load new weights of the served architecture: a local Ling 2.5 model folder (a path, what SGLang's
+        ``model_path`` is) or a committed checkpoint in the store (a ``file://`` or ``s3://`` URI)."""
         from ringzero.model.checkpoint import load_model
+        from ringzero.model.hf_folder import load_folder
 
-        loaded = load_model(uri, self.policy, s3=self.s3, device=self.device)
+        if "://" in uri:
+            loaded = load_model(uri, self.policy, s3=self.s3, device=self.device)
+        else:
+            loaded = load_folder(uri, self.policy, device=self.device)
         if loaded.config != self.model.cfg:
             raise RingzeroError(f"{uri}: its model config differs from the one this engine serves")
         self.model = loaded.model.eval()

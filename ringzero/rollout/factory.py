@@ -16,6 +16,7 @@ unset, nothing is pushed: the caller pushes itself (the RL loop does, before its
 
 from __future__ import annotations
 
+from ringzero.errors import RingzeroError
 from ringzero.model.precision import body_dtype
 from ringzero.rollout.replicas import DistributedReplicaSet, ReplicaSet, resolve_endpoints
 from ringzero.rollout.spread import spread
@@ -34,14 +35,15 @@ def rollout_client(cfg, model, tokenizer, runtime=None, *, seed: int, max_batch:
         client = EmbeddedEngine(model, tokenizer, cfg.precision.rollout, deterministic=deterministic,
                                 max_batch=max_batch, seed=seed)
         return client if runtime is None else spread(client, runtime)
-    remote = remote_client(engine, cfg.precision.rollout)
+    shape = (cfg.model.num_hidden_layers, cfg.model.num_experts_per_tok) if cfg.model.num_experts else None
+    remote = remote_client(engine, cfg.precision.rollout, shape)
     client = remote if runtime is None else spread(remote, runtime)
     if serves is not None:
         _serve(client, remote, engine, model, serves, runtime, tokenizer, cfg.precision.rollout)
     return client
 
 
-def remote_client(engine, policy=None) -> ReplicaSet:
+def remote_client(engine, policy=None, routing_shape=None) -> ReplicaSet:
     """The ``ReplicaSet`` of ``engines.rollout`` (kind sglang), built once per process; ``policy`` is the
     rollout precision policy (distributed pushes are cast to its body dtype)."""
     key = engine.model_dump_json()
@@ -57,6 +59,8 @@ def remote_client(engine, policy=None) -> ReplicaSet:
                                            dtype=None if policy is None else body_dtype(policy), **common)
         else:
             remote = ReplicaSet(endpoints, **common)
+        for c in remote.clients:  # decodes meta_info["routed_experts"] (routing replay)
+            c.routing_shape = routing_shape
         _REMOTE[key] = remote
         _SERVING[id(remote)] = engine.served_uri
     return _REMOTE[key]
@@ -77,6 +81,12 @@ def _serve(client, remote: ReplicaSet, engine, model, uri: str, runtime, tokeniz
         client.update_weights(model.state_dict(), uri)
     elif engine.weight_sync == "store":
         client.update_weights_from_disk(uri, uri)
+    elif engine.weights_dir is None:
+        raise RingzeroError(
+            f"rollout servers: cannot serve {uri} with weight_sync disk: no engines.rollout.weights_dir (the shared "
+            "volume the servers mount) to write its folder to; set it, use weight_sync distributed, or sample only "
+            f"from the checkpoint the servers started with (engines.rollout.served_uri = {engine.served_uri!r})"
+        )
     else:
         from ringzero.rollout.folder_push import push_folder
 

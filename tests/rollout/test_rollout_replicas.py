@@ -433,18 +433,20 @@ def test_distributed_pushes_reach_every_replica_through_the_weight_group():
                                        sync_timeout_s=60)
         assert hasattr(spread(client, FakeRuntime(0)), "update_weights")
         gen = torch.Generator().manual_seed(0)
-        state = {"embed.weight": torch.randn(5, 3, generator=gen),
+        state = {"word_embeddings.weight": torch.randn(5, 3, generator=gen),
                  "lm_head.weight": torch.randn(2, 3, generator=gen).to(torch.bfloat16)}
         client.update_weights(state, "step-1")
+        sent = {"model.word_embeddings.weight": state["word_embeddings.weight"], "lm_head.weight": state["lm_head.weight"]}
         for p in procs:
             got = p.received()
-            assert list(got) == ["embed.weight", "lm_head.weight"]
+            assert list(got) == list(sent)  # the state dict goes out under the checkpoint's tensor names
             assert got["lm_head.weight"][0] == "torch.bfloat16"
-            for name, t in state.items():
+            for name, t in sent.items():
                 assert got[name][1] == t.float().flatten().tolist()
         state2 = {k: v + 1 for k, v in state.items()}
         client.update_weights(state2, "step-2")  # the group is opened once
-        assert all(p.received()["embed.weight"][1] == state2["embed.weight"].flatten().tolist() for p in procs)
+        assert all(p.received()["model.word_embeddings.weight"][1] == state2["word_embeddings.weight"].flatten().tolist()
+                   for p in procs)
         assert all(c.weight_version == "step-2" for g in client.generate(reqs(2)) for c in g)
     finally:
         for p in procs:

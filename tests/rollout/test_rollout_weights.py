@@ -54,3 +54,15 @@ def test_update_weights_from_disk(tmp_path):
     with pytest.raises(RingzeroError, match="config differs"):
         engine.update_weights_from_disk(other, "x")
     assert engine.weight_version == "step-1"
+
+
+def test_update_weights_from_a_local_model_folder_as_sglang_takes_model_path(tmp_path):
+    from ringzero.model.hf_folder import write_folder
+
+    old, new = tiny_model("float32", seed=0), tiny_model("float32", seed=1)
+    write_folder(tmp_path / "step-2", new.cfg, new.state_dict())
+    engine = EmbeddedEngine(old, policy=policy("fp32"))
+    engine.update_weights_from_disk(str(tmp_path / "step-2"), "2")
+    assert _ids(engine) == _ids(EmbeddedEngine(new, policy=policy("fp32"))) and engine.weight_version == "2"
+    with pytest.raises(RingzeroError, match="no config.json"):
+        engine.update_weights_from_disk(str(tmp_path), "3")
