@@ -37,7 +37,6 @@ LING_FIELDS = tuple(k for k in ModelConfig.model_fields if k not in OWN_FIELDS)
 FIXED_KEYS = {
     "hidden_act": ("silu", "the MLPs are SwiGLU"),
     "linear_silu": (False, "SiLU on the Lightning q/k/v is not implemented"),
-    "num_nextn_predict_layers": (0, "multi-token-prediction layers are not trained here (import drops them)"),
     "full_attention_type": ("mla", "the full-attention layers are MLA"),
 }
 
@@ -121,12 +120,15 @@ def state_dict_from_hf(tensors: Mapping[str, torch.Tensor], expected: Mapping[st
     """Tensors of a Ling 2.5 folder as a ``HybridLM`` state dict; ``expected`` maps state-dict keys to shapes.
 
     Refuses, naming every tensor at fault, a missing, unexpected or mis-shaped tensor. The
-    multi-token-prediction layers (``model.layers.{i}`` with ``i >= num_hidden_layers``) and the rotary
-    ``inv_freq`` buffers some exports carry are dropped.
+    multi-token-prediction layers of a published checkpoint (``model.layers.{i}`` with
+    ``i >= num_hidden_layers``, or ``model.mtp.*``; ``num_nextn_predict_layers`` in its config) and the
+    rotary ``inv_freq`` buffers some exports carry are dropped: ringzero trains no MTP head and writes
+    ``num_nextn_predict_layers: 0``.
     """
     out, unexpected = {}, []
     for name, t in tensors.items():
-        if name.endswith(".inv_freq") or (num_hidden_layers is not None and _mtp_layer(name, num_hidden_layers)):
+        if name.endswith(".inv_freq") or name.startswith("model.mtp.") or (
+                num_hidden_layers is not None and _mtp_layer(name, num_hidden_layers)):
             continue
         key = name[len("model."):] if name.startswith("model.") else name
         (out.__setitem__(key, t) if key in expected else unexpected.append(name))

@@ -138,8 +138,9 @@ def test_earlier_format_is_refused_with_how_to_convert(tmp_path):
 
 def test_mtp_layers_of_a_published_checkpoint_are_dropped_on_import(tmp_path):
     def edit(config, tensors):
-        config["num_nextn_predict_layers"] = 0  # what ringzero keeps; the published folder's extra layer:
+        config["num_nextn_predict_layers"] = 1  # a published folder's MTP layer, which ringzero drops
         tensors["model.layers.4.eh_proj.weight"] = torch.zeros(32, 64)
+        tensors["model.layers.4.mlp.gate_proj.weight"] = torch.zeros(40, 32)
     folder = _write_broken(tmp_path, edit)
     assert check_folder(folder).num_hidden_layers == 4
 
