@@ -10,26 +10,76 @@ algorithmic cause lives in the tail, so this module logs the raw distribution ov
 - ``entropy/*``, ``kl/*``, ``len/*``, ``reward/*``, ``trace/*``: what the policy did.
 
 Pure functions of tensors and lists; the ratio here is the raw one (no clamp), as the engines produced it.
+
+Percentiles are numpy's default (``linear``, method 7: the order statistics at ``floor((n-1)q)`` and the
+next, interpolated), found by exact selection where the values live: ``np.partition`` over a view of a host
+tensor, one ``torch.sort`` on an accelerator. Neither has ``torch.quantile``'s input limit (2^24 elements: 512
+responses of 32k tokens), and no value travels as a Python float; host numbers are np.quantile's, bit for bit.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
 import torch
 
-from ringzero.metrics import distribution
 from ringzero.rl.losses.kl import k3
 
 DEFAULT_BUCKET = 64
 LENGTH_PERCENTILE = 95
+QUANTILES = (0.5, 0.9, 0.99, 0.999)
+QUANTILE_NAMES = ("p50", "p90", "p99", "p99.9")
 
 
-def _masked_values(x_NT: torch.Tensor, mask_NT: torch.Tensor) -> np.ndarray:
-    """The masked values on the host: one read of each tensor (they are logged), masked there."""
-    values = np.asarray(x_NT.detach().double().tolist(), dtype=np.float64).reshape(tuple(x_NT.shape))
-    return values[np.asarray(mask_NT.bool().tolist(), dtype=bool).reshape(tuple(mask_NT.shape))]
+def masked_flat(x_NT: torch.Tensor, mask_NT: torch.Tensor) -> torch.Tensor:
+    """The masked values as one flat float64 tensor, on the tensor's device."""
+    return x_NT.detach().double()[mask_NT.bool()]
+
+
+def _lerp(a: float, b: float, t: float) -> float:
+    """numpy's ``_lerp``: the same rounding on either side of t = 0.5."""
+    return b - (b - a) * (1 - t) if t >= 0.5 else a + (b - a) * t
+
+
+def _partition_pick(flat: torch.Tensor, ks: list[int]) -> list[float]:
+    """The order statistics ``ks`` (0-based, ascending) of a host tensor: introselect, as np.quantile."""
+    return np.partition(flat.numpy(), ks)[ks].tolist()
+
+
+def _sorted_pick(flat: torch.Tensor, ks: list[int]) -> list[float]:
+    """The same on an accelerator: one sort there, only ``len(ks)`` values read back."""
+    return torch.sort(flat).values[torch.tensor(ks, device=flat.device)].tolist()
+
+
+def quantiles(flat: torch.Tensor, qs: Sequence[float]) -> list[float]:
+    """``np.quantile(values, qs)`` (linear interpolation) by exact selection on the values' device."""
+    flat = flat.detach().reshape(-1)
+    n = flat.numel()
+    if n == 0 or bool(torch.isnan(flat).any()):
+        return [float("nan")] * len(qs)
+    virtual = [(n - 1) * float(q) for q in qs]
+    below = [min(max(int(math.floor(v)), 0), n - 1) for v in virtual]
+    ks = sorted({*below, *(min(k + 1, n - 1) for k in below)})
+    at = dict(zip(ks, (_partition_pick if flat.device.type == "cpu" else _sorted_pick)(flat, ks), strict=True))
+    return [_lerp(at[k], at[min(k + 1, n - 1)], v - k) for k, v in zip(below, virtual, strict=True)]
+
+
+def _mean(flat: torch.Tensor) -> float:
+    """numpy's pairwise mean on the host (today's numbers, bit for bit), torch's elsewhere."""
+    return float(flat.numpy().mean()) if flat.device.type == "cpu" else float(flat.mean())
+
+
+def tail_distribution(prefix: str, flat: torch.Tensor) -> dict[str, float]:
+    """mean, p50, p90, p99, p99.9 and max of a flat tensor under ``prefix/`` (NaN when it is empty)."""
+    flat = flat.detach().reshape(-1).double()
+    if flat.numel() == 0:
+        return {f"{prefix}/{k}": float("nan") for k in ("mean", *QUANTILE_NAMES, "max")}
+    top = float(flat.numpy().max()) if flat.device.type == "cpu" else float(flat.max())
+    return {f"{prefix}/mean": _mean(flat),
+            **{f"{prefix}/{name}": v for name, v in zip(QUANTILE_NAMES, quantiles(flat, QUANTILES), strict=True)},
+            f"{prefix}/max": top}
 
 
 def position_buckets(buckets: int | Sequence[int], length: int) -> list[tuple[str, int, int]]:
@@ -60,31 +110,31 @@ def ratio_tail(logp_train_NT: torch.Tensor, logp_rollout_NT: torch.Tensor, mask_
     abs_log_r_NT = log_r_NT.abs()
     r_NT = log_r_NT.exp()
     out = {
-        **distribution("ratio", _masked_values((r_NT - 1).abs(), valid_NT)),
-        **distribution("logratio", _masked_values(abs_log_r_NT, valid_NT)),
+        **tail_distribution("ratio", masked_flat((r_NT - 1).abs(), valid_NT)),
+        **tail_distribution("logratio", masked_flat(abs_log_r_NT, valid_NT)),
         "ratio/above_clip_frac": float(((r_NT > 1 + eps_high) & valid_NT).sum()) / n_masked if n_masked else 0.0,
         "ratio/nonfinite_frac": float((mask_NT & ~finite_NT).sum()) / n_masked if n_masked else 0.0,
     }
     positions_T = torch.arange(log_r_NT.shape[1], device=log_r_NT.device)
     for label, start, end in position_buckets(buckets, log_r_NT.shape[1]):
         in_bucket_NT = valid_NT & ((positions_T >= start) & (positions_T < end))[None, :]
-        values = _masked_values(abs_log_r_NT, in_bucket_NT)
-        if values.size:  # a bucket no response reached has no drift to report
-            out[f"drift/pos_{label}/mean"] = float(values.mean())
-            out[f"drift/pos_{label}/p99"] = float(np.quantile(values, 0.99))
+        values = masked_flat(abs_log_r_NT, in_bucket_NT)
+        if values.numel():  # a bucket no response reached has no drift to report
+            out[f"drift/pos_{label}/mean"] = _mean(values)
+            out[f"drift/pos_{label}/p99"] = quantiles(values, [0.99])[0]
     return out
 
 
 def entropy_summary(entropy_NT: torch.Tensor, mask_NT: torch.Tensor) -> dict[str, float]:
     """Per-token policy entropy (nats) over masked tokens."""
-    return distribution("entropy", _masked_values(entropy_NT, mask_NT.bool()))
+    return tail_distribution("entropy", masked_flat(entropy_NT, mask_NT))
 
 
 def kl_summary(logp_train_NT: torch.Tensor, logp_ref_NT: torch.Tensor, mask_NT: torch.Tensor) -> dict[str, float]:
     """Per-token k3 KL to the reference over masked tokens."""
     mask_NT = mask_NT.bool()
     with torch.no_grad():
-        return distribution("kl", _masked_values(k3(logp_train_NT, logp_ref_NT, mask_NT), mask_NT))
+        return tail_distribution("kl", masked_flat(k3(logp_train_NT, logp_ref_NT, mask_NT), mask_NT))
 
 
 def length_summary(lengths: Sequence[int], truncated: Sequence[bool]) -> dict[str, float]:

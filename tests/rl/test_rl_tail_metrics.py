@@ -6,14 +6,18 @@ import numpy as np
 import pytest
 import torch
 
-from ringzero.metrics import MemoryMetricWriter
+from ringzero.metrics import MemoryMetricWriter, distribution
+from ringzero.rl import tail_metrics
 from ringzero.rl.tail_metrics import (
+    QUANTILES,
     entropy_summary,
     kl_summary,
     length_summary,
     position_buckets,
+    quantiles,
     ratio_tail,
     reward_summary,
+    tail_distribution,
     trace_summary,
 )
 
@@ -108,3 +112,51 @@ def test_every_key_is_accepted_by_the_metric_writer():
     }
     record = MemoryMetricWriter().log(0, metrics)
     assert {"ratio/p99", "ratio/p99.9", "logratio/p99", "drift/pos_0-63/mean", "len/p95", "trace/rate"} <= set(record)
+
+
+def test_percentiles_on_two_to_the_25_values_are_numpys_exactly():
+    """torch.quantile refuses more than 2^24 values; the selection here takes 2^25 (32 MiB of float64 x 8)
+    and gives numpy's linear-interpolation percentiles bit for bit (same order statistics, same lerp)."""
+    gen = torch.Generator().manual_seed(0)
+    flat = torch.randn(2**25, generator=gen, dtype=torch.float64).abs()
+    flat[:1000] = flat[1000]  # ties
+    with pytest.raises(RuntimeError):
+        torch.quantile(flat, 0.5)
+    arr = flat.numpy()
+    qs = [*QUANTILES, 0.0, 1.0, 0.25]
+    assert quantiles(flat, qs) == np.quantile(arr, qs).tolist()
+    assert tail_distribution("ratio", flat) == distribution("ratio", arr)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 7, 1000, 4097])
+def test_sorted_selection_matches_the_host_selection(n):
+    """The accelerator path (one sort, indexed) picks the same order statistics as the host's introselect."""
+    gen = torch.Generator().manual_seed(n)
+    flat = torch.randint(0, 50, (n,), generator=gen).double() / 7  # many ties
+    ks = sorted({0, n - 1, n // 2, (n - 1) * 99 // 100})
+    assert tail_metrics._sorted_pick(flat, ks) == tail_metrics._partition_pick(flat, ks)
+    assert quantiles(flat, QUANTILES) == np.quantile(flat.numpy(), QUANTILES).tolist()
+    if torch.cuda.is_available():
+        assert quantiles(flat.cuda(), QUANTILES) == pytest.approx(np.quantile(flat.numpy(), QUANTILES), rel=1e-15)
+
+
+def test_empty_and_nan_values():
+    assert all(math.isnan(v) for v in quantiles(torch.zeros(0, dtype=torch.float64), QUANTILES))
+    assert all(math.isnan(v) for v in tail_distribution("x", torch.zeros(0)).values())
+    assert math.isnan(quantiles(torch.tensor([1.0, float("nan")]), [0.5])[0])
+
+
+def test_ratio_tail_numbers_are_the_numpy_ones():
+    """The tail through the tensor path equals the former host path (np.quantile over the masked values)."""
+    gen = torch.Generator().manual_seed(1)
+    rollout = -torch.rand(8, 200, generator=gen).double() * 3
+    train = rollout + 0.1 * torch.randn(8, 200, generator=gen).double()
+    mask = torch.rand(8, 200, generator=gen) < 0.8
+    out = ratio_tail(train, rollout, mask, eps_high=0.28)
+    abs_r = np.abs(np.exp((train - rollout).numpy()) - 1)[mask.numpy()]
+    abs_log = np.abs((train - rollout).numpy())[mask.numpy()]
+    assert {k: out[k] for k in distribution("ratio", abs_r)} == distribution("ratio", abs_r)
+    assert {k: out[k] for k in distribution("logratio", abs_log)} == distribution("logratio", abs_log)
+    first = np.abs((train - rollout).numpy()[:, :64])[mask.numpy()[:, :64]]
+    assert out["drift/pos_0-63/p99"] == float(np.quantile(first, 0.99))
+    assert out["drift/pos_0-63/mean"] == float(first.mean())
