@@ -38,9 +38,9 @@ from pathlib import Path
 
 from mdsection import write_section
 
-MODEL = dict(vocab_size=64, hidden_size=128, num_hidden_layers=4, num_attention_heads=4, layout="hybrid", layer_group_size=2, intermediate_size=352,
-             kv_lora_rank=32, qk_nope_head_dim=32, qk_rope_head_dim=16, v_head_dim=32,
-             head_dim=32, lightning_block_size=64)
+MODEL = dict(vocab_size=64, hidden_size=128, num_hidden_layers=4, num_attention_heads=4, layout="hybrid",
+             layer_group_size=2, intermediate_size=352, kv_lora_rank=32, qk_nope_head_dim=32, qk_rope_head_dim=16,
+             v_head_dim=32, head_dim=32, lightning_block_size=64)
 """The model of configs/tiny-cpu.yaml (layers 0, 2 Lightning; 1, 3 MLA)."""
 
 MIB = 2**20
@@ -67,8 +67,7 @@ def rank_step(ctx, cp: int, seq_len: int, impl: str) -> dict:
 
     groups = ctx.groups(ParallelDims(dp=1, cp=cp, world_size=cp))
     torch.manual_seed(0)
-    cfg = ModelConfig.model_validate({**MODEL, "max_position_embeddings": seq_len,
-                                      **MODEL["mla"], "mla_attention_impl": impl})
+    cfg = ModelConfig.model_validate({**MODEL, "max_position_embeddings": seq_len, "mla_attention_impl": impl})
     model = HybridLM(cfg, PrecisionPolicy.preset("fp32"))
     parallelize(model, groups)  # default plan; cp == 1 leaves the model as it is
     layout = SeqLayout(seq_len, cp, "contiguous")

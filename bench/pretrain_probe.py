@@ -25,11 +25,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from zero_rl_tiny import trace_roles  # noqa: E402
 
 from ringzero.config.loader import load_config  # noqa: E402
+from ringzero.parallel.runtime import single  # noqa: E402
 from ringzero.rollout.engine import EmbeddedEngine  # noqa: E402
 from ringzero.stages.corpus_windows import CorpusWindows  # noqa: E402
 from ringzero.stages.heldout_eval import evaluate_heldout  # noqa: E402
+from ringzero.stages.lm_step import lm_step  # noqa: E402
 from ringzero.stages.optimizer import TrainOptimizer  # noqa: E402
-from ringzero.stages.pretrain import lm_loss  # noqa: E402
 from ringzero.stages.setup import fresh_model, task_and_tokenizer  # noqa: E402
 
 HELDOUT_KEYS = ("accuracy", "trace_rate", "trace_accuracy", "forced_trace_accuracy", "len_mean", "greedy_accuracy")
@@ -59,11 +60,11 @@ def main() -> None:
     optimizer = TrainOptimizer(model, stage.optim, total_steps=args.steps, schedule="cosine")
     windows = CorpusWindows(task, tokenizer, stage.seq_len, cfg.run.seed)
     started, losses = time.time(), []
+    runtime = single(next(model.parameters()).device)
     for step in range(args.steps):
-        loss = lm_loss(model, windows.batch(step, stage.batch_size))
-        loss.backward()
-        optimizer.step()
-        losses.append(float(loss.detach()))
+        loss = lm_step(model, windows.batch(step, stage.batch_size), runtime, optimizer=optimizer,
+                       micro_batch=stage.micro_batch).loss
+        losses.append(float(loss))
         if (step + 1) % args.every:
             continue
         model.eval()
