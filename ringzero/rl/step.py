@@ -3,6 +3,10 @@ push the new weights to the rollout engine; returns every metric of the step.
 
 Timings: ``time/generate`` (sampling, decoding and rewards), ``time/train`` (all minibatch updates,
 numerator and reference log-probs included), ``time/sync`` (the weight push), ``time/step``.
+
+With mismatch corrections (``loss.corrections``), the trainer scores the batch once before the advantages
+(``PolicyTrainer.correct``, counted in ``time/train``): the responses it drops stay out of their group's
+baseline and out of the ``reward/*`` metrics, and ``correction/*`` reports what was dropped and weighted.
 """
 
 from __future__ import annotations
@@ -11,6 +15,9 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+
+import numpy as np
+import torch
 
 from ringzero.rl.advantage import group_advantages
 from ringzero.rl.rewards import TaskReward
@@ -58,12 +65,18 @@ class RLStep:
         t0 = time.perf_counter()
         batch = self.last_batch = self.generate(step)
         t1 = time.perf_counter()
-        advantages_N = group_advantages(batch.rewards_N, self.shape.samples, use_std=self.shape.advantage_std)
-        metrics = self.trainer.train(batch, advantages_N, seed=derive_seed(self.seed, "rl-minibatches", step))
+        correction = self.trainer.correct(batch)
+        keep_N = None if correction is None else correction.keep_N
+        advantages_N = group_advantages(batch.rewards_N, self.shape.samples, use_std=self.shape.advantage_std,
+                                        keep_N=keep_N)
+        metrics = self.trainer.train(batch, advantages_N, seed=derive_seed(self.seed, "rl-minibatches", step),
+                                     correction=correction)
         t2 = time.perf_counter()
         self.push(step)
         t3 = time.perf_counter()
-        metrics.update(rollout_metrics(self.task, batch))
+        metrics.update(rollout_metrics(self.task, batch, keep_N))
+        if correction is not None:
+            metrics.update(correction.metrics)
         if hasattr(self.client, "pop_metrics"):  # e.g. rollout/stale_samples of remote servers (every rank calls it)
             metrics.update(self.client.pop_metrics())
         metrics.update({"time/generate": t1 - t0, "time/train": t2 - t1, "time/sync": t3 - t2, "time/step": t3 - t0,
@@ -71,13 +84,35 @@ class RLStep:
         return metrics
 
 
-def rollout_metrics(task: Task, batch: RolloutBatch) -> dict[str, float]:
-    """What the policy did: rewards, accuracy, lengths, trace usage and step checks."""
+def rollout_metrics(task: Task, batch: RolloutBatch, keep_N: torch.Tensor | None = None) -> dict[str, float]:
+    """What the policy did: rewards, accuracy, lengths, trace usage and step checks.
+
+    ``keep_N``: the responses the mismatch corrections kept; the ``reward/*`` metrics count only those
+    (lengths and traces describe every sampled response)."""
     correct = [float(c) for c in batch.correct]
     checks = [task.step_check(text, p) if traced else (0, 0)
               for text, p, traced in zip(batch.responses, batch.problems, batch.uses_trace, strict=True)]
-    out = reward_summary(batch.rewards_N.tolist(), batch.group_size)
-    out["reward/accuracy"] = sum(correct) / len(correct) if correct else float("nan")
+    if keep_N is None:
+        out = reward_summary(batch.rewards_N.tolist(), batch.group_size)
+        out["reward/accuracy"] = sum(correct) / len(correct) if correct else float("nan")
+    else:
+        out = kept_reward_summary(batch.rewards_N.tolist(), correct, keep_N.tolist(), batch.group_size)
     out.update(length_summary(batch.lengths, batch.truncated))
     out.update(trace_summary(batch.uses_trace, correct, checks))
+    return out
+
+
+def kept_reward_summary(rewards: list[float], correct: list[float], keep: list[bool],
+                        group_size: int) -> dict[str, float]:
+    """``reward_summary`` and accuracy over the kept responses only; a group's shares are taken over its kept
+    members, and a group with none kept is left out."""
+    kept = np.asarray(keep, dtype=bool)
+    out = reward_summary(np.asarray(rewards, dtype=np.float64)[kept].tolist())
+    acc = np.asarray(correct, dtype=np.float64)[kept]
+    out["reward/accuracy"] = float(acc.mean()) if acc.size else float("nan")
+    groups = [np.asarray(rewards[i:i + group_size], dtype=np.float64)[kept[i:i + group_size]]
+              for i in range(0, len(rewards), group_size)]
+    groups = [g for g in groups if g.size]
+    out["reward/zero_std_groups"] = float(np.mean([g.max() == g.min() for g in groups])) if groups else float("nan")
+    out["reward/solved_groups"] = float(np.mean([g.max() >= 1.0 for g in groups])) if groups else float("nan")
     return out

@@ -10,12 +10,15 @@ Per minibatch (the paper's 512 / 32 shape, ``minibatches`` updates per rollout b
 3. backward and one optimizer step; a non-finite loss or gradient norm never reaches the weights
    (the step is skipped and counted in ``loss/skipped``).
 
+With ``loss.corrections`` (``ringzero.rl.corrections``), ``correct(batch)`` first scores the whole batch
+once without gradient under the sampling weights (logp_old); the corrections' weights and masks come from
+logp_old vs the rollout log-probs, and ``train(..., correction=...)`` hands each minibatch its rows: the
+policy ratio's denominator becomes logp_old, weights multiply the per-token loss, dropped tokens leave it.
+
 The first minibatch sees the weights the rollout engine sampled with, so its ratio shows the engine
 gap alone (exactly 1 with identical numerics in deterministic mode); later minibatches add staleness,
-which is where the clip starts to act. The ratio-tail (``ratio/*``, ``logratio/*``, ``drift/*``) and
-``mismatch/*`` metrics are taken over the whole batch, each token at the moment its minibatch was scored;
-the same statistics of the first minibatch alone, the engine gap without staleness, go under ``gap/*``
-(from that minibatch's own forward: no extra one). Gates and stop conditions read ``gap/*``.
+which is where the clip starts to act. The ratio-tail metrics are taken over the whole batch, each
+token at the moment its minibatch was scored.
 
 Across ranks (``runtime``): every rank holds the whole rollout batch; each minibatch's rows are split
 over the data-parallel replicas, and each row's tokens over the context-parallel ranks of a replica
@@ -44,9 +47,9 @@ from ringzero.model.routing import moe_layers, replay_routing
 from ringzero.parallel.grads import sync_grads
 from ringzero.parallel.runtime import Runtime, single
 from ringzero.parallel.token_shards import next_token_logprobs, pad_rows, shard_tokens
+from ringzero.rl.corrections.compose import BatchCorrection, apply_corrections
 from ringzero.rl.losses import make_normalization, objective
 from ringzero.rl.losses.normalization import Normalization
-from ringzero.rl.mismatch_metrics import mismatch_metrics
 from ringzero.rl.rollout_batch import RolloutBatch
 from ringzero.rl.tail_metrics import entropy_summary, kl_summary, ratio_tail
 from ringzero.rollout.scoring import score_sequences
@@ -143,18 +146,45 @@ class PolicyTrainer:
         size = n // self.minibatches
         return [sorted(order[i:i + size]) for i in range(0, n, size)]
 
-    def train(self, batch: RolloutBatch, advantages_N: torch.Tensor, seed: int) -> dict[str, float]:
+    def correct(self, batch: RolloutBatch) -> BatchCorrection | None:
+        """The stage's corrections of ``batch`` (None when it lists none): call before the advantages, whose
+        group baselines must leave out the responses it drops (``keep_N``), and pass it to ``train``.
+
+        logp_old is scored like the minibatches (rows over dp, tokens over cp, micro-batch by micro-batch,
+        summed into the global grid), without gradient, before any update of this step."""
+        if not getattr(self.loss, "corrections", None):
+            return None
+        mask_NT = batch.mask_NT
+        N, T = mask_NT.shape
+        logp_old_NT = torch.zeros((N, T), dtype=torch.float32, device=self.device)
+        mine = list(range(N))[self.runtime.dp_slice(N)]
+        self.model.train()
+        with torch.no_grad():
+            for start in range(0, len(mine), self.micro_batch):
+                rows_m = mine[start:start + self.micro_batch]
+                logp_mT, owned_mT, _ = self.score(self.model, batch, rows_m, T)
+                at = torch.tensor(rows_m, device=self.device)
+                logp_old_NT[at] = logp_mT.float() * (mask_NT[at] & owned_mT).to(torch.float32)
+        self.runtime.sum_(logp_old_NT)
+        return apply_corrections(self.loss.corrections, logp_old_NT, batch.logp_rollout_NT, mask_NT)
+
+    def train(self, batch: RolloutBatch, advantages_N: torch.Tensor, seed: int,
+              correction: BatchCorrection | None = None) -> dict[str, float]:
+        if getattr(self.loss, "corrections", None) and correction is None:
+            raise ValueError("loss.corrections is set: pass correction=trainer.correct(batch), computed before the "
+                             "advantages so that dropped responses stay out of the group baselines")
         dev, rt = self.device, self.runtime
         mask_NT, logp_rollout_NT = batch.mask_NT, batch.logp_rollout_NT  # made on this device by collect()
         N, T = mask_NT.shape
         logp_train_NT = torch.zeros((N, T), dtype=torch.float32, device=dev)
         logp_ref_NT = torch.zeros_like(logp_train_NT) if self.loss.kl_coef > 0 else None
         per_mb: list[dict[str, float]] = []
-        skipped, first_mb_ratio_max, entropy_stats, gap_stats = 0, float("nan"), {}, {}
+        skipped, first_mb_ratio_max, entropy_stats = 0, float("nan"), {}
         self.model.train()
         for k, rows in enumerate(self.minibatch_rows(N, seed)):
             idx = torch.tensor(rows, device=dev)
-            values_3MT = self._minibatch(batch, rows, idx, mask_NT, logp_rollout_NT, advantages_N, with_entropy=k == 0)
+            values_3MT = self._minibatch(batch, rows, idx, mask_NT, logp_rollout_NT, advantages_N, with_entropy=k == 0,
+                                         correction=correction)
             rt.sum_(values_3MT)  # every rank's tokens into the whole minibatch, on every rank
             logp_MT, ref_MT, ent_MT = values_3MT.unbind(0)
             logp_train_NT[idx] = logp_MT
@@ -164,11 +194,11 @@ class PolicyTrainer:
                 entropy_stats = entropy_summary(ent_MT, mask_NT[idx])
                 gap_MT = ((logp_MT.double() - logp_rollout_NT[idx]).exp() - 1).abs()
                 first_mb_ratio_max = float(torch.where(mask_NT[idx], gap_MT, torch.zeros_like(gap_MT)).max())
-                gap_stats = engine_gap(logp_MT, logp_rollout_NT[idx], mask_NT[idx], eps_high=self.loss.eps_high)
             with torch.no_grad():  # the minibatch's metrics over all of its tokens, as one process has them
                 out = objective(self.loss, logp_MT, logp_rollout_NT[idx].to(logp_MT.dtype), advantages_N[idx],
                                 mask_NT[idx], make_normalization(self.loss, len(rows), self.max_new_tokens),
-                                None if logp_ref_NT is None else ref_MT)
+                                None if logp_ref_NT is None else ref_MT,
+                                None if correction is None else correction.rows(idx))
             metrics = dict(out.metrics)
             if not out.finite:
                 self.optimizer.zero_grad()
@@ -183,8 +213,6 @@ class PolicyTrainer:
             per_mb.append(metrics)
         out = _mean_metrics(per_mb)
         out.update(ratio_tail(logp_train_NT, logp_rollout_NT, mask_NT, eps_high=self.loss.eps_high))
-        out.update(mismatch_metrics(logp_train_NT, logp_rollout_NT, mask_NT))
-        out.update(gap_stats)
         out.update(entropy_stats)
         if logp_ref_NT is not None:
             out.update(kl_summary(logp_train_NT, logp_ref_NT, mask_NT))
@@ -192,14 +220,17 @@ class PolicyTrainer:
         out["loss/skipped"] = float(skipped)
         return out
 
-    def _minibatch(self, batch, rows, idx, mask_NT, logp_rollout_NT, advantages_N, with_entropy) -> torch.Tensor:
+    def _minibatch(self, batch, rows, idx, mask_NT, logp_rollout_NT, advantages_N, with_entropy,
+                   correction: BatchCorrection | None = None) -> torch.Tensor:
         """Forward and backward of this rank's share of one minibatch, micro-batch by micro-batch.
 
-        Returns ``[3, M, T]``: this rank's log-probs, reference log-probs and entropy (zeros elsewhere)."""
+        With ``correction``, each sequence's ``sample_mean`` length counts only its kept tokens.
+        Returns ``[3, M, T]``: this rank's log-probs, reference log-probs and entropy (zeros elsewhere),
+        dropped tokens included (the ratio tail is taken over every token)."""
         M, T = len(rows), mask_NT.shape[1]
         out_3MT = torch.zeros((3, M, T), dtype=torch.float32, device=self.device)
         mine = list(range(M))[self.runtime.dp_slice(M)]
-        lengths_M = mask_NT[idx].sum(dim=1)
+        lengths_M = (mask_NT[idx] if correction is None else correction.keep_NT[idx]).sum(dim=1)
         self.optimizer.zero_grad()
         for start in range(0, len(mine), self.micro_batch):
             local = mine[start:start + self.micro_batch]
@@ -213,7 +244,7 @@ class PolicyTrainer:
             mask_mT = mask_NT[idx[at]] & owned_mT
             norm = self._normalization(M, lengths_M[at])
             loss = objective(self.loss, logp_mT, logp_rollout_NT[idx[at]].to(logp_mT.dtype), advantages_N[idx[at]],
-                             mask_mT, norm, ref_mT)
+                             mask_mT, norm, ref_mT, None if correction is None else correction.rows(idx[at]))
             if loss.finite:
                 loss.loss.backward()
             else:  # the step is skipped on every rank (the whole minibatch's loss is not finite either),
@@ -233,16 +264,6 @@ class PolicyTrainer:
         if whole.kind == "token_sum":
             return whole
         return Normalization("sample_mean", lengths_N=lengths_m, num_sequences=M)
-
-
-def engine_gap(logp_MT: torch.Tensor, logp_rollout_MT: torch.Tensor, mask_MT: torch.Tensor, *,
-               eps_high: float) -> dict[str, float]:
-    """The first minibatch's tail and mismatch, under ``gap/``: scored before any update of the step, so the
-    ratio there is the engines' difference alone (``gap/ratio/*``, ``gap/logratio/*``, ``gap/drift/*``,
-    ``gap/mismatch/*``); the whole-batch ``ratio/*`` and ``mismatch/*`` add the later minibatches' staleness."""
-    tail = ratio_tail(logp_MT, logp_rollout_MT, mask_MT, eps_high=eps_high)
-    return {**{f"gap/{k}": v for k, v in tail.items()},
-            **mismatch_metrics(logp_MT, logp_rollout_MT, mask_MT, prefix="gap/mismatch")}
 
 
 def replay_experts(model, experts: list, shard) -> dict[int, torch.Tensor]:

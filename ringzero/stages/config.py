@@ -8,6 +8,7 @@ from pydantic import Field, field_validator, model_validator
 
 from ringzero.config.base import Slug, StrictModel
 from ringzero.config.gates import ThresholdExpr
+from ringzero.rl.corrections.config import Correction
 
 
 class StageBase(StrictModel):
@@ -64,6 +65,19 @@ class LossSettings(StrictModel):
         False, description="MoE: rescore with the experts the rollout engine chose for each token (R3); the "
         "router's weights still come from the trainer's forward"
     )
+    corrections: list[Correction] = Field(
+        default_factory=list, description="train/rollout mismatch corrections (tis, seq_is, masked_is, icepop, "
+        "veto), applied in order: weights multiply, masks AND; any one makes the policy ratio's denominator the "
+        "trainer's pre-update log-probs, and dropped responses leave the group baselines (ringzero.rl.corrections)"
+    )
+
+    @field_validator("corrections")
+    @classmethod
+    def _one_correction_per_kind(cls, v: list) -> list:
+        kinds = [c.kind for c in v]
+        if len(set(kinds)) != len(kinds):
+            raise ValueError(f"each correction kind may be listed once (got {kinds}): its metrics are per kind")
+        return v
 
 
 class Tier(StrictModel):

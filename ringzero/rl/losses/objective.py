@@ -1,5 +1,9 @@
 """A stage's objective from its ``LossSettings``: the chosen policy loss plus ``kl_coef`` x k3 KL,
-both reduced by the chosen normalization."""
+both reduced by the chosen normalization.
+
+With ``correction`` (the rows of a ``ringzero.rl.corrections.BatchCorrection``): the policy ratio's
+denominator is the old policy's log-probs instead of the rollout's, each token's policy loss is
+multiplied by its correction weight before the reduction, and dropped tokens leave both terms."""
 
 from __future__ import annotations
 
@@ -14,6 +18,7 @@ from ringzero.rl.losses.ppo_clip import ppo_clip_loss
 from ringzero.rl.losses.sg_clip_is import sg_clip_is_loss
 
 if TYPE_CHECKING:  # only attributes are read, and importing stage configs first would be circular
+    from ringzero.rl.corrections.compose import CorrectionRows
     from ringzero.stages.config import LossSettings
 
 POLICY_LOSSES = {"sg_clip_is": sg_clip_is_loss, "ppo_clip": ppo_clip_loss}
@@ -27,11 +32,26 @@ def make_normalization(settings: LossSettings, num_sequences: int, max_new_token
     return Normalization("token_sum", float(settings.token_sum_denominator or num_sequences * max_new_tokens))
 
 
+class _Weighted:
+    """A normalization that multiplies each token's loss by a constant weight before reducing it."""
+
+    def __init__(self, normalization: Normalization, weight_NT: torch.Tensor):
+        self.normalization, self.weight_NT = normalization, weight_NT.detach()
+
+    def __call__(self, per_token_NT: torch.Tensor, mask_NT: torch.Tensor) -> torch.Tensor:
+        return self.normalization(per_token_NT * self.weight_NT.to(per_token_NT.dtype), mask_NT)
+
+
 def objective(settings: LossSettings, logp_train_NT: torch.Tensor, logp_rollout_NT: torch.Tensor,
               advantages_N: torch.Tensor, mask_NT: torch.Tensor, normalization: Normalization,
-              logp_ref_NT: torch.Tensor | None = None) -> LossOutput:
+              logp_ref_NT: torch.Tensor | None = None, correction: CorrectionRows | None = None) -> LossOutput:
+    denominator_NT, policy_norm = logp_rollout_NT, normalization
+    if correction is not None:
+        mask_NT = mask_NT.bool() & correction.keep_NT
+        denominator_NT = correction.logp_old_NT.to(logp_train_NT.dtype)
+        policy_norm = _Weighted(normalization, correction.weight_NT)
     policy = POLICY_LOSSES[settings.kind](
-        logp_train_NT, logp_rollout_NT, advantages_N, mask_NT, normalization,
+        logp_train_NT, denominator_NT, advantages_N, mask_NT, policy_norm,
         eps_high=settings.eps_high, eps_low=settings.eps_low,
     )
     metrics = dict(policy.metrics)
