@@ -17,8 +17,10 @@ policy ratio's denominator becomes logp_old, weights multiply the per-token loss
 
 The first minibatch sees the weights the rollout engine sampled with, so its ratio shows the engine
 gap alone (exactly 1 with identical numerics in deterministic mode); later minibatches add staleness,
-which is where the clip starts to act. The ratio-tail metrics are taken over the whole batch, each
-token at the moment its minibatch was scored.
+which is where the clip starts to act. The ratio-tail (``ratio/*``, ``logratio/*``, ``drift/*``) and
+``mismatch/*`` metrics are taken over the whole batch, each token at the moment its minibatch was scored;
+the same statistics of the first minibatch alone, the engine gap without staleness, go under ``gap/*``
+(from that minibatch's own forward: no extra one). Gates and stop conditions read ``gap/*``.
 
 Across ranks (``runtime``): every rank holds the whole rollout batch; each minibatch's rows are split
 over the data-parallel replicas, and each row's tokens over the context-parallel ranks of a replica
@@ -50,6 +52,7 @@ from ringzero.parallel.token_shards import next_token_logprobs, pad_rows, shard_
 from ringzero.rl.corrections.compose import BatchCorrection, apply_corrections
 from ringzero.rl.losses import make_normalization, objective
 from ringzero.rl.losses.normalization import Normalization
+from ringzero.rl.mismatch_metrics import mismatch_metrics
 from ringzero.rl.rollout_batch import RolloutBatch
 from ringzero.rl.tail_metrics import entropy_summary, kl_summary, ratio_tail
 from ringzero.rollout.scoring import score_sequences
@@ -179,7 +182,7 @@ class PolicyTrainer:
         logp_train_NT = torch.zeros((N, T), dtype=torch.float32, device=dev)
         logp_ref_NT = torch.zeros_like(logp_train_NT) if self.loss.kl_coef > 0 else None
         per_mb: list[dict[str, float]] = []
-        skipped, first_mb_ratio_max, entropy_stats = 0, float("nan"), {}
+        skipped, first_mb_ratio_max, entropy_stats, gap_stats = 0, float("nan"), {}, {}
         self.model.train()
         for k, rows in enumerate(self.minibatch_rows(N, seed)):
             idx = torch.tensor(rows, device=dev)
@@ -194,6 +197,7 @@ class PolicyTrainer:
                 entropy_stats = entropy_summary(ent_MT, mask_NT[idx])
                 gap_MT = ((logp_MT.double() - logp_rollout_NT[idx]).exp() - 1).abs()
                 first_mb_ratio_max = float(torch.where(mask_NT[idx], gap_MT, torch.zeros_like(gap_MT)).max())
+                gap_stats = engine_gap(logp_MT, logp_rollout_NT[idx], mask_NT[idx], eps_high=self.loss.eps_high)
             with torch.no_grad():  # the minibatch's metrics over all of its tokens, as one process has them
                 out = objective(self.loss, logp_MT, logp_rollout_NT[idx].to(logp_MT.dtype), advantages_N[idx],
                                 mask_NT[idx], make_normalization(self.loss, len(rows), self.max_new_tokens),
@@ -213,6 +217,8 @@ class PolicyTrainer:
             per_mb.append(metrics)
         out = _mean_metrics(per_mb)
         out.update(ratio_tail(logp_train_NT, logp_rollout_NT, mask_NT, eps_high=self.loss.eps_high))
+        out.update(mismatch_metrics(logp_train_NT, logp_rollout_NT, mask_NT))
+        out.update(gap_stats)
         out.update(entropy_stats)
         if logp_ref_NT is not None:
             out.update(kl_summary(logp_train_NT, logp_ref_NT, mask_NT))
@@ -264,6 +270,16 @@ class PolicyTrainer:
         if whole.kind == "token_sum":
             return whole
         return Normalization("sample_mean", lengths_N=lengths_m, num_sequences=M)
+
+
+def engine_gap(logp_MT: torch.Tensor, logp_rollout_MT: torch.Tensor, mask_MT: torch.Tensor, *,
+               eps_high: float) -> dict[str, float]:
+    """The first minibatch's tail and mismatch, under ``gap/``: scored before any update of the step, so the
+    ratio there is the engines' difference alone (``gap/ratio/*``, ``gap/logratio/*``, ``gap/drift/*``,
+    ``gap/mismatch/*``); the whole-batch ``ratio/*`` and ``mismatch/*`` add the later minibatches' staleness."""
+    tail = ratio_tail(logp_MT, logp_rollout_MT, mask_MT, eps_high=eps_high)
+    return {**{f"gap/{k}": v for k, v in tail.items()},
+            **mismatch_metrics(logp_MT, logp_rollout_MT, mask_MT, prefix="gap/mismatch")}
 
 
 def replay_experts(model, experts: list, shard) -> dict[int, torch.Tensor]:
