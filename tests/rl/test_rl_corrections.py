@@ -157,6 +157,20 @@ def test_objective_takes_the_old_policy_as_denominator_weighs_and_drops(kind):
     assert out.metrics["clip/high_frac"] == 0.0  # the policy ratio no longer carries the mismatch (r = 4)
 
 
+def test_dropped_tokens_leave_the_kl_term_too():
+    settings = LossSettings(kl_coef=0.5, corrections=[VetoCorrection()])
+    corr = _apply(*settings.corrections)
+    logp_train = corr.logp_old_NT.float().nan_to_num(0.0)
+    logp_ref = torch.zeros(3, 3)
+    logp_ref[2] = 5.0  # a large KL on the vetoed row only
+    out = objective(settings, logp_train, torch.zeros(3, 3), torch.zeros(3), MASK, Normalization("token_sum", 10.0),
+                    logp_ref, correction=corr.rows(torch.arange(3)))
+    kept = MASK.clone()
+    kept[2] = False
+    delta = (logp_ref - logp_train)[kept]
+    assert out.metrics["kl/token_mean"] == pytest.approx(float((delta.exp() - delta - 1).mean()), rel=1e-5)
+
+
 def test_sample_mean_averages_each_sequence_over_its_kept_tokens():
     settings = LossSettings(kind="sg_clip_is", normalization="sample_mean",
                             corrections=[MaskedISCorrection(lower=0.4, upper=3.0)])

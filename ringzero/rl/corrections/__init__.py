@@ -15,8 +15,8 @@ Which ratio, and in which order (decoupled, as verl's "decoupled" rollout correc
 is listed, the trainer first scores the whole rollout batch once, without gradient, under the weights the
 engine sampled with (``PolicyTrainer.correct``): logp_old. The corrections read the mismatch ratio
 r_t = exp(logp_old_t - logp_rollout_t), fixed for the step; the policy loss then takes logp_old as its
-denominator, so its ratio (and clip) measures only the drift of the step's own updates (exactly 1 on
-the first minibatch), and the product of the two is the full train/rollout ratio, the mismatch part
+denominator, so its ratio (and clip) measures only the drift of the step's own updates (1 on the first
+minibatch, up to the rounding of a forward over other row groupings), and the product of the two is the full train/rollout ratio, the mismatch part
 corrected. Without corrections nothing changes: no extra forward, the rollout log-probs are the
 denominator. Keeping the rollout denominator with a correction on top would count the mismatch twice.
 
