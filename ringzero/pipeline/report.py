@@ -2,9 +2,9 @@
 
 It shows the run's status, the stage table (every stage's summary, wall time and stop reason, with the
 stages a failed gate kept from running), every gate's reasons, the curves that tell whether the run is
-healthy (reward, trace usage, length, ratio tail p99/max against step, per stage), each eval stage's
-checkpoint comparison, and every stage's full summary. Built only from the run result (summaries,
-metric records, gate results) and the manifest, so it can be written for cached stages too.
+healthy (reward, trace usage, length, the engine gap's and the whole batch's ratio tail p99/max against step,
+per stage), each eval stage's checkpoint comparison, and every stage's full summary. Built only from the run
+result (summaries, metric records, gate results) and the manifest, so it can be written for cached stages too.
 """
 
 from __future__ import annotations
@@ -23,13 +23,16 @@ from ringzero.pipeline.summary import METRIC_LABELS, STAGE_COLUMNS, TABLE_METRIC
 REPORT_NAME = "report.html"
 
 # (title, metric key): the curves that show whether a run is healthy; the ratio tail is the leading
-# indicator of a collapse, length the cause of a widening tail, trace usage what stage 1 elicits.
+# indicator of a collapse, length the cause of a widening tail, trace usage what stage 1 elicits. gap/* is
+# the first minibatch (the engines alone), ratio/* every minibatch (the policy's own movement added).
 CURVES = [
     ("reward", "reward/mean"),
     ("trace usage (share of responses with a worked trace)", "trace/rate"),
     ("response length (tokens)", "len/mean"),
-    ("importance-ratio tail, p99 of |r - 1|", "ratio/p99"),
-    ("importance-ratio tail, max of |r - 1|", "ratio/max"),
+    ("engine gap (first minibatch), p99 of |r - 1|", "gap/ratio/p99"),
+    ("engine gap (first minibatch), max of |r - 1|", "gap/ratio/max"),
+    ("importance-ratio tail (all minibatches), p99 of |r - 1|", "ratio/p99"),
+    ("importance-ratio tail (all minibatches), max of |r - 1|", "ratio/max"),
 ]
 
 
@@ -50,6 +53,7 @@ def render_report(cfg, result: PipelineResult, manifest: dict) -> str:
         _header(cfg, result, manifest),
         "<h2>Stages</h2>", _stage_table(cfg, result),
         "<h2>Gates</h2>", _gates(cfg, result),
+        *_rollbacks(result),
         "<h2>Curves</h2>", _curves(result, colors),
         *_comparisons(result),
         "<h2>Stage summaries</h2>", _summaries(result),
@@ -113,6 +117,21 @@ def _gates(cfg, result: PipelineResult) -> str:
     if ungated:
         out.append(f"<p class='muted'>no gate configured after: {esc(', '.join(ungated))}</p>")
     return "\n".join(out) or "<p class='muted'>no stage ran</p>"
+
+
+def _rollbacks(result: PipelineResult) -> list[str]:
+    """Every automatic rollback an RL stage made (``extra['rollbacks']``, see ``ringzero.stages.rollback``)."""
+    esc = html.escape
+    rows = []
+    for ex in result.stages:
+        for e in (ex.outcome.extra or {}).get("rollbacks", []):
+            rows.append([esc(ex.name), str(e["step"]), str(e["to_step"]), esc("; ".join(e["reasons"])),
+                         esc(e["remedy"]), esc(e.get("detail", ""))])
+    if not rows:
+        return []
+    return ["<h2>Rollbacks</h2>", "<p class='muted'>steps whose metrics tripped <code>rollback</code>: restored to "
+            "the good state after <i>to step</i> steps, remedied and run again</p>",
+            table(["stage", "step", "to step", "reasons", "remedy", "detail"], rows, text_columns=6)]
 
 
 def _curves(result: PipelineResult, colors: dict[str, str]) -> str:

@@ -14,8 +14,10 @@ from ringzero.pipeline.local import PipelineResult
 
 log = structlog.get_logger(__name__)
 
-# The metric columns of the stage table, in order: the numbers a person compares across stages.
-TABLE_METRICS = ["reward/mean", "eval/accuracy", "eval/pass@k", "trace/rate", "len/mean", "ratio/p99", "ratio/max"]
+# The metric columns of the stage table, in order: the numbers a person compares across stages. The engine
+# gap (gap/*: the first minibatch, which the shipped gates read) next to the whole batch's tail (ratio/*: staleness too).
+TABLE_METRICS = ["reward/mean", "eval/accuracy", "eval/pass@k", "trace/rate", "len/mean", "gap/ratio/p99",
+                 "gap/ratio/max", "ratio/p99", "ratio/max"]
 STAGE_COLUMNS = ["stage", "kind", "status", "stop", "steps", "wall s"]
 METRIC_LABELS = {
     "reward/mean": "reward",
@@ -23,6 +25,8 @@ METRIC_LABELS = {
     "eval/pass@k": "pass@k",
     "trace/rate": "trace rate",
     "len/mean": "length",
+    "gap/ratio/p99": "gap p99",
+    "gap/ratio/max": "gap max",
     "ratio/p99": "ratio p99",
     "ratio/max": "ratio max",
 }

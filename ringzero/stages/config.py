@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_serializer, model_validator
 
 from ringzero.config.base import Slug, StrictModel
 from ringzero.config.gates import ThresholdExpr
 from ringzero.rl.corrections.config import Correction
+from ringzero.stages.rollback import RollbackSettings
 
 
 class StageBase(StrictModel):
@@ -108,6 +109,18 @@ class RLStage(StageBase):
     max_wall_minutes: float | None = Field(None, gt=0)
     tiers: list[Tier] = Field(default_factory=list)
     tier_reward: Literal["cutoff", "linear"] = "cutoff"
+    rollback: RollbackSettings | None = Field(
+        None, description="restore the last good step when a step's metrics cross a threshold or turn non-finite, "
+        "then retry with a remedy (ringzero.stages.rollback); null = off"
+    )
+
+    @model_serializer(mode="wrap")
+    def _rollback_off_unsaid(self, handler):
+        """Off, ``rollback`` stays out of the dump, so stages without it keep the identity they had before it."""
+        data = handler(self)
+        if isinstance(data, dict) and data.get("rollback", ...) is None:
+            del data["rollback"]
+        return data
 
     @model_validator(mode="after")
     def _minibatches_fit(self) -> RLStage:

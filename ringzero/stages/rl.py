@@ -5,6 +5,10 @@ stage's JSONL and a live console table. A resume point is committed every ``chec
 steps. After ``min_steps`` the stop conditions are checked (``ringzero.stages.stop_conditions``);
 the reason the stage ended is its ``stop_reason``. The summary, which gates read, is the mean of the
 last ``SUMMARY_STEPS`` steps' key metrics plus the held-out evaluation of the final policy.
+
+With ``rollback`` set, a step whose metrics trip it is undone: the last good state comes back from an
+in-memory snapshot, the remedy is applied and the step runs again (``ringzero.stages.rollback``); the
+events reach the metrics, the summary (``rollback/count``) and the outcome's ``extra["rollbacks"]``.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from ringzero.stages.heldout_eval import evaluate_heldout
 from ringzero.stages.live_table import LiveTable
 from ringzero.stages.progress import step_progress
 from ringzero.stages.rl_session import build_session
+from ringzero.stages.rollback import guard_for
 from ringzero.stages.stop_conditions import StopConditions
 from ringzero.stages.summary_values import finite_only, mean_of_last
 from ringzero.stages.train_state import save_final, save_resume_point
@@ -25,8 +30,9 @@ SUMMARY_STEPS = 5
 SUMMARY_KEYS = (
     "reward/mean", "reward/accuracy", "len/mean", "len/p95", "len/max", "len/trunc_rate", "trace/rate",
     "trace/accuracy", "trace/step_accuracy", "ratio/mean", "ratio/p99", "ratio/p99.9", "ratio/max",
-    "logratio/p99", "ratio/above_clip_frac", "grad/coverage", "grad/ppo_coverage", "entropy/mean", "kl/mean",
-    "loss/skipped", "time/generate", "time/train", "time/sync", "time/step",
+    "logratio/p99", "ratio/above_clip_frac", "gap/ratio/mean", "gap/ratio/p99", "gap/ratio/p99.9", "gap/ratio/max",
+    "gap/logratio/p99", "gap/mismatch/kl_k3", "mismatch/kl_k3", "grad/coverage", "grad/ppo_coverage", "entropy/mean",
+    "kl/mean", "loss/skipped", "time/generate", "time/train", "time/sync", "time/step",
 )
 EVAL_SAMPLES = 4
 
@@ -34,12 +40,22 @@ EVAL_SAMPLES = 4
 def run(ctx: StageContext, stage: RLStage, inputs: StageInputs) -> StageOutcome:
     started = time.time()
     rl = build_session(ctx, stage, inputs)
+    guard = guard_for(stage.rollback, rl)  # None: rollback off
     stop = StopConditions(stage, rl.resumed.get("stop"))
     history, wall_before = list(rl.resumed.get("history", [])), float(rl.resumed.get("wall_s", 0.0))
     table, step, reason = LiveTable(f"rl {stage.name}"), rl.first_step, "steps"
     with step_progress(f"rl {stage.name}", stage.steps, step) as advance:
         while step < stage.steps:
+            if guard is not None:
+                if guard.due(step, stage.checkpoint_every):
+                    guard.snapshot(step, rl.optimizer, {"stop": stop.state(), "history": history})
+                rl.stepper.seed = guard.step_seed(step)
             metrics = rl.stepper.run(step)
+            if guard is not None and (triggered := guard.check(step, metrics, rl.runtime)):
+                snap = guard.roll_back(step, triggered, rl)
+                ctx.metrics.log(step + 1, guard.metrics())
+                step, stop, history = snap.step, StopConditions(stage, snap.loop["stop"]), list(snap.loop["history"])
+                continue
             step += 1
             ctx.metrics.log(step, metrics)
             table.add(step - 1, metrics)
@@ -49,14 +65,17 @@ def run(ctx: StageContext, stage: RLStage, inputs: StageInputs) -> StageOutcome:
             why = stop.check(step, metrics, wall_s / 60)
             if why is None and step % stage.checkpoint_every == 0 and step < stage.steps:
                 save_resume_point(ctx.store, ctx.checkpoint_prefix, step, rl.model, rl.optimizer,
-                                  {"stop": stop.state(), "history": history, "wall_s": wall_s})
+                                  {"stop": stop.state(), "history": history, "wall_s": wall_s,
+                                   **({} if guard is None else {"rollback": guard.state()})})
             if why is not None:
                 reason = why
                 break
+    rolled = {} if guard is None else {"rollback/count": float(guard.count)}
     uri = save_final(ctx.store, ctx.checkpoint_prefix, rl.model, rl.optimizer.master_state_dict(),
-                     {"stage": stage.name, "steps": step, "stop_reason": reason}, tokenizer=rl.tokenizer)
-    summary = {**mean_of_last(history, SUMMARY_KEYS, SUMMARY_STEPS), **heldout(ctx.cfg, rl, stage)}
-    return StageOutcome(uri, finite_only(summary), reason, step, wall_s=time.time() - started)
+                     {"stage": stage.name, "steps": step, "stop_reason": reason, **rolled}, tokenizer=rl.tokenizer)
+    summary = {**mean_of_last(history, SUMMARY_KEYS, SUMMARY_STEPS), **heldout(ctx.cfg, rl, stage), **rolled}
+    extra = {} if guard is None else {"rollbacks": guard.events}
+    return StageOutcome(uri, finite_only(summary), reason, step, wall_s=time.time() - started, extra=extra)
 
 
 def heldout(cfg, rl, stage: RLStage) -> dict[str, float]:

@@ -14,6 +14,7 @@ from typing import Any
 import structlog
 
 from ringzero.errors import RingzeroError
+from ringzero.model.config import PrecisionPolicy
 from ringzero.model.precision import body_dtype
 from ringzero.parallel.runtime import Runtime, single
 from ringzero.rl.rewards import TaskReward
@@ -41,9 +42,22 @@ class RLSession:
     stepper: RLStep
     first_step: int = 0
     resumed: dict = field(default_factory=dict)
+    cfg: Any = None
+    runtime: Runtime | None = None
+    base_lr: float = 0.0  # the stage's peak lr, before any lower_lr rollback remedy
+    rollout_policy: PrecisionPolicy | None = None  # what the rollout engine runs under now
 
     def push(self, step: int) -> None:
         self.stepper.push(step)
+
+    def rebuild_rollout(self, policy: str) -> None:
+        """Serve from a new rollout engine under precision ``policy`` (a preset name), holding the trainer's
+        current weights; the stage samples and evaluates with it from then on."""
+        self.rollout_policy = PrecisionPolicy.preset(policy)
+        cfg = self.cfg.model_copy(update={"precision": self.cfg.precision.model_copy(
+            update={"rollout": self.rollout_policy})})
+        self.client = self.stepper.client = rollout_client(cfg, self.model, self.tokenizer, self.runtime)
+        log.info("rl.rollout_rebuilt", precision=policy)
 
 
 def rollout_client(cfg, model, tokenizer, runtime: Runtime | None = None):
@@ -66,6 +80,7 @@ def build_session(ctx, stage, inputs) -> RLSession:
     if cfg.precision.deterministic and cfg.precision.train != cfg.precision.rollout:
         raise RingzeroError("precision.deterministic: train and rollout must use the same policy "
                             f"(got {cfg.precision.train.name()} and {cfg.precision.rollout.name()})")
+    _check_rollback(cfg, stage)
     apply_threads(cfg)
     task, tokenizer = task_and_tokenizer(cfg)
     rt = ctx.runtime
@@ -84,10 +99,13 @@ def build_session(ctx, stage, inputs) -> RLSession:
     remote = cfg.engines.rollout
     disk = remote.weights_dir if remote.kind == "sglang" and remote.weight_sync == "disk" else None
 
-    def push(step: int):
-        return push_weights(client, optimizer.master_state_dict(), weight_version(step + 1), store=ctx.store,
+    session = RLSession(model, optimizer, client, task, tokenizer, None, first, resumed, cfg, rt,
+                        base_lr=stage.optim.lr, rollout_policy=cfg.precision.rollout)
+
+    def push(step: int):  # to the session's engine of the moment (a raise_precision rollback rebuilds it)
+        return push_weights(session.client, optimizer.master_state_dict(), weight_version(step + 1), store=ctx.store,
                             prefix=ctx.checkpoint_prefix, model_cfg=cfg.model, weights_dir=disk, runtime=rt,
-                            tokenizer=tokenizer, dtype=body_dtype(cfg.precision.rollout))
+                            tokenizer=tokenizer, dtype=body_dtype(session.rollout_policy))
 
     trainer = PolicyTrainer(model, optimizer, stage.loss, minibatches=stage.minibatches,
                             max_new_tokens=stage.sampling.max_new_tokens, temperature=stage.sampling.temperature,
@@ -98,5 +116,18 @@ def build_session(ctx, stage, inputs) -> RLSession:
                      reward=TaskReward(task, stage.tiers, stage.tier_reward), sampling=stage.sampling,
                      shape=StepShape(stage.prompts_per_step, stage.samples_per_prompt, stage.loss.advantage_std),
                      seed=cfg.run.seed, push=push, seeded_sampling=cfg.engines.rollout.kind == "embedded")
+    session.stepper = stepper
     push(first - 1)  # the engine serves the start (or resumed) weights, as the trainer holds them
-    return RLSession(model, optimizer, client, task, tokenizer, stepper, first, resumed)
+    return session
+
+
+def _check_rollback(cfg, stage) -> None:
+    """A raise_precision remedy rebuilds an embedded engine; it cannot change a server's launch dtype."""
+    if stage.rollback is None or stage.rollback.remedy != "raise_precision":
+        return
+    if cfg.engines.rollout.kind != "embedded":
+        raise RingzeroError("rollback.remedy raise_precision rebuilds the embedded rollout engine; an SGLang "
+                            "server's precision is fixed when it starts (use skip_batch or lower_lr)")
+    if cfg.precision.deterministic:
+        raise RingzeroError("rollback.remedy raise_precision: precision.deterministic needs train and rollout "
+                            "under the same policy, so the rollout's cannot be raised alone")

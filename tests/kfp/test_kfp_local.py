@@ -30,7 +30,7 @@ def executor_output(tmp_path, name: str) -> dict:
 
 
 def test_a_passing_gate_runs_every_stage_with_checkpoints_wired_through(tmp_path):
-    code, manifest = run_local(tmp_path, gate=["reward/mean >= 0.2", "ratio/p99 <= 0.05"])
+    code, manifest = run_local(tmp_path, gate=["reward/mean >= 0.2", "gap/ratio/p99 <= 0.05"])
     assert code == 0 and manifest["status"] == "succeeded"
     stages = {s["name"]: s for s in manifest["stages"]}
     assert list(stages) == ["base", "stage1", "distill", "eval"]
@@ -47,7 +47,7 @@ def test_a_passing_gate_runs_every_stage_with_checkpoints_wired_through(tmp_path
     # What the UI renders: each stage's Markdown and the run report so far, the gate's reasons, the final status.
     files = {p.name: p.read_text() for p in outputs_of(tmp_path, "rl-stage")}
     assert "## stage `stage1` (rl): ran" in files["summary"]
-    assert files["report"].count("<polyline") == 4  # reward, len, ratio p99, ratio max were logged
+    assert files["report"].count("<polyline") == 6  # reward, len, gap p99, gap max, ratio p99, ratio max were logged
     assert "<span class='status running'>running</span>" in files["report"] and files["report"].count("not run") == 2
     (metrics,) = executor_output(tmp_path, "rl-stage")["artifacts"]["metrics"]["artifacts"]
     assert metrics["metadata"] == stage1["summary"]

@@ -23,7 +23,7 @@ pytestmark = pytest.mark.xdist_group("kfp")
 
 @pytest.fixture
 def cfg(tmp_path):
-    return load_kfp_config(micro_config(tmp_path, gate=["reward/mean >= 0.3", "ratio/p99 <= 0.05"]))[0]
+    return load_kfp_config(micro_config(tmp_path, gate=["reward/mean >= 0.3", "gap/ratio/p99 <= 0.05"]))[0]
 
 
 class Recorder:
@@ -51,7 +51,7 @@ def test_a_config_parameter_that_is_not_json_is_a_config_error():
 @pytest.mark.parametrize(("reward", "passed"), [(0.5, True), (0.1, False)])
 def test_gate_returns_a_plain_bool_and_writes_the_reasons(cfg, tmp_path, reward, passed):
     out = Recorder(tmp_path / "reasons.md")
-    summary = json.dumps({"reward/mean": reward, "ratio/p99": 0.01})
+    summary = json.dumps({"reward/mean": reward, "gap/ratio/p99": 0.01})
     verdict = tasks.check_gate(tasks.config_text(cfg), "stage1", summary, out)
     assert verdict is passed
     text = (tmp_path / "reasons.md").read_text()

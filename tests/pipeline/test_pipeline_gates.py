@@ -24,18 +24,19 @@ def committed_outcomes(root: Path) -> int:
 
 
 def test_a_passing_gate_lets_every_stage_run_in_order(tmp_path):
-    result, run_dir = run(staged_config(tmp_path, stage1_gate=["reward/mean >= 0.2", "ratio/p99 <= 0.5"]))
+    result, run_dir = run(staged_config(tmp_path, stage1_gate=["reward/mean >= 0.2", "gap/ratio/p99 <= 0.5"]))
     assert result.status == "succeeded" and result.failed_gate is None
     assert [c["stage"] for c in fake_calls(run_dir)] == ALL
     doc = manifest(run_dir)
     assert doc["status"] == "succeeded" and [s["name"] for s in doc["stages"]] == ALL
     stage1 = doc["stages"][1]
     assert stage1["gate"] == {"passed": True, "reasons": [
-        "pass: reward/mean = 0.45 satisfies reward/mean >= 0.2", "pass: ratio/p99 = 0.026 satisfies ratio/p99 <= 0.5"]}
+        "pass: reward/mean = 0.45 satisfies reward/mean >= 0.2",
+        "pass: gap/ratio/p99 = 0.008 satisfies gap/ratio/p99 <= 0.5"]}
 
 
 def test_a_failing_gate_stops_the_run_with_its_reasons_and_nothing_downstream_runs(tmp_path, capsys):
-    config = staged_config(tmp_path, stage1_gate=["reward/mean >= 0.2", "ratio/p99 <= 0.02"])
+    config = staged_config(tmp_path, stage1_gate=["reward/mean >= 0.2", "gap/ratio/p99 <= 0.005"])
     assert main(["run", str(config)]) == 3
     run_dir = tmp_path / "run"
     assert [c["stage"] for c in fake_calls(run_dir)] == ["base", "stage1"]
@@ -43,10 +44,11 @@ def test_a_failing_gate_stops_the_run_with_its_reasons_and_nothing_downstream_ru
     doc = manifest(run_dir)
     assert doc["status"] == "gate_failed" and [s["name"] for s in doc["stages"]] == ["base", "stage1"]
     assert doc["stages"][1]["gate"] == {"passed": False, "reasons": [
-        "pass: reward/mean = 0.45 satisfies reward/mean >= 0.2", "FAIL: ratio/p99 = 0.026 violates ratio/p99 <= 0.02"]}
+        "pass: reward/mean = 0.45 satisfies reward/mean >= 0.2",
+        "FAIL: gap/ratio/p99 = 0.008 violates gap/ratio/p99 <= 0.005"]}
     out = capsys.readouterr().out
     assert "gate failed after stage 'stage1'; nothing promoted" in out
-    assert "FAIL: ratio/p99 = 0.026 violates ratio/p99 <= 0.02" in out
+    assert "FAIL: gap/ratio/p99 = 0.008 violates gap/ratio/p99 <= 0.005" in out
     assert (run_dir / "report.html").exists()
 
 

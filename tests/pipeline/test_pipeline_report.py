@@ -15,7 +15,7 @@ from ringzero.store import open_store
 
 pytestmark = pytest.mark.usefixtures("fake_runners")
 RL_STEPS = 6
-CURVE_KEYS = ["reward/mean", "trace/rate", "len/mean", "ratio/p99", "ratio/max"]
+CURVE_KEYS = ["reward/mean", "trace/rate", "len/mean", "gap/ratio/p99", "gap/ratio/max", "ratio/p99", "ratio/max"]
 
 
 def finished_run(tmp_path: Path, gate: list[str] | None = None) -> tuple[Path, str]:
@@ -42,7 +42,7 @@ def stage_lines(doc, metric: str) -> dict[str, int]:
 
 
 def test_a_finished_run_reports_every_stage_gate_curve_and_the_checkpoint_comparison(tmp_path):
-    _, text = finished_run(tmp_path, gate=["reward/mean >= 0.2", "ratio/p99 <= 0.5"])
+    _, text = finished_run(tmp_path, gate=["reward/mean >= 0.2", "gap/ratio/p99 <= 0.5"])
     doc = parse(text)
     rows = table_with_header(doc, "stage")
     assert [r["stage"] for r in rows] == ["base", "stage1", "distill", "stage2", "eval"]
@@ -70,15 +70,15 @@ def test_the_report_needs_nothing_from_the_network(tmp_path):
 
 
 def test_a_failed_gate_is_shown_with_its_reasons_and_the_stages_it_kept_from_running(tmp_path):
-    _, text = finished_run(tmp_path, gate=["ratio/p99 <= 0.02"])
+    _, text = finished_run(tmp_path, gate=["gap/ratio/p99 <= 0.005"])
     doc = parse(text)
     assert "gate_failed" in text
     assert "The gate after stage <code>stage1</code> failed" in text
-    assert "FAIL: ratio/p99 = 0.03 violates ratio/p99 <= 0.02" in html.unescape(text)
+    assert "FAIL: gap/ratio/p99 = 0.01 violates gap/ratio/p99 <= 0.005" in html.unescape(text)
     rows = {r["stage"]: r for r in table_with_header(doc, "stage")}
     assert rows["stage1"]["gate"] == "FAIL"
     assert [rows[n]["status"] for n in ("distill", "stage2", "eval")] == ["not run"] * 3
-    assert set(stage_lines(doc, "ratio/p99")) == {"stage1"}
+    assert set(stage_lines(doc, "ratio/p99")) == set(stage_lines(doc, "gap/ratio/p99")) == {"stage1"}
 
 
 def test_chromium_renders_the_report_with_its_plots_and_no_console_errors(tmp_path):
@@ -89,7 +89,7 @@ def test_chromium_renders_the_report_with_its_plots_and_no_console_errors(tmp_pa
     (body,) = elements(dom, "body")
     # Set by the page's script after it wired the legend: the script ran to its end and saw every plot.
     assert body.get("data-ready") == "1" and body.get("data-plots") == str(len(CURVE_KEYS))
-    assert len(elements(dom, "polyline")) == len(elements(parse(text), "polyline")) == 11
+    assert len(elements(dom, "polyline")) == len(elements(parse(text), "polyline")) == 15
     assert len(elements(dom, "button")) == 3  # legend: stage1, distill, stage2
     shot = screenshot(path, tmp_path / "profile-shot", tmp_path / "report.png")
     assert shot.stat().st_size > 10_000  # a blank page compresses to a few hundred bytes
@@ -147,6 +147,7 @@ def test_the_console_summary_shows_every_stage_and_the_comparison(tmp_path, caps
     lines = capsys.readouterr().out.splitlines()
     stage1 = [c.strip() for c in next(line for line in lines if line.startswith("│ stage1")).strip("│").split("│")]
     del stage1[5]  # wall seconds: measured, not asserted
-    assert stage1 == ["stage1", "rl", "ran", "max_steps", "6", "0.55", "-", "-", "1", "90", "0.03", "3.5", "pass"]
+    assert stage1 == ["stage1", "rl", "ran", "max_steps", "6", "0.55", "-", "-", "1", "90", "0.01", "0.75", "0.03",
+                      "3.5", "pass"]
     pass_at_4 = next(line for line in lines if line.startswith("│ pass@4"))
     assert [c.strip() for c in pass_at_4.strip("│").split("│")] == ["pass@4", "0.6", "0.7", "0.8", "0.9", "1"]

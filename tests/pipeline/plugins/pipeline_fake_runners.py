@@ -61,13 +61,15 @@ def pretrain(ctx, stage, inputs):
 
 
 def rl(ctx, stage, inputs):
-    # Stage 1 grows length and the ratio tail; later stages (sample_mean) shrink both.
+    # Stage 1 grows length and the ratio tail; later stages (sample_mean) shrink both. The engine gap
+    # (gap/*, the first minibatch) is the smaller part of the tail: staleness adds the rest.
     grow = 1.0 if stage.loss.normalization == "token_sum" else -0.1
 
     def at(step):
         return {"reward/mean": 0.3 + 0.05 * step, "trace/rate": min(1.0, 0.1 + 0.2 * step),
                 "len/mean": 40.0 + grow * 10 * step, "ratio/p99": 0.01 + grow * 0.002 * step + 0.01,
-                "ratio/max": 1.0 + grow * 0.3 * step + 1.0}
+                "ratio/max": 1.0 + grow * 0.3 * step + 1.0, "gap/ratio/p99": 0.005 + grow * 0.001 * step,
+                "gap/ratio/max": 0.5 + grow * 0.05 * step}
 
     return _stepper(ctx, stage, inputs, stage.steps, at)
 
