@@ -31,44 +31,22 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import structlog
 import torch
-from pydantic import Field, model_validator
 
-from ringzero.config.base import StrictModel
-from ringzero.config.gates import ThresholdExpr
 from ringzero.errors import RingzeroError
 from ringzero.rl.seeds import derive_seed
+from ringzero.stages.config import (  # noqa: F401 (re-exported)
+    NONFINITE_FLAGS,
+    NONFINITE_PREFIXES,
+    PRECISION_LADDER,
+    Remedy,
+    RollbackSettings,
+)
 
 log = structlog.get_logger(__name__)
-
-Remedy = Literal["skip_batch", "lower_lr", "raise_precision"]
-
-NONFINITE_PREFIXES = ("loss/", "grad/", "ratio/", "logratio/", "gap/", "kl/", "entropy/", "optim/", "drift/")
-"""Metrics that must be finite on a healthy step. Others may be NaN by definition (``trace/accuracy``
-of a batch without a trace, ``reward/accuracy`` of an empty batch) and never trigger."""
-NONFINITE_FLAGS = ("loss/nonfinite", "ratio/nonfinite_frac")
-"""The trainer's own counts of non-finite losses and ratios: any value above 0 triggers."""
-PRECISION_LADDER = {"bf16": "fp32-islands", "fp32-islands": "fp32"}
-
-
-class RollbackSettings(StrictModel):
-    on: list[ThresholdExpr] = Field(default_factory=list, description="any holding on a step's metrics rolls back")
-    nonfinite: bool = Field(True, description="a non-finite training metric rolls back")
-    remedy: Remedy = "skip_batch"
-    lr_factor: float = Field(0.5, gt=0, lt=1, description="lower_lr: the peak lr is multiplied by this")
-    max_rollbacks: int = Field(3, ge=0, description="rollbacks allowed; a trigger beyond them fails the stage")
-    every: int = Field(1, ge=1, description="steps between in-memory snapshots of the good state")
-
-    @model_validator(mode="before")
-    @classmethod
-    def _yaml_on(cls, data):
-        if isinstance(data, dict) and True in data:  # YAML 1.1 reads a bare `on:` key as the boolean true
-            data = {("on" if k is True else k): v for k, v in data.items()}
-        return data
-
 
 def triggers(settings: RollbackSettings, metrics: dict[str, Any]) -> list[str]:
     """Why the step's ``metrics`` call for a rollback (empty: they do not)."""
