@@ -22,10 +22,20 @@ aborted, before each group's prefill and once per decoding step; their rows stop
 ``abort`` with the tokens sampled so far (none when the group had not been prefilled yet).
 
 The engine owns a copy of the weights cast to *its* precision policy, whatever the caller's model runs
-under: the rollout side of the train/rollout gap. Under ``deterministic=True`` the reported log-probs
-are not the decoding ones but ``score_sequences(..., batch_invariant=True)`` on the finished sequences,
-the function the trainer calls for the numerator, so the importance ratio is exactly 1 when the trainer
-runs the same policy (see ``ringzero.rollout.scoring``).
+under: the rollout side of the train/rollout gap.
+
+``deterministic=True`` decodes through the trainer's forward instead of the cache (``ringzero.rollout.bitwise``):
+each row alone, each step one batch-invariant forward of the sequence so far at the model's full context
+width, the forward ``score_sequences(..., batch_invariant=True)`` runs for the trainer. The token is sampled
+(temperature / top-k / top-p, per-request seeded, as in normal mode) from that forward's
+``log_softmax(logits / T)``, and that same entry is the reported log-prob: the sampled distribution, the
+reported one and the trainer's are one computation, so the importance ratio is exactly 1 when the trainer
+runs the same policy (dense models; MoE layers agree to rounding, see ``ringzero.rollout.scoring``). Nothing
+is rescored after the fact. The choice and its cost: the cached step cannot be made bitwise equal to the
+parallel form here (other shapes, other last bits), and neither can the parallel forward at the prefix's
+own length (a matmul's blocking follows its row count); the fixed width can. It costs one full-context,
+unbatched forward per sampled token and row, with no cache: ``bench/bitwise_cost.py`` measures the
+tokens/s against normal mode. ``prefill_chunk`` and ``max_batch`` do not change its numbers.
 
 The engine lives on the device of its weights (``engine.device``): prompts are copied there once per
 group, and the decoding loop keeps everything there (cache, sampling settings, each row's generator and
@@ -36,8 +46,8 @@ request gives the same tokens on every run and in every batch on one device type
 
 ``return_routed_experts`` (MoE models only): each asking row's ``Completion.routed_experts`` holds the experts
 every fed token went to in the forwards that produced its tokens: the prefill's, then each decoding step's
-(see ``ringzero.rollout.routing_track``); under ``deterministic`` those of the rescoring forward, whose
-log-probs are the ones reported. A prefill-only request gets those of a prefill of its prompt. A row
+(see ``ringzero.rollout.routing_track``); under ``deterministic`` those of the batch-invariant forward that
+fed each token (the prompt's: the first step's; each sampled token: the next step's). A prefill-only request gets those of a prefill of its prompt. A row
 aborted before its prefill, or whose request did not ask, gets None.
 
 A sequence's total length (prompt + output) is capped at the model's ``max_position_embeddings``; a prompt
@@ -48,7 +58,6 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Collection, Sequence
-from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -57,12 +66,12 @@ from ringzero.errors import RingzeroError
 from ringzero.model.cache import left_padded
 from ringzero.model.config import PrecisionPolicy
 from ringzero.model.hybrid import HybridLM
-from ringzero.model.routing import capture_routing, moe_layers
-from ringzero.rollout.logprob_extras import TopK, TopKTrack, prompt_logprobs, top_pairs
-from ringzero.rollout.routing_track import GroupRouting, routing_shape, stacked, to_host
+from ringzero.model.routing import moe_layers
+from ringzero.rollout import bitwise
+from ringzero.rollout.logprob_extras import TopK, TopKTrack, prompt_logprobs
+from ringzero.rollout.routing_track import GroupRouting, routing_shape, to_host
 from ringzero.rollout.rows import DecodingRows, Finished, RowSpec
 from ringzero.rollout.sampling import sample_next, sample_next_with_top, sample_seed
-from ringzero.rollout.scoring import score_tokens
 from ringzero.rollout.stopping import LENGTH, StopStrings
 from ringzero.rollout.types import Completion, GenerateRequest
 from ringzero.rollout.weights import copy_under_policy, load_weights_
@@ -144,12 +153,10 @@ class EmbeddedEngine:
             for start in range(0, len(decoded), self.max_batch):
                 group = decoded[start:start + self.max_batch]
                 results = self._run_group([rows[j] for j in group], [top_ks[j] for j in group],
-                                          [routed[j] and not self.deterministic for j in group], abort or _never)
+                                          [routed[j] for j in group], abort or _never)
                 for j, d in zip(group, results, strict=True):
                     done[j] = d
-            if self.deterministic:
-                self._rescore(rows, done, top_ks, routed)
-            elif any(routed):
+            if any(routed):
                 self._route_prompts(rows, done, routed)
             queued = {r.request for r, d in zip(rows, done, strict=True) if d.abort_message == ABORTED_BEFORE_PREFILL}
             wanted = [i for i, req in enumerate(requests) if req.logprobs.prompt_from is not None and i not in queued]
@@ -264,7 +271,16 @@ class EmbeddedEngine:
         live = [b for b, r in enumerate(rows) if r.request not in seen]
         done = {b: _Done(Finished([], [], ABORT, None), abort_message=ABORTED_BEFORE_PREFILL)
                 for b, r in enumerate(rows) if r.request in seen}
-        if live:
+        if live and self.deterministic:
+            pad = self.tokenizer.pad_id if self.tokenizer is not None else 0
+            decoded = [_Done(d.result, d.top, ABORTED if d.capped and self._cut(d.result, rows[b]) else None,
+                             d.routing if routed[b] else None)
+                       for b, d in zip(live, bitwise.decode(self.model, [rows[b] for b in live],
+                                                            [top_ks[b] for b in live], [routed[b] for b in live],
+                                                            aborted, seen, self.tokenizer, pad), strict=True)]
+            for b, d in zip(live, decoded, strict=True):
+                done[b] = d
+        elif live:
             decoded = self._decode([rows[b] for b in live], [top_ks[b] for b in live], [routed[b] for b in live],
                                    aborted, seen)
             for b, d in zip(live, decoded, strict=True):
@@ -304,8 +320,7 @@ class EmbeddedEngine:
                 for b, r in enumerate(rows):
                     if r.request in now and b not in capped:
                         capped.add(b)
-                        # DecodingRows has no public way to end a row early; its length cap is the one.
-                        state._max_new[b] = min(state._max_new[b], t + 1)
+                        state.cap(b, t + 1)
             keep_B = state.advance(t, tokens_B, logp_B)
             if keep_B is not None:  # some rows finished: stop paying for them
                 if keep_B.numel() == 0:
@@ -324,40 +339,28 @@ class EmbeddedEngine:
         out = []
         for b, (f, routes) in enumerate(zip(results, experts, strict=True)):
             d = _Done(f, track.pairs(b, len(f.output_ids), top_ks[b]) if track is not None and top_ks[b] else None)
-            if b in capped and f.reason == LENGTH and len(f.output_ids) < rows[b].max_new:
-                f.reason, d.abort_message = ABORT, ABORTED
+            if b in capped and self._cut(f, rows[b]):
+                d.abort_message = ABORTED
             d.routing = routes if routed[b] else None
             out.append(d)
         return out
 
-    def _rescore(self, rows: list[RowSpec], done: list[_Done], top_ks: list[int], routed: list[bool]) -> None:
-        """Deterministic mode: replace decoding log-probs with the trainer's batch-invariant scoring.
-
-        A row that asks for its experts gets those of this same forward (prefill-only rows included).
-        """
-        moe = [i for i, _ in moe_layers(self.model)]
-        for row, d, k, want in zip(rows, done, top_ks, routed, strict=True):
-            output = d.result.output_ids
-            want = want and d.abort_message != ABORTED_BEFORE_PREFILL
-            if want and len(row.prompt) + len(output) == 1:  # one token, never fed
-                d.routing = torch.zeros((0, len(moe), self.model.cfg.num_experts_per_tok), dtype=torch.int32,
-                                        device=self.device)
-                continue
-            if not output and not want:
-                continue
-            with capture_routing(self.model) if want else nullcontext({}) as chosen:
-                (scored,) = score_tokens(self.model, [row.prompt + output], [len(row.prompt)],
-                                         row.params.temperature, batch_invariant=True, top_k=k)
-            if want:
-                d.routing = stacked(chosen, moe)[0]
-            if output:
-                d.result.logprobs = scored.logprobs.double().tolist()
-                if k:
-                    d.top = top_pairs(scored.top_values, scored.top_ids, k)
+    @staticmethod
+    def _cut(f: Finished, row: RowSpec) -> bool:
+        """An aborted row that ended at its abort, before its own cap: it finishes ``abort`` (set here)."""
+        if f.reason == LENGTH and len(f.output_ids) < row.max_new:
+            f.reason = ABORT
+            return True
+        return False
 
     def _route_prompts(self, rows: list[RowSpec], done: list[_Done], routed: list[bool]) -> None:
         """Prefill-only rows that ask: the experts of their prompts' tokens but the last, from a prefill."""
         todo = [j for j, r in enumerate(rows) if routed[j] and r.max_new == 0]
+        if self.deterministic:
+            pad = self.tokenizer.pad_id if self.tokenizer is not None else 0
+            for j in todo:
+                done[j].routing = bitwise.route_prompt(self.model, rows[j].prompt, pad)
+            return
         for start in range(0, len(todo), self.max_batch):
             group = todo[start:start + self.max_batch]
             prompts = [rows[j].prompt for j in group]

@@ -66,6 +66,15 @@ class DecodingRows:
         self._ends: dict[int, tuple[int, str, int | str | None]] = {}  # row -> (length, reason, matched)
 
     @property
+    def alive(self) -> tuple[int, ...]:
+        """The original row of each live row, in live order (host values)."""
+        return tuple(self._alive)
+
+    def cap(self, row: int, length: int) -> None:
+        """End original row ``row`` at ``length`` tokens at most (an abort: it stops after that step)."""
+        self._max_new[row] = min(self._max_new[row], length)
+
+    @property
     def live(self) -> int:
         """Rows still decoding."""
         return len(self._alive)

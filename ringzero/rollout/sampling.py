@@ -170,6 +170,13 @@ def sample_next(logits_BV: torch.Tensor, rows: RowSettings, u_B: torch.Tensor):
     return tokens_B, logp_BV.gather(-1, tokens_B[:, None])[:, 0]
 
 
+def sample_from_logprobs(logp_BV: torch.Tensor, rows: RowSettings, u_B: torch.Tensor):
+    """``sample_next`` on a distribution computed elsewhere: ``logp_BV`` is already ``log_softmax(logits / T)``
+    (greedy rows: T = 1), and the token is drawn from it and reported with its own entry, bit for bit."""
+    tokens_B = _sample(logp_BV, rows, u_B)
+    return tokens_B, logp_BV.gather(-1, tokens_B[:, None])[:, 0]
+
+
 def sample_next_with_top(logits_BV: torch.Tensor, rows: RowSettings, u_B: torch.Tensor, k: int):
     """``sample_next`` plus ``(values [B, k], ids [B, k])``: the k most likely tokens of the same distribution.
 

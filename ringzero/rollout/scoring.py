@@ -6,24 +6,31 @@ calls it for ``logp_train`` (with gradients; wrap it in ``torch.no_grad()`` to o
 
 Deterministic mode, and why the ratio is then exactly 1
 -------------------------------------------------------
-A float result depends on the dtype, the order of operations and, in batched kernels, on what else
-is in the batch (padding width, the number of rows a matmul blocks over). Cached decoding and the
-parallel forward differ in all three, so their log-probs differ in the last bits, and exponentiation
+A float result depends on the dtype, the order of operations and, in batched kernels, on the shapes
+involved (padding width, sequence length, the number of rows a matmul blocks over). Cached decoding and
+the parallel forward differ in all three, so their log-probs differ in the last bits, and exponentiation
 turns that into the ratio's tail. Deterministic mode removes every difference instead of shrinking it:
 
-- one function: the rollout engine in deterministic mode does not report its decoding log-probs; when
-  a sequence finishes it rescores it with ``score_sequences`` on its own weights, the same path the
-  trainer runs (same code, same op order);
+- one forward, one shape: with ``batch_invariant=True`` each sequence runs alone through
+  ``bitwise_hidden``, right-padded to the model's whole context (``max_position_embeddings`` columns).
+  Every matmul, attention and LM-head call then has one shape whatever the sequence, its length or its
+  batch neighbours, and causality keeps the padding (and any later token) out of an earlier column by
+  exact zeros, so the logits at column ``c`` depend only on tokens ``0..c`` and the weights. (Measured on
+  the CPU kernels: at the sequence's own length, without the fixed width, a prefix and its extension
+  disagree in the last bits at most columns; at the fixed width they agree bitwise.)
+- the rollout engine in deterministic mode decodes *through this forward*: at each step it runs
+  ``bitwise_hidden`` on the sequence so far and samples from ``bitwise_next_logprobs``, the same LM-head
+  chunk and log-softmax ``chunked_token_logprobs`` computes here, so the distribution it samples from is
+  the one whose log-prob it reports and the one the trainer computes later (``ringzero.rollout.bitwise``);
 - same dtype: the engine's policy must equal the trainer's, so both hold bitwise-equal weight tensors
-  (``ringzero.rollout.gap`` refuses a deterministic pair of different policies);
-- batch-invariant: with ``batch_invariant=True`` each sequence runs alone, unpadded, as a batch of one,
-  so its log-probs depend only on its tokens and the weights, not on which sequences share the batch,
-  how they are ordered or how long the others are. The trainer passes ``batch_invariant=True`` too.
+  (``ringzero.rollout.gap`` refuses a deterministic pair of different policies).
 
-Then ``logp_train - logp_rollout`` is 0.0 for every token. The cost is a second forward per sequence
-on the rollout side and unbatched scoring on both sides. The guarantee holds within one build of torch
-running the same CPU kernels with the same thread count (a different count may pick a different
-reduction split); across machines use identical builds and settings.
+Then ``logp_train - logp_rollout`` is 0.0 for every token. The cost: a full-context forward per scored
+sequence on the trainer side, and one per sampled token on the rollout side. MoE models are not covered:
+the expert loop (``ringzero.model.moe``) runs each expert on the tokens routed to it, a row count that
+depends on the other tokens, so MoE layers agree to rounding, not bitwise. The guarantee holds within one
+build of torch running the same kernels with the same thread count; across machines use identical
+builds and settings.
 
 The LM head runs through ``chunked_token_logprobs`` (``ringzero.model.logprobs``): at most
 ``chunk_tokens`` positions' logits exist at once, and with gradients each chunk is recomputed in
@@ -41,7 +48,7 @@ import torch
 
 from ringzero.errors import RingzeroError
 from ringzero.model.hybrid import HybridLM
-from ringzero.model.logprobs import DEFAULT_CHUNK_TOKENS, chunked_token_logprobs
+from ringzero.model.logprobs import DEFAULT_CHUNK_TOKENS, _scaled_log_softmax, chunked_token_logprobs
 from ringzero.model.precision import at_least_fp32
 
 DEFAULT_MICRO_BATCH = 16
@@ -108,6 +115,55 @@ def _score_padded(model: HybridLM, batch: Sequence[Sequence[int]], prompt_lens: 
     return out
 
 
+def bitwise_ids(model: HybridLM, sequence: Sequence[int], pad_id: int = 0) -> torch.Tensor:
+    """``[1, W]``: ``sequence`` right-padded with ``pad_id`` to the model's context, ``W = max_position_embeddings``."""
+    device = next(model.parameters()).device
+    width = model.cfg.max_position_embeddings
+    if len(sequence) > width:
+        raise RingzeroError(f"a sequence of {len(sequence)} tokens exceeds max_position_embeddings {width}")
+    return torch.tensor([list(sequence) + [pad_id] * (width - len(sequence))], dtype=torch.long, device=device)
+
+
+def bitwise_hidden(model: HybridLM, ids_1W: torch.Tensor) -> torch.Tensor:
+    """The batch-invariant forward: residual stream ``[1, W, D]`` of one sequence at the fixed width."""
+    if ids_1W.shape != (1, model.cfg.max_position_embeddings):
+        raise RingzeroError(f"the batch-invariant forward takes [1, {model.cfg.max_position_embeddings}] ids, "
+                            f"got {list(ids_1W.shape)}")
+    return model.hidden(ids_1W)
+
+
+def _head_chunk(width: int, column: int, chunk_tokens: int) -> slice:
+    """The columns ``chunked_token_logprobs`` (one row of ``width`` positions) runs the LM head on with ``column``."""
+    if width <= chunk_tokens:
+        return slice(0, width)
+    start = column // chunk_tokens * chunk_tokens
+    return slice(start, start + chunk_tokens)
+
+
+def bitwise_next_logprobs(model: HybridLM, hidden_1WD: torch.Tensor, column: int, temperature: float,
+                          chunk_tokens: int = SCORE_CHUNK_TOKENS) -> torch.Tensor:
+    """``log_softmax(logits / T)`` ``[V]`` at ``column`` of ``bitwise_hidden``'s output: the distribution of the
+    token at ``column + 1``, computed as the trainer's scoring computes it (same LM-head chunk, same op order)."""
+    cols = _head_chunk(hidden_1WD.shape[1], column, chunk_tokens)
+    logp_1CV = _scaled_log_softmax(model.logits(hidden_1WD[:, cols]), temperature)
+    return logp_1CV[0, column - cols.start]
+
+
+def _score_bitwise(model: HybridLM, sequence: Sequence[int], prompt_len: int, temperature: float, pad_id: int,
+                   top_k: int) -> Scored:
+    """One sequence through ``bitwise_hidden``; the LM head on every column (fixed shapes, see the module)."""
+    ids_1W = bitwise_ids(model, sequence, pad_id)
+    hidden_1WD = bitwise_hidden(model, ids_1W)
+    targets_1W = torch.cat((ids_1W[:, 1:], ids_1W[:, :1]), dim=1)  # the last column predicts nothing
+    logp_1W, _ = chunked_token_logprobs(model.logits, hidden_1WD, targets_1W, temperature,
+                                        chunk_tokens=SCORE_CHUNK_TOKENS)
+    cols = slice(prompt_len - 1, len(sequence) - 1)
+    if top_k <= 0:
+        return Scored(logp_1W[0, cols])
+    values, ids = _top_logprobs(model.logits, hidden_1WD, temperature, top_k, SCORE_CHUNK_TOKENS)
+    return Scored(logp_1W[0, cols], values[0, cols], ids[0, cols])
+
+
 def score_tokens(model: HybridLM, sequences: Sequence[Sequence[int]], prompt_lens: Sequence[int],
                  temperature: float = 1.0, batch_invariant: bool = False, *, top_k: int = 0, pad_id: int = 0,
                  micro_batch: int = DEFAULT_MICRO_BATCH) -> list[Scored]:
@@ -116,7 +172,10 @@ def score_tokens(model: HybridLM, sequences: Sequence[Sequence[int]], prompt_len
     if top_k < 0:
         raise RingzeroError(f"top_k must be >= 0 (got {top_k})")
     t = temperature if temperature > 0 else 1.0
-    step = 1 if batch_invariant else max(1, micro_batch)
+    if batch_invariant:
+        return [_score_bitwise(model, seq, plen, t, pad_id, top_k)
+                for seq, plen in zip(sequences, prompt_lens, strict=True)]
+    step = max(1, micro_batch)
     out: list[Scored] = []
     for start in range(0, len(sequences), step):
         out += _score_padded(model, sequences[start:start + step], prompt_lens[start:start + step], t, pad_id,
@@ -131,8 +190,8 @@ def score_sequences(model: HybridLM, sequences: Sequence[Sequence[int]], prompt_
 
     ``sequences[i]`` is prompt + response; ``prompt_lens[i]`` its prompt length (>= 1). ``temperature``
     0 means greedy decoding, whose log-probs are the plain log-softmax (T = 1). Output dtype is fp32
-    (fp64 under an fp64 body). ``batch_invariant`` scores each sequence alone (see the module docstring);
-    otherwise sequences run right-padded in micro-batches of ``micro_batch``.
+    (fp64 under an fp64 body). ``batch_invariant`` scores each sequence alone at the model's full context
+    width (see the module docstring); otherwise sequences run right-padded in micro-batches of ``micro_batch``.
     """
     return [s.logprobs for s in score_tokens(model, sequences, prompt_lens, temperature, batch_invariant,
                                              pad_id=pad_id, micro_batch=micro_batch)]

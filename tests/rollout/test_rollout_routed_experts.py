@@ -124,7 +124,7 @@ def test_prefill_only_and_length_one_rows(model):
     check(engine, [scored, empty, one])
 
 
-def test_deterministic_mode_reports_the_rescoring_forward(model):
+def test_deterministic_mode_reports_the_forwards_it_decoded_with(model):
     engine = EmbeddedEngine(model, policy=policy("float64"), deterministic=True, prefill_chunk=3)
     reqs = [GenerateRequest(p, SamplingParams(max_new_tokens=mx, n=2, seed=6, stop_token_ids=STOPS),
                             return_routed_experts=True)
