@@ -34,8 +34,17 @@ QUANTILE_NAMES = ("p50", "p90", "p99", "p99.9")
 
 
 def masked_flat(x_NT: torch.Tensor, mask_NT: torch.Tensor) -> torch.Tensor:
-    """The masked values as one flat float64 tensor, on the tensor's device."""
-    return x_NT.detach().double()[mask_NT.bool()]
+    """The masked values as one flat float64 tensor, on the tensor's device.
+
+    On the host a boolean index; elsewhere without a data-dependent shape (a boolean index there is a
+    ``nonzero`` whose size the device must report first): masked-out values sort last as +inf and the
+    count of kept values, one read, trims them. The result is then sorted, which selection does not mind.
+    """
+    x, m = x_NT.detach().double(), mask_NT.bool()
+    if x.device.type == "cpu":
+        return x[m]
+    kept = int(m.sum())
+    return torch.where(m, x, torch.full_like(x, float("inf"))).reshape(-1).sort().values[:kept]
 
 
 def _lerp(a: float, b: float, t: float) -> float:
