@@ -88,7 +88,9 @@ def test_deterministic_mode_gives_a_ratio_of_exactly_one(preset):
     assert max(gaps) > 0
 
 
-def test_deterministic_mode_keeps_the_sampled_tokens():
+def test_deterministic_mode_samples_what_the_cached_engine_samples_up_to_rounding():
+    # Deterministic mode draws from the batch-invariant forward, not the cache; in fp32 the two distributions
+    # agree to rounding, so a short seeded run picks the same tokens with log-probs within tolerance.
     master = tiny_model("float32", seed=3)
     batch = requests(prompts([4, 7]), max_new_tokens=10, seed=5)
     det = EmbeddedEngine(master, policy=policy("fp32"), deterministic=True).generate(batch)
