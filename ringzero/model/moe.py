@@ -16,12 +16,20 @@ Routing replay: the rollout engine reports the experts it chose per token; resco
 gradient flows through the router as usual (R3 in the literature).
 
 The experts run as a loop over experts on the tokens routed to each: plain torch, enough for small
-models; a grouped GEMM would replace the loop, not the routing.
+models; a grouped GEMM would replace the loop, not the routing. That loop's matmul shapes depend on how
+many tokens chose each expert, so its last bits depend on the other tokens; ``fixed_shape_experts()``
+runs every expert on every token instead and weights the results (zero for experts not chosen, an exact
+zero added), so a token's output depends only on its own inputs: the batch-invariant forward of the
+deterministic mode uses it.
 
 Letter legend: N tokens, D model, E experts, K experts per token, G groups.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 
 import torch
 import torch.nn.functional as F
@@ -30,6 +38,18 @@ from torch import nn
 from ringzero.model.config import ModelConfig
 from ringzero.model.mlp import SwiGLU
 from ringzero.model.precision import at_least_fp32
+
+_FIXED_SHAPE: ContextVar[bool] = ContextVar("fixed_shape_experts", default=False)
+
+
+@contextmanager
+def fixed_shape_experts() -> Iterator[None]:
+    """Inside: every expert runs on every token (batch-invariant, E times the expert compute)."""
+    token = _FIXED_SHAPE.set(True)
+    try:
+        yield
+    finally:
+        _FIXED_SHAPE.reset(token)
 
 
 class MoEGate(nn.Module):
@@ -102,10 +122,16 @@ class MoE(nn.Module):
             self.record.append(chosen_NK.detach().view(*x_BSD.shape[:-1], -1))
         # The weighted sum over a token's experts runs in the router's precision, as the reference's.
         out_ND = torch.zeros(x_ND.shape, dtype=weights_NK.dtype, device=x_ND.device)
-        for e, expert in enumerate(self.experts):
-            rows, slots = (chosen_NK == e).nonzero(as_tuple=True)
-            if rows.numel():
-                out_ND = out_ND.index_add(0, rows, expert(x_ND[rows]) * weights_NK[rows, slots, None])
+        if _FIXED_SHAPE.get():
+            dense_NE = torch.zeros((x_ND.shape[0], self.num_experts), dtype=weights_NK.dtype, device=x_ND.device)
+            dense_NE = dense_NE.scatter_add(1, chosen_NK, weights_NK)
+            for e, expert in enumerate(self.experts):
+                out_ND = out_ND + expert(x_ND) * dense_NE[:, e, None]
+        else:
+            for e, expert in enumerate(self.experts):
+                rows, slots = (chosen_NK == e).nonzero(as_tuple=True)
+                if rows.numel():
+                    out_ND = out_ND.index_add(0, rows, expert(x_ND[rows]) * weights_NK[rows, slots, None])
         out_ND = out_ND.to(x_ND.dtype)
         if self.shared_experts is not None:
             out_ND = out_ND + self.shared_experts(x_ND)

@@ -49,6 +49,7 @@ import torch
 from ringzero.errors import RingzeroError
 from ringzero.model.hybrid import HybridLM
 from ringzero.model.logprobs import DEFAULT_CHUNK_TOKENS, _scaled_log_softmax, chunked_token_logprobs
+from ringzero.model.moe import fixed_shape_experts
 from ringzero.model.precision import at_least_fp32
 
 DEFAULT_MICRO_BATCH = 16
@@ -129,7 +130,8 @@ def bitwise_hidden(model: HybridLM, ids_1W: torch.Tensor) -> torch.Tensor:
     if ids_1W.shape != (1, model.cfg.max_position_embeddings):
         raise RingzeroError(f"the batch-invariant forward takes [1, {model.cfg.max_position_embeddings}] ids, "
                             f"got {list(ids_1W.shape)}")
-    return model.hidden(ids_1W)
+    with fixed_shape_experts():  # MoE: every expert on every token, so no token's bits depend on another's
+        return model.hidden(ids_1W)
 
 
 def _head_chunk(width: int, column: int, chunk_tokens: int) -> slice:
