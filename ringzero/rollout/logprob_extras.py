@@ -11,7 +11,7 @@ Conventions follow SGLang (``logprob_start_len``, ``top_logprobs_num``):
 
 Prompt log-probs are computed with ``score_tokens`` on the engine's own weights (the rollout policy):
 right-padded micro-batches, or under ``deterministic`` each prompt alone (``batch_invariant``), the
-path completions are rescored on. Each prompt is scored once, whatever its ``n``.
+fixed-width forward deterministic decoding samples from. Each prompt is scored once, whatever its ``n``.
 
 Letter legend: B rows, T decoding steps, K top-k width.
 """
