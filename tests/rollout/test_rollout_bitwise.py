@@ -14,7 +14,13 @@ from rollout_kit import policy, prompts, tiny_model
 
 import ringzero.rollout.engine as engine_module
 from ringzero.rollout.engine import EmbeddedEngine
-from ringzero.rollout.sampling import RowSettings, UniformStream, sample_from_logprobs, sample_seed, scaled_logprobs
+from ringzero.rollout.sampling import (
+    RowSettings,
+    UniformStream,
+    sample_from_logprobs,
+    sample_seed,
+    scaled_logprobs,
+)
 from ringzero.rollout.scoring import score_sequences, score_tokens
 from ringzero.rollout.types import GenerateRequest, LogprobRequest, SamplingParams
 from ringzero.rollout.weights import copy_under_policy
