@@ -33,8 +33,14 @@ def checkpoint_parts(cfg: ModelConfig, state_dict: dict[str, torch.Tensor], toke
     """``(tensors, config, extra_files)`` of a Ling 2.5 folder holding ``state_dict`` (cast to ``dtype``)."""
     from ringzero.tokenizer.export import special_tokens, tokenizer_files
 
-    tensors = {k: v.detach().to("cpu", dtype=dtype if v.is_floating_point() and dtype else v.dtype).contiguous()
-               for k, v in hf_tensors(state_dict).items()}
+    # The MoE routing bias stays in at least fp32 whatever the stored dtype: rounded, it can flip which
+    # expert wins (SGLang keeps it fp32 too).
+    def stored(name: str, v: torch.Tensor) -> torch.dtype:
+        if not v.is_floating_point() or dtype is None:
+            return v.dtype
+        return torch.promote_types(dtype, torch.float32) if name.endswith("expert_bias") else dtype
+
+    tensors = {k: v.detach().to("cpu", dtype=stored(k, v)).contiguous() for k, v in hf_tensors(state_dict).items()}
     stored = dtype or next(v.dtype for v in tensors.values() if v.is_floating_point())
     specials = special_tokens(tokenizer) if tokenizer is not None else None
     extra = {GENERATION_CONFIG: json.dumps(generation_config(specials), indent=2).encode()}

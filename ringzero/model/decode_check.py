@@ -25,13 +25,18 @@ from ringzero.model.tolerances import compare
 @torch.no_grad()
 def random_weights_(module: nn.Module, generator: torch.Generator) -> nn.Module:
     """Weights that make every path matter: matrices N(0, 1/fan_in) (activations of order 1, unlike a
-    small training init), norm weights 1 + N(0, 0.1^2) so they are not the identity."""
+    small training init), norm weights 1 + N(0, 0.1^2) so they are not the identity, and MoE routing
+    biases (buffers) N(0, 0.05^2) so they steer the choice of experts. Buffers draw after every parameter,
+    so a dense model's weights do not depend on them."""
     for p in module.parameters():
         if p.dim() == 1:
             p.copy_(1 + 0.1 * torch.randn(p.shape, generator=generator, dtype=torch.float64))
         else:
             std = 1 / math.sqrt(p.shape[-1])
             p.copy_(torch.randn(p.shape, generator=generator, dtype=torch.float64) * std)
+    for name, buf in module.named_buffers():
+        if name.endswith("expert_bias"):
+            buf.copy_(0.05 * torch.randn(buf.shape, generator=generator, dtype=torch.float64))
     return module
 
 

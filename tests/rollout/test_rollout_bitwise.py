@@ -69,9 +69,8 @@ def test_deterministic_tokens_resample_from_the_trainers_logits(preset):
                 assert float(logp) == c.output_logprobs[t]
 
 
-@pytest.mark.parametrize("preset", ["float32", "fp32-islands", "bf16"])
-def test_deterministic_logprobs_equal_the_trainers_bit_for_bit(preset):
-    master = tiny_model("float32", seed=5)
+def _assert_trainer_equal(master, preset: str) -> None:
+    """Every deterministic completion's log-probs are ``torch.equal`` to the trainer's batch-invariant scoring."""
     reqs = _mixed()
     completions = [c for g in EmbeddedEngine(master, policy=policy(preset), deterministic=True).generate(reqs)
                    for c in g]
@@ -81,6 +80,11 @@ def test_deterministic_logprobs_equal_the_trainers_bit_for_bit(preset):
         (train,) = score_sequences(trainer, [c.prompt_ids + c.output_ids], [len(c.prompt_ids)], temp,
                                    batch_invariant=True)
         assert torch.equal(train.detach(), torch.tensor(c.output_logprobs, dtype=train.dtype))
+
+
+@pytest.mark.parametrize("preset", ["float32", "fp32-islands", "bf16"])
+def test_deterministic_logprobs_equal_the_trainers_bit_for_bit(preset):
+    _assert_trainer_equal(tiny_model("float32", seed=5), preset)
 
 
 @pytest.mark.parametrize("preset", ["float32", "bf16"])
@@ -89,16 +93,7 @@ def test_deterministic_logprobs_of_a_moe_model_equal_the_trainers_bit_for_bit(pr
     other tokens chose the same expert."""
     moe = dict(num_experts=4, n_group=2, topk_group=1, num_experts_per_tok=2, moe_intermediate_size=16,
                first_k_dense_replace=1)
-    master = tiny_model("float32", seed=5, **moe)
-    reqs = _mixed()
-    completions = [c for g in EmbeddedEngine(master, policy=policy(preset), deterministic=True).generate(reqs)
-                   for c in g]
-    temps = [r.params.temperature for r in reqs for _ in range(r.params.n)]
-    trainer = _trainer(master, preset)
-    for c, temp in zip(completions, temps, strict=True):
-        (train,) = score_sequences(trainer, [c.prompt_ids + c.output_ids], [len(c.prompt_ids)], temp,
-                                   batch_invariant=True)
-        assert torch.equal(train.detach(), torch.tensor(c.output_logprobs, dtype=train.dtype))
+    _assert_trainer_equal(tiny_model("float32", seed=5, **moe), preset)
 
 
 def test_deterministic_rows_do_not_depend_on_their_batch():

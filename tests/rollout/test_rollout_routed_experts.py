@@ -37,9 +37,6 @@ def moe_model(seed: int = 0) -> HybridLM:
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         random_weights_(model, gen)
-        for name, buf in model.named_buffers():  # expert_bias is a buffer: random_weights_ leaves it at 0
-            if name.endswith("expert_bias"):
-                buf.copy_(0.05 * torch.randn(buf.shape, generator=gen, dtype=torch.float64))
     return model.eval()
 
 

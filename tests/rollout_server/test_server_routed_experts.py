@@ -51,9 +51,6 @@ def moe_model() -> HybridLM:
     gen = torch.Generator().manual_seed(0)
     with torch.no_grad():
         random_weights_(model, gen)
-        for name, buf in model.named_buffers():  # expert_bias is a buffer, left at 0 by random_weights_
-            if name.endswith("expert_bias"):
-                buf.copy_(0.05 * torch.randn(buf.shape, generator=gen, dtype=torch.float64))
     return model.eval()
 
 
