@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The prepared GPU check: pretrain and RL steps of a small config on one CUDA device, fp32-islands vs
-# bf16 (tokens/s, peak memory, ratio tail). Run from anywhere; it works on the repository it lives in.
+# bf16 (tokens/s, peak memory, ratio tail), then gap_checks.py (percentiles on the device, the bitwise
+# deterministic mode on CUDA). Run from anywhere; it works on the repository it lives in.
 #
 #   bash bench/gpu/run.sh              # on the GPU machine; results in $OUT (else ./bench-gpu-out)
 #   bash bench/gpu/run.sh --smoke      # tiny sizes on the CPU: a check that everything imports and runs
@@ -59,5 +60,10 @@ echo "== stage steps"
 timeout --signal=TERM --kill-after=10 "${RINGZERO_GPU_TIMEOUT_S:-290}" "$PY" bench/gpu/stage_steps.py "$@"
 rc=$?
 [ $rc -eq 124 ] && echo "stopped at ${RINGZERO_GPU_TIMEOUT_S:-290} s; the finished cases are in $OUT"
+
+echo "== gap checks (percentiles on the device, bitwise deterministic mode on CUDA)"
+timeout --signal=TERM --kill-after=10 120 "$PY" bench/gpu/gap_checks.py "$@"
+gap_rc=$?
+[ $rc -eq 0 ] && rc=$gap_rc
 ls -l "$OUT"
 exit $rc

@@ -8,7 +8,7 @@ updates, weight push). Each precision case runs both:
   fp32 attention softmax and LM head);
 - ``bf16``: both all-bf16, the comparison for the ratio tail.
 
-The model is the tiny config's scaled up (``--d-model 512``, 8 layers alternating Lightning and MLA,
+The model is the tiny config's scaled up (``--hidden-size 512``, 8 layers alternating Lightning and MLA,
 8 heads, the 64-symbol char tokenizer, ``max_position_embeddings`` = ``--seq-len`` 2048), fresh init (seeded, the
 same weights in both cases). Pretrain: ``--batch`` rows x ``--seq-len`` tokens of the task corpus.
 RL: ``--prompts`` x ``--samples`` digit-sum responses of exactly ``--max-new-tokens`` tokens (stop
@@ -65,7 +65,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--smoke", action="store_true", help="tiny sizes on the CPU (a check that the script runs)")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default=None, help="default: cuda, cpu with --smoke")
     p.add_argument("--cases", nargs="+", choices=list(CASES), default=list(CASES))
-    p.add_argument("--d-model", type=int, default=512)
+    p.add_argument("--hidden-size", type=int, default=512)
     p.add_argument("--layers", type=int, default=8)
     p.add_argument("--heads", type=int, default=8)
     p.add_argument("--seq-len", type=int, default=2048, help="pretrain row length and the model's max_position_embeddings")
@@ -98,9 +98,9 @@ def model_section(args) -> dict:
     d, h = args.hidden_size, args.heads
     head = d // h
     return {
-        "vocab_size": 64, "hidden_size": d, "num_hidden_layers": args.layers, "num_attention_heads": h, "layout": "hybrid", "layer_group_size": 2,
-        "kv_lora_rank": d // 4, "qk_nope_head_dim": head, "qk_rope_head_dim": head // 2, "v_head_dim": head,
-                "attention_impl": args.attention_impl,
+        "vocab_size": 64, "hidden_size": d, "num_hidden_layers": args.layers, "num_attention_heads": h,
+        "layout": "hybrid", "layer_group_size": 2, "kv_lora_rank": d // 4, "qk_nope_head_dim": head,
+        "qk_rope_head_dim": head // 2, "v_head_dim": head, "mla_attention_impl": args.attention_impl,
         "head_dim": head, "lightning_block_size": min(64, args.seq_len),
         "intermediate_size": (11 * d // 4 + 63) // 64 * 64 if not args.smoke else 3 * d,
         "max_position_embeddings": args.seq_len,
