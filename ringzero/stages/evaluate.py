@@ -53,8 +53,10 @@ INPUT_LABEL = "input"
 """Row name of the stage's input checkpoint when no compared stage produced it."""
 ENGINE_BATCH = 256
 SUMMARY_ALIASES = {"len/mean": "eval/len_mean", "trace/rate": "eval/trace_rate",
-                   "ratio/p99": "eval/ratio/p99", "ratio/max": "eval/ratio/max"}
-"""The stage table reads these keys for every stage; for eval they are the input checkpoint's."""
+                   "ratio/p99": "eval/ratio/p99", "ratio/max": "eval/ratio/max",
+                   "gap/ratio/p99": "eval/ratio/p99", "gap/ratio/max": "eval/ratio/max"}
+"""The stage table reads these keys for every stage; for eval they are the input checkpoint's. Eval scores
+the very weights that sampled, so its ratio tail is the engine gap alone: it fills ``gap/*`` too."""
 
 
 def run(ctx: StageContext, stage: EvalStage, inputs: StageInputs) -> StageOutcome:

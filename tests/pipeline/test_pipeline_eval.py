@@ -162,6 +162,8 @@ def test_eval_compares_checkpoints_on_accuracy_length_tiers_qualities_and_ratio_
     s = ex.outcome.summary
     assert s["eval/accuracy"] == policy["eval/accuracy"] and s["len/mean"] == policy["eval/len_mean"]
     assert s["ratio/p99"] == policy["eval/ratio/p99"] and s["compare/untrained/accuracy"] == untrained["eval/accuracy"]
+    # eval scores the weights that sampled: its tail is the engine gap, and fills the stage table's gap columns
+    assert s["gap/ratio/p99"] == policy["eval/ratio/p99"] and s["gap/ratio/max"] == policy["eval/ratio/max"]
     assert [r["step"] for r in ex.metrics] == [0, 1] and ex.outcome.steps == 2
 
 
