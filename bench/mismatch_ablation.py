@@ -1,0 +1,171 @@
+"""Train/rollout mismatch corrections, side by side: the tiny stage 1 under each, from the same base and seeds.
+
+The trainer runs ``fp32-islands`` (bf16 body, fp32 softmax and LM head); the rollout engine runs ``bf16``
+(a real engine gap: the islands differ), then ``fp32-islands`` too (the gap left is kernel order). Each
+arm is stage 1 of the config with a fixed number of steps (no early stop) and one objective:
+
+- ``sg_clip_is``: the paper's form, the ratio train/rollout clipped above, gradient through log p only;
+- ``ppo_clip``: PPO's clipped surrogate on the same ratio (no correction);
+- ``tis``, ``seq_is``, ``seq_is_geo``, ``masked_is``, ``icepop``: ``ppo_clip`` whose policy ratio is train
+  over the trainer's own pre-update log-probs, times the correction of the trainer/rollout ratio (the
+  decoupled form verl, slime and AReaL use).
+
+Reported per arm: held-out accuracy and trace rate (128 prompts x 4 at T=1, under the arm's rollout
+engine), the engine gap (mean over steps of the first minibatch's p99 of ``|r - 1|``, and its max),
+gradient coverage (share of response tokens with a non-zero gradient: ``grad/coverage`` over kept tokens
+times the share kept), tokens dropped, and whether the run collapsed (a non-finite loss, the last five
+steps' reward below half its best five-step mean, or held-out accuracy below the base's).
+
+A last arm shows the automatic rollback in a real run: bf16 rollout, ``sg_clip_is``, and
+``rollback: {on: ["gap/ratio/max > LIMIT"], remedy: raise_precision}``: the first step whose engine gap
+crosses the limit is rolled back and retried with an fp32-islands rollout engine.
+
+    python bench/mismatch_ablation.py --store file://runs/store       # the base `make run` pretrained
+    python bench/mismatch_ablation.py --arms sg_clip_is,tis --rollouts bf16 --steps 5   # a quick look
+
+Results go to ``OUT/results.json`` and, with ``--write``, into BENCHMARKS.md's ablation block.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from pathlib import Path
+
+import torch
+
+from ringzero.config.loader import load_config
+from ringzero.pipeline.execute import execute_stage
+from ringzero.stages.base import StageInputs
+from ringzero.store import open_store
+
+CORRECTED = "ppo_clip"
+ARMS = {
+    "sg_clip_is": ("sg_clip_is", []),
+    "ppo_clip": ("ppo_clip", []),
+    "tis": (CORRECTED, [{"kind": "tis", "cap": 2.0}]),
+    "seq_is": (CORRECTED, [{"kind": "seq_is", "cap": 2.0, "form": "product"}]),
+    "seq_is_geo": (CORRECTED, [{"kind": "seq_is", "cap": 2.0, "form": "geometric"}]),
+    "masked_is": (CORRECTED, [{"kind": "masked_is", "lower": 0.5, "upper": 2.0}]),
+    "icepop": (CORRECTED, [{"kind": "icepop", "lower": 0.5, "upper": 5.0}]),
+}
+"""Arm name -> (policy loss, corrections). Bounds are the peers' defaults (verl's TIS cap 2, IcePop [0.5, 5])."""
+ROLLBACK_ARM = "rollback"
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--config", default="configs/tiny-cpu.yaml")
+    p.add_argument("--out", default="runs/bench-mismatch", help="run folder and results.json")
+    p.add_argument("--store", default=None, help="checkpoint store URI (default: file://OUT/store)")
+    p.add_argument("--pretrain", default="base")
+    p.add_argument("--rl", default="stage1")
+    p.add_argument("--steps", type=int, default=30, help="RL steps of every arm")
+    p.add_argument("--prompts", type=int, default=None, help="prompts per step (default: the stage's)")
+    p.add_argument("--arms", default=",".join([*ARMS, ROLLBACK_ARM]), help="comma-separated subset")
+    p.add_argument("--rollouts", default="bf16,fp32-islands", help="rollout precision policies to run")
+    p.add_argument("--rollback-limit", type=float, default=0.01, help="gap/ratio/max that triggers the rollback arm")
+    p.add_argument("--write", action="store_true", help="write the table into BENCHMARKS.md")
+    return p.parse_args()
+
+
+def arm_overrides(rl: str, arm: str, rollout: str, steps: int, prompts: int | None, limit: float) -> list[str]:
+    s = f"stages.{rl}"
+    out = ["precision.train=fp32-islands", f"precision.rollout={rollout}", f"{s}.steps={steps}",
+           f"{s}.min_steps={steps}", f"{s}.reward_plateau_steps=null", f"{s}.max_wall_minutes=null",
+           f"{s}.stop_when=[]", f"{s}.gate=[]"]
+    if prompts:
+        out.append(f"{s}.prompts_per_step={prompts}")
+    if arm == ROLLBACK_ARM:
+        return out + [f"{s}.loss.kind=sg_clip_is", f"{s}.loss.corrections=[]",
+                      f'{s}.rollback={{on: ["gap/ratio/max > {limit:g}"], remedy: raise_precision, max_rollbacks: 2}}']
+    kind, corrections = ARMS[arm]
+    return out + [f"{s}.loss.kind={kind}", f"{s}.loss.corrections={json.dumps(corrections)}"]
+
+
+def _mean(values) -> float:
+    values = [float(v) for v in values if v is not None and math.isfinite(float(v))]
+    return sum(values) / len(values) if values else float("nan")
+
+
+def measure(records: list[dict], summary: dict, base_accuracy: float) -> dict:
+    rewards = [r.get("reward/mean", float("nan")) for r in records]
+    windows = [_mean(rewards[i:i + 5]) for i in range(max(1, len(rewards) - 4))]
+    coverage = [r["grad/coverage"] * (1.0 - r.get("correction/token_masked_frac", 0.0))
+                for r in records if r.get("grad/coverage") is not None]
+    nonfinite = any(r.get("loss/nonfinite", 0) > 0 for r in records)
+    accuracy = summary.get("eval/accuracy", float("nan"))
+    collapsed = nonfinite or (windows[-1] < 0.5 * max(windows)) or accuracy < base_accuracy
+    rollbacks = [r for r in records if "rollback/reason" in r]
+    return {
+        "accuracy": accuracy, "trace_rate": summary.get("eval/trace_rate"), "len_mean": summary.get("eval/len_mean"),
+        "gap_p99": _mean(r.get("gap/ratio/p99") for r in records),
+        "gap_max": max((r.get("gap/ratio/max", 0.0) for r in records), default=float("nan")),
+        "coverage": _mean(coverage), "adv_nonzero": _mean(r.get("grad/adv_nonzero") for r in records),
+        "masked": _mean(r.get("correction/token_masked_frac", 0.0) for r in records),
+        "reward_last5": windows[-1], "collapsed": bool(collapsed), "nonfinite": nonfinite,
+        "rollbacks": [{"step": r["step"], "reason": r["rollback/reason"], "remedy": r.get("rollback/remedy")}
+                      for r in rollbacks],
+        "gap_p99_by_step": [r.get("gap/ratio/p99") for r in records],
+    }
+
+
+def main() -> None:
+    args = parse_args()
+    out = Path(args.out)
+    store_uri = args.store or f"file://{(out / 'store').resolve()}"
+    common = [f"storage.root={store_uri}", f"run.run_dir={out / 'run'}"]
+    cfg = load_config(args.config, common)
+    torch.set_num_threads(cfg.run.threads or torch.get_num_threads())
+    store = open_store(cfg.storage.root)
+    base = execute_stage(cfg, store, cfg.stage(args.pretrain), StageInputs(), out / "run")
+    uri = base.outcome.output_uri
+    inputs = StageInputs(init_uri=uri, reference_uri=uri, base_uri=uri)
+    base_accuracy = base.outcome.summary.get("eval/accuracy", float("nan"))
+    results = {"config": args.config, "steps": args.steps, "base": {"accuracy": base_accuracy,
+               "trace_rate": base.outcome.summary.get("eval/trace_rate")}, "arms": {}}
+    path = out / "results.json"
+    if path.exists():  # reruns of a subset keep the other arms' rows
+        results["arms"] = json.loads(path.read_text()).get("arms", {})
+    for rollout in args.rollouts.split(","):
+        for arm in args.arms.split(","):
+            if arm == ROLLBACK_ARM and rollout != "bf16":
+                continue  # the rollback arm needs the gap a bf16 engine opens
+            arm_cfg = load_config(args.config, common + arm_overrides(args.rl, arm, rollout, args.steps, args.prompts,
+                                                                       args.rollback_limit))
+            started = time.time()
+            ex = execute_stage(arm_cfg, store, arm_cfg.stage(args.rl), inputs, out / "run" / f"{arm}-{rollout}")
+            row = measure(ex.metrics, ex.outcome.summary, base_accuracy)
+            row.update(minutes=(time.time() - started) / 60, stage_minutes=ex.outcome.wall_s / 60)
+            results["arms"][f"{arm} | {rollout}"] = row
+            print(f"{arm:>11} {rollout:>12}: acc {row['accuracy']:.3f} trace {row['trace_rate']:.3f} "
+                  f"gap p99 {row['gap_p99']:.2e} coverage {row['coverage']:.3f} collapsed {row['collapsed']}",
+                  flush=True)
+            path.write_text(json.dumps(results, indent=1))
+    print(report(results))
+    if args.write:
+        from mdsection import write_section
+
+        write_section(Path("BENCHMARKS.md"), "mismatch-ablation", report(results))
+
+
+def report(r: dict) -> str:
+    lines = [f"Base: held-out accuracy {r['base']['accuracy']:.3f}, trace rate {r['base']['trace_rate']:.3f}; "
+             f"every arm {r['steps']} stage-1 steps from it, same seeds.", "",
+             "| arm | rollout | held-out acc | trace rate | len | gap p99 (mean) | gap max | grad coverage | "
+             "adv != 0 | dropped | collapsed | minutes |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|"]
+    for name, a in r["arms"].items():
+        arm, rollout = name.split(" | ")
+        lines.append(f"| {arm} | {rollout} | {a['accuracy']:.3f} | {a['trace_rate']:.3f} | {a['len_mean']:.0f} | "
+                     f"{a['gap_p99']:.2e} | {a['gap_max']:.2e} | {a['coverage']:.3f} | {a['adv_nonzero']:.3f} | "
+                     f"{a['masked']:.4f} | {'yes' if a['collapsed'] else 'no'} | {a['stage_minutes']:.1f} |")
+    for name, a in r["arms"].items():
+        for e in a["rollbacks"]:
+            lines.append(f"\n`{name}`: rollback at step {e['step']} ({e['reason']}; remedy {e['remedy']})")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()
