@@ -1,0 +1,204 @@
+"""Weights between ``HybridLM`` (state-dict keys = Ling 2.5 tensor names without ``model.``) and
+``MegatronLM``, one tensor-parallel shard per rank.
+
+- names: ``layers.{i}.attention.*`` <-> ``decoder.layers.{i}.self_attention.*`` (MLA projections renamed,
+  Lightning ones kept), ``post_attention_layernorm`` <-> ``pre_mlp_layernorm``, the MLP's
+  ``gate_proj``/``up_proj``/``down_proj`` <-> ``linear_fc1`` (gate rows, then up rows) / ``linear_fc2``,
+  ``lm_head`` <-> ``output_layer``;
+- shards: column-parallel weights split on rows, row-parallel ones on columns, norms replicated (except
+  Lightning's ``g_norm``, split by channel). A split with stride ``s`` cuts the full rows into ``s * tp``
+  equal chunks and gives rank ``r`` chunks ``r, tp + r, ...`` (megatron's ``partition_stride``):
+  ``linear_fc1`` has stride 2 (each rank's gate rows, then its up rows) and Lightning's
+  ``query_key_value`` stride 3 (each rank's q, k and v heads);
+- RoPE rows: megatron's MLA always reorders the rotary slice from pair-neighbour to rotate-half order
+  (ringzero's ``rope_interleave: true``, Ling 2.5's default). With ``rope_interleave: false`` the rotary
+  rows of the query projection (per head) and of ``kv_a_proj_with_mqa`` (its last ``dr``) are permuted
+  into pair-neighbour order on the way in, and back on the way out.
+
+Letter legend for the permutations: p qk_rope_head_dim (dr).
+"""
+
+from __future__ import annotations
+
+import torch
+from megatron.core import parallel_state
+
+from ringzero.errors import RingzeroError
+from ringzero.model.config import ModelConfig
+from ringzero.model.mla import deinterleave
+
+# HybridLM attention name -> MegatronLM's, for MLA layers (Lightning layers keep their names).
+MLA_NAMES = {
+    "q_proj": "linear_q_proj", "q_a_proj": "linear_q_down_proj", "q_a_layernorm": "q_layernorm",
+    "q_b_proj": "linear_q_up_proj", "kv_a_proj_with_mqa": "linear_kv_down_proj",
+    "kv_a_layernorm": "kv_layernorm", "kv_b_proj": "linear_kv_up_proj", "dense": "linear_proj",
+}
+# MegatronLM module name (last part) -> (split dim, stride); absent: replicated on every rank.
+SPLITS = {
+    "word_embeddings": (0, 1), "output_layer": (0, 1),
+    "linear_q_proj": (0, 1), "linear_q_down_proj": (0, 1), "linear_q_up_proj": (0, 1),
+    "linear_kv_down_proj": (0, 1), "linear_kv_up_proj": (0, 1), "linear_proj": (1, 1),
+    "query_key_value": (0, 3), "g_proj": (0, 1), "g_norm": (0, 1), "dense": (1, 1),
+    "linear_fc1": (0, 2), "linear_fc2": (1, 1),
+}
+
+
+def _split(full: torch.Tensor, dim: int, stride: int, rank: int, size: int) -> torch.Tensor:
+    chunks = full.chunk(stride * size, dim=dim)
+    return torch.cat([chunks[j * size + rank] for j in range(stride)], dim=dim)
+
+
+def _merge(shards: list[torch.Tensor], dim: int, stride: int) -> torch.Tensor:
+    pieces = [s.chunk(stride, dim=dim) for s in shards]
+    return torch.cat([pieces[r][j] for j in range(stride) for r in range(len(shards))], dim=dim)
+
+
+def _interleave_rows(w: torch.Tensor) -> torch.Tensor:
+    """Rows from rotate-half order ``0..p/2-1 | p/2..p-1`` to pair-neighbour order (``deinterleave``'s inverse)."""
+    return w.unflatten(0, (2, -1)).transpose(0, 1).flatten(0, 1)
+
+
+def _deinterleave_rows(w: torch.Tensor) -> torch.Tensor:
+    return deinterleave(w.transpose(0, -1)).transpose(0, -1)
+
+
+def _rope_rows(name: str, w: torch.Tensor, cfg: ModelConfig, permute) -> torch.Tensor:
+    """Apply ``permute`` to the rotary rows of an MLA projection (HybridLM name), others unchanged."""
+    dn, dr, r = cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.kv_lora_rank
+    module = name.split(".")[-2]
+    if module in ("q_proj", "q_b_proj"):
+        heads = w.unflatten(0, (cfg.num_attention_heads, dn + dr))
+        rope = torch.stack([permute(h[dn:]) for h in heads])
+        return torch.cat([heads[:, :dn], rope], dim=1).flatten(0, 1)
+    if module == "kv_a_proj_with_mqa":
+        return torch.cat([w[:r], permute(w[r:])])
+    return w
+
+
+def _megatron_name(key: str, cfg: ModelConfig) -> str:
+    parts = key.split(".")
+    if parts[0] == "lm_head":
+        return "output_layer." + ".".join(parts[1:])
+    if parts[0] != "layers":
+        return key
+    i, rest = int(parts[1]), parts[2:]
+    kind = cfg.layer_types()[i]
+    if rest[0] == "attention":
+        module = MLA_NAMES.get(rest[1], rest[1]) if kind == "mla" else rest[1]
+        rest = ["self_attention", module, *rest[2:]]
+    elif rest[0] == "post_attention_layernorm":
+        rest = ["pre_mlp_layernorm", *rest[1:]]
+    elif rest[0] == "mlp":
+        rest = ["mlp", {"down_proj": "linear_fc2"}.get(rest[1], rest[1]), *rest[2:]]
+    return ".".join(["decoder", "layers", str(i), *rest])
+
+
+def _hybrid_name(name: str, cfg: ModelConfig) -> str:
+    parts = name.split(".")
+    if parts[0] == "output_layer":
+        return "lm_head." + ".".join(parts[1:])
+    if parts[0] != "decoder":
+        return name
+    i, rest = int(parts[2]), parts[3:]
+    if rest[0] == "self_attention":
+        inverse = {v: k for k, v in MLA_NAMES.items()} if cfg.layer_types()[i] == "mla" else {}
+        rest = ["attention", inverse.get(rest[1], rest[1]), *rest[2:]]
+    elif rest[0] == "pre_mlp_layernorm":
+        rest = ["post_attention_layernorm", *rest[1:]]
+    elif rest[0] == "mlp" and rest[1] == "linear_fc2":
+        rest = ["mlp", "down_proj", *rest[2:]]
+    return ".".join(["layers", str(i), *rest])
+
+
+def _full_megatron(state: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """The whole (TP = 1) MegatronLM state of a HybridLM state."""
+    out = {}
+    for key, w in state.items():
+        if key.endswith(("mlp.gate_proj.weight", "mlp.up_proj.weight")):
+            continue
+        if key.endswith("mlp.down_proj.weight"):
+            prefix = key[: -len("down_proj.weight")]
+            out[_megatron_name(prefix + "linear_fc1.weight", cfg)] = torch.cat(
+                [state[prefix + "gate_proj.weight"], state[prefix + "up_proj.weight"]])
+        if not cfg.rope_interleave:
+            w = _rope_rows(key, w, cfg, _interleave_rows)
+        out[_megatron_name(key, cfg)] = w
+    return out
+
+
+def to_megatron(state: dict[str, torch.Tensor], cfg: ModelConfig, tp_rank: int, tp_size: int) -> dict:
+    """Rank ``tp_rank``'s shard (of ``tp_size``) of a HybridLM state dict, under MegatronLM's names."""
+    out = {}
+    for name, w in _full_megatron(state, cfg).items():
+        split = SPLITS.get(name.split(".")[-2])
+        if split is not None:
+            dim, stride = split
+            if w.shape[dim] % (stride * tp_size):
+                raise RingzeroError(f"{name}: {w.shape[dim]} rows/columns do not split into {stride} x "
+                                    f"{tp_size} equal tensor-parallel chunks")
+            w = _split(w, dim, stride, tp_rank, tp_size)
+        out[name] = w.clone()
+    return out
+
+
+def from_megatron(shards: list[dict[str, torch.Tensor]], cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """The full HybridLM state dict from every TP rank's MegatronLM shard, in rank order."""
+    out = {}
+    for name in shards[0]:
+        split = SPLITS.get(name.split(".")[-2])
+        parts = [s[name] for s in shards]
+        w = parts[0] if split is None else _merge(parts, *split)
+        key = _hybrid_name(name, cfg)
+        if key.endswith("mlp.linear_fc1.weight"):
+            prefix = key[: -len("linear_fc1.weight")]
+            out[prefix + "gate_proj.weight"], out[prefix + "up_proj.weight"] = w.chunk(2)
+            continue
+        if not cfg.rope_interleave:
+            w = _rope_rows(key, w, cfg, _deinterleave_rows)
+        out[key] = w.clone()
+    return out
+
+
+def _local_tensors(model) -> dict[str, torch.Tensor]:
+    return dict(model.named_parameters())
+
+
+@torch.no_grad()
+def load_hybrid_state_(model, state: dict[str, torch.Tensor]) -> None:
+    """Copy a full HybridLM state dict into ``model`` (a MegatronLM): this rank's shard of each tensor."""
+    shard = to_megatron(state, model.cfg, model.tp_rank, model.tp_size)
+    params = _local_tensors(model)
+    missing, unexpected = sorted(set(params) - set(shard)), sorted(set(shard) - set(params))
+    wrong = [f"{n} {list(shard[n].shape)} vs {list(p.shape)}" for n, p in params.items()
+             if n in shard and shard[n].shape != p.shape]
+    if missing or unexpected or wrong:
+        raise RingzeroError(f"HybridLM state does not fit MegatronLM: missing {missing}, unexpected "
+                            f"{unexpected}, mis-shaped {wrong}")
+    for name, p in params.items():
+        p.copy_(shard[name])
+
+
+def gather_hybrid(local: dict[str, torch.Tensor], model) -> dict[str, torch.Tensor]:
+    """Full HybridLM tensors from this rank's MegatronLM-named tensors (weights, or their gradients),
+    gathered over the TP group; every rank gets the result."""
+    if model.tp_size == 1:
+        return from_megatron([local], model.cfg)
+    group = parallel_state.get_tensor_model_parallel_group()
+    shards: list[dict] = [{} for _ in range(model.tp_size)]
+    for name, t in local.items():
+        parts = [torch.empty_like(t) for _ in range(model.tp_size)]
+        torch.distributed.all_gather(parts, t.contiguous(), group=group)
+        for r, part in enumerate(parts):
+            shards[r][name] = part
+    return from_megatron(shards, model.cfg)
+
+
+@torch.no_grad()
+def hybrid_state(model) -> dict[str, torch.Tensor]:
+    """``model``'s weights as a full HybridLM state dict (a collective over the TP group)."""
+    return gather_hybrid({n: p.detach() for n, p in _local_tensors(model).items()}, model)
+
+
+def hybrid_grads(model) -> dict[str, torch.Tensor]:
+    """``model``'s parameter gradients under HybridLM's names, full (a collective over the TP group)."""
+    return gather_hybrid({n: p.grad for n, p in _local_tensors(model).items() if p.grad is not None}, model)

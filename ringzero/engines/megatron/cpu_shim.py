@@ -1,0 +1,167 @@
+"""The patches megatron-core 0.16.1 needs to build and run ringzero's model without Transformer Engine,
+and on a CPU torch build under gloo. ``apply()`` installs them once per process (idempotent); call it
+after ``import megatron.core`` and before building a model.
+
+Genuine 0.16.1 bugs without Transformer Engine (installed on GPU too):
+- ``transformer/multi_latent_attention.py`` ``MLASelfAttention.__init__``: ``isinstance(self.linear_proj,
+  TELinear)`` with ``HAVE_TE`` true, because ``extensions/transformer_engine.py`` builds ``TELinear`` on a
+  ``MagicMock`` when TE is absent, so the import that sets ``HAVE_TE`` succeeds; the check raises
+  ``TypeError``. Patched: ``HAVE_TE = False`` in that module when TE does not import.
+- the same ``__init__`` passes ``k_channels``/``v_channels`` to its core attention, which the local
+  spec's ``DotProductAttention`` does not accept (``TypeError``), and that class sizes its output from
+  ``kv_channels``. Not a patch: ``mla_core_attention()`` is the class to put in the MLA spec.
+- MLA's shared RoPE key at TP > 1 (NVIDIA/Megatron-LM#1699): ``linear_kv_down_proj`` is column-parallel,
+  its output is gathered (backward: split), and ``k_pos_emb`` is expanded over this rank's heads only,
+  so its gradient is never summed over TP: most rows of the RoPE part of ``linear_kv_down_proj``'s
+  gradient are wrong. Patched: ``MLASelfAttention.get_query_key_value_tensors`` marks its forward, and
+  the second ``apply_rotary_pos_emb`` call inside it (the key's; the first is the query's) goes through
+  ``AllReduceGrad`` (identity forward, gradient summed over TP). Megatron's own
+  ``copy_to_tensor_model_parallel_region`` cannot stand in: ``mappings._reduce`` all-reduces
+  ``x.contiguous()`` and returns ``x``, which silently skips the sum for a strided gradient (this one,
+  a slice of ``torch.cat``'s backward, is).
+- ``transformer/moe/moe_utils.py`` ``RouterGatingLinearFunction``: reads ``te_general_gemm``, defined
+  only when TE imports (``NameError`` on every MoE forward). Patched: the name set to ``None``.
+
+CPU only (nothing of this is installed when CUDA is available):
+- ``torch.cuda.current_device()``, which megatron calls to place tensors (``RotaryEmbedding`` of MLA,
+  built without ``use_cpu_initialization``, and its ``get_emb`` moving ``inv_freq``;
+  ``GlobalMemoryBuffer.get_tensor``, the ``baddbmm`` buffer of ``DotProductAttention``; the MoE router
+  and experts): on a CPU build it raises. Patched: it returns the CPU device. This is the one patch of
+  torch itself; ringzero never calls it without checking ``torch.cuda.is_available()`` first.
+- ``fusions/fused_softmax.py`` (unfused causal path): ``get_default_causal_mask`` builds its mask with
+  ``device="cuda"``. Patched: the same mask on the CPU.
+- ``tensor_parallel/random.py`` ``CudaRNGStatesTracker.add`` / ``fork`` (``model_parallel_cuda_manual_seed``
+  and every dropout): ``torch.cuda.get_rng_state``. Patched: the tracker keeps CPU generator states, so
+  per-TP-rank dropout seeds still work (the fork warns that the CPU state changed when a dropout with
+  p > 0 draws: expected here).
+Weights must be built with ``use_cpu_initialization=True`` (``MegatronLM`` sets it): the GPU init path
+allocates on ``torch.cuda.current_device()``. Megatron's DDP buffers and optimizer need more (``device=
+'cuda'`` literals, ``param.type() == 'torch.cuda.FloatTensor'``): not patched here, the model does not
+use them.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+
+import torch
+
+_APPLIED = False
+# Inside MLASelfAttention.get_query_key_value_tensors: the count of apply_rotary_pos_emb calls so far.
+_ROPE_CALLS: contextvars.ContextVar[list[int] | None] = contextvars.ContextVar("mla_rope_calls", default=None)
+
+
+class AllReduceGrad(torch.autograd.Function):
+    """Identity forward; backward sums the gradient over ``group`` (on a contiguous copy, see above)."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.contiguous()
+        torch.distributed.all_reduce(grad, group=ctx.group)
+        return grad, None
+
+
+def apply() -> None:
+    global _APPLIED
+    if _APPLIED:
+        return
+    _APPLIED = True
+    _fix_te_absent()
+    _fix_mla_rope_key_grad()
+    if not torch.cuda.is_available():
+        _cpu_devices()
+        _cpu_rng_tracker()
+
+
+def _te_importable() -> bool:
+    try:
+        import transformer_engine  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _fix_te_absent() -> None:
+    if _te_importable():
+        return
+    import megatron.core.transformer.moe.moe_utils as moe_utils
+    import megatron.core.transformer.multi_latent_attention as mla
+
+    mla.HAVE_TE = False
+    moe_utils.te_general_gemm = None
+
+
+def _fix_mla_rope_key_grad() -> None:
+    import megatron.core.transformer.multi_latent_attention as mla
+    from megatron.core import parallel_state
+
+    original_rope = mla.apply_rotary_pos_emb
+    original_qkv = mla.MLASelfAttention.get_query_key_value_tensors
+
+    @functools.wraps(original_rope)
+    def rope(t, *args, **kwargs):
+        calls = _ROPE_CALLS.get()
+        if calls is not None:
+            calls[0] += 1
+            if calls[0] == 2 and parallel_state.get_tensor_model_parallel_world_size() > 1:
+                t = AllReduceGrad.apply(t, parallel_state.get_tensor_model_parallel_group())
+        return original_rope(t, *args, **kwargs)
+
+    @functools.wraps(original_qkv)
+    def get_query_key_value_tensors(self, *args, **kwargs):
+        token = _ROPE_CALLS.set([0])
+        try:
+            return original_qkv(self, *args, **kwargs)
+        finally:
+            _ROPE_CALLS.reset(token)
+
+    mla.apply_rotary_pos_emb = rope
+    mla.MLASelfAttention.get_query_key_value_tensors = get_query_key_value_tensors
+
+
+def _cpu_devices() -> None:
+    import megatron.core.fusions.fused_softmax as fused_softmax
+
+    torch.cuda.current_device = lambda: torch.device("cpu")
+    fused_softmax.get_default_causal_mask = lambda sq: torch.triu(
+        torch.ones(sq, sq, dtype=torch.bool), diagonal=1)
+
+
+def _cpu_rng_tracker() -> None:
+    import megatron.core.tensor_parallel.random as random
+
+    def add(self, name, seed):
+        self._is_initialized = True
+        if seed in self.seeds_:
+            raise Exception(f"seed {seed} already exists")
+        if name in self.states_:
+            raise Exception(f"rng state {name} already exists")
+        self.seeds_.add(seed)
+        saved = torch.get_rng_state()
+        torch.manual_seed(seed)
+        self.states_[name] = torch.get_rng_state()
+        torch.set_rng_state(saved)
+
+    random.CudaRNGStatesTracker.add = add
+    random._get_cuda_rng_state = lambda *args, **kwargs: torch.get_rng_state()
+    random._set_cuda_rng_state = lambda state, *args, **kwargs: torch.set_rng_state(state)
+
+
+def mla_core_attention():
+    """The local ``DotProductAttention`` accepting MLA's ``k_channels``/``v_channels``: its output is
+    ``heads_per_rank * v_head_dim`` wide (the base class sizes it from ``kv_channels``)."""
+    from megatron.core.transformer.dot_product_attention import DotProductAttention
+
+    class MLADotProductAttention(DotProductAttention):
+        def __init__(self, *args, k_channels=None, v_channels=None, **kwargs):
+            super().__init__(*args, **kwargs)
+            if v_channels is not None:
+                self.hidden_size_per_partition = self.num_attention_heads_per_partition * v_channels
+
+    return MLADotProductAttention

@@ -1,0 +1,153 @@
+"""``MegatronLM``: ringzero's Ling 2.5 model built from megatron-core modules, with tensor parallelism.
+
+Build it after the caller has run ``megatron.core.parallel_state.initialize_model_parallel(...)``: the
+model reads its TP group from that global state once, at build time (``tp_rank``/``tp_size`` are kept),
+and never after. Pieces, named so that ``convert`` maps them to ``HybridLM``'s names:
+- ``word_embeddings``: ``VocabParallelEmbedding`` (vocabulary rows split over TP);
+- ``decoder``: a ``TransformerBlock`` with one layer spec per layer in ``ModelConfig.layer_types()``:
+  MLA layers are megatron's ``MLASelfAttention`` (local spec, ``rope_type="rope"``, latent norms), the
+  Lightning layers ``LightningSelfAttention``; each with the local spec's pre-norms and a dense SwiGLU
+  MLP (``linear_fc1`` = gate | up, split with TP stride 2);
+- ``norm``: the final RMSNorm (ringzero's: it can hand the LM-head island fp32 output);
+- ``output_layer``: a column-parallel head whose logits are gathered to the full vocabulary, in fp32
+  when ``policy.lm_head_fp32``; absent with ``tie_word_embeddings`` (the embedding's shard is its weight).
+
+The training contract is ``HybridLM``'s: ``hidden(input_ids_BS, positions_BS=None) -> [B, S, D]``,
+``logits(hidden_BSD) -> [B, S, V]``, ``forward(ids, positions=None) -> logits``; batch-first in and out,
+megatron's ``[S, B, D]`` inside. megatron's MLA ropes positions ``0..S-1``, so ``positions`` must be
+those (per row, right padding marked negative is accepted: causal layers never let it reach earlier
+tokens).
+
+Precision: parameters and activations in ``policy.body``. Under a bf16 body megatron's attention runs
+QK^T in bf16 and the softmax in fp32 (``attention_softmax_in_fp32``), not ringzero's fp32 island (which
+upcasts q, k, v first); the Lightning state stays fp32 as in ringzero. Not implemented: MoE MLPs,
+sequence and context parallelism (refused at build).
+
+Letter legend: B batch, S sequence, D hidden_size, V vocab.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import torch.nn.functional as F
+from megatron.core import parallel_state
+from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+from megatron.core.tensor_parallel.layers import ColumnParallelLinear, VocabParallelEmbedding
+from megatron.core.transformer.spec_utils import ModuleSpec
+from megatron.core.transformer.transformer_block import TransformerBlock, TransformerBlockSubmodules
+from megatron.core.transformer.transformer_config import MLATransformerConfig
+
+from ringzero.engines.megatron import cpu_shim
+from ringzero.engines.megatron.lightning import LightningSelfAttention
+from ringzero.errors import RingzeroError
+from ringzero.model.config import ModelConfig, PrecisionPolicy
+from ringzero.model.norms import RMSNorm
+from ringzero.model.precision import at_least_fp32, body_dtype
+
+
+def transformer_config(cfg: ModelConfig, policy: PrecisionPolicy, tp_size: int) -> MLATransformerConfig:
+    """megatron's config for ``cfg``: dropout off, no biases, weights drawn on the CPU then split."""
+    dtype = body_dtype(policy)
+    return MLATransformerConfig(
+        num_layers=cfg.num_hidden_layers, hidden_size=cfg.hidden_size, ffn_hidden_size=cfg.intermediate_size,
+        num_attention_heads=cfg.num_attention_heads, q_lora_rank=cfg.q_lora_rank,
+        kv_lora_rank=cfg.kv_lora_rank, qk_head_dim=cfg.qk_nope_head_dim,
+        qk_pos_emb_head_dim=cfg.qk_rope_head_dim, v_head_dim=cfg.v_head_dim,
+        rope_type="rope", rotary_base=cfg.rope_theta, rotary_scaling_factor=1.0, qk_layernorm=True,
+        normalization="RMSNorm", layernorm_epsilon=cfg.rms_norm_eps, add_bias_linear=False,
+        gated_linear_unit=True, activation_func=F.silu, attention_dropout=0.0, hidden_dropout=0.0,
+        init_method_std=cfg.initializer_range, use_cpu_initialization=True,
+        tensor_model_parallel_size=tp_size, sequence_parallel=False,
+        params_dtype=dtype, bf16=dtype == torch.bfloat16,
+        attention_softmax_in_fp32=policy.attention_softmax_fp32,
+    )
+
+
+def layer_specs(cfg: ModelConfig, policy: PrecisionPolicy) -> list[ModuleSpec]:
+    """One ``TransformerLayer`` spec per layer, MLA or Lightning as ``cfg.layer_types()`` says."""
+    specs = []
+    for kind in cfg.layer_types():
+        spec = get_gpt_layer_local_spec(multi_latent_attention=kind == "mla", qk_layernorm=True,
+                                        normalization="RMSNorm")
+        if kind == "mla":
+            spec.submodules.self_attention.submodules.core_attention = cpu_shim.mla_core_attention()
+        else:
+            spec.submodules.self_attention = ModuleSpec(
+                module=LightningSelfAttention, params={"model_config": cfg, "policy": policy})
+        specs.append(spec)
+    return specs
+
+
+def _refusals(cfg: ModelConfig, tp_size: int) -> list[str]:
+    problems = []
+    if cfg.num_experts is not None:
+        problems.append("num_experts is set: MoE MLPs are not implemented in the megatron engine yet "
+                        "(dense MLPs only)")
+    if cfg.vocab_size % tp_size:
+        problems.append(f"vocab_size ({cfg.vocab_size}) must be a multiple of the tensor-parallel size "
+                        f"({tp_size}): the embedding and head split the vocabulary evenly")
+    if cfg.num_attention_heads % tp_size:
+        problems.append(f"num_attention_heads ({cfg.num_attention_heads}) must be a multiple of the "
+                        f"tensor-parallel size ({tp_size})")
+    if parallel_state.get_context_parallel_world_size() > 1:
+        problems.append("context parallelism is not implemented in the megatron engine")
+    return problems
+
+
+class MegatronLM(torch.nn.Module):
+    def __init__(self, cfg: ModelConfig, policy: PrecisionPolicy):
+        super().__init__()
+        cpu_shim.apply()
+        if not parallel_state.model_parallel_is_initialized():
+            raise RingzeroError("MegatronLM needs megatron.core.parallel_state.initialize_model_parallel(...) "
+                                "to have been called first (it reads the tensor-parallel group from it)")
+        self.tp_size = parallel_state.get_tensor_model_parallel_world_size()
+        self.tp_rank = parallel_state.get_tensor_model_parallel_rank()
+        problems = _refusals(cfg, self.tp_size)
+        if problems:
+            raise RingzeroError("cannot build MegatronLM: " + "; ".join(problems))
+        self.cfg, self.policy = cfg, policy
+        self.config = transformer_config(cfg, policy, self.tp_size)
+        self.word_embeddings = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size,
+                                                      init_method=self.config.init_method, config=self.config)
+        self.decoder = TransformerBlock(self.config, TransformerBlockSubmodules(layer_specs=layer_specs(cfg, policy)),
+                                        post_layer_norm=False)
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps).to(body_dtype(policy))
+        head_dtype = at_least_fp32(body_dtype(policy)) if policy.lm_head_fp32 else body_dtype(policy)
+        self.output_layer = ColumnParallelLinear(
+            cfg.hidden_size, cfg.vocab_size, config=dataclasses.replace(self.config, params_dtype=head_dtype),
+            init_method=self.config.init_method, bias=False, gather_output=True,
+            skip_weight_param_allocation=cfg.tie_word_embeddings)
+
+    def _check_positions(self, positions, B: int, S: int) -> None:
+        if positions is None:
+            return
+        grid = torch.arange(S, device=positions.device).expand(B, S)
+        positions = positions.expand(B, S)
+        if bool(((positions >= 0) & (positions != grid)).any()):
+            raise RingzeroError("MegatronLM takes positions 0..S-1 (right padding may be negative): megatron's "
+                                "MLA ropes its own 0..S-1, so shifted or left-padded positions would be wrong")
+
+    def hidden(self, input_ids_BS: torch.Tensor, positions_BS: torch.Tensor | None = None) -> torch.Tensor:
+        """Residual stream after the last layer (before the final norm), ``[B, S, D]``."""
+        B, S = input_ids_BS.shape
+        self._check_positions(positions_BS, B, S)
+        x_SBD = self.word_embeddings(input_ids_BS.t())
+        x_SBD = self.decoder(x_SBD, attention_mask=None)
+        return x_SBD.transpose(0, 1)
+
+    def logits(self, hidden_BSD: torch.Tensor) -> torch.Tensor:
+        """Full-vocabulary logits ``[B, S, V]`` (gathered over TP); fp32 under the LM-head island."""
+        weight = self.word_embeddings.weight if self.cfg.tie_word_embeddings else None
+        if self.policy.lm_head_fp32:
+            h = self.norm(hidden_BSD, out_dtype=at_least_fp32(hidden_BSD.dtype))
+            weight = None if weight is None else weight.to(h.dtype)
+        else:
+            h = self.norm(hidden_BSD)
+        out, _ = self.output_layer(h.transpose(0, 1), weight=weight)
+        return out.transpose(0, 1)
+
+    def forward(self, input_ids_BS: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        return self.logits(self.hidden(input_ids_BS, positions))
