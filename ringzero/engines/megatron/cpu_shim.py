@@ -153,6 +153,7 @@ def _cpu_rng_tracker() -> None:
     random._set_cuda_rng_state = lambda state, *args, **kwargs: torch.set_rng_state(state)
 
 
+@functools.cache
 def mla_core_attention():
     """The local ``DotProductAttention`` accepting MLA's ``k_channels``/``v_channels``: its output is
     ``heads_per_rank * v_head_dim`` wide (the base class sizes it from ``kv_channels``)."""

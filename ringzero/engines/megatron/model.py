@@ -2,7 +2,9 @@
 
 Build it after the caller has run ``megatron.core.parallel_state.initialize_model_parallel(...)``: the
 model reads its TP group from that global state once, at build time (``tp_rank``/``tp_size`` are kept),
-and never after. Pieces, named so that ``convert`` maps them to ``HybridLM``'s names:
+and never after. The caller also seeds megatron's RNG tracker (``tensor_parallel.random.
+model_parallel_cuda_manual_seed``) before the first forward: its attention forks that tracker even with
+dropout off. Pieces, named so that ``convert`` maps them to ``HybridLM``'s names:
 - ``word_embeddings``: ``VocabParallelEmbedding`` (vocabulary rows split over TP);
 - ``decoder``: a ``TransformerBlock`` with one layer spec per layer in ``ModelConfig.layer_types()``:
   MLA layers are megatron's ``MLASelfAttention`` (local spec, ``rope_type="rope"``, latent norms), the
