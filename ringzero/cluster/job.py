@@ -30,11 +30,12 @@ class StageJob:
     name: str  # from labels.launch_name: unique per launch, a DNS label
     namespace: str
     config_yaml: str  # the fully resolved run config the stage reads
-    dp: int  # the run config's parallel.dp and parallel.cp: the job's world is dp x cp ranks
+    dp: int  # the run config's parallel.dp, parallel.cp and engines.training.tp: the world is dp x cp x tp ranks
     cp: int
     stage_args: tuple[str, ...] = ()  # appended to `ringzero stage run CONFIG --stage NAME` (--init URI, ...)
     env: dict[str, str] = field(default_factory=dict)  # plain, non-secret settings
     owner: OwnerRef | None = None
+    tp: int = 1
 
     def __post_init__(self):
         # A *_FILE variable names a mounted secret's path, which is fine to pass in plain.
@@ -67,14 +68,17 @@ TORCHRUN = ["torchrun"]  # torch's launcher, installed next to ``ringzero`` in e
 
 
 def check_world(settings: ClusterSettings, job: StageJob) -> None:
-    """The job's ranks (nodes x processes per node) must be the run's dp x cp, or the stage cannot start."""
+    """The job's ranks (nodes x processes per node) must be the run's dp x cp x tp, or the stage cannot start."""
     nodes, procs = settings.num_nodes, settings.procs_per_node()
-    if nodes * procs != job.dp * job.cp:
+    ranks = job.dp * job.cp * job.tp
+    if nodes * procs != ranks:
         per_node = _count(procs, "GPU") + " per node" if settings.gpus_per_node else "1 process per CPU node"
+        tp = " x engines.training.tp" if job.tp > 1 else ""
         raise RingzeroError(
             f"stage {job.stage!r} of run {job.run!r}: the cluster settings run {_count(nodes, 'node')} x "
-            f"{per_node} = {_count(nodes * procs, 'rank')}, but the run config's parallel.dp x parallel.cp = "
-            f"{job.dp} x {job.cp} = {job.dp * job.cp}; make cluster num_nodes x gpus_per_node equal dp x cp"
+            f"{per_node} = {_count(nodes * procs, 'rank')}, but the run config's parallel.dp x parallel.cp{tp} = "
+            f"{job.dp} x {job.cp}{f' x {job.tp}' if job.tp > 1 else ''} = {ranks}; make cluster num_nodes x "
+            f"gpus_per_node equal that product"
         )
 
 

@@ -75,15 +75,17 @@ class KfpSettings(StrictModel):
         return self
 
 
-def stage_pod_rank_problem(pod: StagePod, dp: int, cp: int) -> str | None:
+def stage_pod_rank_problem(pod: StagePod, dp: int, cp: int, tp: int = 1) -> str | None:
     """Why an in-process step with this pod could not run the run's ranks (None when it can).
 
     An in-process step runs its stage with ``pod.local_ranks()`` processes, one per GPU its pod
-    requests; the run's ``parallel.dp x parallel.cp`` ranks must be exactly those.
+    requests; the run's ``parallel.dp x parallel.cp`` (x ``engines.training.tp``) ranks must be exactly those.
     """
     ranks = pod.local_ranks()
-    if ranks == dp * cp:
+    if ranks == dp * cp * tp:
         return None
     what = f"{pod.gpus} GPUs run the stage with {ranks} local ranks" if pod.gpus else "0 runs the stage as 1 process"
-    return (f"kfp.stage_pod.gpus: {what}, but parallel.dp x parallel.cp = {dp} x {cp} = {dp * cp}; "
-            f"make kfp.stage_pod.gpus equal parallel.dp x parallel.cp (or use kfp.mode cluster)")
+    names, values = ("parallel.dp x parallel.cp", f"{dp} x {cp}") if tp == 1 else (
+        "parallel.dp x parallel.cp x engines.training.tp", f"{dp} x {cp} x {tp}")
+    return (f"kfp.stage_pod.gpus: {what}, but {names} = {values} = {dp * cp * tp}; "
+            f"make kfp.stage_pod.gpus equal {names} (or use kfp.mode cluster)")

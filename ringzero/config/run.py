@@ -48,15 +48,36 @@ TokenizerConfig = Annotated[CharTokenizer | HFTokenizer, Field(discriminator="ki
 
 
 class TrainingEngine(StrictModel):
-    kind: Literal["torch", "megatron"] = Field("torch", description="torch: embedded default; megatron: production")
+    kind: Literal["torch", "megatron"] = Field("torch", description="torch: embedded default; megatron: megatron-core")
+    tp: int = Field(1, ge=1, description="megatron: tensor-parallel degree (heads and MLP columns split over tp ranks)")
+    pp: int = Field(1, ge=1, description="megatron: pipeline-parallel degree")
+    ep: int = Field(1, ge=1, description="megatron: expert-parallel degree")
+    distributed_optimizer: bool = Field(
+        False, description="megatron: shard optimizer state over the data-parallel ranks (megatron-core's)"
+    )
 
     @model_validator(mode="after")
-    def _implemented(self) -> TrainingEngine:
-        if self.kind == "megatron":
-            raise ValueError(
-                "kind 'megatron' is not implemented yet: stages would silently train with the embedded torch "
-                "engine; use kind: torch (it runs dp x cp under torchrun on GPUs as well)"
-            )
+    def _engine_dims(self) -> TrainingEngine:
+        problems = []
+        if self.kind == "torch":
+            problems += [f"{name}: {getattr(self, name)} is a megatron degree; the torch engine splits work over "
+                         "parallel.dp x parallel.cp only (use kind: megatron)" for name in ("tp", "pp", "ep")
+                         if getattr(self, name) > 1]
+            if self.distributed_optimizer:
+                problems.append("distributed_optimizer: megatron-core's; the torch engine keeps a full AdamW per rank "
+                                "(use kind: megatron)")
+        else:
+            # Refused until the stage loop drives them: a degree that trained like 1 would be a silent lie.
+            if self.pp > 1:
+                problems.append(f"pp: {self.pp}: pipeline parallelism is not wired into ringzero's stage loop (its "
+                                "forward runs the whole layer stack on every rank); use pp: 1")
+            if self.ep > 1:
+                problems.append(f"ep: {self.ep}: the megatron engine builds dense MLPs only so far; use ep: 1")
+            if self.distributed_optimizer:
+                problems.append("distributed_optimizer: not wired yet (the megatron engine steps ringzero's AdamW on "
+                                "each rank's shard); use false")
+        if problems:
+            raise ValueError("; ".join(problems))
         return self
 
 
@@ -157,6 +178,9 @@ class RunConfig(StrictModel):
                 "precision.deterministic needs parallel.cp = 1: a context-parallel forward sums attention in "
                 f"another order than the rollout engine's, so their log-probs cannot be bitwise equal (cp={self.parallel.cp})"
             )
+        problems = megatron_problems(self) if self.engines.training.kind == "megatron" else []
+        if problems:
+            raise ValueError("; ".join(problems))
         return self
 
     @model_validator(mode="after")
@@ -185,6 +209,27 @@ class RunConfig(StrictModel):
             if s.name == name:
                 return s
         raise KeyError(name)
+
+
+def megatron_problems(cfg: RunConfig) -> list[str]:
+    """What the megatron engine cannot train yet, or cannot split as asked."""
+    tp, m, problems = cfg.engines.training.tp, cfg.model, []
+    if cfg.parallel.cp > 1:
+        problems.append(f"engines.training.kind megatron: parallel.cp = {cfg.parallel.cp}: ringzero's CP attention "
+                        "is not wired into the megatron layers yet; use cp: 1 (or kind: torch for dp x cp)")
+    if cfg.precision.deterministic:
+        problems.append("engines.training.kind megatron: precision.deterministic decodes with the torch engine's "
+                        "batch-invariant forward, which megatron's kernels do not reproduce bit for bit")
+    if m.num_experts is not None:
+        problems.append("engines.training.kind megatron: the model has MoE layers (model.num_experts); the megatron "
+                        "engine builds dense MLPs only so far")
+    if m.num_attention_heads % tp:
+        problems.append(f"engines.training.tp: {tp} does not divide model.num_attention_heads "
+                        f"({m.num_attention_heads}): each rank holds whole heads")
+    if m.group_norm_size % tp:
+        problems.append(f"engines.training.tp: {tp} does not divide model.group_norm_size ({m.group_norm_size}): "
+                        "each rank normalizes whole groups of the Lightning output")
+    return problems
 
 
 def stage_graph_problems(stages: list) -> list[str]:

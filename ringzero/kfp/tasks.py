@@ -148,7 +148,8 @@ def _execute_in_process(cfg: RunConfig, store, stage, inputs: StageInputs, run_d
     itself under torchrun with G local ranks and commits the outcome under the same stage identity;
     ``execute_stage`` then finds that outcome and returns it without running anything.
     """
-    problem = stage_pod_rank_problem(cfg.kfp.stage_pod, cfg.parallel.dp, cfg.parallel.cp)
+    problem = stage_pod_rank_problem(cfg.kfp.stage_pod, cfg.parallel.dp, cfg.parallel.cp,
+                                     cfg.engines.training.tp)
     if problem:
         raise ConfigError("run_config", [problem])
     ranks = cfg.kfp.stage_pod.local_ranks()

@@ -1,10 +1,12 @@
 """Parallel degrees of a job, checked against the world size, and the process groups they imply.
 
-Ranks are laid out with CP innermost: ``rank = dp_index * cp + cp_index``, so a CP group is a run of
-neighbouring ranks (on one host first, where the all-to-all traffic is cheapest). ``ParallelDims`` is a
-plain value; ``build_groups`` creates every process group once and returns them in a ``ParallelGroups``
-that the caller passes on explicitly. Nothing is stored in module globals. ``tp``, ``pp`` and ``ep`` are
-named so configs can carry them, but only degree 1 is accepted until those parallelisms exist.
+Ranks are laid out with TP innermost, then CP: ``rank = (dp_index * cp + cp_index) * tp + tp_index``, so
+a TP group, then a CP group, is a run of neighbouring ranks (on one host first, where their traffic is
+heaviest). This is megatron-core's order too, so its tensor-parallel groups are these. ``ParallelDims`` is
+a plain value; ``build_groups`` creates every process group once and returns them in a ``ParallelGroups``
+that the caller passes on explicitly. Nothing is stored in module globals. ``tp`` > 1 is the megatron
+engine's (the ranks of a TP group hold one replica's shards and see the same rows); ``pp`` and ``ep`` are
+named so configs can carry them, but only degree 1 is accepted until the stage loop drives them.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ class ParallelDims:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 problems.append(f"{name} must be an integer >= 1 (got {value!r})")
-        for name in ("tp", "pp", "ep"):
+        for name in ("pp", "ep"):
             value = getattr(self, name)
             if isinstance(value, int) and value > 1:
                 problems.append(f"{name}={value}: only degree 1 is implemented")
@@ -44,31 +46,45 @@ class ParallelDims:
             raise RingzeroError("invalid parallel dims: " + "; ".join(problems))
 
     @classmethod
-    def from_config(cls, cfg, world_size: int) -> ParallelDims:
-        """From a ``ringzero.parallel.config.ParallelConfig``."""
-        return cls(dp=cfg.dp, cp=cfg.cp, world_size=world_size)
+    def from_config(cls, cfg, world_size: int, tp: int = 1) -> ParallelDims:
+        """From a ``ringzero.parallel.config.ParallelConfig`` (and the training engine's ``tp``)."""
+        return cls(dp=cfg.dp, cp=cfg.cp, world_size=world_size, tp=tp)
 
     def coords(self, rank: int) -> tuple[int, int]:
         """``(dp_index, cp_index)`` of a global rank."""
-        return divmod(rank, self.cp)
+        return divmod(rank // self.tp, self.cp)
 
-    def cp_ranks(self, dp_index: int) -> list[int]:
-        return [dp_index * self.cp + c for c in range(self.cp)]
+    def tp_index(self, rank: int) -> int:
+        return rank % self.tp
 
-    def dp_ranks(self, cp_index: int) -> list[int]:
-        return [d * self.cp + cp_index for d in range(self.dp)]
+    def rank_of(self, dp_index: int, cp_index: int, tp_index: int = 0) -> int:
+        return (dp_index * self.cp + cp_index) * self.tp + tp_index
+
+    def cp_ranks(self, dp_index: int, tp_index: int = 0) -> list[int]:
+        return [self.rank_of(dp_index, c, tp_index) for c in range(self.cp)]
+
+    def dp_ranks(self, cp_index: int, tp_index: int = 0) -> list[int]:
+        return [self.rank_of(d, cp_index, tp_index) for d in range(self.dp)]
+
+    def replica_ranks(self, tp_index: int = 0) -> list[int]:
+        """Every rank holding the same shard of the weights (all ranks when tp = 1)."""
+        return [self.rank_of(d, c, tp_index) for d in range(self.dp) for c in range(self.cp)]
+
+    def tp_ranks(self, dp_index: int, cp_index: int) -> list[int]:
+        return [self.rank_of(dp_index, cp_index, t) for t in range(self.tp)]
 
 
 @dataclass(frozen=True)
 class ParallelGroups:
-    """The process groups of one rank. ``dp_cp`` spans every rank that holds a replica of the weights
-    (gradients of replicated parameters are summed over it)."""
+    """The process groups of one rank. ``dp_cp`` spans every rank that holds the same shard of the weights
+    (gradients are summed over it); ``tp`` the ranks that hold one replica's shards (None when tp = 1)."""
 
     dims: ParallelDims
     rank: int
     cp: object
     dp: object
     dp_cp: object
+    tp: object = None
 
     @property
     def cp_rank(self) -> int:
@@ -89,15 +105,24 @@ def build_groups(dims: ParallelDims) -> ParallelGroups:
     if world != dims.world_size:
         raise RingzeroError(f"parallel dims are for world size {dims.world_size}, the job has {world} ranks")
     rank = dist.get_rank()
-    dp_index, cp_index = dims.coords(rank)
-    cp_group = dp_group = None
-    for d in range(dims.dp):
-        g = dist.new_group(dims.cp_ranks(d))
-        if d == dp_index:
-            cp_group = g
-    for c in range(dims.cp):
-        g = dist.new_group(dims.dp_ranks(c))
-        if c == cp_index:
-            dp_group = g
-    dp_cp_group = dist.new_group(list(range(world)))
-    return ParallelGroups(dims=dims, rank=rank, cp=cp_group, dp=dp_group, dp_cp=dp_cp_group)
+    (dp_index, cp_index), tp_index = dims.coords(rank), dims.tp_index(rank)
+    cp_group = dp_group = dp_cp_group = tp_group = None
+    for t in range(dims.tp):  # every rank creates every group, in one order (new_group is a collective)
+        for d in range(dims.dp):
+            g = dist.new_group(dims.cp_ranks(d, t))
+            if (d, t) == (dp_index, tp_index):
+                cp_group = g
+        for c in range(dims.cp):
+            g = dist.new_group(dims.dp_ranks(c, t))
+            if (c, t) == (cp_index, tp_index):
+                dp_group = g
+        g = dist.new_group(dims.replica_ranks(t))
+        if t == tp_index:
+            dp_cp_group = g
+    if dims.tp > 1:
+        for d in range(dims.dp):
+            for c in range(dims.cp):
+                g = dist.new_group(dims.tp_ranks(d, c))
+                if (d, c) == (dp_index, cp_index):
+                    tp_group = g
+    return ParallelGroups(dims=dims, rank=rank, cp=cp_group, dp=dp_group, dp_cp=dp_cp_group, tp=tp_group)

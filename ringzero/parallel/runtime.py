@@ -92,9 +92,11 @@ class Runtime:
         return out
 
     def sum_(self, tensor: torch.Tensor) -> torch.Tensor:
-        """Sum ``tensor`` over every rank, in place (values each rank filled in its own entries of)."""
+        """Sum ``tensor`` over the ranks of one weight shard, in place (values each rank filled in its own
+        entries of). Every rank when tp = 1; the ranks of a TP group fill the same entries alike, so the
+        sum runs over the ``dp_cp`` group of this rank's TP index only."""
         if self.distributed:
-            dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+            dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=self.groups.dp_cp if self.groups else None)
         return tensor
 
     def dp_slice(self, n: int) -> slice:
@@ -113,19 +115,22 @@ def single(device: str | torch.device = "cpu") -> Runtime:
     return Runtime(device=torch.device(device), dims=ParallelDims(dp=1, cp=1, world_size=1))
 
 
-def from_env(parallel, device: DeviceSetting = "auto", env: dict[str, str] | None = None) -> Runtime:
-    """The runtime torchrun's environment describes, with ``parallel`` (a ``ParallelConfig``) checked
-    against its world size. Joins the default process group once when there is more than one rank."""
+def from_env(parallel, device: DeviceSetting = "auto", env: dict[str, str] | None = None, tp: int = 1) -> Runtime:
+    """The runtime torchrun's environment describes, with ``parallel`` (a ``ParallelConfig``) and the
+    training engine's ``tp`` checked against its world size. Joins the default process group once when
+    there is more than one rank."""
     env = os.environ if env is None else env
     world = int(env.get("WORLD_SIZE", "1"))
     rank, local_rank = int(env.get("RANK", "0")), int(env.get("LOCAL_RANK", "0"))
-    if parallel.dp * parallel.cp != world:
+    need = parallel.dp * parallel.cp * tp
+    if need != world:
+        tp_text = f" x engines.training.tp {tp}" if tp > 1 else ""
         raise RingzeroError(
-            f"parallel.dp x parallel.cp = {parallel.dp} x {parallel.cp} = {parallel.dp * parallel.cp} ranks, "
-            f"but the job has WORLD_SIZE={world}: start it with --nproc {parallel.dp * parallel.cp} or set "
-            f"parallel.dp/parallel.cp so that their product is {world}"
+            f"parallel.dp x parallel.cp{tp_text} = {parallel.dp} x {parallel.cp}{f' x {tp}' if tp > 1 else ''} = "
+            f"{need} ranks, but the job has WORLD_SIZE={world}: start it with --nproc {need} or set the degrees "
+            f"so that their product is {world}"
         )
-    dims = ParallelDims.from_config(parallel, world)
+    dims = ParallelDims.from_config(parallel, world, tp)
     dev = resolve_device(device, local_rank)
     if world == 1:
         return Runtime(device=dev, dims=dims)

@@ -26,6 +26,7 @@ import time
 import structlog
 import torch
 
+from ringzero.engines import training_engine
 from ringzero.errors import RingzeroError
 from ringzero.rl.rewards import TaskReward
 from ringzero.rl.rollout_batch import collect, sampling_params
@@ -35,9 +36,8 @@ from ringzero.stages.config import DistillStage
 from ringzero.stages.distill_data import epoch_order, select_traces, sft_batch
 from ringzero.stages.heldout_eval import evaluate_heldout
 from ringzero.stages.lm_step import lm_step
-from ringzero.stages.optimizer import TrainOptimizer
 from ringzero.stages.progress import step_progress
-from ringzero.stages.setup import apply_threads, seeded, start_model, task_and_tokenizer, training_model
+from ringzero.stages.setup import apply_threads, seeded, start_model, task_and_tokenizer
 from ringzero.stages.summary_values import finite_only
 from ringzero.stages.train_state import load_resume_point, save_final, save_resume_point
 
@@ -72,13 +72,14 @@ def run(ctx: StageContext, stage: DistillStage, inputs: StageInputs) -> StageOut
     ctx.metrics.log(0, {k: plan["before"][v] for k, v in HELDOUT_KEYS.items() if v in plan["before"]})
 
     rt = ctx.runtime
-    model = training_model(cfg, ctx.store, start_uri, cfg.precision.train, rt).train()
     steps_per_epoch = math.ceil(len(examples) / stage.batch_size)
     total = stage.epochs * steps_per_epoch
-    optimizer = TrainOptimizer(model, stage.optim, total_steps=total, schedule="cosine")
+    setup = training_engine(cfg).build(cfg, ctx.store, start_uri, cfg.precision.train, rt, optim=stage.optim,
+                                       total_steps=total, schedule="cosine")
+    model, optimizer = setup.model, setup.optimizer
     first = 0
     if resume := ctx.resume_uri():
-        first = load_resume_point(ctx.store, resume, model, optimizer).step
+        first = load_resume_point(ctx.store, resume, optimizer).step
         log.info("distill.resume", uri=resume, step=first)
     order_seed = seeded(cfg.run.seed, "distill-order")
     losses = []
@@ -103,7 +104,7 @@ def run(ctx: StageContext, stage: DistillStage, inputs: StageInputs) -> StageOut
     model.eval()
     uri = save_final(ctx.store, ctx.checkpoint_prefix, model, optimizer.master_state_dict(),
                      {"stage": stage.name, "steps": total, "examples": len(examples)}, tokenizer=tokenizer)
-    after = heldout(cfg, model, task, tokenizer, stage, rt, serves=uri)
+    after = heldout(cfg, setup.served(), task, tokenizer, stage, rt, serves=uri)
     ctx.metrics.log(total, {k: after[v] for k, v in HELDOUT_KEYS.items() if v in after})
     summary = finite_only({**plan["stats"], **compression(plan["before"], after), **after,
                          **{k: after[v] for k, v in HELDOUT_KEYS.items() if v in after},

@@ -83,8 +83,7 @@ class TrainOptimizer:
         if self.needs_master:
             for p, m in zip(self.params, self.master, strict=True):
                 m.grad = None if p.grad is None else p.grad.float()
-        grads = [m for m in self.master if m.grad is not None]
-        norm = float(torch.nn.utils.clip_grad_norm_(grads, self.settings.grad_clip)) if grads else 0.0
+        norm = self.clip_grads([m for m in self.master if m.grad is not None])
         if not math.isfinite(norm):
             self.skipped += 1
             self.zero_grad()
@@ -98,6 +97,22 @@ class TrainOptimizer:
                     p.copy_(m)
         self.zero_grad()
         return StepReport(lr, norm, skipped=False)
+
+    def clip_grads(self, grads: list[torch.Tensor]) -> float:
+        """Clip ``grads`` to ``grad_clip`` by their global norm; returns the norm before clipping."""
+        return float(torch.nn.utils.clip_grad_norm_(grads, self.settings.grad_clip)) if grads else 0.0
+
+    def load_weights(self, state: dict[str, torch.Tensor], source: str) -> None:
+        """Put full weights under the model's own names into the model and its fp32 masters (the given
+        values, not their casts to the body dtype)."""
+        from ringzero.rollout.weights import load_weights_
+
+        load_weights_(self.model, state, source=source)
+        if self.needs_master:
+            names = {id(p): n for n, p in self.model.named_parameters()}
+            with torch.no_grad():
+                for p, m in zip(self.params, self.master, strict=True):
+                    m.copy_(state[names[id(p)]].to(m.dtype))
 
     def master_state_dict(self) -> dict[str, torch.Tensor]:
         """The model's state dict with fp32 master values: what checkpoints and weight pushes carry."""

@@ -16,15 +16,15 @@ import time
 import structlog
 import torch
 
+from ringzero.engines import training_engine
 from ringzero.rollout.factory import rollout_client
 from ringzero.stages.base import StageContext, StageInputs, StageOutcome
 from ringzero.stages.config import PretrainStage
 from ringzero.stages.corpus_windows import CorpusWindows
 from ringzero.stages.heldout_eval import evaluate_heldout
 from ringzero.stages.lm_step import lm_step
-from ringzero.stages.optimizer import TrainOptimizer
 from ringzero.stages.progress import step_progress
-from ringzero.stages.setup import apply_threads, task_and_tokenizer, training_model
+from ringzero.stages.setup import apply_threads, task_and_tokenizer
 from ringzero.stages.summary_values import finite_only
 from ringzero.stages.train_state import load_resume_point, save_final, save_resume_point
 
@@ -45,11 +45,12 @@ def run(ctx: StageContext, stage: PretrainStage, inputs: StageInputs) -> StageOu
     task, tokenizer = task_and_tokenizer(cfg)
     torch.manual_seed(cfg.run.seed)
     rt = ctx.runtime
-    model = training_model(cfg, ctx.store, inputs.init_uri, cfg.precision.train, rt).train()
-    optimizer = TrainOptimizer(model, stage.optim, total_steps=stage.steps, schedule="cosine")
+    setup = training_engine(cfg).build(cfg, ctx.store, inputs.init_uri, cfg.precision.train, rt, optim=stage.optim,
+                                       total_steps=stage.steps, schedule="cosine")
+    model, optimizer = setup.model, setup.optimizer
     first = 0
     if resume := ctx.resume_uri():
-        first = load_resume_point(ctx.store, resume, model, optimizer).step
+        first = load_resume_point(ctx.store, resume, optimizer).step
         log.info("pretrain.resume", uri=resume, step=first)
     windows = CorpusWindows(task, tokenizer, stage.seq_len, cfg.run.seed)
 
@@ -80,7 +81,7 @@ def run(ctx: StageContext, stage: PretrainStage, inputs: StageInputs) -> StageOu
     uri = save_final(ctx.store, ctx.checkpoint_prefix, model, optimizer.master_state_dict(),
                      {"stage": stage.name, "steps": stage.steps}, tokenizer=tokenizer)
     summary = {"train/loss": final_loss, "loss/skipped": float(optimizer.skipped)}
-    summary.update(measure_base(cfg, model, task, tokenizer, rt))
+    summary.update(measure_base(cfg, setup.served(), task, tokenizer, rt))
     summary = finite_only(summary)
     log.info("pretrain.done", uri=uri, **{k: round(v, 4) for k, v in summary.items()})
     return StageOutcome(uri, summary, stop_reason="steps", steps=stage.steps, wall_s=time.time() - started)

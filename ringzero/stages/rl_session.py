@@ -13,6 +13,8 @@ from typing import Any
 
 import structlog
 
+from ringzero.engines import training_engine
+from ringzero.engines.training import EngineOptimizer, TrainingSetup
 from ringzero.errors import RingzeroError
 from ringzero.model.config import PrecisionPolicy
 from ringzero.model.precision import body_dtype
@@ -22,8 +24,7 @@ from ringzero.rl.step import RLStep, StepShape
 from ringzero.rl.sync import push_weights, weight_version
 from ringzero.rl.trainer import PolicyTrainer
 from ringzero.rollout.factory import rollout_client as build_rollout_client
-from ringzero.stages.optimizer import TrainOptimizer
-from ringzero.stages.setup import apply_threads, placed, start_model, task_and_tokenizer, training_model
+from ringzero.stages.setup import apply_threads, task_and_tokenizer
 from ringzero.stages.train_state import load_resume_point
 
 log = structlog.get_logger(__name__)
@@ -35,7 +36,7 @@ ROLLOUT_MAX_BATCH = 256
 @dataclass
 class RLSession:
     model: Any
-    optimizer: TrainOptimizer
+    optimizer: EngineOptimizer
     client: Any
     task: Any
     tokenizer: Any
@@ -46,6 +47,7 @@ class RLSession:
     runtime: Runtime | None = None
     base_lr: float = 0.0  # the stage's peak lr, before any lower_lr rollback remedy
     rollout_policy: PrecisionPolicy | None = None  # what the rollout engine runs under now
+    setup: TrainingSetup | None = None
 
     def push(self, step: int) -> None:
         self.stepper.push(step)
@@ -56,7 +58,7 @@ class RLSession:
         self.rollout_policy = PrecisionPolicy.preset(policy)
         cfg = self.cfg.model_copy(update={"precision": self.cfg.precision.model_copy(
             update={"rollout": self.rollout_policy})})
-        self.client = self.stepper.client = rollout_client(cfg, self.model, self.tokenizer, self.runtime)
+        self.client = self.stepper.client = rollout_client(cfg, self.setup.served(), self.tokenizer, self.runtime)
         log.info("rl.rollout_rebuilt", precision=policy)
 
 
@@ -65,14 +67,6 @@ def rollout_client(cfg, model, tokenizer, runtime: Runtime | None = None):
     runtime = runtime or single(next(model.parameters()).device)
     return build_rollout_client(cfg, model, tokenizer, runtime, deterministic=cfg.precision.deterministic,
                                 max_batch=ROLLOUT_MAX_BATCH, seed=cfg.run.seed)
-
-
-def frozen_reference(cfg, store, uri: str | None, runtime: Runtime | None = None):
-    model = start_model(cfg, store, uri, cfg.precision.train)
-    model = placed(model, cfg, runtime or single()).eval()
-    for p in model.parameters():
-        p.requires_grad_(False)
-    return model
 
 
 def build_session(ctx, stage, inputs) -> RLSession:
@@ -84,23 +78,25 @@ def build_session(ctx, stage, inputs) -> RLSession:
     apply_threads(cfg)
     task, tokenizer = task_and_tokenizer(cfg)
     rt = ctx.runtime
-    model = training_model(cfg, ctx.store, inputs.init_uri, cfg.precision.train, rt).train()
-    optimizer = TrainOptimizer(model, stage.optim, total_steps=stage.steps, schedule="constant")
+    engine = training_engine(cfg)
+    setup = engine.build(cfg, ctx.store, inputs.init_uri, cfg.precision.train, rt, optim=stage.optim,
+                         total_steps=stage.steps, schedule="constant")
+    model, optimizer = setup.model, setup.optimizer
     first, resumed = 0, {}
     if resume := ctx.resume_uri():
-        point = load_resume_point(ctx.store, resume, model, optimizer)
+        point = load_resume_point(ctx.store, resume, optimizer)
         first, resumed = point.step, point.meta
         log.info("rl.resume", uri=resume, step=first)
     reference = None
     if stage.loss.kl_coef > 0:
-        reference = frozen_reference(cfg, ctx.store, inputs.reference_uri or inputs.init_uri, rt)
-    client = rollout_client(cfg, model, tokenizer, rt)
+        reference = engine.frozen(cfg, ctx.store, inputs.reference_uri or inputs.init_uri, cfg.precision.train, rt)
+    client = rollout_client(cfg, setup.served(), tokenizer, rt)
 
     remote = cfg.engines.rollout
     disk = remote.weights_dir if remote.kind == "sglang" and remote.weight_sync == "disk" else None
 
     session = RLSession(model, optimizer, client, task, tokenizer, None, first, resumed, cfg, rt,
-                        base_lr=stage.optim.lr, rollout_policy=cfg.precision.rollout)
+                        base_lr=stage.optim.lr, rollout_policy=cfg.precision.rollout, setup=setup)
 
     def push(step: int):  # to the session's engine of the moment (a raise_precision rollback rebuilds it)
         return push_weights(session.client, optimizer.master_state_dict(), weight_version(step + 1), store=ctx.store,

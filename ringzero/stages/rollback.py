@@ -184,9 +184,7 @@ def apply_lr_scale(optimizer, base_lr: float, scale: float) -> None:
 
 def restore(snap: Snapshot, rl) -> None:
     """Put the snapshot's weights and optimizer state back, bit for bit, and serve them."""
-    from ringzero.rollout.weights import load_weights_
-
-    load_weights_(rl.model, snap.weights, source=f"rollback snapshot (step {snap.step})")
+    rl.optimizer.load_weights(snap.weights, source=f"rollback snapshot (step {snap.step})")
     rl.optimizer.load_state({k: v.clone() for k, v in snap.optim_tensors.items()}, snap.optim_meta)
     torch.set_rng_state(snap.rng)
     rl.push(snap.step - 1)  # the engine serves the restored weights, under the version they had

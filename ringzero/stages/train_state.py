@@ -21,7 +21,6 @@ from ringzero.errors import RingzeroError
 from ringzero.model.checkpoint import save_state
 from ringzero.model.hf_format import hf_config
 from ringzero.model.hybrid import HybridLM
-from ringzero.rollout.weights import load_weights_
 from ringzero.stages.optimizer import TrainOptimizer
 
 MODEL, OPTIM = "model.", "optim."
@@ -51,13 +50,13 @@ def save_resume_point(store, prefix: str, step: int, model: HybridLM, optimizer:
     return store.save(step_name(prefix, step), tensors, hf_config(model.cfg, torch.float32), full_meta)
 
 
-def load_resume_point(store, uri: str, model: HybridLM, optimizer: TrainOptimizer) -> ResumePoint:
-    """Restore ``model`` and ``optimizer`` in place from the resume point at ``uri``."""
+def load_resume_point(store, uri: str, optimizer: TrainOptimizer) -> ResumePoint:
+    """Restore the optimizer's model and state in place from the resume point at ``uri``."""
     ckpt = store.load(uri)
     if "step" not in ckpt.meta or "optimizer" not in ckpt.meta:
         raise RingzeroError(f"{uri}: not a resume point of a training stage (meta lacks step/optimizer)")
     weights = {k[len(MODEL):]: v for k, v in ckpt.tensors.items() if k.startswith(MODEL)}
-    load_weights_(model, weights, source=uri)
+    optimizer.load_weights(weights, source=uri)
     optimizer.load_state({k[len(OPTIM):]: v for k, v in ckpt.tensors.items() if k.startswith(OPTIM)},
                          ckpt.meta["optimizer"])
     extra = {k: v for k, v in ckpt.meta.items() if k not in ("step", "optimizer")}

@@ -59,8 +59,17 @@ def test_parallel_dims_checked_against_world_size():
     assert ParallelDims(dp=2, cp=4, world_size=8).cp_ranks(1) == [4, 5, 6, 7]
     with pytest.raises(RingzeroError, match=r"dp\*cp\*tp\*pp = 2\*4\*1\*1 = 8 does not match world size 6"):
         ParallelDims(dp=2, cp=4, world_size=6)
-    with pytest.raises(RingzeroError, match="tp=2: only degree 1 is implemented"):
-        ParallelDims(dp=1, cp=2, world_size=4, tp=2)
+    with pytest.raises(RingzeroError, match="pp=2: only degree 1 is implemented"):
+        ParallelDims(dp=1, cp=2, world_size=4, pp=2)
+    # TP innermost, then CP (megatron-core's order): the ranks of one replica's shards are neighbours
+    dims = ParallelDims(dp=2, cp=2, world_size=8, tp=2)
+    assert [dims.coords(r) for r in range(8)] == [(0, 0), (0, 0), (0, 1), (0, 1), (1, 0), (1, 0), (1, 1), (1, 1)]
+    assert [dims.tp_index(r) for r in range(8)] == [0, 1] * 4
+    assert dims.tp_ranks(1, 0) == [4, 5] and dims.cp_ranks(1, tp_index=1) == [5, 7]
+    assert dims.dp_ranks(0, tp_index=1) == [1, 5] and dims.replica_ranks(1) == [1, 3, 5, 7]
+    assert ParallelDims(dp=2, cp=1, world_size=2).replica_ranks() == [0, 1]
+    with pytest.raises(RingzeroError, match=r"dp\*cp\*tp\*pp = 1\*2\*2\*1 = 4 does not match world size 2"):
+        ParallelDims(dp=1, cp=2, world_size=2, tp=2)
     with pytest.raises(RingzeroError, match="cp must be an integer >= 1"):
         ParallelDims(dp=1, cp=0, world_size=1)
 

@@ -1,0 +1,101 @@
+"""The megatron-core training engine behind the seam: ``MegatronLM`` split over the job's TP groups.
+
+megatron-core keeps its process groups in module state (``parallel_state``); ``join`` initializes it once
+per process from the job's ``Runtime`` so that its tensor-parallel groups are the runtime's (both put TP
+innermost: ``rank = (dp * cp + c) * tp + t``), and checks a second call asks for the same layout. A job
+of one process joins a one-rank gloo group first: megatron-core's layers need torch.distributed.
+
+The checkpoint is read as ``HybridLM`` full tensors and scattered with ``convert.to_megatron``; the
+single-device ``HybridLM`` it came from stays as the ``serving`` model the embedded rollout engine copies.
+"""
+
+from __future__ import annotations
+
+import socket
+
+import torch.distributed as dist
+
+from ringzero.engines.training import TrainingSetup
+from ringzero.errors import RingzeroError
+from ringzero.model.config import PrecisionPolicy
+from ringzero.parallel.runtime import Runtime
+from ringzero.stages.setup import start_model
+
+INSTALL_HINT = ("megatron-core is not installed: `pip install 'ringzero[gpu]'` on a CUDA machine, or "
+                "`pip install megatron-core==0.16.1` (it runs on the CPU behind ringzero.engines.megatron.cpu_shim)")
+
+
+def require_megatron() -> None:
+    try:
+        import megatron.core  # noqa: F401
+    except ImportError as exc:
+        raise RingzeroError(f"engines.training.kind megatron: {INSTALL_HINT}") from exc
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def join(runtime: Runtime, tp: int) -> None:
+    """megatron-core's parallel state for this job (once per process)."""
+    from megatron.core import parallel_state
+
+    from ringzero.engines.megatron import cpu_shim
+
+    cpu_shim.apply()
+    if runtime.dims.tp != tp:
+        raise RingzeroError(f"engines.training.tp is {tp} but the job was laid out with tp {runtime.dims.tp}")
+    if not dist.is_initialized():
+        if runtime.world_size > 1:
+            raise RingzeroError("a job of several ranks must join torch.distributed before the megatron engine")
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
+    if parallel_state.model_parallel_is_initialized():
+        have = parallel_state.get_tensor_model_parallel_world_size()
+        if have != tp:
+            raise RingzeroError(f"megatron-core was initialized with tensor parallel {have} in this process; "
+                                f"this stage asks for {tp}")
+        return
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp)
+    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+
+    model_parallel_cuda_manual_seed(1234)
+    mine = parallel_state.get_tensor_model_parallel_rank()
+    if tp > 1 and mine != runtime.dims.tp_index(runtime.rank):
+        raise RingzeroError(f"megatron-core puts rank {runtime.rank} at TP index {mine}, ringzero's layout at "
+                            f"{runtime.dims.tp_index(runtime.rank)}")
+
+
+class MegatronEngine:
+    kind = "megatron"
+
+    def __init__(self, settings):
+        self.settings = settings  # engines.training
+
+    def _model(self, cfg, store, uri, policy: PrecisionPolicy, runtime: Runtime):
+        require_megatron()
+        join(runtime, self.settings.tp)
+        from ringzero.engines.megatron.model import MegatronLM
+
+        # full fp32 values: the masters start from the checkpoint, not from its cast to the body dtype
+        source = start_model(cfg, store, uri, PrecisionPolicy.preset("fp32"))
+        model = MegatronLM(cfg.model, policy).to(runtime.device)
+        return model, source
+
+    def build(self, cfg, store, init_uri, policy, runtime, *, optim, total_steps, schedule) -> TrainingSetup:
+        from ringzero.engines.megatron.optimizer import ShardedTrainOptimizer
+
+        model, source = self._model(cfg, store, init_uri, policy, runtime)
+        optimizer = ShardedTrainOptimizer(model, optim, total_steps, schedule)
+        optimizer.load_weights(source.state_dict(), source=init_uri or "a fresh model")
+        return TrainingSetup(model.train(), optimizer, source.to(runtime.device))
+
+    def frozen(self, cfg, store, uri, policy, runtime):
+        from ringzero.engines.megatron.convert import load_hybrid_state_
+
+        model, source = self._model(cfg, store, uri, policy, runtime)
+        load_hybrid_state_(model, dict(source.named_parameters()))
+        for p in model.parameters():
+            p.requires_grad_(False)
+        return model.eval()

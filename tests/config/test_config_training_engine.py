@@ -1,0 +1,53 @@
+"""engines.training: the megatron degrees are typed, checked against the model and the layout, and refused
+where nothing would act on them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from ringzero.config import parse_config
+from ringzero.errors import ConfigError
+
+TINY = Path(__file__).resolve().parents[2] / "configs" / "tiny-cpu.yaml"
+
+
+def with_engine(training: dict, **sections) -> dict:
+    data = yaml.safe_load(TINY.read_text())
+    data["engines"]["training"] = training
+    data.update(sections)
+    return data
+
+
+def problems(data: dict) -> str:
+    with pytest.raises(ConfigError) as info:
+        parse_config(data, "t.yaml")
+    return " | ".join(info.value.problems)
+
+
+def test_megatron_with_tensor_parallel_validates():
+    cfg = parse_config(with_engine({"kind": "megatron", "tp": 2}), "t.yaml")
+    assert (cfg.engines.training.kind, cfg.engines.training.tp) == ("megatron", 2)
+
+
+@pytest.mark.parametrize("training, sections, expected", [
+    ({"kind": "torch", "tp": 2}, {}, "tp: 2 is a megatron degree"),
+    ({"kind": "torch", "distributed_optimizer": True}, {}, "distributed_optimizer: megatron-core's"),
+    ({"kind": "megatron", "pp": 2}, {}, "pp: 2: pipeline parallelism is not wired"),
+    ({"kind": "megatron", "ep": 2}, {}, "ep: 2"),
+    ({"kind": "megatron", "tp": 3}, {}, "tp: 3 does not divide model.num_attention_heads (4)"),
+    ({"kind": "megatron"}, {"parallel": {"dp": 1, "cp": 2}}, "parallel.cp = 2"),
+    ({"kind": "megatron"}, {"precision": {"train": "fp32", "rollout": "fp32", "deterministic": True}},
+     "precision.deterministic"),
+    ({"kind": "megatron", "tp": 0}, {}, "engines.training.tp"),
+])
+def test_what_the_engine_cannot_do_is_refused_by_name(training, sections, expected):
+    assert expected in problems(with_engine(training, **sections))
+
+
+def test_megatron_refuses_moe_until_its_layer_is_wired():
+    data = with_engine({"kind": "megatron"})
+    data["model"].update(num_experts=4, num_experts_per_tok=2, n_group=2, topk_group=1, moe_intermediate_size=64)
+    assert "MoE layers" in problems(data)

@@ -1,0 +1,86 @@
+"""The stage code under each training engine, on every rank of a pool: a few pretraining steps (``lm_step``
+as the pretrain runner calls it) and RL steps (the session the RL runner builds), from the same fresh
+weights. Module level, so a gloo rank pool can import it."""
+
+from __future__ import annotations
+
+import tempfile
+
+import torch
+
+from ringzero.config.loader import parse_config
+from ringzero.engines import training_engine
+from ringzero.metrics import MemoryMetricWriter
+from ringzero.parallel.dims import ParallelDims
+from ringzero.parallel.one_writer import one_writer
+from ringzero.parallel.runtime import Runtime
+from ringzero.rl.rewards import TaskReward
+from ringzero.stages.base import StageContext, StageInputs
+from ringzero.stages.corpus_windows import CorpusWindows
+from ringzero.stages.lm_step import lm_step
+from ringzero.stages.rl_session import build_session
+from ringzero.stages.setup import task_and_tokenizer
+from ringzero.store import open_store
+
+
+class VaryingReward(TaskReward):
+    """A fresh policy never solves the task; a reward that varies with the text gives the loss work."""
+
+    def __call__(self, problem, text: str, tokens: int, truncated: bool) -> float:
+        return float(sum(map(ord, text)) % 5) / 4
+
+
+def micro_config(kind: str, tp: int, dp: int = 1):
+    return parse_config({
+        "run": {"name": "engines", "seed": 3, "device": "cpu"},
+        "model": {"vocab_size": 64, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
+                  "layout": "LM", "kv_lora_rank": 12, "qk_nope_head_dim": 8, "qk_rope_head_dim": 4,
+                  "v_head_dim": 8, "head_dim": 8, "lightning_block_size": 8, "intermediate_size": 48,
+                  "max_position_embeddings": 96},
+        "precision": {"train": "fp32", "rollout": "fp32"},
+        "parallel": {"dp": dp, "cp": 1},
+        "engines": {"training": {"kind": kind, "tp": tp}},
+        "task": {"kind": "arithmetic", "operation": "digitsum", "digits": 3, "eval_prompts": 4},
+        "stages": [
+            {"name": "base", "kind": "pretrain", "steps": 3, "batch_size": 4, "micro_batch": 2, "seq_len": 40},
+            {"name": "rl", "kind": "rl", "steps": 2, "prompts_per_step": 4, "samples_per_prompt": 2,
+             "minibatches": 2, "micro_batch": 2, "sampling": {"max_new_tokens": 10},
+             "optim": {"lr": 3e-3, "warmup_steps": 0}, "loss": {"kind": "sg_clip_is", "kl_coef": 0.05}},
+        ],
+    }, "engine-micro")
+
+
+def run_engine(ctx, kind: str, tp: int, store_root: str, dp: int = 1) -> dict | None:
+    """Rank 0's record: pretrain losses and weights, per RL step its metrics and tokens, final RL weights
+    (full tensors under HybridLM names, however the engine holds them)."""
+    torch.set_num_threads(1)
+    world = dp * tp
+    dims = ParallelDims(dp=dp, cp=1, world_size=world, tp=tp)
+    rt = Runtime(device=torch.device("cpu"), dims=dims, rank=ctx.rank, groups=ctx.groups(dims))
+    cfg = micro_config(kind, tp, dp)
+    pre, rl_stage = cfg.stages
+    task, tokenizer = task_and_tokenizer(cfg)
+    engine = training_engine(cfg)
+    setup = engine.build(cfg, None, None, cfg.precision.train, rt, optim=pre.optim, total_steps=pre.steps,
+                         schedule="cosine")
+    windows = CorpusWindows(task, tokenizer, pre.seq_len, cfg.run.seed)
+    losses = [lm_step(setup.model, windows.batch(s, pre.batch_size), rt, optimizer=setup.optimizer,
+                      micro_batch=pre.micro_batch).loss for s in range(pre.steps)]
+    pretrained = setup.optimizer.master_state_dict()
+    store = one_writer(open_store(store_root), rt)
+    with tempfile.TemporaryDirectory() as stage_dir:
+        sctx = StageContext(cfg=cfg, store=store, stage_hash=f"engine-{kind}-{tp}-{'0' * 16}", stage_dir=stage_dir,
+                            metrics=MemoryMetricWriter(), runtime=rt)
+        session = build_session(sctx, rl_stage, StageInputs())
+        session.stepper.reward = VaryingReward(task)
+        steps = []
+        for step in range(rl_stage.steps):
+            metrics = session.stepper.run(step)
+            steps.append({"metrics": metrics, "output_ids": session.stepper.last_batch.output_ids})
+        rl_weights = session.optimizer.master_state_dict()
+        tensors, meta = session.optimizer.state()
+    if not rt.is_main:
+        return None
+    return {"pretrain_losses": losses, "pretrained": pretrained, "rl_steps": steps, "rl_weights": rl_weights,
+            "optim_keys": sorted(tensors), "optim_meta": meta, "trained": type(session.model).__name__,
+            "tp_shard": tuple(session.model.word_embeddings.weight.shape)}

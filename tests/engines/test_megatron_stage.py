@@ -1,0 +1,71 @@
+"""The stage code trains the same under the megatron engine as under the torch engine: a micro run's
+pretraining losses and weights, its RL rollouts token for token, its losses and its final weights, at
+TP = 1 and TP = 2 (gloo ranks), within the fp32 tolerance helper (the engines differ in kernels and
+summation order only); resume state is layout-free (full tensors under the model's names)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+pytest.importorskip("megatron.core")
+
+from megatron_stage_jobs import run_engine  # noqa: E402
+
+from ringzero.model.tolerances import compare  # noqa: E402
+from ringzero.parallel.launch import RankPool  # noqa: E402
+
+pytestmark = [pytest.mark.distributed, pytest.mark.slow, pytest.mark.xdist_group("megatron-stage")]
+STEP_KEYS = ("loss/total", "ratio/p99", "ratio/max", "reward/mean", "len/mean", "grad/norm", "kl/mean")
+
+
+@pytest.fixture(scope="module")
+def pools():
+    with RankPool(1, timeout_s=300) as one, RankPool(2, timeout_s=300) as two:
+        yield {1: one, 2: two}
+
+
+@pytest.fixture(scope="module")
+def torch_run(pools, tmp_path_factory):
+    return pools[1].run(run_engine, "torch", 1, f"file://{tmp_path_factory.mktemp('torch')}/store")[0]
+
+
+def assert_same(ref: dict, got: dict, label: str) -> None:
+    for step, (a, b) in enumerate(zip(ref["pretrain_losses"], got["pretrain_losses"], strict=True)):
+        assert math.isclose(a, b, rel_tol=1e-5, abs_tol=1e-6), f"{label}: pretrain loss at step {step}: {a} vs {b}"
+    assert ref["pretrained"].keys() == got["pretrained"].keys()
+    for name, value in ref["pretrained"].items():
+        check = compare(got["pretrained"][name], value, torch.float32)
+        assert check["ok"], f"{label}: pretrained {name}: {check}"
+    for step, (a, b) in enumerate(zip(ref["rl_steps"], got["rl_steps"], strict=True)):
+        assert a["output_ids"] == b["output_ids"], f"{label}: RL step {step} sampled different tokens"
+        for key in STEP_KEYS:
+            x, y = a["metrics"][key], b["metrics"][key]
+            assert math.isclose(x, y, rel_tol=1e-4, abs_tol=1e-5), f"{label}: RL step {step} {key}: {x} vs {y}"
+    for name, value in ref["rl_weights"].items():
+        check = compare(got["rl_weights"][name], value, torch.float32)
+        assert check["ok"], f"{label}: RL weights {name}: {check}"
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_megatron_trains_like_the_torch_engine(torch_run, pools, tmp_path, tp):
+    assert torch_run["rl_steps"][0]["metrics"]["loss/total"] != 0.0  # the comparison has something to compare
+    moved = max(float((torch_run["rl_weights"][k] - torch_run["pretrained"][k]).abs().max())
+                for k in torch_run["rl_weights"])
+    assert moved > 0
+    got = pools[tp].run(run_engine, "megatron", tp, f"file://{tmp_path}/store")[0]
+    assert (torch_run["trained"], got["trained"]) == ("HybridLM", "MegatronLM")
+    assert got["tp_shard"] == (64 // tp, 32)  # each rank holds its share of the vocabulary rows
+    assert_same(torch_run, got, f"megatron tp={tp}")
+    # resume state by parameter name, full tensors: the same whatever the TP degree that wrote it
+    assert got["optim_meta"]["layout"] == "hybrid-names"
+    assert {k.split(".", 1)[1] for k in got["optim_keys"] if k.startswith("exp_avg.")} == set(got["rl_weights"])
+
+
+def test_the_comparison_catches_a_wrong_update(torch_run):
+    """Negative control: weights that moved one more small step do not pass for the same run."""
+    bent = {**torch_run, "rl_weights": {k: v + 1e-3 * torch.sign(v) for k, v in torch_run["rl_weights"].items()}}
+    with pytest.raises(AssertionError, match="RL weights"):
+        assert_same(torch_run, bent, "bent")
