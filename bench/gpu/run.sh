@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The prepared GPU check: pretrain and RL steps of a small config on one CUDA device, fp32-islands vs
 # bf16 (tokens/s, peak memory, ratio tail), then gap_checks.py (percentiles on the device, the bitwise
-# deterministic mode on CUDA). Run from anywhere; it works on the repository it lives in.
+# deterministic mode on CUDA), then megatron_check.py (the megatron engine against the torch engine). Run from anywhere; it works on the repository it lives in.
 #
 #   bash bench/gpu/run.sh              # on the GPU machine; results in $OUT (else ./bench-gpu-out)
 #   bash bench/gpu/run.sh --smoke      # tiny sizes on the CPU: a check that everything imports and runs
@@ -65,5 +65,14 @@ echo "== gap checks (percentiles on the device, bitwise deterministic mode on CU
 timeout --signal=TERM --kill-after=10 120 "$PY" bench/gpu/gap_checks.py "$@"
 gap_rc=$?
 [ $rc -eq 0 ] && rc=$gap_rc
+
+echo "== megatron engine (parity with the torch engine at TP 1, RL step speed of both engines)"
+if "$PY" -c 'import megatron.core' 2>/dev/null; then
+  timeout --signal=TERM --kill-after=10 150 "$PY" bench/gpu/megatron_check.py "$@"
+  mc_rc=$?
+  [ $rc -eq 0 ] && rc=$mc_rc
+else
+  echo "skipped: megatron-core is not installed here (pip install 'megatron-core==0.16.1' einops)"
+fi
 ls -l "$OUT"
 exit $rc

@@ -226,6 +226,9 @@ def megatron_problems(cfg: RunConfig) -> list[str]:
     if m.num_attention_heads % tp:
         problems.append(f"engines.training.tp: {tp} does not divide model.num_attention_heads "
                         f"({m.num_attention_heads}): each rank holds whole heads")
+    if m.vocab_size % tp:
+        problems.append(f"engines.training.tp: {tp} does not divide model.vocab_size ({m.vocab_size}): the "
+                        "embedding and LM head split the vocabulary rows evenly")
     if m.group_norm_size % tp:
         problems.append(f"engines.training.tp: {tp} does not divide model.group_norm_size ({m.group_norm_size}): "
                         "each rank normalizes whole groups of the Lightning output")

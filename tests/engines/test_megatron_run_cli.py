@@ -1,0 +1,49 @@
+"""`ringzero run` completes a staged run with `engines.training.kind: megatron` on the CPU, in one
+process (TP 1) and as a job of two ranks (TP 2); its checkpoints are Ling 2.5 folders the torch engine
+loads, and the two layouts end with the same weights."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("megatron.core")
+
+from ringzero.model.checkpoint import load_model  # noqa: E402
+from ringzero.model.tolerances import compare  # noqa: E402
+from ringzero.store import open_store  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = [pytest.mark.slow, pytest.mark.distributed]
+
+
+def run(tmp_path: Path, *extra: str) -> dict:
+    store = f"file://{tmp_path / 'store'}"
+    out = subprocess.run(
+        [sys.executable, "-m", "ringzero.cli.main", "run", str(ROOT / "configs" / "micro-megatron.yaml"),
+         "--set", f"storage.root={store}", "--set", f"run.run_dir={tmp_path / 'run'}",
+         "--set", "stages.base.steps=8", *extra],
+        cwd=ROOT, capture_output=True, text=True, timeout=480)
+    assert out.returncode == 0, out.stderr[-3000:]
+    s = open_store(store)
+    finals = {uri.split("/")[-2]: uri for uri in s.list("stages/") if uri.endswith("/final")}
+    return {"stderr": out.stderr, "store": s, "finals": finals}
+
+
+def test_megatron_runs_the_stages_at_tp1_and_tp2_to_the_same_weights(tmp_path):
+    one = run(tmp_path / "tp1")
+    two = run(tmp_path / "tp2", "--nproc", "2", "--set", "engines.training.tp=2")
+    for r in (one, two):
+        assert "stage.done" in r["stderr"] and r["stderr"].count("stage.done") >= 3
+    [rl1] = [u for u in one["finals"].values() if load_model(u, store=one["store"]).meta.get("stage") == "stage1"]
+    [rl2] = [u for u in two["finals"].values() if load_model(u, store=two["store"]).meta.get("stage") == "stage1"]
+    a = load_model(rl1, store=one["store"]).model.state_dict()
+    b = load_model(rl2, store=two["store"]).model.state_dict()
+    assert a.keys() == b.keys()
+    for name in a:
+        check = compare(b[name].float(), a[name].float(), torch.float32)
+        assert check["ok"], f"{name}: {check}"
