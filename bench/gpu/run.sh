@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The prepared GPU check: pretrain and RL steps of a small config on one CUDA device, fp32-islands vs
 # bf16 (tokens/s, peak memory, ratio tail), then gap_checks.py (percentiles on the device, the bitwise
-# deterministic mode on CUDA), then megatron_check.py (the megatron engine against the torch engine). Run from anywhere; it works on the repository it lives in.
+# deterministic mode on CUDA), then megatron_check.py (the megatron engine against the torch engine).
+# Run from anywhere; it works on the repository it lives in.
 #
 #   bash bench/gpu/run.sh              # on the GPU machine; results in $OUT (else ./bench-gpu-out)
 #   bash bench/gpu/run.sh --smoke      # tiny sizes on the CPU: a check that everything imports and runs

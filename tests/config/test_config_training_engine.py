@@ -51,3 +51,11 @@ def test_megatron_refuses_moe_until_its_layer_is_wired():
     data = with_engine({"kind": "megatron"})
     data["model"].update(num_experts=4, num_experts_per_tok=2, n_group=2, topk_group=1, moe_intermediate_size=64)
     assert "MoE layers" in problems(data)
+
+
+def test_the_cluster_config_can_select_megatron():
+    from ringzero.config import load_config
+
+    cfg = load_config(TINY.parent / "cluster-h200.yaml", ["engines.training.kind=megatron", "engines.training.tp=4",
+                                                          "parallel.cp=1"])
+    assert (cfg.engines.training.kind, cfg.engines.training.tp, cfg.parallel.dp) == ("megatron", 4, 2)
