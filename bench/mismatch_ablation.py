@@ -10,7 +10,7 @@ arm is stage 1 of the config with a fixed number of steps (no early stop) and on
   over the trainer's own pre-update log-probs, times the correction of the trainer/rollout ratio (the
   decoupled form verl, slime and AReaL use).
 
-Reported per arm: held-out accuracy and trace rate (128 prompts x 4 at T=1, under the arm's rollout
+Reported per arm: held-out accuracy and trace rate (``--eval-prompts`` x 4 at T=1, under the arm's rollout
 engine), the engine gap (mean over steps of the first minibatch's p99 of ``|r - 1|``, and its max),
 gradient coverage (share of response tokens with a non-zero gradient: ``grad/coverage`` over kept tokens
 times the share kept), tokens dropped, and whether the run collapsed (a non-finite loss, the last five
@@ -37,6 +37,7 @@ from pathlib import Path
 import torch
 
 from ringzero.config.loader import load_config
+from ringzero.errors import RingzeroError
 from ringzero.pipeline.execute import execute_stage
 from ringzero.stages.base import StageInputs
 from ringzero.store import open_store
@@ -62,9 +63,11 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--store", default=None, help="checkpoint store URI (default: file://OUT/store)")
     p.add_argument("--pretrain", default="base")
     p.add_argument("--rl", default="stage1")
-    p.add_argument("--steps", type=int, default=30, help="RL steps of every arm")
-    p.add_argument("--prompts", type=int, default=None, help="prompts per step (default: the stage's)")
-    p.add_argument("--arms", default=",".join([*ARMS, ROLLBACK_ARM]), help="comma-separated subset")
+    p.add_argument("--steps", type=int, default=10, help="RL steps of every arm")
+    p.add_argument("--prompts", type=int, default=8, help="prompts per step (0: the stage's)")
+    p.add_argument("--eval-prompts", type=int, default=64, help="held-out prompts measured after each arm")
+    p.add_argument("--arms", default="sg_clip_is,ppo_clip,tis,seq_is,masked_is,icepop," + ROLLBACK_ARM,
+                   help=f"comma-separated, of {','.join([*ARMS, ROLLBACK_ARM])}")
     p.add_argument("--rollouts", default="bf16,fp32-islands", help="rollout precision policies to run")
     p.add_argument("--rollback-limit", type=float, default=0.01, help="gap/ratio/max that triggers the rollback arm")
     p.add_argument("--write", action="store_true", help="write the table into BENCHMARKS.md")
@@ -118,6 +121,7 @@ def main() -> None:
     store_uri = args.store or f"file://{(out / 'store').resolve()}"
     common = [f"storage.root={store_uri}", f"run.run_dir={out / 'run'}"]
     cfg = load_config(args.config, common)
+    common.append(f"task.eval_prompts={args.eval_prompts}")  # after the base: its identity stays make run's
     torch.set_num_threads(cfg.run.threads or torch.get_num_threads())
     store = open_store(cfg.storage.root)
     base = execute_stage(cfg, store, cfg.stage(args.pretrain), StageInputs(), out / "run")
@@ -136,7 +140,13 @@ def main() -> None:
             arm_cfg = load_config(args.config, common + arm_overrides(args.rl, arm, rollout, args.steps, args.prompts,
                                                                        args.rollback_limit))
             started = time.time()
-            ex = execute_stage(arm_cfg, store, arm_cfg.stage(args.rl), inputs, out / "run" / f"{arm}-{rollout}")
+            try:
+                ex = execute_stage(arm_cfg, store, arm_cfg.stage(args.rl), inputs, out / "run" / f"{arm}-{rollout}")
+            except RingzeroError as exc:  # e.g. the rollback arm spending its budget: a result, not a crash
+                results["arms"][f"{arm} | {rollout}"] = {"failed": str(exc)}
+                path.write_text(json.dumps(results, indent=1))
+                print(f"{arm:>11} {rollout:>12}: failed: {exc}", flush=True)
+                continue
             row = measure(ex.metrics, ex.outcome.summary, base_accuracy)
             row.update(minutes=(time.time() - started) / 60, stage_minutes=ex.outcome.wall_s / 60)
             results["arms"][f"{arm} | {rollout}"] = row
@@ -158,11 +168,14 @@ def report(r: dict) -> str:
              "adv != 0 | dropped | collapsed | minutes |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|"]
     for name, a in r["arms"].items():
         arm, rollout = name.split(" | ")
+        if "failed" in a:
+            lines.append(f"| {arm} | {rollout} | failed: {a['failed']} |" + " |" * 9)
+            continue
         lines.append(f"| {arm} | {rollout} | {a['accuracy']:.3f} | {a['trace_rate']:.3f} | {a['len_mean']:.0f} | "
                      f"{a['gap_p99']:.2e} | {a['gap_max']:.2e} | {a['coverage']:.3f} | {a['adv_nonzero']:.3f} | "
                      f"{a['masked']:.4f} | {'yes' if a['collapsed'] else 'no'} | {a['stage_minutes']:.1f} |")
     for name, a in r["arms"].items():
-        for e in a["rollbacks"]:
+        for e in a.get("rollbacks", []):
             lines.append(f"\n`{name}`: rollback at step {e['step']} ({e['reason']}; remedy {e['remedy']})")
     return "\n".join(lines)
 
