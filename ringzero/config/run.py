@@ -72,7 +72,9 @@ class TrainingEngine(StrictModel):
                 problems.append(f"pp: {self.pp}: pipeline parallelism is not wired into ringzero's stage loop (its "
                                 "forward runs the whole layer stack on every rank); use pp: 1")
             if self.ep > 1:
-                problems.append(f"ep: {self.ep}: the megatron engine builds dense MLPs only so far; use ep: 1")
+                problems.append(f"ep: {self.ep}: expert parallelism is not wired into the megatron engine (its "
+                                "parallel state, ParallelDims and the gradient reduction of expert weights know "
+                                "tp x dp only; every rank holds every expert, split over tp); use ep: 1")
             if self.distributed_optimizer:
                 problems.append("distributed_optimizer: not wired yet (the megatron engine steps ringzero's AdamW on "
                                 "each rank's shard); use false")
@@ -211,6 +213,29 @@ class RunConfig(StrictModel):
         raise KeyError(name)
 
 
+def _megatron_moe_problems(cfg: RunConfig) -> list[str]:
+    """What megatron's MoELayer cannot express of ringzero's MoE (the model refuses the same at build)."""
+    tp, m, problems = cfg.engines.training.tp, cfg.model, []
+    if not m.norm_topk_prob and m.num_experts_per_tok > 1:
+        problems.append("engines.training.kind megatron: model.norm_topk_prob is false; megatron's sigmoid router "
+                        "always renormalizes the weights of the chosen experts")
+    if m.n_group > 1 and m.num_experts_per_tok // m.topk_group != 2:
+        problems.append(f"engines.training.kind megatron: model.num_experts_per_tok // model.topk_group is "
+                        f"{m.num_experts_per_tok // m.topk_group}; megatron scores an expert group by its top "
+                        "num_experts_per_tok // topk_group experts, ringzero by its top 2, so it must be 2")
+    shared = (m.num_shared_experts or 0) * m.moe_intermediate_size
+    for name, width in (("model.moe_intermediate_size", m.moe_intermediate_size),
+                        ("model.num_shared_experts x moe_intermediate_size", shared)):
+        if width % tp:
+            problems.append(f"engines.training.tp: {tp} does not divide {name} ({width}): each rank holds an "
+                            "equal share of every expert's columns")
+    for i, st in enumerate(cfg.stages):
+        if getattr(getattr(st, "loss", None), "routing_replay", False):
+            problems.append(f"stages[{i}].loss.routing_replay: the megatron engine's MoE layers do not replay the "
+                            "rollout's routing yet; use kind: torch for routing replay")
+    return problems
+
+
 def megatron_problems(cfg: RunConfig) -> list[str]:
     """What the megatron engine cannot train yet, or cannot split as asked."""
     tp, m, problems = cfg.engines.training.tp, cfg.model, []
@@ -221,8 +246,7 @@ def megatron_problems(cfg: RunConfig) -> list[str]:
         problems.append("engines.training.kind megatron: precision.deterministic decodes with the torch engine's "
                         "batch-invariant forward, which megatron's kernels do not reproduce bit for bit")
     if m.num_experts is not None:
-        problems.append("engines.training.kind megatron: the model has MoE layers (model.num_experts); the megatron "
-                        "engine builds dense MLPs only so far")
+        problems += _megatron_moe_problems(cfg)
     if m.num_attention_heads % tp:
         problems.append(f"engines.training.tp: {tp} does not divide model.num_attention_heads "
                         f"({m.num_attention_heads}): each rank holds whole heads")

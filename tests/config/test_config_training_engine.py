@@ -47,10 +47,34 @@ def test_what_the_engine_cannot_do_is_refused_by_name(training, sections, expect
     assert expected in problems(with_engine(training, **sections))
 
 
-def test_megatron_refuses_moe_until_its_layer_is_wired():
+MOE = dict(num_experts=4, num_experts_per_tok=2, n_group=2, topk_group=1, moe_intermediate_size=64)
+
+
+def test_megatron_trains_a_moe_model_at_tp():
+    data = with_engine({"kind": "megatron", "tp": 2})
+    data["model"].update(MOE)
+    cfg = parse_config(data, "t.yaml")
+    assert (cfg.engines.training.kind, cfg.model.num_experts) == ("megatron", 4)
+
+
+@pytest.mark.parametrize("moe, expected", [
+    ({"norm_topk_prob": False}, "norm_topk_prob is false"),
+    ({"num_experts": 8, "num_experts_per_tok": 4, "n_group": 2, "topk_group": 1},
+     "num_experts_per_tok // model.topk_group is 4"),
+    ({"moe_intermediate_size": 63}, "does not divide model.moe_intermediate_size (63)"),
+])
+def test_megatron_refuses_what_its_moe_cannot_express(moe, expected):
+    data = with_engine({"kind": "megatron", "tp": 2})
+    data["model"].update({**MOE, **moe})
+    assert expected in problems(data)
+
+
+def test_megatron_refuses_routing_replay():
     data = with_engine({"kind": "megatron"})
-    data["model"].update(num_experts=4, num_experts_per_tok=2, n_group=2, topk_group=1, moe_intermediate_size=64)
-    assert "MoE layers" in problems(data)
+    data["model"].update(MOE)
+    rl = next(i for i, st in enumerate(data["stages"]) if st["kind"] == "rl")
+    data["stages"][rl]["loss"]["routing_replay"] = True
+    assert f"stages[{rl}].loss.routing_replay: the megatron engine" in problems(data)
 
 
 def test_the_cluster_config_can_select_megatron():

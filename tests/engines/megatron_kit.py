@@ -1,7 +1,7 @@
 """Shared pieces of the megatron engine tests: tiny configs, a random HybridLM, and the parity job that
 runs on every rank (module level, so a gloo rank pool can import it).
 
-Letter legend: B batch, S sequence, V vocab.
+Letter legend: B batch, S sequence, V vocab, N tokens, E experts, K experts per token.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import torch
 from ringzero.model.config import ModelConfig, PrecisionPolicy
 from ringzero.model.hybrid import HybridLM
 from ringzero.model.logprobs import token_logprobs
+from ringzero.model.routing import capture_routing
 from ringzero.model.tolerances import compare
 
 
@@ -26,8 +27,18 @@ def tiny_config(q_lora_rank: int | None = None, rope_interleave: bool = True, ti
     )
 
 
+def tiny_moe_config(tie: bool = False) -> ModelConfig:
+    """``tiny_config`` with MoE layers from layer 1 on (one MLA, one Lightning): 4 experts in 2 groups,
+    top 2 from the best group (megatron's group score is then ringzero's), one shared expert, a routed
+    scaling factor that is not 1."""
+    return tiny_config(tie=tie).model_copy(update=dict(
+        num_experts=4, num_experts_per_tok=2, n_group=2, topk_group=1, moe_intermediate_size=16,
+        num_shared_experts=1, first_k_dense_replace=1, routed_scaling_factor=2.5))
+
+
 def random_hybrid(cfg: ModelConfig, policy: PrecisionPolicy, seed: int = 0) -> HybridLM:
-    """A HybridLM with random weights, norms included (at 1 a norm's layout mistakes would not show)."""
+    """A HybridLM with random weights, norms included (at 1 a norm's layout mistakes would not show), and
+    routing biases N(0, 0.1^2) that steer the choice of experts (drawn last: dense weights do not move)."""
     torch.manual_seed(seed)
     model = HybridLM(cfg, policy)
     gen = torch.Generator().manual_seed(seed)
@@ -36,7 +47,46 @@ def random_hybrid(cfg: ModelConfig, policy: PrecisionPolicy, seed: int = 0) -> H
         for p in model.parameters():
             if p.dim() == 1:
                 p.copy_(0.5 + torch.rand(p.shape, generator=gen))
+        for name, buf in model.named_buffers():
+            if name.endswith("expert_bias"):
+                buf.copy_(0.1 * torch.randn(buf.shape, generator=gen))
     return model
+
+
+def megatron_routing(mlm) -> tuple[dict[int, list[torch.Tensor]], list]:
+    """Forward hooks recording each MoE layer's routing map ``[N, E]`` (bool, this rank's tokens), by
+    layer index: ``(records, handles)``."""
+    records: dict[int, list[torch.Tensor]] = {}
+    handles = []
+    for i, layer in enumerate(mlm.decoder.layers):
+        router = getattr(layer.mlp, "router", None)
+        if router is not None:
+            records[i] = []
+            handles.append(router.register_forward_hook(
+                lambda mod, args, out, i=i: records[i].append(out[1].detach().clone())))
+    return records, handles
+
+
+def routing_agreement(ref_chosen: dict[int, torch.Tensor], records: dict[int, list[torch.Tensor]],
+                      B: int, S: int) -> dict:
+    """Per MoE layer: tokens whose chosen experts (as a set) agree, of how many; experts used. The megatron
+    maps are gathered over TP (each rank routes a slice of the padded ``[S, B]`` tokens there)."""
+    from megatron.core import parallel_state
+
+    out = {}
+    for i, chosen_BSK in ref_chosen.items():
+        map_NE = records[i][0]
+        if parallel_state.get_tensor_model_parallel_world_size() > 1:
+            parts = [torch.empty_like(map_NE) for _ in range(parallel_state.get_tensor_model_parallel_world_size())]
+            torch.distributed.all_gather(parts, map_NE, group=parallel_state.get_tensor_model_parallel_group())
+            map_NE = torch.cat(parts)
+        map_NE = map_NE[: S * B]
+        E = map_NE.shape[1]
+        chosen_NK = chosen_BSK.transpose(0, 1).reshape(S * B, -1)  # megatron's token order: s * B + b
+        ref_NE = torch.zeros(S * B, E, dtype=torch.bool).scatter_(1, chosen_NK, True)
+        out[i] = {"agree": int((ref_NE == map_NE).all(1).sum()), "tokens": S * B,
+                  "experts_used": int(ref_NE.any(0).sum()), "experts": E}
+    return out
 
 
 def weighted_logprob_loss(model, ids_BS: torch.Tensor, weights_BS: torch.Tensor):
@@ -45,9 +95,10 @@ def weighted_logprob_loss(model, ids_BS: torch.Tensor, weights_BS: torch.Tensor)
     return lp, (lp * weights_BS[:, :-1]).sum()
 
 
-def parity(cfg: ModelConfig, seed: int = 0) -> dict:
+def parity(cfg: ModelConfig, seed: int = 0, shape: tuple[int, int] = (2, 9)) -> dict:
     """MegatronLM vs HybridLM on identical fp32 weights, on this rank's TP group (parallel_state set up
-    by the caller): ``compare`` records of the log-probs and of every parameter's gradient."""
+    by the caller), on a random batch of ``shape`` [B, S]: ``compare`` records of the log-probs and of
+    every parameter's gradient; for MoE models also the routing agreement per layer."""
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
     from ringzero.engines.megatron import cpu_shim
@@ -62,10 +113,14 @@ def parity(cfg: ModelConfig, seed: int = 0) -> dict:
     mlm = MegatronLM(cfg, policy)
     load_hybrid_state_(mlm, ref.state_dict())
     gen = torch.Generator().manual_seed(seed + 1)
-    ids = torch.randint(0, cfg.vocab_size, (2, 9), generator=gen)
+    ids = torch.randint(0, cfg.vocab_size, shape, generator=gen)
     weights = torch.randn(ids.shape, generator=gen)
-    lp_ref, loss_ref = weighted_logprob_loss(ref, ids, weights)
+    with capture_routing(ref) as ref_chosen:
+        lp_ref, loss_ref = weighted_logprob_loss(ref, ids, weights)
+    records, handles = megatron_routing(mlm)
     lp_mlm, loss_mlm = weighted_logprob_loss(mlm, ids, weights)
+    for h in handles:
+        h.remove()
     loss_ref.backward()
     loss_mlm.backward()
     grads = hybrid_grads(mlm)
@@ -75,16 +130,18 @@ def parity(cfg: ModelConfig, seed: int = 0) -> dict:
         "logprobs": compare(lp_mlm, lp_ref, torch.float32),
         "grads": {n: compare(grads[n], g, torch.float32) for n, g in expected.items()},
         "missing_grads": sorted(set(expected) - set(grads)),
-        "state_round_trip": all(torch.equal(state_back[n], w) for n, w in ref.state_dict().items()),
+        "state_round_trip": set(state_back) == set(ref.state_dict())
+        and all(torch.equal(state_back[n], w) for n, w in ref.state_dict().items()),
+        "routing": routing_agreement(ref_chosen, records, *shape),
     }
 
 
-def parity_job(ctx, cfg: ModelConfig, tp: int) -> dict:
+def parity_job(ctx, cfg: ModelConfig, tp: int, shape: tuple[int, int] = (2, 9)) -> dict:
     """``parity`` on a gloo rank of a pool: megatron's parallel state for ``tp``, torn down afterwards."""
     from megatron.core import parallel_state
 
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp)
     try:
-        return parity(cfg)
+        return parity(cfg, shape=shape)
     finally:
         parallel_state.destroy_model_parallel()

@@ -30,13 +30,18 @@ class VaryingReward(TaskReward):
         return float(sum(map(ord, text)) % 5) / 4
 
 
-def micro_config(kind: str, tp: int, dp: int = 1):
+# a MoE MLP in layer 1 (the MLA layer): 4 experts in 2 groups, top 2, one shared expert
+MOE = {"num_experts": 4, "num_experts_per_tok": 2, "n_group": 2, "topk_group": 1, "moe_intermediate_size": 16,
+       "num_shared_experts": 1, "first_k_dense_replace": 1, "routed_scaling_factor": 2.5}
+
+
+def micro_config(kind: str, tp: int, dp: int = 1, moe: bool = False):
     return parse_config({
         "run": {"name": "engines", "seed": 3, "device": "cpu"},
         "model": {"vocab_size": 64, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
                   "layout": "LM", "kv_lora_rank": 12, "qk_nope_head_dim": 8, "qk_rope_head_dim": 4,
                   "v_head_dim": 8, "head_dim": 8, "lightning_block_size": 8, "intermediate_size": 48,
-                  "max_position_embeddings": 96},
+                  "max_position_embeddings": 96, **(MOE if moe else {})},
         "precision": {"train": "fp32", "rollout": "fp32"},
         "parallel": {"dp": dp, "cp": 1},
         "engines": {"training": {"kind": kind, "tp": tp}},
@@ -50,14 +55,14 @@ def micro_config(kind: str, tp: int, dp: int = 1):
     }, "engine-micro")
 
 
-def run_engine(ctx, kind: str, tp: int, store_root: str, dp: int = 1) -> dict | None:
+def run_engine(ctx, kind: str, tp: int, store_root: str, dp: int = 1, moe: bool = False) -> dict | None:
     """Rank 0's record: pretrain losses and weights, per RL step its metrics and tokens, final RL weights
     (full tensors under HybridLM names, however the engine holds them)."""
     torch.set_num_threads(1)
     world = dp * tp
     dims = ParallelDims(dp=dp, cp=1, world_size=world, tp=tp)
     rt = Runtime(device=torch.device("cpu"), dims=dims, rank=ctx.rank, groups=ctx.groups(dims))
-    cfg = micro_config(kind, tp, dp)
+    cfg = micro_config(kind, tp, dp, moe)
     pre, rl_stage = cfg.stages
     task, tokenizer = task_and_tokenizer(cfg)
     engine = training_engine(cfg)

@@ -1,7 +1,8 @@
 """The stage code trains the same under the megatron engine as under the torch engine: a micro run's
 pretraining losses and weights, its RL rollouts token for token, its losses and its final weights, at
-TP = 1 and TP = 2 (gloo ranks), within the fp32 tolerance helper (the engines differ in kernels and
-summation order only); resume state is layout-free (full tensors under the model's names)."""
+TP = 1 and TP = 2 (gloo ranks), and with a MoE layer at TP = 1, within the fp32 tolerance helper (the
+engines differ in kernels and summation order only); resume state is layout-free (full tensors under the
+model's names, the MoE routing biases included)."""
 
 from __future__ import annotations
 
@@ -30,6 +31,11 @@ def pools():
 @pytest.fixture(scope="module")
 def torch_run(pools, tmp_path_factory):
     return pools[1].run(run_engine, "torch", 1, f"file://{tmp_path_factory.mktemp('torch')}/store")[0]
+
+
+@pytest.fixture(scope="module")
+def torch_moe_run(pools, tmp_path_factory):
+    return pools[1].run(run_engine, "torch", 1, f"file://{tmp_path_factory.mktemp('torch-moe')}/store", 1, True)[0]
 
 
 def assert_same(ref: dict, got: dict, label: str) -> None:
@@ -62,6 +68,13 @@ def test_megatron_trains_like_the_torch_engine(torch_run, pools, tmp_path, tp):
     # resume state by parameter name, full tensors: the same whatever the TP degree that wrote it
     assert got["optim_meta"]["layout"] == "hybrid-names"
     assert {k.split(".", 1)[1] for k in got["optim_keys"] if k.startswith("exp_avg.")} == set(got["rl_weights"])
+
+
+def test_megatron_trains_moe_like_the_torch_engine(torch_moe_run, pools, tmp_path):
+    assert any(".mlp.experts." in k for k in torch_moe_run["rl_weights"])
+    got = pools[1].run(run_engine, "megatron", 1, f"file://{tmp_path}/store", 1, True)[0]
+    assert got["trained"] == "MegatronLM"
+    assert_same(torch_moe_run, got, "megatron moe tp=1")
 
 
 def test_the_comparison_catches_a_wrong_update(torch_run):

@@ -5,8 +5,12 @@
   Lightning ones kept), ``post_attention_layernorm`` <-> ``pre_mlp_layernorm``, the MLP's
   ``gate_proj``/``up_proj``/``down_proj`` <-> ``linear_fc1`` (gate rows, then up rows) / ``linear_fc2``,
   ``lm_head`` <-> ``output_layer``;
+- MoE layers: ``mlp.gate.weight`` / ``mlp.gate.expert_bias`` (a buffer) <-> ``mlp.router.weight`` /
+  ``mlp.router.expert_bias``, ``mlp.experts.{j}.*`` <-> ``mlp.experts.local_experts.{j}.*`` and
+  ``mlp.shared_experts.*`` kept, each SwiGLU fused and split as the dense MLP's (EP = 1: every expert on
+  every rank, each split over TP);
 - shards: column-parallel weights split on rows, row-parallel ones on columns, norms replicated (except
-  Lightning's ``g_norm``, split by channel). A split with stride ``s`` cuts the full rows into ``s * tp``
+  Lightning's ``g_norm``, split by channel; the router and its bias replicated). A split with stride ``s`` cuts the full rows into ``s * tp``
   equal chunks and gives rank ``r`` chunks ``r, tp + r, ...`` (megatron's ``partition_stride``):
   ``linear_fc1`` has stride 2 (each rank's gate rows, then its up rows) and Lightning's
   ``query_key_value`` stride 3 (each rank's q, k and v heads);
@@ -89,7 +93,9 @@ def _megatron_name(key: str, cfg: ModelConfig) -> str:
     elif rest[0] == "post_attention_layernorm":
         rest = ["pre_mlp_layernorm", *rest[1:]]
     elif rest[0] == "mlp":
-        rest = ["mlp", {"down_proj": "linear_fc2"}.get(rest[1], rest[1]), *rest[2:]]
+        head = {"gate": ["router"], "experts": ["experts", "local_experts"]}.get(rest[1], [rest[1]])
+        rest = ["mlp", *head, *rest[2:]]
+        rest[-2] = {"down_proj": "linear_fc2"}.get(rest[-2], rest[-2])
     return ".".join(["decoder", "layers", str(i), *rest])
 
 
@@ -105,8 +111,10 @@ def _hybrid_name(name: str, cfg: ModelConfig) -> str:
         rest = ["attention", inverse.get(rest[1], rest[1]), *rest[2:]]
     elif rest[0] == "pre_mlp_layernorm":
         rest = ["post_attention_layernorm", *rest[1:]]
-    elif rest[0] == "mlp" and rest[1] == "linear_fc2":
-        rest = ["mlp", "down_proj", *rest[2:]]
+    elif rest[0] == "mlp":
+        head = {"router": ["gate"], "experts": ["experts"]}.get(rest[1], [rest[1]])
+        rest = ["mlp", *head, *rest[3 if rest[1] == "experts" else 2:]]
+        rest[-2] = {"linear_fc2": "down_proj"}.get(rest[-2], rest[-2])
     return ".".join(["layers", str(i), *rest])
 
 
@@ -114,9 +122,9 @@ def _full_megatron(state: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str
     """The whole (TP = 1) MegatronLM state of a HybridLM state."""
     out = {}
     for key, w in state.items():
-        if key.endswith(("mlp.gate_proj.weight", "mlp.up_proj.weight")):
+        if ".mlp." in key and key.endswith((".gate_proj.weight", ".up_proj.weight")):
             continue
-        if key.endswith("mlp.down_proj.weight"):
+        if ".mlp." in key and key.endswith(".down_proj.weight"):
             prefix = key[: -len("down_proj.weight")]
             out[_megatron_name(prefix + "linear_fc1.weight", cfg)] = torch.cat(
                 [state[prefix + "gate_proj.weight"], state[prefix + "up_proj.weight"]])
@@ -149,7 +157,7 @@ def from_megatron(shards: list[dict[str, torch.Tensor]], cfg: ModelConfig) -> di
         parts = [s[name] for s in shards]
         w = parts[0] if split is None else _merge(parts, *split)
         key = _hybrid_name(name, cfg)
-        if key.endswith("mlp.linear_fc1.weight"):
+        if ".mlp." in key and key.endswith(".linear_fc1.weight"):
             prefix = key[: -len("linear_fc1.weight")]
             out[prefix + "gate_proj.weight"], out[prefix + "up_proj.weight"] = w.chunk(2)
             continue
@@ -160,7 +168,13 @@ def from_megatron(shards: list[dict[str, torch.Tensor]], cfg: ModelConfig) -> di
 
 
 def _local_tensors(model) -> dict[str, torch.Tensor]:
-    return dict(model.named_parameters())
+    """The parameters and the routing-only expert biases (buffers: HybridLM's state dict has them too)."""
+    return {**dict(model.named_parameters()), **routing_buffers(model)}
+
+
+def routing_buffers(model) -> dict[str, torch.Tensor]:
+    """``MegatronLM``'s expert-bias buffers by name (not ``local_tokens_per_expert``: load statistics)."""
+    return {n: b for n, b in model.named_buffers() if n.endswith("router.expert_bias") and b is not None}
 
 
 @torch.no_grad()

@@ -95,7 +95,7 @@ class MegatronEngine:
         from ringzero.engines.megatron.convert import load_hybrid_state_
 
         model, source = self._model(cfg, store, uri, policy, runtime)
-        load_hybrid_state_(model, dict(source.named_parameters()))
+        load_hybrid_state_(model, source.state_dict())  # the MoE routing biases (buffers) too
         for p in model.parameters():
             p.requires_grad_(False)
         return model.eval()

@@ -9,7 +9,8 @@ dropout off. Pieces, named so that ``convert`` maps them to ``HybridLM``'s names
 - ``decoder``: a ``TransformerBlock`` with one layer spec per layer in ``ModelConfig.layer_types()``:
   MLA layers are megatron's ``MLASelfAttention`` (local spec, ``rope_type="rope"``, latent norms), the
   Lightning layers ``LightningSelfAttention``; each with the local spec's pre-norms and a dense SwiGLU
-  MLP (``linear_fc1`` = gate | up, split with TP stride 2);
+  MLP (``linear_fc1`` = gate | up, split with TP stride 2), or from ``first_k_dense_replace`` on (when
+  ``num_experts`` is set) ``MoE``: megatron's ``MoELayer`` (see below);
 - ``norm``: the final RMSNorm (ringzero's: it can hand the LM-head island fp32 output);
 - ``output_layer``: a column-parallel head whose logits are gathered to the full vocabulary, in fp32
   when ``policy.lm_head_fp32``; absent with ``tie_word_embeddings`` (the embedding's shard is its weight).
@@ -22,10 +23,22 @@ tokens).
 
 Precision: parameters and activations in ``policy.body``. Under a bf16 body megatron's attention runs
 QK^T in bf16 and the softmax in fp32 (``attention_softmax_in_fp32``), not ringzero's fp32 island (which
-upcasts q, k, v first); the Lightning state stays fp32 as in ringzero. Not implemented: MoE MLPs,
-sequence and context parallelism (refused at build).
+upcasts q, k, v first); the Lightning state stays fp32 as in ringzero. Not implemented: sequence and
+context parallelism, expert parallelism (refused at build).
 
-Letter legend: B batch, S sequence, D hidden_size, V vocab.
+MoE layers are ``ringzero.model.moe``'s math in megatron's ``MoELayer``: local ``SequentialMLP`` experts,
+the allgather token dispatcher, a ``TopKRouter`` in fp32 with the sigmoid score, the routing-only expert
+bias (buffer ``router.expert_bias``; its update rate is 0: ringzero never trains it), grouped top-k,
+renormalized weights times ``routed_scaling_factor``, and the shared experts as one MLP. megatron cannot
+express ``norm_topk_prob: false`` with more than one expert per token (it always renormalizes) nor a
+group score other than the sum of the top ``num_experts_per_tok // topk_group`` experts (ringzero's is
+the top 2): those are refused. Experts are split over TP like dense MLPs (expert TP = TP, EP = 1).
+megatron's MoE at TP > 1 assumes sequence parallelism (each rank routes its slice of the tokens; the
+dispatcher gathers them over TP), which the rest of this model does not use: ``MoE`` flattens the
+``[S, B]`` tokens, pads them to a multiple of TP, gives each rank its slice, and gathers the outputs
+back; the router weight, replicated, has its gradient summed over TP (each rank saw its slice only).
+
+Letter legend: B batch, S sequence, D hidden_size, V vocab, N tokens (S * B, padded to P).
 """
 
 from __future__ import annotations
@@ -37,6 +50,13 @@ import torch.nn.functional as F
 from megatron.core import parallel_state
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 from megatron.core.tensor_parallel.layers import ColumnParallelLinear, VocabParallelEmbedding
+from megatron.core.tensor_parallel.mappings import (
+    gather_from_sequence_parallel_region,
+    scatter_to_sequence_parallel_region,
+)
+from megatron.core.transformer.moe.moe_layer import MoELayer
+from megatron.core.transformer.moe.moe_utils import router_gating_linear
+from megatron.core.transformer.moe.router import TopKRouter
 from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.transformer_block import TransformerBlock, TransformerBlockSubmodules
 from megatron.core.transformer.transformer_config import MLATransformerConfig
@@ -49,10 +69,30 @@ from ringzero.model.norms import RMSNorm
 from ringzero.model.precision import at_least_fp32, body_dtype
 
 
+def moe_settings(cfg: ModelConfig) -> dict:
+    """megatron's MoE fields for ``cfg`` (none for a dense model): ringzero's router, see the docstring."""
+    if cfg.num_experts is None:
+        return {}
+    grouped = cfg.n_group > 1
+    shared = (cfg.num_shared_experts or 0) * cfg.moe_intermediate_size
+    return dict(
+        num_moe_experts=cfg.num_experts, moe_ffn_hidden_size=cfg.moe_intermediate_size,
+        moe_router_topk=cfg.num_experts_per_tok, moe_router_score_function="sigmoid",
+        moe_router_enable_expert_bias=cfg.moe_router_enable_expert_bias, moe_router_bias_update_rate=0.0,
+        moe_router_num_groups=cfg.n_group if grouped else None,
+        moe_router_group_topk=cfg.topk_group if grouped else None,
+        moe_router_topk_scaling_factor=cfg.routed_scaling_factor, moe_router_dtype="fp32",
+        moe_router_load_balancing_type="none", moe_aux_loss_coeff=0.0, moe_z_loss_coeff=None,
+        moe_shared_expert_intermediate_size=shared or None, moe_grouped_gemm=False,
+        moe_token_dispatcher_type="allgather",
+    )
+
+
 def transformer_config(cfg: ModelConfig, policy: PrecisionPolicy, tp_size: int) -> MLATransformerConfig:
     """megatron's config for ``cfg``: dropout off, no biases, weights drawn on the CPU then split."""
     dtype = body_dtype(policy)
     return MLATransformerConfig(
+        **moe_settings(cfg),
         num_layers=cfg.num_hidden_layers, hidden_size=cfg.hidden_size, ffn_hidden_size=cfg.intermediate_size,
         num_attention_heads=cfg.num_attention_heads, q_lora_rank=cfg.q_lora_rank,
         kv_lora_rank=cfg.kv_lora_rank, qk_head_dim=cfg.qk_nope_head_dim,
@@ -67,12 +107,58 @@ def transformer_config(cfg: ModelConfig, policy: PrecisionPolicy, tp_size: int) 
     )
 
 
+class Router(TopKRouter):
+    """megatron's top-k router whose weight gradient is summed over TP when each rank routes a slice of
+    the tokens (``MoE`` at TP > 1); at TP = 1 it is ``TopKRouter``."""
+
+    def gating(self, input: torch.Tensor) -> torch.Tensor:
+        weight = self.weight
+        if parallel_state.get_tensor_model_parallel_world_size() > 1:
+            weight = cpu_shim.AllReduceGrad.apply(weight, parallel_state.get_tensor_model_parallel_group())
+        return router_gating_linear(input, weight, self.bias, torch.float32)
+
+
+class MoE(MoELayer):
+    """megatron's ``MoELayer`` on a model without sequence parallelism: ``[S, B, D]`` in and out, whole on
+    every TP rank. At TP > 1 the layer runs with a sequence-parallel config on this rank's slice of the
+    tokens (see the module docstring); at TP = 1 it is ``MoELayer``."""
+
+    def __init__(self, config, submodules=None, layer_number=None, pg_collection=None):
+        self.tp = config.tensor_model_parallel_size
+        if self.tp > 1:
+            config = dataclasses.replace(config, sequence_parallel=True)
+        super().__init__(config, submodules, layer_number, pg_collection)
+
+    def forward(self, hidden_states, intermediate_tensors=None, padding_mask=None):
+        if self.tp == 1:
+            return super().forward(hidden_states, padding_mask=padding_mask)
+        S, B, D = hidden_states.shape
+        N = S * B
+        P = -(-N // self.tp) * self.tp
+        # zero rows pad the tokens to whole slices; their outputs are dropped, so they get no gradient
+        x_P1D = F.pad(hidden_states.reshape(N, 1, D), (0, 0, 0, 0, 0, P - N))
+        out, bias = super().forward(scatter_to_sequence_parallel_region(x_P1D))
+        # the output's gradient is whole on every rank: the backward takes this rank's slice, no sum
+        out_P1D = gather_from_sequence_parallel_region(out, tensor_parallel_output_grad=False)
+        return out_P1D[:N].reshape(S, B, D), bias
+
+
+def moe_spec(cfg: ModelConfig) -> ModuleSpec:
+    spec = get_gpt_layer_local_spec(num_experts=cfg.num_experts, moe_grouped_gemm=False).submodules.mlp
+    spec.module = MoE
+    spec.submodules.router = Router
+    return spec
+
+
 def layer_specs(cfg: ModelConfig, policy: PrecisionPolicy) -> list[ModuleSpec]:
-    """One ``TransformerLayer`` spec per layer, MLA or Lightning as ``cfg.layer_types()`` says."""
+    """One ``TransformerLayer`` spec per layer, MLA or Lightning as ``cfg.layer_types()`` says, with a
+    dense MLP or (``cfg.is_moe_layer``) ``MoE``."""
     specs = []
-    for kind in cfg.layer_types():
+    for i, kind in enumerate(cfg.layer_types()):
         spec = get_gpt_layer_local_spec(multi_latent_attention=kind == "mla", qk_layernorm=True,
                                         normalization="RMSNorm")
+        if cfg.is_moe_layer(i):
+            spec.submodules.mlp = moe_spec(cfg)
         if kind == "mla":
             spec.submodules.self_attention.submodules.core_attention = cpu_shim.mla_core_attention()
         else:
@@ -82,11 +168,31 @@ def layer_specs(cfg: ModelConfig, policy: PrecisionPolicy) -> list[ModuleSpec]:
     return specs
 
 
-def _refusals(cfg: ModelConfig, tp_size: int) -> list[str]:
+def _moe_refusals(cfg: ModelConfig, tp_size: int) -> list[str]:
     problems = []
-    if cfg.num_experts is not None:
-        problems.append("num_experts is set: MoE MLPs are not implemented in the megatron engine yet "
-                        "(dense MLPs only)")
+    if not cfg.norm_topk_prob and cfg.num_experts_per_tok > 1:
+        problems.append("norm_topk_prob is false: megatron's sigmoid router always renormalizes the weights of "
+                        "the chosen experts when more than one is chosen")
+    if cfg.n_group > 1 and cfg.num_experts_per_tok // cfg.topk_group != 2:
+        problems.append(f"n_group > 1 with num_experts_per_tok // topk_group = {cfg.num_experts_per_tok} // "
+                        f"{cfg.topk_group} != 2: megatron scores a group by its top num_experts_per_tok // "
+                        f"topk_group experts, ringzero by its top 2")
+    for name in ("moe_intermediate_size", "num_shared_experts"):
+        width = cfg.moe_intermediate_size * (1 if name == "moe_intermediate_size" else cfg.num_shared_experts or 0)
+        if width % tp_size:
+            problems.append(f"{name}: the MLP width {width} must be a multiple of the tensor-parallel size "
+                            f"({tp_size}): each rank holds an equal share of its columns")
+    if parallel_state.get_expert_model_parallel_world_size() > 1:
+        problems.append("expert parallelism (expert_model_parallel_size > 1) is not implemented: the weight "
+                        "conversion holds every expert on every rank")
+    if parallel_state.get_expert_tensor_parallel_world_size() != tp_size:
+        problems.append(f"expert tensor parallel size ({parallel_state.get_expert_tensor_parallel_world_size()}) "
+                        f"must equal the tensor-parallel size ({tp_size}): experts split like dense MLPs")
+    return problems
+
+
+def _refusals(cfg: ModelConfig, tp_size: int) -> list[str]:
+    problems = _moe_refusals(cfg, tp_size) if cfg.num_experts is not None else []
     if cfg.vocab_size % tp_size:
         problems.append(f"vocab_size ({cfg.vocab_size}) must be a multiple of the tensor-parallel size "
                         f"({tp_size}): the embedding and head split the vocabulary evenly")

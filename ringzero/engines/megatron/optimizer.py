@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from ringzero.engines.megatron.convert import gather_hybrid, to_megatron
+from ringzero.engines.megatron.convert import gather_hybrid, routing_buffers, to_megatron
 from ringzero.errors import RingzeroError
 from ringzero.stages.optimizer import TrainOptimizer
 
@@ -66,7 +66,8 @@ class ShardedTrainOptimizer(TrainOptimizer):
         return {n: m.detach() for n, m in zip(self.names, self.master, strict=True)}
 
     def master_state_dict(self) -> dict[str, torch.Tensor]:
-        return self._gather(self._local_masters())
+        # the MoE routing biases too: HybridLM's state dict (checkpoints, weight pushes) carries them
+        return self._gather({**self._local_masters(), **routing_buffers(self.model)})
 
     def load_weights(self, state: dict[str, torch.Tensor], source: str) -> None:
         try:
@@ -83,6 +84,10 @@ class ShardedTrainOptimizer(TrainOptimizer):
                     raise RingzeroError(f"{source}: {name} has shape {tuple(local[name].shape)}, this rank's "
                                         f"shard is {tuple(p.shape)}")
                 p.copy_(local[name].to(p.dtype))
+            for name, buf in routing_buffers(self.model).items():  # never trained, but they route
+                if name not in local:
+                    raise RingzeroError(f"{source}: no routing bias for {name}")
+                buf.copy_(local[name])
             if self.needs_master:
                 for name, m in zip(self.names, self.master, strict=True):
                     m.copy_(local[name].to(m.dtype))
