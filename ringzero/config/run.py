@@ -75,9 +75,6 @@ class TrainingEngine(StrictModel):
                 problems.append(f"ep: {self.ep}: expert parallelism is not wired into the megatron engine (its "
                                 "parallel state, ParallelDims and the gradient reduction of expert weights know "
                                 "tp x dp only; every rank holds every expert, split over tp); use ep: 1")
-            if self.distributed_optimizer:
-                problems.append("distributed_optimizer: not wired yet (the megatron engine steps ringzero's AdamW on "
-                                "each rank's shard); use false")
         if problems:
             raise ValueError("; ".join(problems))
         return self

@@ -23,6 +23,12 @@ class EngineOptimizer(Protocol):
 
     def zero_grad(self) -> None: ...
 
+    def reduce_grads(self, groups) -> None:
+        """Complete the accumulated gradients over the data-parallel ranks (``groups``: the job's
+        ``ParallelGroups``) before ``step``; a collective. The optimizer owns it: a sharded optimizer
+        reduce-scatters into its own buffers."""
+        ...
+
     def step(self) -> Any: ...  # -> ringzero.stages.optimizer.StepReport
 
     def master_state_dict(self) -> dict[str, torch.Tensor]: ...

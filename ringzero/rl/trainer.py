@@ -46,7 +46,6 @@ import torch
 
 from ringzero.model.hybrid import HybridLM
 from ringzero.model.routing import moe_layers, replay_routing
-from ringzero.parallel.grads import sync_grads
 from ringzero.parallel.runtime import Runtime, single
 from ringzero.parallel.token_shards import next_token_logprobs, pad_rows, shard_tokens
 from ringzero.rl.corrections.compose import BatchCorrection, apply_corrections
@@ -210,7 +209,7 @@ class PolicyTrainer:
                 per_mb.append(metrics)
                 continue
             if rt.distributed:
-                sync_grads(self.model.parameters(), rt.groups)
+                self.optimizer.reduce_grads(rt.groups)
             report = self.optimizer.step()
             skipped += report.skipped
             metrics.update({"grad/norm": report.grad_norm, "optim/lr": report.lr})

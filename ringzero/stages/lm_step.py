@@ -15,7 +15,6 @@ from dataclasses import dataclass
 
 import torch
 
-from ringzero.parallel.grads import sync_grads
 from ringzero.parallel.runtime import Runtime
 from ringzero.parallel.token_shards import TokenShard, next_token_logprobs, shard_tokens
 
@@ -59,6 +58,6 @@ def lm_step(model, ids_BL: torch.Tensor, runtime: Runtime, *, mask_BW: torch.Ten
     report = None
     if training:
         if runtime.distributed:
-            sync_grads(model.parameters(), runtime.groups)
+            optimizer.reduce_grads(runtime.groups)
         report = optimizer.step()
     return LMStepResult(float(total), report)

@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from ringzero.errors import RingzeroError
+from ringzero.parallel.grads import sync_grads
 
 MIN_LR_FRACTION = 0.1
 """Cosine decay ends at this fraction of the peak lr rather than zero: the last steps still learn."""
@@ -75,6 +76,10 @@ class TrainOptimizer:
         if self.needs_master:
             for m in self.master:
                 m.grad = None
+
+    def reduce_grads(self, groups) -> None:
+        """Sum the gradients over the ``dp_cp`` ranks (``ringzero.parallel.grads.sync_grads``)."""
+        sync_grads(self.model.parameters(), groups)
 
     def step(self) -> StepReport:
         """Clip, check and apply the accumulated gradients; the schedule advances either way."""

@@ -32,6 +32,11 @@ def test_megatron_with_tensor_parallel_validates():
     assert (cfg.engines.training.kind, cfg.engines.training.tp) == ("megatron", 2)
 
 
+def test_megatron_takes_the_distributed_optimizer():
+    cfg = parse_config(with_engine({"kind": "megatron", "tp": 2, "distributed_optimizer": True}), "t.yaml")
+    assert cfg.engines.training.distributed_optimizer
+
+
 @pytest.mark.parametrize("training, sections, expected", [
     ({"kind": "torch", "tp": 2}, {}, "tp: 2 is a megatron degree"),
     ({"kind": "torch", "distributed_optimizer": True}, {}, "distributed_optimizer: megatron-core's"),

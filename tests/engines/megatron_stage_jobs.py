@@ -35,7 +35,7 @@ MOE = {"num_experts": 4, "num_experts_per_tok": 2, "n_group": 2, "topk_group": 1
        "num_shared_experts": 1, "first_k_dense_replace": 1, "routed_scaling_factor": 2.5}
 
 
-def micro_config(kind: str, tp: int, dp: int = 1, moe: bool = False):
+def micro_config(kind: str, tp: int, dp: int = 1, moe: bool = False, distributed_optimizer: bool = False):
     return parse_config({
         "run": {"name": "engines", "seed": 3, "device": "cpu"},
         "model": {"vocab_size": 64, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
@@ -44,7 +44,7 @@ def micro_config(kind: str, tp: int, dp: int = 1, moe: bool = False):
                   "max_position_embeddings": 96, **(MOE if moe else {})},
         "precision": {"train": "fp32", "rollout": "fp32"},
         "parallel": {"dp": dp, "cp": 1},
-        "engines": {"training": {"kind": kind, "tp": tp}},
+        "engines": {"training": {"kind": kind, "tp": tp, "distributed_optimizer": distributed_optimizer}},
         "task": {"kind": "arithmetic", "operation": "digitsum", "digits": 3, "eval_prompts": 4},
         "stages": [
             {"name": "base", "kind": "pretrain", "steps": 3, "batch_size": 4, "micro_batch": 2, "seq_len": 40},
@@ -55,14 +55,20 @@ def micro_config(kind: str, tp: int, dp: int = 1, moe: bool = False):
     }, "engine-micro")
 
 
-def run_engine(ctx, kind: str, tp: int, store_root: str, dp: int = 1, moe: bool = False) -> dict | None:
+def run_engine(ctx, kind: str, tp: int, store_root: str, dp: int = 1, moe: bool = False,
+               distributed_optimizer: bool = False, resume_check: bool = False) -> dict | None:
     """Rank 0's record: pretrain losses and weights, per RL step its metrics and tokens, final RL weights
-    (full tensors under HybridLM names, however the engine holds them)."""
+    (full tensors under HybridLM names, however the engine holds them).
+
+    ``distributed_optimizer``: megatron's sharded optimizer (the record adds ``moment_elements``, each
+    rank's count of Adam moment elements after RL). ``resume_check``: also the RL optimizer's state loaded
+    into a fresh optimizer of the same kind and one more identical pretraining step taken by both
+    (``resumed``: the two final weight dicts and step reports)."""
     torch.set_num_threads(1)
     world = dp * tp
     dims = ParallelDims(dp=dp, cp=1, world_size=world, tp=tp)
     rt = Runtime(device=torch.device("cpu"), dims=dims, rank=ctx.rank, groups=ctx.groups(dims))
-    cfg = micro_config(kind, tp, dp, moe)
+    cfg = micro_config(kind, tp, dp, moe, distributed_optimizer)
     pre, rl_stage = cfg.stages
     task, tokenizer = task_and_tokenizer(cfg)
     engine = training_engine(cfg)
@@ -84,8 +90,31 @@ def run_engine(ctx, kind: str, tp: int, store_root: str, dp: int = 1, moe: bool 
             steps.append({"metrics": metrics, "output_ids": session.stepper.last_batch.output_ids})
         rl_weights = session.optimizer.master_state_dict()
         tensors, meta = session.optimizer.state()
+        counts = None
+        if distributed_optimizer:
+            count = torch.tensor([session.optimizer.local_moment_elements()])
+            parts = [torch.zeros_like(count) for _ in range(world)]
+            torch.distributed.all_gather(parts, count)
+            counts = [int(c) for c in parts]
+        resumed = _resume_round_trip(cfg, engine, rt, session, tensors, meta, windows) if resume_check else None
     if not rt.is_main:
         return None
-    return {"pretrain_losses": losses, "pretrained": pretrained, "rl_steps": steps, "rl_weights": rl_weights,
+    return {"moment_elements": counts, "resumed": resumed,"pretrain_losses": losses, "pretrained": pretrained, "rl_steps": steps, "rl_weights": rl_weights,
             "optim_keys": sorted(tensors), "optim_meta": meta, "trained": type(session.model).__name__,
             "tp_shard": tuple(session.model.word_embeddings.weight.shape)}
+
+
+def _resume_round_trip(cfg, engine, rt, session, tensors, meta, windows) -> dict:
+    """The RL optimizer's ``state()`` loaded into a fresh optimizer (other start weights); one more
+    pretraining step on the same batch from each: the weights and reports must agree."""
+    rl_stage = cfg.stages[1]
+    fresh = engine.build(cfg, None, None, cfg.precision.train, rt, optim=rl_stage.optim, total_steps=rl_stage.steps,
+                         schedule="constant")
+    fresh.optimizer.load_state(tensors, meta)
+    batch = windows.batch(99, 4)
+    out = {}
+    for label, setup_model, optimizer in (("original", session.model, session.optimizer),
+                                          ("resumed", fresh.model, fresh.optimizer)):
+        report = lm_step(setup_model, batch, rt, optimizer=optimizer, micro_batch=2).report
+        out[label] = {"weights": optimizer.master_state_dict(), "lr": report.lr, "grad_norm": report.grad_norm}
+    return out

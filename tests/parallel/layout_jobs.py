@@ -70,14 +70,14 @@ def run_layout(ctx, dp: int, cp: int, store_root: str, normalization: str = "tok
     final RL weights. Only rank 0 returns the record (every rank holds the same replicated state).
 
     ``skip_grad_sum``: pretrain without summing gradients over ranks (a negative control)."""
-    import ringzero.stages.lm_step as lm_step_module
+    import ringzero.stages.optimizer as optimizer_module  # the optimizer reduces gradients over ranks
 
-    real_sum = lm_step_module.sync_grads
-    lm_step_module.sync_grads = (lambda params, groups: None) if skip_grad_sum else real_sum
+    real_sum = optimizer_module.sync_grads
+    optimizer_module.sync_grads = (lambda params, groups: None) if skip_grad_sum else real_sum
     try:
         return _run_layout(ctx, dp, cp, store_root, normalization, kl_coef)
     finally:
-        lm_step_module.sync_grads = real_sum
+        optimizer_module.sync_grads = real_sum
 
 
 def _run_layout(ctx, dp, cp, store_root, normalization, kl_coef) -> dict:

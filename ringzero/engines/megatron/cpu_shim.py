@@ -35,19 +35,38 @@ CPU only (nothing of this is installed when CUDA is available):
   per-TP-rank dropout seeds still work (the fork warns that the CPU state changed when a dropout with
   p > 0 draws: expected here).
 Weights must be built with ``use_cpu_initialization=True`` (``MegatronLM`` sets it): the GPU init path
-allocates on ``torch.cuda.current_device()``. Megatron's DDP buffers and optimizer need more (``device=
-'cuda'`` literals, ``param.type() == 'torch.cuda.FloatTensor'``): not patched here, the model does not
-use them.
+allocates on ``torch.cuda.current_device()``.
+
+CPU only, and only for the distributed optimizer (``apply_optimizer()``, called by
+``ringzero.engines.megatron.distributed_optimizer`` when CUDA is absent; nothing else uses megatron's DDP
+buffers or optimizers):
+- ``device='cuda'`` literals and ``torch.cuda.synchronize/empty_cache`` in ``optimizer/optimizer.py``
+  (``MixedPrecisionOptimizer.__init__``: ``found_inf``, ``_dummy_overflow_buf``, ``_scale_one``;
+  ``FP32Optimizer.__init__``), ``optimizer/clip_grads.py`` (``get_grad_norm_fp32``'s norm buffers,
+  ``clip_grad_by_total_norm_fp32``'s overflow buffer, ``count_zeros_fp32``), ``optimizer/
+  distrib_optimizer.py`` (state gathering buffers) and ``utils.py`` (``local_multi_tensor_l2_norm``, the
+  l2 norm used without apex/TE). Patched: each of those four modules' global ``torch`` is a proxy of
+  torch whose ``tensor/zeros/ones/empty/full/arange`` map a CUDA device to the CPU and whose ``cuda``
+  has no-op ``synchronize``/``empty_cache``. torch itself is untouched.
+- ``param.type() == 'torch.cuda.FloatTensor'`` (and the Half/BFloat16 names): ``distrib_optimizer.py``
+  ``DistributedOptimizer.__init__`` and ``_build_model_and_main_param_groups`` sort parameters into
+  fp32 and 16-bit groups by it (``TypeError`` on a CPU tensor), ``clip_grads.py``
+  ``clip_grad_by_total_norm_fp32`` asserts it. A module proxy cannot reach a method of the tensor, so
+  ``torch.Tensor.type`` is patched, but only while those two functions run (a context manager around
+  them): there a CPU tensor names its CUDA type. Everywhere else ``Tensor.type`` is torch's.
 """
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import functools
+import types
 
 import torch
 
 _APPLIED = False
+_OPTIMIZER_APPLIED = False
 # Inside MLASelfAttention.get_query_key_value_tensors: the count of apply_rotary_pos_emb calls so far.
 _ROPE_CALLS: contextvars.ContextVar[list[int] | None] = contextvars.ContextVar("mla_rope_calls", default=None)
 
@@ -151,6 +170,94 @@ def _cpu_rng_tracker() -> None:
     random.CudaRNGStatesTracker.add = add
     random._get_cuda_rng_state = lambda *args, **kwargs: torch.get_rng_state()
     random._set_cuda_rng_state = lambda state, *args, **kwargs: torch.set_rng_state(state)
+
+
+def apply_optimizer() -> None:
+    """The distributed optimizer's CPU patches (see the module docstring); idempotent, none with CUDA."""
+    global _OPTIMIZER_APPLIED
+    if _OPTIMIZER_APPLIED or torch.cuda.is_available():
+        return
+    _OPTIMIZER_APPLIED = True
+    import megatron.core.optimizer.clip_grads as clip_grads
+    import megatron.core.optimizer.distrib_optimizer as distrib_optimizer
+    import megatron.core.optimizer.optimizer as optimizer
+    import megatron.core.utils as utils
+
+    proxy = _cpu_torch()
+    for module in (optimizer, clip_grads, distrib_optimizer, utils):
+        module.torch = proxy
+    cls = distrib_optimizer.DistributedOptimizer
+    cls.__init__ = _with_cuda_type_names(cls.__init__)
+    build = cls._build_model_and_main_param_groups.__func__
+    cls._build_model_and_main_param_groups = classmethod(_with_cuda_type_names(build))
+    clipped = _with_cuda_type_names(clip_grads.clip_grad_by_total_norm_fp32)
+    clip_grads.clip_grad_by_total_norm_fp32 = clipped
+    optimizer.clip_grad_by_total_norm_fp32 = clipped
+
+
+def _on_cpu(device):
+    if isinstance(device, str) and device.startswith("cuda"):
+        return "cpu"
+    if isinstance(device, torch.device) and device.type == "cuda":
+        return torch.device("cpu")
+    return device
+
+
+def _cpu_torch() -> types.ModuleType:
+    """``torch`` as the megatron optimizer modules see it on a CPU build (see the module docstring)."""
+
+    class CpuTorch(types.ModuleType):
+        def __getattr__(self, name):
+            return getattr(torch, name)
+
+    class CpuCuda(types.ModuleType):
+        def __getattr__(self, name):
+            return getattr(torch.cuda, name)
+
+    proxy, cuda = CpuTorch("torch"), CpuCuda("torch.cuda")
+    cuda.synchronize = lambda *args, **kwargs: None
+    cuda.empty_cache = lambda *args, **kwargs: None
+    proxy.cuda = cuda
+
+    def factory(make):
+        @functools.wraps(make)
+        def on_cpu(*args, **kwargs):
+            if "device" in kwargs:
+                kwargs["device"] = _on_cpu(kwargs["device"])
+            return make(*args, **kwargs)
+        return on_cpu
+
+    for name in ("tensor", "zeros", "ones", "empty", "full", "arange"):
+        setattr(proxy, name, factory(getattr(torch, name)))
+    return proxy
+
+
+@contextlib.contextmanager
+def _cuda_type_names():
+    original = torch.Tensor.type
+    if getattr(original, "_names_cuda", False):  # nested (``__init__`` calls the group builder)
+        yield
+        return
+
+    def type_(self, dtype=None, non_blocking=False, **kwargs):
+        if dtype is None and self.device.type == "cpu":
+            return original(self).replace("torch.", "torch.cuda.", 1)
+        return original(self, dtype, non_blocking, **kwargs) if dtype is not None else original(self)
+
+    type_._names_cuda = True
+    torch.Tensor.type = type_
+    try:
+        yield
+    finally:
+        torch.Tensor.type = original
+
+
+def _with_cuda_type_names(fn):
+    @functools.wraps(fn)
+    def wrapped(*args, **kwargs):
+        with _cuda_type_names():
+            return fn(*args, **kwargs)
+    return wrapped
 
 
 @functools.cache

@@ -7,6 +7,9 @@ of one process joins a one-rank gloo group first: megatron-core's layers need to
 
 The checkpoint is read as ``HybridLM`` full tensors and scattered with ``convert.to_megatron``; the
 single-device ``HybridLM`` it came from stays as the ``serving`` model the embedded rollout engine copies.
+The optimizer is ``ShardedTrainOptimizer`` (ringzero's AdamW on each TP shard, full state on every DP
+rank), or with ``distributed_optimizer: true`` megatron's ``DistributedOptimizer`` (state sharded over the
+DP ranks, ``distributed_optimizer.MegatronDistributedOptimizer``).
 """
 
 from __future__ import annotations
@@ -84,10 +87,15 @@ class MegatronEngine:
         return model, source
 
     def build(self, cfg, store, init_uri, policy, runtime, *, optim, total_steps, schedule) -> TrainingSetup:
-        from ringzero.engines.megatron.optimizer import ShardedTrainOptimizer
-
         model, source = self._model(cfg, store, init_uri, policy, runtime)
-        optimizer = ShardedTrainOptimizer(model, optim, total_steps, schedule)
+        if self.settings.distributed_optimizer:
+            from ringzero.engines.megatron.distributed_optimizer import MegatronDistributedOptimizer
+
+            optimizer = MegatronDistributedOptimizer(model, optim, total_steps, schedule)
+        else:
+            from ringzero.engines.megatron.optimizer import ShardedTrainOptimizer
+
+            optimizer = ShardedTrainOptimizer(model, optim, total_steps, schedule)
         optimizer.load_weights(source.state_dict(), source=init_uri or "a fresh model")
         return TrainingSetup(model.train(), optimizer, source.to(runtime.device))
 

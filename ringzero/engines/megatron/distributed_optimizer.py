@@ -1,0 +1,236 @@
+"""megatron-core's distributed optimizer behind the engine seam: Adam state sharded over the data-parallel ranks.
+
+``MegatronDistributedOptimizer`` wraps the ``MegatronLM`` in megatron's ``DistributedDataParallel``
+(``use_distributed_optimizer=True``: one contiguous fp32 gradient buffer, reduce-scattered over the
+data-parallel group, each rank owning a contiguous range of it) and steps megatron's
+``DistributedOptimizer`` (``get_megatron_optimizer``; without TE or apex it runs ``torch.optim.AdamW`` on
+this rank's fp32 main-parameter shards, then all-gathers the parameters). The trainer still calls the
+``MegatronLM`` itself (``hidden``/``logits``): DDP's hooks sit on its parameters and its buffers hold
+their storage.
+
+- Gradient reduction belongs to the optimizer: ``reduce_grads`` is megatron's ``finish_grad_sync`` (the
+  gradients are *summed*, not averaged: ringzero's losses are normalized by the global token count, so
+  the config says ``calculate_per_token_loss``); ``step`` runs it itself when the caller did not (one
+  process).
+- The step is ringzero's: lr from ``lr_at``, the global gradient norm (megatron's, over every shard and
+  the TP group), a non-finite norm skips the step (counted; moments untouched), else clipping to
+  ``grad_clip`` and megatron's inner step. megatron's own ``step()`` would apply a NaN gradient when no
+  loss scaler is set, so it is not called.
+- Weight decay: megatron exempts 1-D parameters and biases, ringzero parameters with ``dim < 2``; the
+  model has no biases, so the two rules pick the same parameters.
+- Adam: ``torch.optim.AdamW`` with ringzero's betas, ``eps`` 1e-8 and decoupled weight decay, as
+  ``TrainOptimizer``'s; the update is the same function of the same numbers.
+- Full tensors at the seam: ``master_state_dict``, ``state`` and ``load_*`` speak full tensors under
+  ``HybridLM`` names, as ``ShardedTrainOptimizer``'s (``layout: hybrid-names``), so resume points move
+  between the two megatron optimizers and between layouts. Each rank's shards of the main parameters and
+  moments are put into zero full (TP-local) tensors and summed over the data-parallel group (every
+  element lives on exactly one rank), then gathered over TP. Loading takes each rank's range back out.
+  All of these are collectives over the whole job.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch
+import torch.distributed as dist
+
+from ringzero.engines.megatron.convert import gather_hybrid, routing_buffers, to_megatron
+from ringzero.errors import RingzeroError
+from ringzero.stages.optimizer import StepReport, lr_at
+
+MOMENTS = ("exp_avg", "exp_avg_sq")
+
+
+class MegatronDistributedOptimizer:
+    def __init__(self, model, settings, total_steps: int, schedule: str = "cosine"):
+        from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
+        from ringzero.engines.megatron import cpu_shim
+
+        cpu_shim.apply_optimizer()
+        self.model, self.settings = model, settings
+        self.total_steps, self.schedule = total_steps, schedule
+        self.steps_taken = 0
+        self.skipped = 0
+        self.names = [n for n, p in model.named_parameters() if p.requires_grad]
+        dtypes = {p.dtype for p in model.parameters()}
+        bf16 = torch.bfloat16 in dtypes
+        ddp_config = DistributedDataParallelConfig(
+            use_distributed_optimizer=True, overlap_grad_reduce=False, overlap_param_gather=False,
+            grad_reduce_in_fp32=True, bucket_size=None)
+        self.ddp = DistributedDataParallel(
+            config=dataclasses.replace(model.config, calculate_per_token_loss=True), ddp_config=ddp_config,
+            module=model)
+        beta1, beta2 = settings.betas
+        self.opt = get_megatron_optimizer(
+            OptimizerConfig(optimizer="adam", lr=settings.lr, weight_decay=settings.weight_decay,
+                            adam_beta1=beta1, adam_beta2=beta2, adam_eps=1e-8, clip_grad=settings.grad_clip,
+                            bf16=bf16, params_dtype=torch.bfloat16 if bf16 else torch.float32,
+                            use_distributed_optimizer=True),
+            [self.ddp])
+        self.parts = list(getattr(self.opt, "chained_optimizers", [self.opt]))
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        # which megatron optimizer holds a shard of each parameter on this rank (none: no shard here)
+        self.owner = {}
+        for part in self.parts:
+            for p in part.model_param_group_index_map:
+                self.owner[p] = part
+        self._reduced = False
+
+    # -- the step ----------------------------------------------------------------------------------
+
+    def zero_grad(self) -> None:
+        self.ddp.zero_grad_buffer()
+        self.opt.zero_grad()
+        for p in self.params:
+            p.grad = None
+        self._reduced = False
+
+    def reduce_grads(self, groups=None) -> None:
+        """Sum the gradients over the data-parallel ranks, each keeping its own range (reduce-scatter)."""
+        self.ddp.finish_grad_sync()
+        self._reduced = True
+
+    def step(self) -> StepReport:
+        from megatron.core.optimizer import clip_grads
+
+        lr = lr_at(self.steps_taken, self.settings.lr, self.settings.warmup_steps, self.total_steps, self.schedule)
+        self.steps_taken += 1
+        if not self._reduced:
+            self.reduce_grads()
+        self.opt.prepare_grads()
+        norm = float(self.opt.get_grad_norm())
+        if not math.isfinite(norm):
+            self.skipped += 1
+            self.zero_grad()
+            return StepReport(lr, norm, skipped=True)
+        for part in self.parts:
+            for group in part.param_groups:
+                group["lr"] = lr
+            if self.settings.grad_clip:
+                clip_grads.clip_grad_by_total_norm_fp32(part.get_parameters(), self.settings.grad_clip, norm)
+        self.opt.step_with_ready_grads()
+        self.zero_grad()
+        return StepReport(lr, norm, skipped=False)
+
+    # -- shards <-> full tensors -------------------------------------------------------------------
+
+    def _range(self, p):
+        part = self.owner[p]
+        r = part._get_model_param_range_map(p)["param"]
+        return r.start, r.end
+
+    def _dp_full(self, key: str) -> dict[str, torch.Tensor] | None:
+        """Every parameter's ``key`` (``param`` or a moment) on this rank's TP shard, megatron names,
+        summed over the data-parallel group; None when some rank has no such state yet."""
+        have = all(key == "param" or key in self.owner[p].optimizer.state.get(self._main(p), {})
+                   for p in self.params if p in self.owner)
+        flag = torch.tensor([1 if have else 0])
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+        if not flag.item():
+            return None
+        sizes = [p.numel() for p in self.params]
+        flat = torch.zeros(sum(sizes), dtype=torch.float32)
+        offset = 0
+        for p, n in zip(self.params, sizes, strict=True):
+            if p in self.owner:
+                start, end = self._range(p)
+                main = self._main(p)
+                value = main if key == "param" else self.owner[p].optimizer.state[main][key]
+                flat[offset + start:offset + end] = value.detach().reshape(-1).float()
+            offset += n
+        from megatron.core import parallel_state
+
+        dist.all_reduce(flat, group=parallel_state.get_data_parallel_group())
+        out, offset = {}, 0
+        for name, p, n in zip(self.names, self.params, sizes, strict=True):
+            out[name] = flat[offset:offset + n].view(p.shape).clone()
+            offset += n
+        return out
+
+    def _main(self, p):
+        part = self.owner[p]
+        group_index, order = part.model_param_group_index_map[p]
+        return part.optimizer.param_groups[group_index]["params"][order]
+
+    def _scatter(self, full: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return to_megatron(full, self.model.cfg, self.model.tp_rank, self.model.tp_size)
+
+    def local_moment_elements(self) -> int:
+        """The Adam moment elements this rank holds (each of ``exp_avg``/``exp_avg_sq``)."""
+        return sum(state["exp_avg"].numel() for part in self.parts for state in part.optimizer.state.values()
+                   if "exp_avg" in state)
+
+    # -- full tensors at the seam ------------------------------------------------------------------
+
+    def master_state_dict(self) -> dict[str, torch.Tensor]:
+        local = self._dp_full("param")
+        return gather_hybrid({**local, **{n: b.detach() for n, b in routing_buffers(self.model).items()}},
+                             self.model)
+
+    def load_weights(self, state: dict[str, torch.Tensor], source: str) -> None:
+        try:
+            local = self._scatter(state)
+        except (KeyError, ValueError, RuntimeError) as exc:
+            raise RingzeroError(f"{source}: cannot load into the megatron model: {exc}") from exc
+        params = dict(self.model.named_parameters())
+        missing = sorted(set(params) - set(local))
+        if missing:
+            raise RingzeroError(f"{source}: no tensor for megatron parameters {missing[:5]}")
+        with torch.no_grad():
+            for name, p in params.items():
+                if tuple(local[name].shape) != tuple(p.shape):
+                    raise RingzeroError(f"{source}: {name} has shape {tuple(local[name].shape)}, this rank's "
+                                        f"shard is {tuple(p.shape)}")
+                p.copy_(local[name].to(p.dtype))
+                if p in self.owner:  # the fp32 main shard gets the given values, not their casts
+                    start, end = self._range(p)
+                    self._main(p).copy_(local[name].reshape(-1)[start:end].to(torch.float32))
+            for name, buf in routing_buffers(self.model).items():
+                if name not in local:
+                    raise RingzeroError(f"{source}: no routing bias for {name}")
+                buf.copy_(local[name])
+
+    def state(self) -> tuple[dict[str, torch.Tensor], dict]:
+        """Adam moments (gathered from every data-parallel shard) and master weights per HybridLM name."""
+        tensors: dict[str, torch.Tensor] = {}
+        for key in MOMENTS:
+            local = self._dp_full(key)
+            if local is not None:
+                tensors.update({f"{key}.{n}": v for n, v in gather_hybrid(local, self.model).items()})
+        tensors.update({f"master.{n}": v for n, v in self.master_state_dict().items()})
+        steps = [float(part.optimizer.state[m]["step"]) for part in self.parts for m in part.optimizer.state
+                 if "step" in part.optimizer.state[m]]
+        meta = {"steps_taken": self.steps_taken, "skipped": self.skipped, "layout": "hybrid-names",
+                "adam_step": max(steps) if steps else 0.0}
+        return tensors, meta
+
+    def load_state(self, tensors: dict[str, torch.Tensor], meta: dict) -> None:
+        if meta.get("layout") != "hybrid-names":
+            raise RingzeroError("optimizer state was written by the torch engine (parameters by index); the "
+                                "megatron engine reads moments by parameter name: resume with the engine that "
+                                "wrote it")
+        masters = {n[len("master."):]: v for n, v in tensors.items() if n.startswith("master.")}
+        if masters:
+            self.load_weights(masters, source="optimizer state")
+        local = {}
+        for key in MOMENTS:
+            full = {n[len(key) + 1:]: v for n, v in tensors.items() if n.startswith(key + ".")}
+            if full:
+                local[key] = self._scatter(full)
+        for part in self.parts:
+            part.optimizer.state.clear()
+        if len(local) == len(MOMENTS):
+            step = torch.tensor(float(meta.get("adam_step", 0.0)))
+            for name, p in zip(self.names, self.params, strict=True):
+                if p not in self.owner:
+                    continue
+                start, end = self._range(p)
+                main = self._main(p)
+                self.owner[p].optimizer.state[main] = {
+                    "step": step.clone(),
+                    **{key: local[key][name].reshape(-1)[start:end].to(main).clone() for key in MOMENTS}}
+        self.steps_taken, self.skipped = int(meta["steps_taken"]), int(meta["skipped"])
