@@ -51,7 +51,8 @@ class TrainingEngine(StrictModel):
     kind: Literal["torch", "megatron"] = Field("torch", description="torch: embedded default; megatron: megatron-core")
     tp: int = Field(1, ge=1, description="megatron: tensor-parallel degree (heads and MLP columns split over tp ranks)")
     pp: int = Field(1, ge=1, description="megatron: pipeline-parallel degree")
-    ep: int = Field(1, ge=1, description="megatron: expert-parallel degree")
+    ep: int = Field(1, ge=1, description="megatron: expert-parallel degree (each MoE layer's routed experts split "
+                    "over ep of the parallel.dp ranks; must divide dp and model.num_experts)")
     distributed_optimizer: bool = Field(
         False, description="megatron: shard optimizer state over the data-parallel ranks (megatron-core's)"
     )
@@ -71,10 +72,11 @@ class TrainingEngine(StrictModel):
             if self.pp > 1:
                 problems.append(f"pp: {self.pp}: pipeline parallelism is not wired into ringzero's stage loop (its "
                                 "forward runs the whole layer stack on every rank); use pp: 1")
-            if self.ep > 1:
-                problems.append(f"ep: {self.ep}: expert parallelism is not wired into the megatron engine (its "
-                                "parallel state, ParallelDims and the gradient reduction of expert weights know "
-                                "tp x dp only; every rank holds every expert, split over tp); use ep: 1")
+            if self.ep > 1 and self.distributed_optimizer:
+                problems.append(f"ep: {self.ep} with distributed_optimizer: megatron's distributed optimizer is "
+                                "not wired for expert parallelism here (its full-tensor gathers sum shards over "
+                                "the data-parallel group, the routed experts live on their expert-data-parallel "
+                                "group); use distributed_optimizer: false or ep: 1")
         if problems:
             raise ValueError("; ".join(problems))
         return self
@@ -244,6 +246,18 @@ def megatron_problems(cfg: RunConfig) -> list[str]:
                         "batch-invariant forward, which megatron's kernels do not reproduce bit for bit")
     if m.num_experts is not None:
         problems += _megatron_moe_problems(cfg)
+    ep = cfg.engines.training.ep
+    if ep > 1:
+        if m.num_experts is None:
+            problems.append(f"engines.training.ep: {ep}: the model has no MoE layers (model.num_experts is null), "
+                            "so there are no experts to split; use ep: 1")
+        elif m.num_experts % ep:
+            problems.append(f"engines.training.ep: {ep} does not divide model.num_experts ({m.num_experts}): each "
+                            "expert-parallel rank holds an equal share of the routed experts")
+        if cfg.parallel.dp % ep:
+            problems.append(f"engines.training.ep: {ep} does not divide parallel.dp ({cfg.parallel.dp}): "
+                            "expert-parallel ranks are carved out of the data-parallel ranks (megatron-core's "
+                            "layout), they do not add to the world size")
     if m.num_attention_heads % tp:
         problems.append(f"engines.training.tp: {tp} does not divide model.num_attention_heads "
                         f"({m.num_attention_heads}): each rank holds whole heads")

@@ -5,8 +5,11 @@ a TP group, then a CP group, is a run of neighbouring ranks (on one host first, 
 heaviest). This is megatron-core's order too, so its tensor-parallel groups are these. ``ParallelDims`` is
 a plain value; ``build_groups`` creates every process group once and returns them in a ``ParallelGroups``
 that the caller passes on explicitly. Nothing is stored in module globals. ``tp`` > 1 is the megatron
-engine's (the ranks of a TP group hold one replica's shards and see the same rows); ``pp`` and ``ep`` are
-named so configs can carry them, but only degree 1 is accepted until the stage loop drives them.
+engine's (the ranks of a TP group hold one replica's shards and see the same rows). ``ep`` > 1 is the
+megatron engine's expert parallelism, carved out of the data-parallel ranks as megatron-core does: it
+must divide ``dp`` and does not change the world size (DP indices ``k * ep .. k * ep + ep - 1`` hold the
+``ep`` shards of the routed experts; each still sees its own rows). ``pp`` is named so configs can carry
+it, but only degree 1 is accepted until the stage loop drives it.
 """
 
 from __future__ import annotations
@@ -33,10 +36,11 @@ class ParallelDims:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 problems.append(f"{name} must be an integer >= 1 (got {value!r})")
-        for name in ("pp", "ep"):
-            value = getattr(self, name)
-            if isinstance(value, int) and value > 1:
-                problems.append(f"{name}={value}: only degree 1 is implemented")
+        if isinstance(self.pp, int) and self.pp > 1:
+            problems.append(f"pp={self.pp}: only degree 1 is implemented")
+        if isinstance(self.ep, int) and isinstance(self.dp, int) and self.ep > 1 and self.dp % self.ep:
+            problems.append(f"ep={self.ep} must divide dp={self.dp}: expert-parallel ranks are carved out of the "
+                            "data-parallel ranks (each group of ep DP ranks holds one copy of the experts)")
         if not problems and self.dp * self.cp * self.tp * self.pp != self.world_size:
             problems.append(
                 f"dp*cp*tp*pp = {self.dp}*{self.cp}*{self.tp}*{self.pp} = "
@@ -46,9 +50,9 @@ class ParallelDims:
             raise RingzeroError("invalid parallel dims: " + "; ".join(problems))
 
     @classmethod
-    def from_config(cls, cfg, world_size: int, tp: int = 1) -> ParallelDims:
-        """From a ``ringzero.parallel.config.ParallelConfig`` (and the training engine's ``tp``)."""
-        return cls(dp=cfg.dp, cp=cfg.cp, world_size=world_size, tp=tp)
+    def from_config(cls, cfg, world_size: int, tp: int = 1, ep: int = 1) -> ParallelDims:
+        """From a ``ringzero.parallel.config.ParallelConfig`` (and the training engine's ``tp`` and ``ep``)."""
+        return cls(dp=cfg.dp, cp=cfg.cp, world_size=world_size, tp=tp, ep=ep)
 
     def coords(self, rank: int) -> tuple[int, int]:
         """``(dp_index, cp_index)`` of a global rank."""
@@ -72,6 +76,16 @@ class ParallelDims:
 
     def tp_ranks(self, dp_index: int, cp_index: int) -> list[int]:
         return [self.rank_of(dp_index, cp_index, t) for t in range(self.tp)]
+
+    def ep_index(self, rank: int) -> int:
+        """Which shard of the routed experts ``rank`` holds (megatron's expert-model-parallel rank)."""
+        return self.coords(rank)[0] % self.ep
+
+    def expert_dp_ranks(self, rank: int) -> list[int]:
+        """The ranks holding the same experts (and TP index) as ``rank``: its expert gradients are summed
+        over them (megatron's expert-data-parallel group)."""
+        (d, c), t = self.coords(rank), self.tp_index(rank)
+        return [self.rank_of(k * self.ep + d % self.ep, c, t) for k in range(self.dp // self.ep)]
 
 
 @dataclass(frozen=True)

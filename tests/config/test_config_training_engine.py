@@ -41,7 +41,7 @@ def test_megatron_takes_the_distributed_optimizer():
     ({"kind": "torch", "tp": 2}, {}, "tp: 2 is a megatron degree"),
     ({"kind": "torch", "distributed_optimizer": True}, {}, "distributed_optimizer: megatron-core's"),
     ({"kind": "megatron", "pp": 2}, {}, "pp: 2: pipeline parallelism is not wired"),
-    ({"kind": "megatron", "ep": 2}, {}, "ep: 2"),
+    ({"kind": "megatron", "ep": 2}, {"parallel": {"dp": 2, "cp": 1}}, "engines.training.ep: 2: the model has no MoE"),
     ({"kind": "megatron", "tp": 3}, {}, "tp: 3 does not divide model.num_attention_heads (4)"),
     ({"kind": "megatron"}, {"parallel": {"dp": 1, "cp": 2}}, "parallel.cp = 2"),
     ({"kind": "megatron"}, {"precision": {"train": "fp32", "rollout": "fp32", "deterministic": True}},
@@ -71,6 +71,25 @@ def test_megatron_trains_a_moe_model_at_tp():
 def test_megatron_refuses_what_its_moe_cannot_express(moe, expected):
     data = with_engine({"kind": "megatron", "tp": 2})
     data["model"].update({**MOE, **moe})
+    assert expected in problems(data)
+
+
+def test_megatron_splits_experts_over_ep_ranks_of_dp():
+    data = with_engine({"kind": "megatron", "ep": 2}, parallel={"dp": 2, "cp": 1})
+    data["model"].update(MOE)
+    cfg = parse_config(data, "t.yaml")
+    assert (cfg.engines.training.ep, cfg.parallel.dp) == (2, 2)
+
+
+@pytest.mark.parametrize("training, dp, expected", [
+    ({"kind": "megatron", "ep": 2}, 3, "engines.training.ep: 2 does not divide parallel.dp (3)"),
+    ({"kind": "megatron", "ep": 3}, 3, "engines.training.ep: 3 does not divide model.num_experts (4)"),
+    ({"kind": "megatron", "ep": 2, "distributed_optimizer": True}, 2, "ep: 2 with distributed_optimizer"),
+    ({"kind": "torch", "ep": 2}, 2, "ep: 2 is a megatron degree"),
+])
+def test_expert_parallelism_is_refused_where_it_cannot_split(training, dp, expected):
+    data = with_engine(training, parallel={"dp": dp, "cp": 1})
+    data["model"].update(MOE)
     assert expected in problems(data)
 
 

@@ -35,7 +35,8 @@ MOE = {"num_experts": 4, "num_experts_per_tok": 2, "n_group": 2, "topk_group": 1
        "num_shared_experts": 1, "first_k_dense_replace": 1, "routed_scaling_factor": 2.5}
 
 
-def micro_config(kind: str, tp: int, dp: int = 1, moe: bool = False, distributed_optimizer: bool = False):
+def micro_config(kind: str, tp: int, dp: int = 1, moe: bool = False, distributed_optimizer: bool = False,
+                 ep: int = 1):
     return parse_config({
         "run": {"name": "engines", "seed": 3, "device": "cpu"},
         "model": {"vocab_size": 64, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
@@ -44,7 +45,7 @@ def micro_config(kind: str, tp: int, dp: int = 1, moe: bool = False, distributed
                   "max_position_embeddings": 96, **(MOE if moe else {})},
         "precision": {"train": "fp32", "rollout": "fp32"},
         "parallel": {"dp": dp, "cp": 1},
-        "engines": {"training": {"kind": kind, "tp": tp, "distributed_optimizer": distributed_optimizer}},
+        "engines": {"training": {"kind": kind, "tp": tp, "ep": ep, "distributed_optimizer": distributed_optimizer}},
         "task": {"kind": "arithmetic", "operation": "digitsum", "digits": 3, "eval_prompts": 4},
         "stages": [
             {"name": "base", "kind": "pretrain", "steps": 3, "batch_size": 4, "micro_batch": 2, "seq_len": 40},
@@ -56,19 +57,20 @@ def micro_config(kind: str, tp: int, dp: int = 1, moe: bool = False, distributed
 
 
 def run_engine(ctx, kind: str, tp: int, store_root: str, dp: int = 1, moe: bool = False,
-               distributed_optimizer: bool = False, resume_check: bool = False) -> dict | None:
+               distributed_optimizer: bool = False, resume_check: bool = False, ep: int = 1) -> dict | None:
     """Rank 0's record: pretrain losses and weights, per RL step its metrics and tokens, final RL weights
     (full tensors under HybridLM names, however the engine holds them).
 
     ``distributed_optimizer``: megatron's sharded optimizer (the record adds ``moment_elements``, each
     rank's count of Adam moment elements after RL). ``resume_check``: also the RL optimizer's state loaded
     into a fresh optimizer of the same kind and one more identical pretraining step taken by both
-    (``resumed``: the two final weight dicts and step reports)."""
+    (``resumed``: the two final weight dicts and step reports). ``ep``: megatron's expert parallelism (the
+    record adds ``expert_shards``: every rank's expert parameter names and shapes as it holds them)."""
     torch.set_num_threads(1)
     world = dp * tp
-    dims = ParallelDims(dp=dp, cp=1, world_size=world, tp=tp)
+    dims = ParallelDims(dp=dp, cp=1, world_size=world, tp=tp, ep=ep)
     rt = Runtime(device=torch.device("cpu"), dims=dims, rank=ctx.rank, groups=ctx.groups(dims))
-    cfg = micro_config(kind, tp, dp, moe, distributed_optimizer)
+    cfg = micro_config(kind, tp, dp, moe, distributed_optimizer, ep)
     pre, rl_stage = cfg.stages
     task, tokenizer = task_and_tokenizer(cfg)
     engine = training_engine(cfg)
@@ -97,9 +99,14 @@ def run_engine(ctx, kind: str, tp: int, store_root: str, dp: int = 1, moe: bool 
             torch.distributed.all_gather(parts, count)
             counts = [int(c) for c in parts]
         resumed = _resume_round_trip(cfg, engine, rt, session, tensors, meta, windows) if resume_check else None
+    shards = None
+    if kind == "megatron" and ep > 1:
+        mine = {n: tuple(p.shape) for n, p in session.model.named_parameters() if ".experts.local_experts." in n}
+        shards = [None] * world
+        torch.distributed.all_gather_object(shards, {"ep_rank": session.model.ep_rank, "experts": mine})
     if not rt.is_main:
         return None
-    return {"moment_elements": counts, "resumed": resumed,"pretrain_losses": losses, "pretrained": pretrained, "rl_steps": steps, "rl_weights": rl_weights,
+    return {"moment_elements": counts, "resumed": resumed, "expert_shards": shards,"pretrain_losses": losses, "pretrained": pretrained, "rl_steps": steps, "rl_weights": rl_weights,
             "optim_keys": sorted(tensors), "optim_meta": meta, "trained": type(session.model).__name__,
             "tp_shard": tuple(session.model.word_embeddings.weight.shape)}
 
@@ -118,3 +125,17 @@ def _resume_round_trip(cfg, engine, rt, session, tensors, meta, windows) -> dict
         report = lm_step(setup_model, batch, rt, optimizer=optimizer, micro_batch=2).report
         out[label] = {"weights": optimizer.master_state_dict(), "lr": report.lr, "grad_norm": report.grad_norm}
     return out
+
+
+def run_engine_experts_summed_over_dp(ctx, *args, **kwargs) -> dict | None:
+    """``run_engine`` with the megatron optimizer summing the routed experts' gradients over every DP rank
+    (as if they were replicated) instead of the ranks holding the same experts: a negative control."""
+    from ringzero.engines.megatron.optimizer import ShardedTrainOptimizer
+    from ringzero.parallel.grads import sync_grads
+
+    right = ShardedTrainOptimizer.reduce_expert_grads
+    ShardedTrainOptimizer.reduce_expert_grads = lambda self, params, groups: sync_grads(params, groups)
+    try:
+        return run_engine(ctx, *args, **kwargs)
+    finally:
+        ShardedTrainOptimizer.reduce_expert_grads = right

@@ -70,6 +70,13 @@ def test_parallel_dims_checked_against_world_size():
     assert ParallelDims(dp=2, cp=1, world_size=2).replica_ranks() == [0, 1]
     with pytest.raises(RingzeroError, match=r"dp\*cp\*tp\*pp = 1\*2\*2\*1 = 4 does not match world size 2"):
         ParallelDims(dp=1, cp=2, world_size=2, tp=2)
+    # EP is carved out of DP (megatron-core's way): a divisor of dp, the world size unchanged
+    ep = ParallelDims(dp=4, cp=1, world_size=8, tp=2, ep=2)
+    assert [ep.ep_index(r) for r in range(8)] == [0, 0, 1, 1, 0, 0, 1, 1]
+    assert ep.expert_dp_ranks(3) == [3, 7] and ep.expert_dp_ranks(4) == [0, 4]
+    assert ParallelDims(dp=2, cp=1, world_size=2, ep=2).expert_dp_ranks(1) == [1]
+    with pytest.raises(RingzeroError, match="ep=2 must divide dp=3"):
+        ParallelDims(dp=3, cp=1, world_size=3, ep=2)
     with pytest.raises(RingzeroError, match="cp must be an integer >= 1"):
         ParallelDims(dp=1, cp=0, world_size=1)
 

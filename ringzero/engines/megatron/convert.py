@@ -7,8 +7,10 @@
   ``lm_head`` <-> ``output_layer``;
 - MoE layers: ``mlp.gate.weight`` / ``mlp.gate.expert_bias`` (a buffer) <-> ``mlp.router.weight`` /
   ``mlp.router.expert_bias``, ``mlp.experts.{j}.*`` <-> ``mlp.experts.local_experts.{j}.*`` and
-  ``mlp.shared_experts.*`` kept, each SwiGLU fused and split as the dense MLP's (EP = 1: every expert on
-  every rank, each split over TP);
+  ``mlp.shared_experts.*`` kept, each SwiGLU fused and split as the dense MLP's, each split over TP;
+- experts over EP: with ``ep`` expert-parallel ranks EP rank ``r`` holds global experts
+  ``r * E / ep .. (r + 1) * E / ep - 1`` as ``local_experts.0 ..`` (``expert_shard``); gathers collect them
+  over megatron's expert-model-parallel group, under their global indices;
 - shards: column-parallel weights split on rows, row-parallel ones on columns, norms replicated (except
   Lightning's ``g_norm``, split by channel; the router and its bias replicated). A split with stride ``s`` cuts the full rows into ``s * tp``
   equal chunks and gives rank ``r`` chunks ``r, tp + r, ...`` (megatron's ``partition_stride``):
@@ -134,10 +136,42 @@ def _full_megatron(state: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str
     return out
 
 
-def to_megatron(state: dict[str, torch.Tensor], cfg: ModelConfig, tp_rank: int, tp_size: int) -> dict:
-    """Rank ``tp_rank``'s shard (of ``tp_size``) of a HybridLM state dict, under MegatronLM's names."""
+LOCAL_EXPERTS = ".mlp.experts.local_experts."
+
+
+def _expert_index(name: str) -> tuple[str, int, str] | None:
+    """``(head, j, tail)`` of an expert tensor's megatron name ``head + str(j) + tail``; None for others."""
+    if LOCAL_EXPERTS not in name:
+        return None
+    head, rest = name.split(LOCAL_EXPERTS, 1)
+    j, tail = rest.split(".", 1)
+    return head + LOCAL_EXPERTS, int(j), "." + tail
+
+
+def expert_shard(state: dict[str, torch.Tensor], cfg: ModelConfig, ep_rank: int, ep_size: int) -> dict:
+    """EP rank ``ep_rank``'s routed experts (of ``ep_size`` shards) of a MegatronLM-named dict with every
+    expert, renumbered from 0; the other tensors unchanged."""
+    if ep_size == 1:
+        return state
+    if cfg.num_experts % ep_size:
+        raise RingzeroError(f"{cfg.num_experts} experts do not split into {ep_size} equal expert-parallel shards")
+    per = cfg.num_experts // ep_size
     out = {}
-    for name, w in _full_megatron(state, cfg).items():
+    for name, w in state.items():
+        parts = _expert_index(name)
+        if parts is None:
+            out[name] = w
+        elif parts[1] // per == ep_rank:
+            out[f"{parts[0]}{parts[1] % per}{parts[2]}"] = w
+    return out
+
+
+def to_megatron(state: dict[str, torch.Tensor], cfg: ModelConfig, tp_rank: int, tp_size: int,
+                ep_rank: int = 0, ep_size: int = 1) -> dict:
+    """Rank ``tp_rank``'s shard (of ``tp_size``) of a HybridLM state dict, under MegatronLM's names, with
+    EP rank ``ep_rank``'s experts (of ``ep_size`` shards) only."""
+    out = {}
+    for name, w in expert_shard(_full_megatron(state, cfg), cfg, ep_rank, ep_size).items():
         split = SPLITS.get(name.split(".")[-2])
         if split is not None:
             dim, stride = split
@@ -180,7 +214,7 @@ def routing_buffers(model) -> dict[str, torch.Tensor]:
 @torch.no_grad()
 def load_hybrid_state_(model, state: dict[str, torch.Tensor]) -> None:
     """Copy a full HybridLM state dict into ``model`` (a MegatronLM): this rank's shard of each tensor."""
-    shard = to_megatron(state, model.cfg, model.tp_rank, model.tp_size)
+    shard = to_megatron(state, model.cfg, model.tp_rank, model.tp_size, model.ep_rank, model.ep_size)
     params = _local_tensors(model)
     missing, unexpected = sorted(set(params) - set(shard)), sorted(set(shard) - set(params))
     wrong = [f"{n} {list(shard[n].shape)} vs {list(p.shape)}" for n, p in params.items()
@@ -192,9 +226,30 @@ def load_hybrid_state_(model, state: dict[str, torch.Tensor]) -> None:
         p.copy_(shard[name])
 
 
+def _gather_experts(local: dict[str, torch.Tensor], model) -> dict[str, torch.Tensor]:
+    """This rank's tensors with its local experts replaced by every EP rank's, under global indices (a
+    collective over the expert-model-parallel group; every rank holds the same names and shapes)."""
+    if getattr(model, "ep_size", 1) == 1:
+        return local
+    group = parallel_state.get_expert_model_parallel_group()
+    per = model.cfg.num_experts // model.ep_size
+    out = {}
+    for name, t in local.items():
+        parts = _expert_index(name)
+        if parts is None:
+            out[name] = t
+            continue
+        gathered = [torch.empty_like(t) for _ in range(model.ep_size)]
+        torch.distributed.all_gather(gathered, t.contiguous(), group=group)
+        for r, g in enumerate(gathered):
+            out[f"{parts[0]}{r * per + parts[1]}{parts[2]}"] = g
+    return out
+
+
 def gather_hybrid(local: dict[str, torch.Tensor], model) -> dict[str, torch.Tensor]:
     """Full HybridLM tensors from this rank's MegatronLM-named tensors (weights, or their gradients),
-    gathered over the TP group; every rank gets the result."""
+    gathered over the EP group (experts) and the TP group; every rank gets the result."""
+    local = _gather_experts(local, model)
     if model.tp_size == 1:
         return from_megatron([local], model.cfg)
     group = parallel_state.get_tensor_model_parallel_group()

@@ -50,6 +50,11 @@ class MegatronDistributedOptimizer:
 
         from ringzero.engines.megatron import cpu_shim
 
+        if getattr(model, "ep_size", 1) > 1:
+            raise RingzeroError("engines.training.distributed_optimizer with ep > 1 is not implemented: its "
+                                "full-tensor gathers sum each parameter's shards over the data-parallel group, "
+                                "while routed experts live on their expert-data-parallel group and must be "
+                                "gathered over EP first; use distributed_optimizer: false with ep > 1")
         cpu_shim.apply_optimizer()
         self.model, self.settings = model, settings
         self.total_steps, self.schedule = total_steps, schedule

@@ -4,6 +4,9 @@ megatron-core keeps its process groups in module state (``parallel_state``); ``j
 per process from the job's ``Runtime`` so that its tensor-parallel groups are the runtime's (both put TP
 innermost: ``rank = (dp * cp + c) * tp + t``), and checks a second call asks for the same layout. A job
 of one process joins a one-rank gloo group first: megatron-core's layers need torch.distributed.
+Expert parallelism (``ep`` > 1) is carved out of the DP ranks, as megatron-core does: DP index ``d`` holds
+expert shard ``d % ep`` and shares it with the DP indices of the same residue (its expert-data-parallel
+group); ``join`` checks megatron's groups are those.
 
 The checkpoint is read as ``HybridLM`` full tensors and scattered with ``convert.to_megatron``; the
 single-device ``HybridLM`` it came from stays as the ``serving`` model the embedded rollout engine copies.
@@ -14,6 +17,7 @@ DP ranks, ``distributed_optimizer.MegatronDistributedOptimizer``).
 
 from __future__ import annotations
 
+import dataclasses
 import socket
 
 import torch.distributed as dist
@@ -41,33 +45,50 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def join(runtime: Runtime, tp: int) -> None:
+def join(runtime: Runtime, tp: int, ep: int = 1) -> None:
     """megatron-core's parallel state for this job (once per process)."""
     from megatron.core import parallel_state
 
     from ringzero.engines.megatron import cpu_shim
 
     cpu_shim.apply()
-    if runtime.dims.tp != tp:
-        raise RingzeroError(f"engines.training.tp is {tp} but the job was laid out with tp {runtime.dims.tp}")
+    dims = runtime.dims
+    if dims.tp != tp:
+        raise RingzeroError(f"engines.training.tp is {tp} but the job was laid out with tp {dims.tp}")
+    if dims.ep not in (1, ep):
+        raise RingzeroError(f"engines.training.ep is {ep} but the job was laid out with ep {dims.ep}")
+    if dims.dp % ep:
+        raise RingzeroError(f"engines.training.ep: {ep} does not divide parallel.dp ({dims.dp}): expert-parallel "
+                            "ranks are carved out of the data-parallel ranks")
     if not dist.is_initialized():
         if runtime.world_size > 1:
             raise RingzeroError("a job of several ranks must join torch.distributed before the megatron engine")
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
     if parallel_state.model_parallel_is_initialized():
-        have = parallel_state.get_tensor_model_parallel_world_size()
-        if have != tp:
-            raise RingzeroError(f"megatron-core was initialized with tensor parallel {have} in this process; "
-                                f"this stage asks for {tp}")
+        have = (parallel_state.get_tensor_model_parallel_world_size(),
+                parallel_state.get_expert_model_parallel_world_size())
+        if have != (tp, ep):
+            raise RingzeroError(f"megatron-core was initialized with tensor parallel {have[0]} and expert parallel "
+                                f"{have[1]} in this process; this stage asks for {tp} and {ep}")
         return
-    parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp)
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, expert_model_parallel_size=ep)
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
     model_parallel_cuda_manual_seed(1234)
+    rank = runtime.rank
     mine = parallel_state.get_tensor_model_parallel_rank()
-    if tp > 1 and mine != runtime.dims.tp_index(runtime.rank):
-        raise RingzeroError(f"megatron-core puts rank {runtime.rank} at TP index {mine}, ringzero's layout at "
-                            f"{runtime.dims.tp_index(runtime.rank)}")
+    if tp > 1 and mine != dims.tp_index(rank):
+        raise RingzeroError(f"megatron-core puts rank {rank} at TP index {mine}, ringzero's layout at "
+                            f"{dims.tp_index(rank)}")
+    if ep > 1:
+        ep_rank = parallel_state.get_expert_model_parallel_rank()
+        edp = dist.get_process_group_ranks(parallel_state.get_expert_data_parallel_group())
+        laid = dataclasses.replace(dims, ep=ep)  # the runtime may carry ep 1 (it does not change the world)
+        want = laid.expert_dp_ranks(rank)
+        if ep_rank != laid.ep_index(rank) or sorted(edp) != want:
+            raise RingzeroError(f"megatron-core puts rank {rank} at expert shard {ep_rank} with expert-data-parallel "
+                                f"ranks {sorted(edp)}; ringzero's layout expects shard {laid.ep_index(rank)} "
+                                f"with {want}")
 
 
 class MegatronEngine:
@@ -78,7 +99,7 @@ class MegatronEngine:
 
     def _model(self, cfg, store, uri, policy: PrecisionPolicy, runtime: Runtime):
         require_megatron()
-        join(runtime, self.settings.tp)
+        join(runtime, self.settings.tp, self.settings.ep)
         from ringzero.engines.megatron.model import MegatronLM
 
         # full fp32 values: the masters start from the checkpoint, not from its cast to the body dtype

@@ -24,7 +24,7 @@ tokens).
 Precision: parameters and activations in ``policy.body``. Under a bf16 body megatron's attention runs
 QK^T in bf16 and the softmax in fp32 (``attention_softmax_in_fp32``), not ringzero's fp32 island (which
 upcasts q, k, v first); the Lightning state stays fp32 as in ringzero. Not implemented: sequence and
-context parallelism, expert parallelism (refused at build).
+context parallelism (refused at build).
 
 MoE layers are ``ringzero.model.moe``'s math in megatron's ``MoELayer``: local ``SequentialMLP`` experts,
 the allgather token dispatcher, a ``TopKRouter`` in fp32 with the sigmoid score, the routing-only expert
@@ -32,7 +32,14 @@ bias (buffer ``router.expert_bias``; its update rate is 0: ringzero never trains
 renormalized weights times ``routed_scaling_factor``, and the shared experts as one MLP. megatron cannot
 express ``norm_topk_prob: false`` with more than one expert per token (it always renormalizes) nor a
 group score other than the sum of the top ``num_experts_per_tok // topk_group`` experts (ringzero's is
-the top 2): those are refused. Experts are split over TP like dense MLPs (expert TP = TP, EP = 1).
+the top 2): those are refused. Experts are split over TP like dense MLPs (expert TP = TP). With expert
+parallelism (``expert_model_parallel_size`` > 1 in megatron's parallel state) EP rank ``r`` holds the
+routed experts ``r * E / ep .. (r + 1) * E / ep - 1`` as its local experts ``0 ..``; the allgather
+dispatcher gathers every EP rank's tokens, each rank runs its own experts and the outputs are
+reduce-scattered back, so the ranks of an EP group must give the layer the same number of tokens: ``MoE``
+pads each rank's tokens to the most of any rank of its EP group (zero rows: their outputs are dropped and
+they contribute nothing to any gradient). Expert weights carry megatron's ``allreduce = False``: their
+gradients are summed over the expert-data-parallel group only (``optimizer``).
 megatron's MoE at TP > 1 assumes sequence parallelism (each rank routes its slice of the tokens; the
 dispatcher gathers them over TP), which the rest of this model does not use: ``MoE`` flattens the
 ``[S, B]`` tokens, pads them to a multiple of TP, gives each rank its slice, and gathers the outputs
@@ -88,7 +95,7 @@ def moe_settings(cfg: ModelConfig) -> dict:
     )
 
 
-def transformer_config(cfg: ModelConfig, policy: PrecisionPolicy, tp_size: int) -> MLATransformerConfig:
+def transformer_config(cfg: ModelConfig, policy: PrecisionPolicy, tp_size: int, ep_size: int = 1) -> MLATransformerConfig:
     """megatron's config for ``cfg``: dropout off, no biases, weights drawn on the CPU then split."""
     dtype = body_dtype(policy)
     return MLATransformerConfig(
@@ -101,7 +108,7 @@ def transformer_config(cfg: ModelConfig, policy: PrecisionPolicy, tp_size: int) 
         normalization="RMSNorm", layernorm_epsilon=cfg.rms_norm_eps, add_bias_linear=False,
         gated_linear_unit=True, activation_func=F.silu, attention_dropout=0.0, hidden_dropout=0.0,
         init_method_std=cfg.initializer_range, use_cpu_initialization=True,
-        tensor_model_parallel_size=tp_size, sequence_parallel=False,
+        tensor_model_parallel_size=tp_size, expert_model_parallel_size=ep_size, sequence_parallel=False,
         params_dtype=dtype, bf16=dtype == torch.bfloat16,
         attention_softmax_in_fp32=policy.attention_softmax_fp32,
     )
@@ -121,22 +128,36 @@ class Router(TopKRouter):
 class MoE(MoELayer):
     """megatron's ``MoELayer`` on a model without sequence parallelism: ``[S, B, D]`` in and out, whole on
     every TP rank. At TP > 1 the layer runs with a sequence-parallel config on this rank's slice of the
-    tokens (see the module docstring); at TP = 1 it is ``MoELayer``."""
+    tokens, at EP > 1 on as many tokens as every rank of its EP group (see the module docstring); at
+    TP = EP = 1 it is ``MoELayer``."""
 
     def __init__(self, config, submodules=None, layer_number=None, pg_collection=None):
         self.tp = config.tensor_model_parallel_size
+        self.ep = config.expert_model_parallel_size
         if self.tp > 1:
             config = dataclasses.replace(config, sequence_parallel=True)
         super().__init__(config, submodules, layer_number, pg_collection)
 
+    def _most_tokens(self, n: int) -> int:
+        """The most tokens any rank of this rank's EP group has (the dispatcher gathers equal shares)."""
+        if self.ep == 1:
+            return n
+        count = torch.tensor([n])
+        torch.distributed.all_reduce(count, op=torch.distributed.ReduceOp.MAX,
+                                     group=parallel_state.get_expert_model_parallel_group())
+        return int(count.item())
+
     def forward(self, hidden_states, intermediate_tensors=None, padding_mask=None):
-        if self.tp == 1:
+        if self.tp == 1 and self.ep == 1:
             return super().forward(hidden_states, padding_mask=padding_mask)
         S, B, D = hidden_states.shape
         N = S * B
-        P = -(-N // self.tp) * self.tp
+        P = -(-self._most_tokens(N) // self.tp) * self.tp
         # zero rows pad the tokens to whole slices; their outputs are dropped, so they get no gradient
         x_P1D = F.pad(hidden_states.reshape(N, 1, D), (0, 0, 0, 0, 0, P - N))
+        if self.tp == 1:
+            out_P1D, bias = super().forward(x_P1D)
+            return out_P1D[:N].reshape(S, B, D), bias
         out, bias = super().forward(scatter_to_sequence_parallel_region(x_P1D))
         # the output's gradient is whole on every rank: the backward takes this rank's slice, no sum
         out_P1D = gather_from_sequence_parallel_region(out, tensor_parallel_output_grad=False)
@@ -168,7 +189,7 @@ def layer_specs(cfg: ModelConfig, policy: PrecisionPolicy) -> list[ModuleSpec]:
     return specs
 
 
-def _moe_refusals(cfg: ModelConfig, tp_size: int) -> list[str]:
+def _moe_refusals(cfg: ModelConfig, tp_size: int, ep_size: int = 1) -> list[str]:
     problems = []
     if not cfg.norm_topk_prob and cfg.num_experts_per_tok > 1:
         problems.append("norm_topk_prob is false: megatron's sigmoid router always renormalizes the weights of "
@@ -182,17 +203,19 @@ def _moe_refusals(cfg: ModelConfig, tp_size: int) -> list[str]:
         if width % tp_size:
             problems.append(f"{name}: the MLP width {width} must be a multiple of the tensor-parallel size "
                             f"({tp_size}): each rank holds an equal share of its columns")
-    if parallel_state.get_expert_model_parallel_world_size() > 1:
-        problems.append("expert parallelism (expert_model_parallel_size > 1) is not implemented: the weight "
-                        "conversion holds every expert on every rank")
+    if cfg.num_experts % ep_size:
+        problems.append(f"num_experts ({cfg.num_experts}) must be a multiple of the expert-parallel size "
+                        f"({ep_size}): each EP rank holds an equal share of the routed experts")
     if parallel_state.get_expert_tensor_parallel_world_size() != tp_size:
         problems.append(f"expert tensor parallel size ({parallel_state.get_expert_tensor_parallel_world_size()}) "
                         f"must equal the tensor-parallel size ({tp_size}): experts split like dense MLPs")
     return problems
 
 
-def _refusals(cfg: ModelConfig, tp_size: int) -> list[str]:
-    problems = _moe_refusals(cfg, tp_size) if cfg.num_experts is not None else []
+def _refusals(cfg: ModelConfig, tp_size: int, ep_size: int = 1) -> list[str]:
+    problems = _moe_refusals(cfg, tp_size, ep_size) if cfg.num_experts is not None else []
+    if cfg.num_experts is None and ep_size > 1:
+        problems.append(f"expert parallelism ({ep_size}) without MoE layers (num_experts is null): nothing to split")
     if cfg.vocab_size % tp_size:
         problems.append(f"vocab_size ({cfg.vocab_size}) must be a multiple of the tensor-parallel size "
                         f"({tp_size}): the embedding and head split the vocabulary evenly")
@@ -213,11 +236,13 @@ class MegatronLM(torch.nn.Module):
                                 "to have been called first (it reads the tensor-parallel group from it)")
         self.tp_size = parallel_state.get_tensor_model_parallel_world_size()
         self.tp_rank = parallel_state.get_tensor_model_parallel_rank()
-        problems = _refusals(cfg, self.tp_size)
+        self.ep_size = parallel_state.get_expert_model_parallel_world_size()
+        self.ep_rank = parallel_state.get_expert_model_parallel_rank()
+        problems = _refusals(cfg, self.tp_size, self.ep_size)
         if problems:
             raise RingzeroError("cannot build MegatronLM: " + "; ".join(problems))
         self.cfg, self.policy = cfg, policy
-        self.config = transformer_config(cfg, policy, self.tp_size)
+        self.config = transformer_config(cfg, policy, self.tp_size, self.ep_size)
         self.word_embeddings = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size,
                                                       init_method=self.config.init_method, config=self.config)
         self.decoder = TransformerBlock(self.config, TransformerBlockSubmodules(layer_specs=layer_specs(cfg, policy)),

@@ -6,8 +6,14 @@ the weights are), so a resume point written at TP = 2 loads at TP = 1 and the ro
 same dict either engine would push. Gathers and scatters run over the TP group: every rank calls them.
 
 Gradient clipping uses the global norm: the squares of TP-split parameters are summed over the TP group,
-those of replicated ones (norm gains) counted once, so every rank clips by the same factor and replicated
-parameters stay equal across the group.
+those of the routed experts over the expert tensor-and-model-parallel group (under expert parallelism each
+EP rank holds other experts), those of replicated ones (norm gains) counted once, so every rank clips by
+the same factor and replicated parameters stay equal across the group.
+
+Gradient reduction: parameters every DP rank holds are summed over the ``dp_cp`` group as the torch
+engine's; the routed experts (megatron marks them ``allreduce = False`` under expert parallelism) over
+megatron's expert-data-parallel group only, the ranks holding the same experts (their gradients already
+hold every EP rank's tokens: the dispatcher brought them there).
 """
 
 from __future__ import annotations
@@ -17,34 +23,83 @@ import torch.distributed as dist
 
 from ringzero.engines.megatron.convert import gather_hybrid, routing_buffers, to_megatron
 from ringzero.errors import RingzeroError
+from ringzero.parallel.grads import sync_grads
 from ringzero.stages.optimizer import TrainOptimizer
+
+
+def is_expert(p: torch.nn.Parameter) -> bool:
+    """A routed expert's weight under expert parallelism (megatron's mark: not all-reduced over DP)."""
+    return not getattr(p, "allreduce", True)
+
+
+@torch.no_grad()
+def sum_over(params: list[torch.nn.Parameter], group) -> None:
+    """Sum ``params``' gradients over ``group`` (one flat all-reduce per dtype; no gradient: zeros)."""
+    for p in params:  # zeros as sync_grads gives: AdamW then steps (decays) it as the torch engine does
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+    if not params or dist.get_world_size(group) == 1:
+        return
+    by_dtype: dict[torch.dtype, list[torch.nn.Parameter]] = {}
+    for p in params:
+        by_dtype.setdefault(p.grad.dtype, []).append(p)
+    for dtype, bucket in by_dtype.items():
+        flat = torch.cat([p.grad.reshape(-1) for p in bucket]).to(torch.float32 if dtype.itemsize < 4 else dtype)
+        dist.all_reduce(flat, group=group)
+        offset = 0
+        for p in bucket:
+            n = p.grad.numel()
+            p.grad.copy_(flat[offset:offset + n].view_as(p.grad))
+            offset += n
 
 
 class ShardedTrainOptimizer(TrainOptimizer):
     def __init__(self, model, settings, total_steps: int, schedule: str = "cosine"):
         super().__init__(model, settings, total_steps, schedule)
-        self.tp_group = None
-        if model.tp_size > 1:
-            from megatron.core import parallel_state
+        from megatron.core import parallel_state
 
+        self.tp_group = self.expert_group = self.expert_dp_group = None
+        if model.tp_size > 1:
             self.tp_group = parallel_state.get_tensor_model_parallel_group()
+        self.ep_size = getattr(model, "ep_size", 1)
+        if self.ep_size > 1:
+            self.expert_group = parallel_state.get_expert_tensor_and_model_parallel_group()
+            self.expert_dp_group = parallel_state.get_expert_data_parallel_group()
         self.names = [n for n, p in model.named_parameters() if p.requires_grad]
         self.split = [bool(getattr(p, "tensor_model_parallel", False)) for p in self.params]
+        self.expert = [is_expert(p) for p in self.params]
+
+    def reduce_grads(self, groups) -> None:
+        """Sum the gradients over the ``dp_cp`` ranks, the routed experts' over the ranks holding the
+        same experts (megatron's expert-data-parallel group)."""
+        shared = [p for p, e in zip(self.params, self.expert, strict=True) if not e]
+        experts = [p for p, e in zip(self.params, self.expert, strict=True) if e]
+        sync_grads(shared, groups)
+        self.reduce_expert_grads(experts, groups)
+
+    def reduce_expert_grads(self, params: list[torch.nn.Parameter], groups) -> None:
+        if params:
+            sum_over(params, self.expert_dp_group)
 
     # -- the step ----------------------------------------------------------------------------------
 
     def clip_grads(self, grads: list[torch.Tensor]) -> float:
-        with_grad = [(m, s) for m, s in zip(self.master, self.split, strict=True) if m.grad is not None]
-        if not with_grad:
+        kinds = [2 if e else (0 if s else 1) for s, e in zip(self.split, self.expert, strict=True)]
+        with_grad = [(m, k) for m, k in zip(self.master, kinds, strict=True) if m.grad is not None]
+        if not with_grad and self.expert_group is None:
             return 0.0
-        device = with_grad[0][0].grad.device
-        squares = torch.zeros(2, dtype=torch.float64, device=device)  # [split, replicated]
-        for m, split in with_grad:
-            squares[0 if split else 1] += m.grad.detach().double().pow(2).sum()
+        device = with_grad[0][0].grad.device if with_grad else torch.device("cpu")
+        squares = torch.zeros(3, dtype=torch.float64, device=device)  # [TP-split, replicated, routed experts]
+        for m, kind in with_grad:
+            squares[kind] += m.grad.detach().double().pow(2).sum()
         if self.tp_group is not None:
             split_sum = squares[:1].clone()
             dist.all_reduce(split_sum, group=self.tp_group)
             squares[0] = split_sum[0]
+        if self.expert_group is not None:
+            expert_sum = squares[2:].clone()
+            dist.all_reduce(expert_sum, group=self.expert_group)
+            squares[2] = expert_sum[0]
         norm = float(squares.sum().sqrt())
         clip = self.settings.grad_clip
         if norm == norm and norm != float("inf") and clip and norm > clip:
@@ -60,7 +115,8 @@ class ShardedTrainOptimizer(TrainOptimizer):
         return gather_hybrid(local, self.model)
 
     def _scatter(self, full: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        return to_megatron(full, self.model.cfg, self.model.tp_rank, self.model.tp_size)
+        m = self.model
+        return to_megatron(full, m.cfg, m.tp_rank, m.tp_size, getattr(m, "ep_rank", 0), self.ep_size)
 
     def _local_masters(self) -> dict[str, torch.Tensor]:
         return {n: m.detach() for n, m in zip(self.names, self.master, strict=True)}
@@ -116,10 +172,12 @@ class ShardedTrainOptimizer(TrainOptimizer):
         return tensors, meta
 
     def _all_have(self, mine: bool) -> bool:
-        if self.tp_group is None:
+        """Whether every rank of the gather's groups (TP, and EP for the experts) has the tensors."""
+        group = self.expert_group if self.expert_group is not None else self.tp_group
+        if group is None:
             return mine
         flag = torch.tensor([1 if mine else 0])
-        dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self.tp_group)
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=group)
         return bool(flag.item())
 
     def load_state(self, tensors: dict[str, torch.Tensor], meta: dict) -> None:
