@@ -47,7 +47,7 @@ def open_run(args):
     # torchrun stops the other ranks of a failed job with SIGTERM: exit through Python, so the stage
     # lease and open files are released rather than left behind.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
-    runtime = from_env(cfg.parallel, cfg.run.device, tp=cfg.engines.training.tp)
+    runtime = from_env(cfg.parallel, cfg.run.device, tp=cfg.engines.training.tp, ep=cfg.engines.training.ep)
     run_dir = Path(cfg.run.run_dir)
     quiet_for_rank(runtime.rank)
     attach_run_log(run_dir, rank=runtime.rank)

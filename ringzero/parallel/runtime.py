@@ -115,9 +115,10 @@ def single(device: str | torch.device = "cpu") -> Runtime:
     return Runtime(device=torch.device(device), dims=ParallelDims(dp=1, cp=1, world_size=1))
 
 
-def from_env(parallel, device: DeviceSetting = "auto", env: dict[str, str] | None = None, tp: int = 1) -> Runtime:
+def from_env(parallel, device: DeviceSetting = "auto", env: dict[str, str] | None = None, tp: int = 1,
+             ep: int = 1) -> Runtime:
     """The runtime torchrun's environment describes, with ``parallel`` (a ``ParallelConfig``) and the
-    training engine's ``tp`` checked against its world size. Joins the default process group once when
+    training engine's ``tp`` (and ``ep``, carved out of the dp ranks) checked against its world size. Joins the default process group once when
     there is more than one rank."""
     env = os.environ if env is None else env
     world = int(env.get("WORLD_SIZE", "1"))
@@ -130,7 +131,7 @@ def from_env(parallel, device: DeviceSetting = "auto", env: dict[str, str] | Non
             f"{need} ranks, but the job has WORLD_SIZE={world}: start it with --nproc {need} or set the degrees "
             f"so that their product is {world}"
         )
-    dims = ParallelDims.from_config(parallel, world, tp)
+    dims = ParallelDims.from_config(parallel, world, tp, ep)
     dev = resolve_device(device, local_rank)
     if world == 1:
         return Runtime(device=dev, dims=dims)
