@@ -69,7 +69,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--arms", default="sg_clip_is,ppo_clip,tis,seq_is,masked_is,icepop," + ROLLBACK_ARM,
                    help=f"comma-separated, of {','.join([*ARMS, ROLLBACK_ARM])}")
     p.add_argument("--rollouts", default="bf16,fp32-islands", help="rollout precision policies to run")
-    p.add_argument("--rollback-limit", type=float, default=0.01, help="gap/ratio/max that triggers the rollback arm")
+    p.add_argument("--rollback-limit", type=float, default=0.02, help="gap/ratio/max that triggers the rollback arm")
     p.add_argument("--write", action="store_true", help="write the table into BENCHMARKS.md")
     return p.parse_args()
 

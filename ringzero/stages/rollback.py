@@ -10,7 +10,7 @@ remedy before the step is run again:
   seed (a different batch), the stage's other steps keep theirs;
 - ``lower_lr``: the peak learning rate is multiplied by ``lr_factor`` from then on;
 - ``raise_precision``: the rollout engine is rebuilt under the next precision policy (bf16 ->
-  fp32-islands -> fp32) and receives the restored weights.
+  fp32-islands -> fp32), never past the trainer's own, and receives the restored weights.
 
 The good state is an in-memory snapshot (on the CPU) of the fp32 master weights with buffers, the
 optimizer state (Adam moments, master copies, step counters) and the loop's counters (step, stop
@@ -168,7 +168,14 @@ class Rollback:
             self.lr_scale *= self.settings.lr_factor
             apply_lr_scale(rl.optimizer, rl.base_lr, self.lr_scale)
             return f"peak lr {rl.base_lr * self.lr_scale:.6g} (x{self.lr_scale:g})"
-        current = rl.rollout_policy.name()
+        current, trainer = rl.rollout_policy.name(), rl.cfg.precision.train.name()
+        order = ["bf16", *PRECISION_LADDER.values()]
+        if current in order and trainer in order and order.index(current) >= order.index(trainer):
+            # A rollout above the trainer's policy widens the gap (its numbers move away from the trainer's);
+            # at equal policies what is left is kernel order, which no precision switch removes.
+            raise RingzeroError(f"rollback: remedy raise_precision: the rollout already runs {current!r}, the "
+                                f"trainer runs {trainer!r}; a higher rollout precision would not bring them closer "
+                                "(use skip_batch or lower_lr, or a looser rollback.on threshold)")
         target = PRECISION_LADDER.get(current)
         if target is None:
             raise RingzeroError(f"rollback: remedy raise_precision has no policy above the rollout's {current!r} "

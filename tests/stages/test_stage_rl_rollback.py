@@ -144,6 +144,12 @@ def test_raise_precision_rebuilds_the_rollout_engine(tmp_path, monkeypatch):
     assert outcome.extra["rollbacks"][0]["detail"] == "rollout precision bf16 -> fp32-islands"
 
 
+def test_raise_precision_stops_at_the_trainers_policy(tmp_path, monkeypatch):
+    Spy(monkeypatch, nan={0})
+    with pytest.raises(RingzeroError, match="the rollout already runs 'fp32', the trainer runs 'fp32'"):
+        run_stage(tmp_path, precision={"train": "fp32", "rollout": "fp32"}, rollback={"remedy": "raise_precision"})
+
+
 def test_a_persisting_perturbation_exhausts_max_rollbacks_and_names_every_trigger(tmp_path, monkeypatch):
     spy = Spy(monkeypatch, noise=range(1, 100))
     with pytest.raises(RingzeroError) as err:
