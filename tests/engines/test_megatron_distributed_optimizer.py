@@ -16,26 +16,18 @@ pytest.importorskip("megatron.core")
 from megatron_stage_jobs import run_engine  # noqa: E402
 from test_megatron_stage import assert_same  # noqa: E402
 
-from ringzero.parallel.launch import RankPool  # noqa: E402
-
 pytestmark = [pytest.mark.distributed, pytest.mark.slow, pytest.mark.xdist_group("megatron-stage")]
 
 
 @pytest.fixture(scope="module")
-def pool():
-    with RankPool(2, timeout_s=300) as two:
-        yield two
-
-
-@pytest.fixture(scope="module")
-def sharded(pool, tmp_path_factory):
+def sharded(two_ranks, tmp_path_factory):
     root = tmp_path_factory.mktemp("dist-opt")
-    return pool.run(run_engine, "megatron", 1, f"file://{root}/store", 2, False, True, True)[0]
+    return two_ranks.run(run_engine, "megatron", 1, f"file://{root}/store", 2, False, True, True)[0]
 
 
-def test_it_trains_like_the_torch_engine_and_the_megatron_optimizer(pool, sharded, tmp_path):
-    torch_run = pool.run(run_engine, "torch", 1, f"file://{tmp_path}/torch", 2)[0]
-    megatron_run = pool.run(run_engine, "megatron", 1, f"file://{tmp_path}/megatron", 2)[0]
+def test_it_trains_like_the_torch_engine_and_the_megatron_optimizer(two_ranks, sharded, tmp_path):
+    torch_run = two_ranks.run(run_engine, "torch", 1, f"file://{tmp_path}/torch", 2)[0]
+    megatron_run = two_ranks.run(run_engine, "megatron", 1, f"file://{tmp_path}/megatron", 2)[0]
     assert sharded["trained"] == "MegatronLM"
     assert torch_run["rl_steps"][0]["metrics"]["loss/total"] != 0.0
     assert_same(torch_run, sharded, "distributed optimizer vs torch dp=2")

@@ -14,27 +14,19 @@ pytest.importorskip("megatron.core")
 from megatron_stage_jobs import MOE, run_engine, run_engine_experts_summed_over_dp  # noqa: E402
 from test_megatron_stage import assert_same  # noqa: E402
 
-from ringzero.parallel.launch import RankPool  # noqa: E402
-
 pytestmark = [pytest.mark.distributed, pytest.mark.slow, pytest.mark.xdist_group("megatron-stage")]
 
 
 @pytest.fixture(scope="module")
-def pool():
-    with RankPool(2, timeout_s=300) as two:
-        yield two
-
-
-@pytest.fixture(scope="module")
-def torch_dp2(pool, tmp_path_factory):
+def torch_dp2(two_ranks, tmp_path_factory):
     store = f"file://{tmp_path_factory.mktemp('torch-moe-dp2')}/store"
-    return pool.run(run_engine, "torch", 1, store, dp=2, moe=True)[0]
+    return two_ranks.run(run_engine, "torch", 1, store, dp=2, moe=True)[0]
 
 
 @pytest.fixture(scope="module")
-def megatron_ep2(pool, tmp_path_factory):
+def megatron_ep2(two_ranks, tmp_path_factory):
     store = f"file://{tmp_path_factory.mktemp('megatron-ep2')}/store"
-    return pool.run(run_engine, "megatron", 1, store, dp=2, moe=True, ep=2)[0]
+    return two_ranks.run(run_engine, "megatron", 1, store, dp=2, moe=True, ep=2)[0]
 
 
 def test_each_rank_holds_half_the_routed_experts(megatron_ep2):
@@ -58,9 +50,9 @@ def test_megatron_ep2_trains_like_the_torch_engine_at_dp2(torch_dp2, megatron_ep
     assert_same(torch_dp2, megatron_ep2, "megatron dp=2 ep=2")
 
 
-def test_expert_gradients_summed_over_every_dp_rank_fail_the_comparison(torch_dp2, pool, tmp_path):
-    bad = pool.run(run_engine_experts_summed_over_dp, "megatron", 1, f"file://{tmp_path}/store", dp=2, moe=True,
-                   ep=2)[0]
+def test_expert_gradients_summed_over_every_dp_rank_fail_the_comparison(torch_dp2, two_ranks, tmp_path):
+    bad = two_ranks.run(run_engine_experts_summed_over_dp, "megatron", 1, f"file://{tmp_path}/store", dp=2, moe=True,
+                        ep=2)[0]
     # every EP rank's expert j is another expert: the sum mixes experts 0 and 2 (1 and 3), already in pretraining
     with pytest.raises(AssertionError, match=r"pretrained layers\.1\.mlp\.experts\."):
         assert_same(torch_dp2, bad, "experts summed over dp")

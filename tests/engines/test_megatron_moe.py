@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.distributed as dist
 
 pytest.importorskip("megatron.core")
 
@@ -19,7 +18,6 @@ from ringzero.engines.megatron.convert import from_megatron, to_megatron  # noqa
 from ringzero.errors import RingzeroError  # noqa: E402
 from ringzero.model.config import PrecisionPolicy  # noqa: E402
 from ringzero.model.routing import capture_routing  # noqa: E402
-from ringzero.parallel.launch import RankPool  # noqa: E402
 
 FP32 = PrecisionPolicy.model_validate("fp32")
 SHAPE = (2, 16)  # [B, S]: 32 tokens per MoE layer
@@ -37,24 +35,6 @@ def _assert_parity(report: dict) -> None:
     for layer, r in report["routing"].items():
         assert r["agree"] == r["tokens"] == SHAPE[0] * SHAPE[1], f"layer {layer}: experts differ: {r}"
         assert r["experts_used"] == r["experts"], f"layer {layer}: an expert got no token, untested: {r}"
-
-
-@pytest.fixture
-def one_rank(tmp_path):
-    """A one-rank gloo group and megatron's parallel state at TP = 1 in this process."""
-    from megatron.core import parallel_state
-
-    torch.set_num_threads(1)
-    made = not dist.is_initialized()
-    if made:
-        dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
-    parallel_state.initialize_model_parallel(tensor_model_parallel_size=1)
-    try:
-        yield
-    finally:
-        parallel_state.destroy_model_parallel()
-        if made:
-            dist.destroy_process_group()
 
 
 def test_routing_biases_steer_the_choice():
@@ -77,12 +57,6 @@ def test_routing_biases_steer_the_choice():
 @pytest.mark.parametrize("tie", [False, True])
 def test_tp1_equals_hybrid(one_rank, tie):
     _assert_parity(parity(tiny_moe_config(tie=tie), shape=SHAPE))
-
-
-@pytest.fixture(scope="module")
-def two_ranks():
-    with RankPool(2, timeout_s=300) as pool:
-        yield pool
 
 
 @pytest.mark.distributed

@@ -7,13 +7,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.distributed as dist
 
 pytest.importorskip("megatron.core")
 
 from megatron_kit import parity, parity_job, tiny_config  # noqa: E402
-
-from ringzero.parallel.launch import RankPool  # noqa: E402
 
 CASES = [
     pytest.param(dict(q_lora_rank=None, rope_interleave=True, tie=False), id="q-full-interleaved"),
@@ -29,33 +26,9 @@ def _assert_parity(report: dict) -> None:
     assert report["state_round_trip"], "hybrid_state(MegatronLM) differs from the weights loaded"
 
 
-@pytest.fixture
-def one_rank(tmp_path):
-    """A one-rank gloo group and megatron's parallel state at TP = 1 in this process."""
-    from megatron.core import parallel_state
-
-    torch.set_num_threads(1)
-    made = not dist.is_initialized()
-    if made:
-        dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
-    parallel_state.initialize_model_parallel(tensor_model_parallel_size=1)
-    try:
-        yield
-    finally:
-        parallel_state.destroy_model_parallel()
-        if made:
-            dist.destroy_process_group()
-
-
 @pytest.mark.parametrize("case", CASES)
 def test_tp1_equals_hybrid(one_rank, case):
     _assert_parity(parity(tiny_config(**case)))
-
-
-@pytest.fixture(scope="module")
-def two_ranks():
-    with RankPool(2, timeout_s=120) as pool:
-        yield pool
 
 
 @pytest.mark.distributed

@@ -212,18 +212,24 @@ def routing_buffers(model) -> dict[str, torch.Tensor]:
 
 
 @torch.no_grad()
-def load_hybrid_state_(model, state: dict[str, torch.Tensor]) -> None:
-    """Copy a full HybridLM state dict into ``model`` (a MegatronLM): this rank's shard of each tensor."""
-    shard = to_megatron(state, model.cfg, model.tp_rank, model.tp_size, model.ep_rank, model.ep_size)
+def load_hybrid_state_(model, state: dict[str, torch.Tensor], source: str = "HybridLM state") -> dict:
+    """Copy a full HybridLM state dict into ``model`` (a MegatronLM): this rank's shard of each parameter
+    and routing bias, cast to its dtype. Returns the shard (megatron names), for callers that keep
+    fp32 masters of it."""
+    try:
+        shard = to_megatron(state, model.cfg, model.tp_rank, model.tp_size, model.ep_rank, model.ep_size)
+    except (KeyError, ValueError, RuntimeError) as exc:
+        raise RingzeroError(f"{source}: cannot load into the megatron model: {exc}") from exc
     params = _local_tensors(model)
     missing, unexpected = sorted(set(params) - set(shard)), sorted(set(shard) - set(params))
     wrong = [f"{n} {list(shard[n].shape)} vs {list(p.shape)}" for n, p in params.items()
              if n in shard and shard[n].shape != p.shape]
     if missing or unexpected or wrong:
-        raise RingzeroError(f"HybridLM state does not fit MegatronLM: missing {missing}, unexpected "
-                            f"{unexpected}, mis-shaped {wrong}")
+        raise RingzeroError(f"{source} does not fit this rank's MegatronLM shard: missing {missing[:5]}, "
+                            f"unexpected {unexpected[:5]}, mis-shaped {wrong[:5]}")
     for name, p in params.items():
-        p.copy_(shard[name])
+        p.copy_(shard[name].to(p.dtype))
+    return shard
 
 
 def _gather_experts(local: dict[str, torch.Tensor], model) -> dict[str, torch.Tensor]:

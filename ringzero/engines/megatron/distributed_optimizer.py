@@ -36,7 +36,7 @@ import math
 import torch
 import torch.distributed as dist
 
-from ringzero.engines.megatron.convert import gather_hybrid, routing_buffers, to_megatron
+from ringzero.engines.megatron.convert import gather_hybrid, load_hybrid_state_, routing_buffers, to_megatron
 from ringzero.errors import RingzeroError
 from ringzero.stages.optimizer import StepReport, lr_at
 
@@ -177,27 +177,12 @@ class MegatronDistributedOptimizer:
                              self.model)
 
     def load_weights(self, state: dict[str, torch.Tensor], source: str) -> None:
-        try:
-            local = self._scatter(state)
-        except (KeyError, ValueError, RuntimeError) as exc:
-            raise RingzeroError(f"{source}: cannot load into the megatron model: {exc}") from exc
-        params = dict(self.model.named_parameters())
-        missing = sorted(set(params) - set(local))
-        if missing:
-            raise RingzeroError(f"{source}: no tensor for megatron parameters {missing[:5]}")
+        local = load_hybrid_state_(self.model, state, source)
         with torch.no_grad():
-            for name, p in params.items():
-                if tuple(local[name].shape) != tuple(p.shape):
-                    raise RingzeroError(f"{source}: {name} has shape {tuple(local[name].shape)}, this rank's "
-                                        f"shard is {tuple(p.shape)}")
-                p.copy_(local[name].to(p.dtype))
+            for name, p in self.model.named_parameters():
                 if p in self.owner:  # the fp32 main shard gets the given values, not their casts
                     start, end = self._range(p)
                     self._main(p).copy_(local[name].reshape(-1)[start:end].to(torch.float32))
-            for name, buf in routing_buffers(self.model).items():
-                if name not in local:
-                    raise RingzeroError(f"{source}: no routing bias for {name}")
-                buf.copy_(local[name])
 
     def state(self) -> tuple[dict[str, torch.Tensor], dict]:
         """Adam moments (gathered from every data-parallel shard) and master weights per HybridLM name."""

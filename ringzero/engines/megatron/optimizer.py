@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from ringzero.engines.megatron.convert import gather_hybrid, routing_buffers, to_megatron
+from ringzero.engines.megatron.convert import gather_hybrid, load_hybrid_state_, routing_buffers, to_megatron
 from ringzero.errors import RingzeroError
 from ringzero.parallel.grads import sync_grads
 from ringzero.stages.optimizer import TrainOptimizer
@@ -126,25 +126,9 @@ class ShardedTrainOptimizer(TrainOptimizer):
         return self._gather({**self._local_masters(), **routing_buffers(self.model)})
 
     def load_weights(self, state: dict[str, torch.Tensor], source: str) -> None:
-        try:
-            local = self._scatter(state)
-        except (KeyError, ValueError, RuntimeError) as exc:
-            raise RingzeroError(f"{source}: cannot load into the megatron model: {exc}") from exc
-        params = dict(self.model.named_parameters())
-        missing = sorted(set(params) - set(local))
-        if missing:
-            raise RingzeroError(f"{source}: no tensor for megatron parameters {missing[:5]}")
-        with torch.no_grad():
-            for name, p in params.items():
-                if tuple(local[name].shape) != tuple(p.shape):
-                    raise RingzeroError(f"{source}: {name} has shape {tuple(local[name].shape)}, this rank's "
-                                        f"shard is {tuple(p.shape)}")
-                p.copy_(local[name].to(p.dtype))
-            for name, buf in routing_buffers(self.model).items():  # never trained, but they route
-                if name not in local:
-                    raise RingzeroError(f"{source}: no routing bias for {name}")
-                buf.copy_(local[name])
-            if self.needs_master:
+        local = load_hybrid_state_(self.model, state, source)
+        if self.needs_master:  # the given fp32 values, not their casts to the body dtype
+            with torch.no_grad():
                 for name, m in zip(self.names, self.master, strict=True):
                     m.copy_(local[name].to(m.dtype))
 
