@@ -72,11 +72,6 @@ class TrainingEngine(StrictModel):
             if self.pp > 1:
                 problems.append(f"pp: {self.pp}: pipeline parallelism is not wired into ringzero's stage loop (its "
                                 "forward runs the whole layer stack on every rank); use pp: 1")
-            if self.ep > 1 and self.distributed_optimizer:
-                problems.append(f"ep: {self.ep} with distributed_optimizer: megatron's distributed optimizer is "
-                                "not wired for expert parallelism here (its full-tensor gathers sum shards over "
-                                "the data-parallel group, the routed experts live on their expert-data-parallel "
-                                "group); use distributed_optimizer: false or ep: 1")
         if problems:
             raise ValueError("; ".join(problems))
         return self
@@ -235,12 +230,33 @@ def _megatron_moe_problems(cfg: RunConfig) -> list[str]:
     return problems
 
 
+def _megatron_cp_problems(cfg: RunConfig) -> list[str]:
+    """Context parallelism in megatron layers: MLA all-to-all over heads, Lightning all-gather of states,
+    on the zigzag shards megatron's MLA ropes."""
+    p, m, tp, problems = cfg.parallel, cfg.model, cfg.engines.training.tp, []
+    if p.sharding != "zigzag":
+        problems.append(f"engines.training.kind megatron: parallel.cp = {p.cp} needs parallel.sharding: zigzag "
+                        f"(got {p.sharding}): megatron's MLA ropes each CP rank's chunks r and 2 cp - 1 - r")
+    if p.cp_plan.mla != "a2a" or p.cp_plan.lightning != "allgather":
+        problems.append(f"engines.training.kind megatron: parallel.cp_plan must be mla: a2a, lightning: allgather "
+                        f"(got mla: {p.cp_plan.mla}, lightning: {p.cp_plan.lightning}): those are the strategies "
+                        "the megatron layers implement")
+    if m.num_attention_heads % tp == 0 and (m.num_attention_heads // tp) % p.cp:
+        problems.append(f"parallel.cp: {p.cp} does not divide the {m.num_attention_heads // tp} heads of each "
+                        f"tensor-parallel rank (model.num_attention_heads / engines.training.tp): MLA's "
+                        "all-to-all gives each CP rank whole heads")
+    if cfg.engines.training.ep > 1:
+        problems.append(f"engines.training.ep: {cfg.engines.training.ep} with parallel.cp = {p.cp} is not "
+                        "implemented: megatron folds the CP ranks into the expert-data-parallel groups")
+    return problems
+
+
 def megatron_problems(cfg: RunConfig) -> list[str]:
     """What the megatron engine cannot train yet, or cannot split as asked."""
     tp, m, problems = cfg.engines.training.tp, cfg.model, []
-    if cfg.parallel.cp > 1:
-        problems.append(f"engines.training.kind megatron: parallel.cp = {cfg.parallel.cp}: ringzero's CP attention "
-                        "is not wired into the megatron layers yet; use cp: 1 (or kind: torch for dp x cp)")
+    cp = cfg.parallel.cp
+    if cp > 1:
+        problems += _megatron_cp_problems(cfg)
     if cfg.precision.deterministic:
         problems.append("engines.training.kind megatron: precision.deterministic decodes with the torch engine's "
                         "batch-invariant forward, which megatron's kernels do not reproduce bit for bit")

@@ -222,3 +222,16 @@ class HeadsToSeq(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g_BSHD):
         return seq_to_heads(g_BSHD, ctx.group, ctx.rec, backward=True), None, None
+
+
+class SeqToHeads(torch.autograd.Function):
+    """Autograd all-to-all from sequence shards to head shards (``seq_to_heads``); the backward goes back."""
+
+    @staticmethod
+    def forward(ctx, x_BSHD, group, rec):
+        ctx.group, ctx.rec = group, rec
+        return seq_to_heads(x_BSHD, group, rec, backward=False)
+
+    @staticmethod
+    def backward(ctx, g_BThD):
+        return heads_to_seq(g_BThD, ctx.group, ctx.rec, backward=True), None, None

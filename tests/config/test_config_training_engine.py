@@ -32,6 +32,11 @@ def test_megatron_with_tensor_parallel_validates():
     assert (cfg.engines.training.kind, cfg.engines.training.tp) == ("megatron", 2)
 
 
+def test_megatron_takes_context_parallelism_on_zigzag_shards():
+    cfg = parse_config(with_engine({"kind": "megatron", "tp": 2}, parallel={"cp": 2, "sharding": "zigzag"}), "t.yaml")
+    assert (cfg.parallel.cp, cfg.engines.training.tp) == (2, 2)
+
+
 def test_megatron_takes_the_distributed_optimizer():
     cfg = parse_config(with_engine({"kind": "megatron", "tp": 2, "distributed_optimizer": True}), "t.yaml")
     assert cfg.engines.training.distributed_optimizer
@@ -43,7 +48,11 @@ def test_megatron_takes_the_distributed_optimizer():
     ({"kind": "megatron", "pp": 2}, {}, "pp: 2: pipeline parallelism is not wired"),
     ({"kind": "megatron", "ep": 2}, {"parallel": {"dp": 2, "cp": 1}}, "engines.training.ep: 2: the model has no MoE"),
     ({"kind": "megatron", "tp": 3}, {}, "tp: 3 does not divide model.num_attention_heads (4)"),
-    ({"kind": "megatron"}, {"parallel": {"dp": 1, "cp": 2}}, "parallel.cp = 2"),
+    ({"kind": "megatron"}, {"parallel": {"dp": 1, "cp": 2}}, "parallel.cp = 2 needs parallel.sharding: zigzag"),
+    ({"kind": "megatron"}, {"parallel": {"cp": 2, "sharding": "zigzag", "cp_plan": {"mla": "ring"}}},
+     "parallel.cp_plan must be mla: a2a, lightning: allgather (got mla: ring"),
+    ({"kind": "megatron", "tp": 4}, {"parallel": {"cp": 2, "sharding": "zigzag"}},
+     "parallel.cp: 2 does not divide the 1 heads of each tensor-parallel rank"),
     ({"kind": "megatron"}, {"precision": {"train": "fp32", "rollout": "fp32", "deterministic": True}},
      "precision.deterministic"),
     ({"kind": "megatron", "tp": 0}, {}, "engines.training.tp"),
@@ -74,8 +83,10 @@ def test_megatron_refuses_what_its_moe_cannot_express(moe, expected):
     assert expected in problems(data)
 
 
-def test_megatron_splits_experts_over_ep_ranks_of_dp():
-    data = with_engine({"kind": "megatron", "ep": 2}, parallel={"dp": 2, "cp": 1})
+@pytest.mark.parametrize("distributed_optimizer", [False, True])
+def test_megatron_splits_experts_over_ep_ranks_of_dp(distributed_optimizer):
+    data = with_engine({"kind": "megatron", "ep": 2, "distributed_optimizer": distributed_optimizer},
+                       parallel={"dp": 2, "cp": 1})
     data["model"].update(MOE)
     cfg = parse_config(data, "t.yaml")
     assert (cfg.engines.training.ep, cfg.parallel.dp) == (2, 2)
@@ -84,11 +95,13 @@ def test_megatron_splits_experts_over_ep_ranks_of_dp():
 @pytest.mark.parametrize("training, dp, expected", [
     ({"kind": "megatron", "ep": 2}, 3, "engines.training.ep: 2 does not divide parallel.dp (3)"),
     ({"kind": "megatron", "ep": 3}, 3, "engines.training.ep: 3 does not divide model.num_experts (4)"),
-    ({"kind": "megatron", "ep": 2, "distributed_optimizer": True}, 2, "ep: 2 with distributed_optimizer"),
     ({"kind": "torch", "ep": 2}, 2, "ep: 2 is a megatron degree"),
+    ({"kind": "megatron", "ep": 2, "cp": 2}, 2, "ep: 2 with parallel.cp = 2 is not implemented"),
 ])
 def test_expert_parallelism_is_refused_where_it_cannot_split(training, dp, expected):
-    data = with_engine(training, parallel={"dp": dp, "cp": 1})
+    training = dict(training)
+    cp = training.pop("cp", 1)
+    data = with_engine(training, parallel={"dp": dp, "cp": cp, "sharding": "zigzag"})
     data["model"].update(MOE)
     assert expected in problems(data)
 

@@ -145,3 +145,74 @@ def parity_job(ctx, cfg: ModelConfig, tp: int, shape: tuple[int, int] = (2, 9)) 
         return parity(cfg, shape=shape)
     finally:
         parallel_state.destroy_model_parallel()
+
+
+def cp_parity(cfg: ModelConfig, seed: int = 0, shape: tuple[int, int] = (2, 11), policy: str = "fp32") -> dict:
+    """MegatronLM under context parallelism (megatron's parallel state set up by the caller with cp > 1)
+    vs HybridLM on the whole sequence, identical weights: each CP rank takes its zigzag shard of the input
+    columns with their global positions (layout padding at -1), scores its next tokens, and the
+    gradients of the loss summed over its tokens are summed over the CP group (then gathered over TP).
+    Returns ``compare`` records of the log-probs (the whole ``[B, W]`` grid) and of every gradient, and
+    the comm ledger's calls."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+
+    from ringzero.engines.megatron import cpu_shim
+    from ringzero.engines.megatron.convert import hybrid_grads, load_hybrid_state_
+    from ringzero.engines.megatron.model import MegatronLM
+    from ringzero.parallel.sharding import SeqLayout
+
+    torch.set_num_threads(1)
+    cpu_shim.apply()
+    model_parallel_cuda_manual_seed(seed)
+    pol = PrecisionPolicy.model_validate(policy)
+    dtype = torch.float64 if policy == "fp64" else torch.float32
+    ref = random_hybrid(cfg, pol, seed)
+    mlm = MegatronLM(cfg, pol)
+    load_hybrid_state_(mlm, ref.state_dict())
+    gen = torch.Generator().manual_seed(seed + 1)
+    ids = torch.randint(0, cfg.vocab_size, shape, generator=gen)
+    inputs, targets = ids[:, :-1], ids[:, 1:]
+    weights = torch.randn(targets.shape, generator=gen, dtype=dtype)
+    lp_ref = token_logprobs(ref(inputs), targets)
+    (lp_ref * weights).sum().backward()
+
+    cp, me = parallel_state.get_context_parallel_world_size(), parallel_state.get_context_parallel_rank()
+    group = parallel_state.get_context_parallel_group()
+    width = inputs.shape[1]
+    layout = SeqLayout(width, cp, "zigzag")
+    columns = layout.position_list(me)
+    positions = torch.tensor([c if c < width else -1 for c in columns])[None].expand(shape[0], -1)
+    valid = torch.tensor([c < width for c in columns])
+    x = layout.shard(inputs, me, dim=1, pad_value=0)
+    y = layout.shard(targets, me, dim=1, pad_value=0)
+    w = layout.shard(weights, me, dim=1, pad_value=0.0)
+    lp = token_logprobs(mlm(x, positions), y)
+    (lp * w * valid).sum().backward()
+    for p in mlm.parameters():
+        if p.grad is not None:
+            dist.all_reduce(p.grad, group=group)
+    grid = torch.zeros(shape[0], layout.padded_len, dtype=lp.dtype)
+    grid[:, [c for c in columns]] = lp.detach()
+    dist.all_reduce(grid, group=group)
+    grads = hybrid_grads(mlm)
+    expected = {n: p.grad for n, p in ref.named_parameters()}
+    return {
+        "logprobs": compare(grid[:, :width], lp_ref.detach(), dtype),
+        "grads": {n: compare(grads[n], g, dtype) for n, g in expected.items()},
+        "missing_grads": sorted(set(expected) - set(grads)),
+        "calls": sorted({(c.layer_type, c.strategy) for c in mlm.ledger.calls}),
+    }
+
+
+def cp_parity_job(ctx, cfg: ModelConfig, tp: int, cp: int, shape: tuple[int, int] = (2, 11),
+                  policy: str = "fp32") -> dict:
+    """``cp_parity`` on a gloo rank of a pool of ``tp * cp`` ranks."""
+    from megatron.core import parallel_state
+
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, context_parallel_size=cp)
+    try:
+        return cp_parity(cfg, shape=shape, policy=policy)
+    finally:
+        parallel_state.destroy_model_parallel()

@@ -36,7 +36,7 @@ MOE = {"num_experts": 4, "num_experts_per_tok": 2, "n_group": 2, "topk_group": 1
 
 
 def micro_config(kind: str, tp: int, dp: int = 1, moe: bool = False, distributed_optimizer: bool = False,
-                 ep: int = 1):
+                 ep: int = 1, cp: int = 1):
     return parse_config({
         "run": {"name": "engines", "seed": 3, "device": "cpu"},
         "model": {"vocab_size": 64, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
@@ -44,7 +44,7 @@ def micro_config(kind: str, tp: int, dp: int = 1, moe: bool = False, distributed
                   "v_head_dim": 8, "head_dim": 8, "lightning_block_size": 8, "intermediate_size": 48,
                   "max_position_embeddings": 96, **(MOE if moe else {})},
         "precision": {"train": "fp32", "rollout": "fp32"},
-        "parallel": {"dp": dp, "cp": 1},
+        "parallel": {"dp": dp, "cp": cp, "sharding": "zigzag" if cp > 1 else "contiguous"},
         "engines": {"training": {"kind": kind, "tp": tp, "ep": ep, "distributed_optimizer": distributed_optimizer}},
         "task": {"kind": "arithmetic", "operation": "digitsum", "digits": 3, "eval_prompts": 4},
         "stages": [
@@ -56,8 +56,23 @@ def micro_config(kind: str, tp: int, dp: int = 1, moe: bool = False, distributed
     }, "engine-micro")
 
 
-def run_engine(ctx, kind: str, tp: int, store_root: str, dp: int = 1, moe: bool = False,
-               distributed_optimizer: bool = False, resume_check: bool = False, ep: int = 1) -> dict | None:
+def run_engine(ctx, *args, **kwargs) -> dict | None:
+    """``engine_record`` on a pool rank; megatron's parallel state is torn down after, so the next job on
+    the same pool may ask for another layout."""
+    try:
+        return engine_record(ctx, *args, **kwargs)
+    finally:
+        try:
+            from megatron.core import parallel_state
+        except ImportError:
+            pass
+        else:
+            parallel_state.destroy_model_parallel()
+
+
+def engine_record(ctx, kind: str, tp: int, store_root: str, dp: int = 1, moe: bool = False,
+                  distributed_optimizer: bool = False, resume_check: bool = False, ep: int = 1,
+                  cp: int = 1) -> dict | None:
     """Rank 0's record: pretrain losses and weights, per RL step its metrics and tokens, final RL weights
     (full tensors under HybridLM names, however the engine holds them).
 
@@ -65,12 +80,13 @@ def run_engine(ctx, kind: str, tp: int, store_root: str, dp: int = 1, moe: bool 
     rank's count of Adam moment elements after RL). ``resume_check``: also the RL optimizer's state loaded
     into a fresh optimizer of the same kind and one more identical pretraining step taken by both
     (``resumed``: the two final weight dicts and step reports). ``ep``: megatron's expert parallelism (the
-    record adds ``expert_shards``: every rank's expert parameter names and shapes as it holds them)."""
+    record adds ``expert_shards``: every rank's expert parameter names and shapes as it holds them). ``cp``:
+context parallelism on zigzag shards (the record adds ``cp_calls``: the strategies rank 0's layers ran)."""
     torch.set_num_threads(1)
-    world = dp * tp
-    dims = ParallelDims(dp=dp, cp=1, world_size=world, tp=tp, ep=ep)
+    world = dp * cp * tp
+    dims = ParallelDims(dp=dp, cp=cp, world_size=world, tp=tp, ep=ep)
     rt = Runtime(device=torch.device("cpu"), dims=dims, rank=ctx.rank, groups=ctx.groups(dims))
-    cfg = micro_config(kind, tp, dp, moe, distributed_optimizer, ep)
+    cfg = micro_config(kind, tp, dp, moe, distributed_optimizer, ep, cp)
     pre, rl_stage = cfg.stages
     task, tokenizer = task_and_tokenizer(cfg)
     engine = training_engine(cfg)
@@ -78,7 +94,7 @@ def run_engine(ctx, kind: str, tp: int, store_root: str, dp: int = 1, moe: bool 
                          schedule="cosine")
     windows = CorpusWindows(task, tokenizer, pre.seq_len, cfg.run.seed)
     losses = [lm_step(setup.model, windows.batch(s, pre.batch_size), rt, optimizer=setup.optimizer,
-                      micro_batch=pre.micro_batch).loss for s in range(pre.steps)]
+                      sharding=cfg.parallel.sharding, micro_batch=pre.micro_batch).loss for s in range(pre.steps)]
     pretrained = setup.optimizer.master_state_dict()
     store = one_writer(open_store(store_root), rt)
     with tempfile.TemporaryDirectory() as stage_dir:
@@ -106,7 +122,10 @@ def run_engine(ctx, kind: str, tp: int, store_root: str, dp: int = 1, moe: bool 
         torch.distributed.all_gather_object(shards, {"ep_rank": session.model.ep_rank, "experts": mine})
     if not rt.is_main:
         return None
-    return {"moment_elements": counts, "resumed": resumed, "expert_shards": shards,"pretrain_losses": losses, "pretrained": pretrained, "rl_steps": steps, "rl_weights": rl_weights,
+    ledger = getattr(session.model, "ledger", None)
+    calls = sorted({(c.layer_type, c.strategy) for c in ledger.calls}) if ledger is not None else None
+    return {"moment_elements": counts, "resumed": resumed, "expert_shards": shards, "cp_calls": calls,
+            "pretrain_losses": losses, "pretrained": pretrained, "rl_steps": steps, "rl_weights": rl_weights,
             "optim_keys": sorted(tensors), "optim_meta": meta, "trained": type(session.model).__name__,
             "tp_shard": tuple(session.model.word_embeddings.weight.shape)}
 
@@ -125,6 +144,13 @@ def _resume_round_trip(cfg, engine, rt, session, tensors, meta, windows) -> dict
         report = lm_step(setup_model, batch, rt, optimizer=optimizer, micro_batch=2).report
         out[label] = {"weights": optimizer.master_state_dict(), "lr": report.lr, "grad_norm": report.grad_norm}
     return out
+
+
+def assert_state_sharded(record: dict) -> None:
+    """Every trained element's Adam moments live on exactly one rank of the job (none replicated)."""
+    counts = record["moment_elements"]
+    total = sum(v.numel() for n, v in record["rl_weights"].items() if not n.endswith("expert_bias"))
+    assert sum(counts) == total and max(counts) < total, (counts, total)
 
 
 def run_engine_experts_summed_over_dp(ctx, *args, **kwargs) -> dict | None:

@@ -3,7 +3,9 @@ every MoE layer's routed experts, megatron's allgather dispatcher moves each ran
 ranks and back, and the expert gradients are summed over the ranks holding the same experts only. The
 MoE micro run then trains like the torch engine at dp = 2 (pretraining losses and weights, RL tokens,
 metrics and final weights, within the fp32 tolerances of ``test_megatron_stage``); summing the expert
-gradients over every DP rank instead (a negative control) does not."""
+gradients over every DP rank instead (a negative control) does not. With megatron's distributed
+optimizer the expert state is sharded over the expert-data-parallel group (here one rank) and the run
+trains the same."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ import pytest
 
 pytest.importorskip("megatron.core")
 
-from megatron_stage_jobs import MOE, run_engine, run_engine_experts_summed_over_dp  # noqa: E402
+from megatron_stage_jobs import MOE, assert_state_sharded, run_engine, run_engine_experts_summed_over_dp  # noqa: E402
 from test_megatron_stage import assert_same  # noqa: E402
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow, pytest.mark.xdist_group("megatron-stage")]
@@ -56,3 +58,12 @@ def test_expert_gradients_summed_over_every_dp_rank_fail_the_comparison(torch_dp
     # every EP rank's expert j is another expert: the sum mixes experts 0 and 2 (1 and 3), already in pretraining
     with pytest.raises(AssertionError, match=r"pretrained layers\.1\.mlp\.experts\."):
         assert_same(torch_dp2, bad, "experts summed over dp")
+
+
+def test_megatron_ep2_with_the_distributed_optimizer_trains_like_the_torch_engine(torch_dp2, two_ranks, tmp_path):
+    got = two_ranks.run(run_engine, "megatron", 1, f"file://{tmp_path}/store", dp=2, moe=True, ep=2,
+                        distributed_optimizer=True)[0]
+    assert got["rl_weights"].keys() == torch_dp2["rl_weights"].keys()
+    assert_same(torch_dp2, got, "megatron dp=2 ep=2 distributed optimizer")
+    # the dense parameters' moments are split over the two DP ranks, each rank's experts' are its own
+    assert_state_sharded(got)

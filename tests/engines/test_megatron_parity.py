@@ -10,7 +10,9 @@ import torch
 
 pytest.importorskip("megatron.core")
 
-from megatron_kit import parity, parity_job, tiny_config  # noqa: E402
+from megatron_kit import cp_parity_job, parity, parity_job, tiny_config  # noqa: E402
+
+from ringzero.parallel.launch import RankPool  # noqa: E402
 
 CASES = [
     pytest.param(dict(q_lora_rank=None, rope_interleave=True, tie=False), id="q-full-interleaved"),
@@ -40,9 +42,31 @@ def test_tp2_equals_hybrid(two_ranks, case):
         _assert_parity(report)
 
 
+@pytest.mark.distributed
+@pytest.mark.slow
+@pytest.mark.parametrize("case", CASES)
+def test_cp2_equals_hybrid(two_ranks, case):
+    """Context parallelism inside the megatron layers: zigzag shards of an odd length (layout padding),
+    MLA's all-to-all over heads and the Lightning all-gather of states, against HybridLM on the whole
+    sequence: log-probs on the global grid and every gradient (summed over CP) within fp32 tolerance."""
+    for report in two_ranks.run(cp_parity_job, tiny_config(**case), 1, 2):
+        _assert_parity({**report, "state_round_trip": True})
+        assert report["calls"] == [("lightning", "allgather"), ("mla", "a2a-heads")]
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_tp2_cp2_equals_hybrid():
+    """TP = 2 x CP = 2 on four ranks: 4 heads, 2 per TP rank, 1 per CP rank in MLA's all-to-all."""
+    cfg = tiny_config().model_copy(update={"num_attention_heads": 4})
+    with RankPool(4, timeout_s=300) as pool:
+        for report in pool.run(cp_parity_job, cfg, 2, 2):
+            _assert_parity({**report, "state_round_trip": True})
+
+
 def test_tp1_bf16_body_within_bf16_tolerance(one_rank):
-    """Under fp32-islands (bf16 body) the models round differently (megatron's QK^T runs in bf16 before
-    its fp32 softmax), so they agree at the bf16 tolerance only; the head stays fp32."""
+    """Under fp32-islands (bf16 body) the models round differently (megatron's projections and norms
+    are its own kernels), so they agree at the bf16 tolerance only; the head stays fp32."""
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
     from megatron_kit import random_hybrid, weighted_logprob_loss
 

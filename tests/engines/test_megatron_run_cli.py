@@ -1,6 +1,6 @@
 """`ringzero run` completes a staged run with `engines.training.kind: megatron` on the CPU, in one
-process (TP 1) and as a job of two ranks (TP 2); its checkpoints are Ling 2.5 folders the torch engine
-loads, and the two layouts end with the same weights."""
+process (TP 1) and as a job of two ranks (TP 2, and CP 2 on zigzag shards); its checkpoints are Ling 2.5
+folders the torch engine loads, and the layouts end with the same weights."""
 
 from __future__ import annotations
 
@@ -34,16 +34,21 @@ def run(tmp_path: Path, *extra: str) -> dict:
     return {"stderr": out.stderr, "store": s, "finals": finals}
 
 
-def test_megatron_runs_the_stages_at_tp1_and_tp2_to_the_same_weights(tmp_path):
+def stage1_weights(r: dict) -> dict:
+    [uri] = [u for u in r["finals"].values() if load_model(u, store=r["store"]).meta.get("stage") == "stage1"]
+    return load_model(uri, store=r["store"]).model.state_dict()
+
+
+def test_megatron_runs_the_stages_at_tp1_tp2_and_cp2_to_the_same_weights(tmp_path):
     one = run(tmp_path / "tp1")
     two = run(tmp_path / "tp2", "--nproc", "2", "--set", "engines.training.tp=2")
-    for r in (one, two):
+    cp = run(tmp_path / "cp2", "--nproc", "2", "--set", "parallel.cp=2", "--set", "parallel.sharding=zigzag")
+    for r in (one, two, cp):
         assert "stage.done" in r["stderr"] and r["stderr"].count("stage.done") >= 3
-    [rl1] = [u for u in one["finals"].values() if load_model(u, store=one["store"]).meta.get("stage") == "stage1"]
-    [rl2] = [u for u in two["finals"].values() if load_model(u, store=two["store"]).meta.get("stage") == "stage1"]
-    a = load_model(rl1, store=one["store"]).model.state_dict()
-    b = load_model(rl2, store=two["store"]).model.state_dict()
-    assert a.keys() == b.keys()
-    for name in a:
-        check = compare(b[name].float(), a[name].float(), torch.float32)
-        assert check["ok"], f"{name}: {check}"
+    a = stage1_weights(one)
+    for label, other in (("tp2", two), ("cp2", cp)):
+        b = stage1_weights(other)
+        assert a.keys() == b.keys()
+        for name in a:
+            check = compare(b[name].float(), a[name].float(), torch.float32)
+            assert check["ok"], f"{label} {name}: {check}"

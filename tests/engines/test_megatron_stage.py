@@ -1,6 +1,6 @@
 """The stage code trains the same under the megatron engine as under the torch engine: a micro run's
 pretraining losses and weights, its RL rollouts token for token, its losses and its final weights, at
-TP = 1 and TP = 2 (gloo ranks), and with a MoE layer at TP = 1, within the fp32 tolerance helper (the
+TP = 1 and TP = 2 and at CP = 2 (gloo ranks), and with a MoE layer at TP = 1, within the fp32 tolerance helper (the
 engines differ in kernels and summation order only); resume state is layout-free (full tensors under the
 model's names, the MoE routing biases included)."""
 
@@ -13,7 +13,7 @@ import torch
 
 pytest.importorskip("megatron.core")
 
-from megatron_stage_jobs import run_engine  # noqa: E402
+from megatron_stage_jobs import assert_state_sharded, run_engine  # noqa: E402
 
 from ringzero.model.tolerances import compare  # noqa: E402
 from ringzero.parallel.launch import RankPool  # noqa: E402
@@ -68,6 +68,20 @@ def test_megatron_trains_like_the_torch_engine(torch_run, pools, tmp_path, tp):
     # resume state by parameter name, full tensors: the same whatever the TP degree that wrote it
     assert got["optim_meta"]["layout"] == "hybrid-names"
     assert {k.split(".", 1)[1] for k in got["optim_keys"] if k.startswith("exp_avg.")} == set(got["rl_weights"])
+
+
+@pytest.mark.parametrize("distributed_optimizer", [False, True])
+def test_megatron_cp2_trains_like_the_torch_engine(torch_run, pools, tmp_path, distributed_optimizer):
+    """Context parallelism inside the megatron layers (MLA all-to-all over heads, Lightning all-gather of
+    states, zigzag shards) trains as the torch engine does on one rank; megatron's distributed optimizer
+    then shards the state over the two CP ranks."""
+    got = pools[2].run(run_engine, "megatron", 1, f"file://{tmp_path}/store", 1, False, distributed_optimizer,
+                       False, 1, 2)[0]
+    if distributed_optimizer:
+        assert_state_sharded(got)
+    assert got["trained"] == "MegatronLM"
+    assert got["cp_calls"] == [("lightning", "allgather"), ("mla", "a2a-heads")]
+    assert_same(torch_run, got, "megatron cp=2")
 
 
 def test_megatron_trains_moe_like_the_torch_engine(torch_moe_run, pools, tmp_path):

@@ -8,8 +8,8 @@ Genuine 0.16.1 bugs without Transformer Engine (installed on GPU too):
   ``MagicMock`` when TE is absent, so the import that sets ``HAVE_TE`` succeeds; the check raises
   ``TypeError``. Patched: ``HAVE_TE = False`` in that module when TE does not import.
 - the same ``__init__`` passes ``k_channels``/``v_channels`` to its core attention, which the local
-  spec's ``DotProductAttention`` does not accept (``TypeError``), and that class sizes its output from
-  ``kv_channels``. Not a patch: ``mla_core_attention()`` is the class to put in the MLA spec.
+  spec's ``DotProductAttention`` does not accept (``TypeError``), and that class refuses context
+  parallelism. Not a patch: ringzero's model puts its own core there (``attention.MLACoreAttention``).
 - MLA's shared RoPE key at TP > 1 (NVIDIA/Megatron-LM#1699): ``linear_kv_down_proj`` is column-parallel,
   its output is gathered (backward: split), and ``k_pos_emb`` is expanded over this rank's heads only,
   so its gradient is never summed over TP: most rows of the RoPE part of ``linear_kv_down_proj``'s
@@ -24,12 +24,13 @@ Genuine 0.16.1 bugs without Transformer Engine (installed on GPU too):
 
 CPU only (nothing of this is installed when CUDA is available):
 - ``torch.cuda.current_device()``, which megatron calls to place tensors (``RotaryEmbedding`` of MLA,
-  built without ``use_cpu_initialization``, and its ``get_emb`` moving ``inv_freq``;
-  ``GlobalMemoryBuffer.get_tensor``, the ``baddbmm`` buffer of ``DotProductAttention``; the MoE router
-  and experts): on a CPU build it raises. Patched: it returns the CPU device. This is the one patch of
-  torch itself; ringzero never calls it without checking ``torch.cuda.is_available()`` first.
-- ``fusions/fused_softmax.py`` (unfused causal path): ``get_default_causal_mask`` builds its mask with
-  ``device="cuda"``. Patched: the same mask on the CPU.
+  built without ``use_cpu_initialization``, and its ``get_emb`` moving ``inv_freq``; the MoE router and
+  experts): on a CPU build it raises. Patched: it returns the CPU device. This is the one patch of torch
+  itself; ringzero never calls it without checking ``torch.cuda.is_available()`` first.
+- ``models/common/embeddings/rope_utils.py`` ``get_pos_emb_on_this_cp_rank`` (MLA's RoPE under context
+  parallelism): its chunk index is built in pinned memory and moved with ``.cuda()``. Patched in the
+  module that calls it (``rotary_pos_embedding``): the same selection of chunks ``r`` and ``2 cp - 1 - r``
+  on the embedding's device.
 - ``tensor_parallel/random.py`` ``CudaRNGStatesTracker.add`` / ``fork`` (``model_parallel_cuda_manual_seed``
   and every dropout): ``torch.cuda.get_rng_state``. Patched: the tracker keeps CPU generator states, so
   per-TP-rank dropout seeds still work (the fork warns that the CPU state changed when a dropout with
@@ -145,11 +146,18 @@ def _fix_mla_rope_key_grad() -> None:
 
 
 def _cpu_devices() -> None:
-    import megatron.core.fusions.fused_softmax as fused_softmax
+    import megatron.core.models.common.embeddings.rotary_pos_embedding as rotary
 
     torch.cuda.current_device = lambda: torch.device("cpu")
-    fused_softmax.get_default_causal_mask = lambda sq: torch.triu(
-        torch.ones(sq, sq, dtype=torch.bool), diagonal=1)
+
+    def pos_emb_on_this_cp_rank(pos_emb, seq_dim, cp_group):
+        cp, rank = cp_group.size(), cp_group.rank()
+        index = torch.tensor([rank, 2 * cp - rank - 1], device=pos_emb.device)
+        chunks = pos_emb.view(*pos_emb.shape[:seq_dim], 2 * cp, -1, *pos_emb.shape[seq_dim + 1:])
+        mine = chunks.index_select(seq_dim, index)
+        return mine.view(*mine.shape[:seq_dim], -1, *mine.shape[seq_dim + 2:])
+
+    rotary.get_pos_emb_on_this_cp_rank = pos_emb_on_this_cp_rank
 
 
 def _cpu_rng_tracker() -> None:
@@ -258,18 +266,3 @@ def _with_cuda_type_names(fn):
         with _cuda_type_names():
             return fn(*args, **kwargs)
     return wrapped
-
-
-@functools.cache
-def mla_core_attention():
-    """The local ``DotProductAttention`` accepting MLA's ``k_channels``/``v_channels``: its output is
-    ``heads_per_rank * v_head_dim`` wide (the base class sizes it from ``kv_channels``)."""
-    from megatron.core.transformer.dot_product_attention import DotProductAttention
-
-    class MLADotProductAttention(DotProductAttention):
-        def __init__(self, *args, k_channels=None, v_channels=None, **kwargs):
-            super().__init__(*args, **kwargs)
-            if v_channels is not None:
-                self.hidden_size_per_partition = self.num_attention_heads_per_partition * v_channels
-
-    return MLADotProductAttention

@@ -2,7 +2,8 @@
 
 ``MegatronDistributedOptimizer`` wraps the ``MegatronLM`` in megatron's ``DistributedDataParallel``
 (``use_distributed_optimizer=True``: one contiguous fp32 gradient buffer, reduce-scattered over the
-data-parallel group, each rank owning a contiguous range of it) and steps megatron's
+data-parallel group (with the CP ranks; the routed experts' over their expert-data-parallel group), each
+rank owning a contiguous range of it) and steps megatron's
 ``DistributedOptimizer`` (``get_megatron_optimizer``; without TE or apex it runs ``torch.optim.AdamW`` on
 this rank's fp32 main-parameter shards, then all-gathers the parameters). The trainer still calls the
 ``MegatronLM`` itself (``hidden``/``logits``): DDP's hooks sit on its parameters and its buffers hold
@@ -23,8 +24,10 @@ their storage.
 - Full tensors at the seam: ``master_state_dict``, ``state`` and ``load_*`` speak full tensors under
   ``HybridLM`` names, as ``ShardedTrainOptimizer``'s (``layout: hybrid-names``), so resume points move
   between the two megatron optimizers and between layouts. Each rank's shards of the main parameters and
-  moments are put into zero full (TP-local) tensors and summed over the data-parallel group (every
-  element lives on exactly one rank), then gathered over TP. Loading takes each rank's range back out.
+  moments are put into zero full (TP-local) tensors and summed over the ranks megatron shards them over
+  (every element lives on exactly one of them): the data-parallel group with the CP ranks, and for the
+  routed experts under ``ep`` > 1 their expert-data-parallel group; then gathered over TP (and EP).
+  Loading takes each rank's range back out.
   All of these are collectives over the whole job.
 """
 
@@ -43,6 +46,11 @@ from ringzero.stages.optimizer import StepReport, lr_at
 MOMENTS = ("exp_avg", "exp_avg_sq")
 
 
+def is_expert(p: torch.nn.Parameter) -> bool:
+    """A routed expert's weight: megatron marks them ``allreduce = False`` (not summed over all DP ranks)."""
+    return not getattr(p, "allreduce", True)
+
+
 class MegatronDistributedOptimizer:
     def __init__(self, model, settings, total_steps: int, schedule: str = "cosine"):
         from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
@@ -50,11 +58,6 @@ class MegatronDistributedOptimizer:
 
         from ringzero.engines.megatron import cpu_shim
 
-        if getattr(model, "ep_size", 1) > 1:
-            raise RingzeroError("engines.training.distributed_optimizer with ep > 1 is not implemented: its "
-                                "full-tensor gathers sum each parameter's shards over the data-parallel group, "
-                                "while routed experts live on their expert-data-parallel group and must be "
-                                "gathered over EP first; use distributed_optimizer: false with ep > 1")
         cpu_shim.apply_optimizer()
         self.model, self.settings = model, settings
         self.total_steps, self.schedule = total_steps, schedule
@@ -129,31 +132,40 @@ class MegatronDistributedOptimizer:
         return r.start, r.end
 
     def _dp_full(self, key: str) -> dict[str, torch.Tensor] | None:
-        """Every parameter's ``key`` (``param`` or a moment) on this rank's TP shard, megatron names,
-        summed over the data-parallel group; None when some rank has no such state yet."""
+        """Every parameter's ``key`` (``param`` or a moment) on this rank's TP (and EP) shard, megatron
+        names, summed over the ranks megatron shards it over; None when some rank has no such state yet.
+        Those ranks: the data-parallel group with the CP ranks for the replicated parameters, the
+        expert-data-parallel group (the ranks holding the same experts) for the routed experts."""
+        from megatron.core import parallel_state
+
         have = all(key == "param" or key in self.owner[p].optimizer.state.get(self._main(p), {})
                    for p in self.params if p in self.owner)
         flag = torch.tensor([1 if have else 0])
         dist.all_reduce(flag, op=dist.ReduceOp.MIN)
         if not flag.item():
             return None
-        sizes = [p.numel() for p in self.params]
-        flat = torch.zeros(sum(sizes), dtype=torch.float32)
-        offset = 0
-        for p, n in zip(self.params, sizes, strict=True):
-            if p in self.owner:
-                start, end = self._range(p)
-                main = self._main(p)
-                value = main if key == "param" else self.owner[p].optimizer.state[main][key]
-                flat[offset + start:offset + end] = value.detach().reshape(-1).float()
-            offset += n
-        from megatron.core import parallel_state
-
-        dist.all_reduce(flat, group=parallel_state.get_data_parallel_group())
-        out, offset = {}, 0
-        for name, p, n in zip(self.names, self.params, sizes, strict=True):
-            out[name] = flat[offset:offset + n].view(p.shape).clone()
-            offset += n
+        out = {}
+        groups = (("dense", parallel_state.get_data_parallel_group(with_context_parallel=True)),
+                  ("expert", parallel_state.get_expert_data_parallel_group()))
+        for kind, group in groups:
+            chosen = [(n, p) for n, p in zip(self.names, self.params, strict=True)
+                      if is_expert(p) == (kind == "expert")]
+            sizes = [p.numel() for _, p in chosen]
+            flat = torch.zeros(sum(sizes), dtype=torch.float32)
+            offset = 0
+            for (_, p), n in zip(chosen, sizes, strict=True):
+                if p in self.owner:
+                    start, end = self._range(p)
+                    main = self._main(p)
+                    value = main if key == "param" else self.owner[p].optimizer.state[main][key]
+                    flat[offset + start:offset + end] = value.detach().reshape(-1).float()
+                offset += n
+            if chosen:
+                dist.all_reduce(flat, group=group)
+            offset = 0
+            for (name, p), n in zip(chosen, sizes, strict=True):
+                out[name] = flat[offset:offset + n].view(p.shape).clone()
+                offset += n
         return out
 
     def _main(self, p):
@@ -162,7 +174,8 @@ class MegatronDistributedOptimizer:
         return part.optimizer.param_groups[group_index]["params"][order]
 
     def _scatter(self, full: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        return to_megatron(full, self.model.cfg, self.model.tp_rank, self.model.tp_size)
+        m = self.model
+        return to_megatron(full, m.cfg, m.tp_rank, m.tp_size, m.ep_rank, m.ep_size)
 
     def local_moment_elements(self) -> int:
         """The Adam moment elements this rank holds (each of ``exp_avg``/``exp_avg_sq``)."""

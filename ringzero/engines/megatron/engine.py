@@ -1,8 +1,9 @@
 """The megatron-core training engine behind the seam: ``MegatronLM`` split over the job's TP groups.
 
 megatron-core keeps its process groups in module state (``parallel_state``); ``join`` initializes it once
-per process from the job's ``Runtime`` so that its tensor-parallel groups are the runtime's (both put TP
-innermost: ``rank = (dp * cp + c) * tp + t``), and checks a second call asks for the same layout. A job
+per process from the job's ``Runtime`` so that its tensor- and context-parallel groups are the runtime's
+(both order ranks ``rank = (dp * cp + c) * tp + t``: TP innermost, then CP), and checks a second call asks
+for the same layout. A job
 of one process joins a one-rank gloo group first: megatron-core's layers need torch.distributed.
 Expert parallelism (``ep`` > 1) is carved out of the DP ranks, as megatron-core does: DP index ``d`` holds
 expert shard ``d % ep`` and shares it with the DP indices of the same residue (its expert-data-parallel
@@ -66,12 +67,15 @@ def join(runtime: Runtime, tp: int, ep: int = 1) -> None:
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
     if parallel_state.model_parallel_is_initialized():
         have = (parallel_state.get_tensor_model_parallel_world_size(),
+                parallel_state.get_context_parallel_world_size(),
                 parallel_state.get_expert_model_parallel_world_size())
-        if have != (tp, ep):
-            raise RingzeroError(f"megatron-core was initialized with tensor parallel {have[0]} and expert parallel "
-                                f"{have[1]} in this process; this stage asks for {tp} and {ep}")
+        if have != (tp, dims.cp, ep):
+            raise RingzeroError(f"megatron-core was initialized with tensor parallel {have[0]}, context parallel "
+                                f"{have[1]} and expert parallel {have[2]} in this process; this stage asks for "
+                                f"{tp}, {dims.cp} and {ep}")
         return
-    parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, expert_model_parallel_size=ep)
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, context_parallel_size=dims.cp,
+                                             expert_model_parallel_size=ep)
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
     model_parallel_cuda_manual_seed(1234)
@@ -80,6 +84,9 @@ def join(runtime: Runtime, tp: int, ep: int = 1) -> None:
     if tp > 1 and mine != dims.tp_index(rank):
         raise RingzeroError(f"megatron-core puts rank {rank} at TP index {mine}, ringzero's layout at "
                             f"{dims.tp_index(rank)}")
+    if dims.cp > 1 and parallel_state.get_context_parallel_rank() != runtime.cp_rank:
+        raise RingzeroError(f"megatron-core puts rank {rank} at CP index {parallel_state.get_context_parallel_rank()}, "
+                            f"ringzero's layout at {runtime.cp_rank}")
     if ep > 1:
         ep_rank = parallel_state.get_expert_model_parallel_rank()
         edp = dist.get_process_group_ranks(parallel_state.get_expert_data_parallel_group())

@@ -23,8 +23,12 @@ Tensor parallelism (the TP group is read from ``parallel_state`` at build time):
 - the decay slopes are indexed by the *global* head and scaled by the layer factor of the global layer
   index (``layer_number - 1``), as ``decay_slopes`` computes them for the whole model.
 
-Positions are ``0..S-1`` (the sequence this layer sees whole); context parallelism over the sequence is
-not implemented (refused at build).
+Positions are the global positions ``MegatronLM`` threads through the decoder as megatron's
+``attention_mask`` argument (``[B, S]``, negative = padding, whose keys and values are zeroed as in
+``LightningAttention``); ``0..S-1`` when none is given. Context parallelism (``context_parallel_size`` >
+1 in megatron's parallel state) is ringzero's ``allgather`` core (LASP-2: one all-gather of each chunk's
+state, ``lightning_cp.LightningAllGatherCore``) over megatron's CP group, on zigzag shards: the layout
+megatron's MLA ropes, so both layer types of one model see the same tokens.
 
 Letter legend: S sequence, B batch, D model, H heads (Hl on this rank), d head_dim.
 """
@@ -47,12 +51,14 @@ from ringzero.model.lightning import decay_slopes, lightning_blocks
 from ringzero.model.norms import GroupRMSNorm, RMSNorm, rms_norm
 from ringzero.model.precision import state_dtype
 from ringzero.model.rope import apply_rope, rope_cos_sin
+from ringzero.parallel.comm import CommLedger
+from ringzero.parallel.lightning_cp import LightningAllGatherCore
 
 
 class LightningSelfAttention(MegatronModule):
     def __init__(self, config, submodules=None, layer_number: int = 1, attn_mask_type=None,
                  pg_collection=None, cp_comm_type=None, *, model_config: ModelConfig,
-                 policy: PrecisionPolicy):
+                 policy: PrecisionPolicy, ledger: CommLedger | None = None):
         super().__init__(config=config)
         cfg = model_config
         self.tp_size = parallel_state.get_tensor_model_parallel_world_size()
@@ -60,9 +66,6 @@ class LightningSelfAttention(MegatronModule):
         rank = parallel_state.get_tensor_model_parallel_rank()
         H, d, G = cfg.num_attention_heads, cfg.head_dim, cfg.group_norm_size
         problems = []
-        if config.context_parallel_size > 1:
-            problems.append(f"context_parallel_size is {config.context_parallel_size}: the megatron Lightning "
-                            f"layer runs the whole sequence on each rank (use ringzero's torch engine for CP)")
         if H % self.tp_size:
             problems.append(f"num_attention_heads ({H}) must be a multiple of the tensor-parallel size "
                             f"({self.tp_size}): each rank holds whole heads")
@@ -92,6 +95,10 @@ class LightningSelfAttention(MegatronModule):
             self.query_layernorm = self.key_layernorm = None
         self.g_norm = GroupRMSNorm(G // self.tp_size, inner // G, cfg.rms_norm_eps)
         set_tensor_model_parallel_attributes(self.g_norm.weight, True, 0, 1)
+        self.core = None  # the single-device block form
+        if parallel_state.get_context_parallel_world_size() > 1:
+            self.core = LightningAllGatherCore(parallel_state.get_context_parallel_group(),
+                                               ledger if ledger is not None else CommLedger(), "zigzag")
 
     def log_decay(self, device=None) -> torch.Tensor:
         """``[Hl]``: this rank's heads, built from floats on each call (never rounded by a cast)."""
@@ -106,14 +113,20 @@ class LightningSelfAttention(MegatronModule):
         if self.query_layernorm is not None:
             q = _shared_norm(self.query_layernorm, q, self.tp_group)
             k = _shared_norm(self.key_layernorm, k, self.tp_group)
+        positions = attention_mask if attention_mask is not None else torch.arange(S, device=q.device)
         if self.rope_dim:
-            positions = torch.arange(S, device=q.device)
             cos, sin = rope_cos_sin(positions, self.rope_dim, self.rope_theta, q.dtype)
             r = self.rope_dim
             q = torch.cat([apply_rope(q[..., :r], cos, sin), q[..., r:]], dim=-1)
             k = torch.cat([apply_rope(k[..., :r], cos, sin), k[..., r:]], dim=-1)
         q = q * d**-0.5
-        o_BSHd, _ = lightning_blocks(q, k, v, self.log_decay(q.device), self.block_size)
+        keep = (positions >= 0).to(k.dtype)
+        keep = keep[None, :, None, None] if keep.dim() == 1 else keep[:, :, None, None]
+        k, v = k * keep, v * keep
+        if self.core is None:
+            o_BSHd, _ = lightning_blocks(q, k, v, self.log_decay(q.device), self.block_size)
+        else:
+            o_BSHd = self.core(q, k, v, self.log_decay(q.device), self.block_size)
         o_SBf = self.g_norm(o_BSHd.flatten(2)).transpose(0, 1)
         out, _ = self.dense(torch.sigmoid(gate_SBf) * o_SBf)
         return out, None

@@ -17,14 +17,19 @@ dropout off. Pieces, named so that ``convert`` maps them to ``HybridLM``'s names
 
 The training contract is ``HybridLM``'s: ``hidden(input_ids_BS, positions_BS=None) -> [B, S, D]``,
 ``logits(hidden_BSD) -> [B, S, V]``, ``forward(ids, positions=None) -> logits``; batch-first in and out,
-megatron's ``[S, B, D]`` inside. megatron's MLA ropes positions ``0..S-1``, so ``positions`` must be
-those (per row, right padding marked negative is accepted: causal layers never let it reach earlier
-tokens).
+megatron's ``[S, B, D]`` inside. megatron's MLA ropes the positions of its own layout: ``0..S-1``, or
+under context parallelism (``cp`` > 1 in megatron's parallel state) this rank's two zigzag chunks of the
+global sequence (``sharding: zigzag``); ``positions`` must be those (right padding marked negative is
+accepted: causal layers never let it reach a real token). They travel through the decoder as megatron's
+``attention_mask`` argument, from which the MLA core (``attention.MLACoreAttention``) and the Lightning
+layer build their visibility.
 
-Precision: parameters and activations in ``policy.body``. Under a bf16 body megatron's attention runs
-QK^T in bf16 and the softmax in fp32 (``attention_softmax_in_fp32``), not ringzero's fp32 island (which
-upcasts q, k, v first); the Lightning state stays fp32 as in ringzero. Not implemented: sequence and
-context parallelism (refused at build).
+Precision: parameters and activations in ``policy.body``; MLA's softmax island is ringzero's (q, k, v in
+fp32 before the scores, ``policy.attention_softmax_fp32``), the Lightning state stays fp32 as in ringzero.
+
+Context parallelism: MLA layers all-to-all their heads (``attention``), Lightning layers all-gather their
+chunk states (``lightning``); everything else is per token. Not implemented: sequence parallelism outside
+the MoE layers, and CP together with expert parallelism (refused at build).
 
 MoE layers are ``ringzero.model.moe``'s math in megatron's ``MoELayer``: local ``SequentialMLP`` experts,
 the allgather token dispatcher, a ``TopKRouter`` in fp32 with the sigmoid score, the routing-only expert
@@ -69,11 +74,14 @@ from megatron.core.transformer.transformer_block import TransformerBlock, Transf
 from megatron.core.transformer.transformer_config import MLATransformerConfig
 
 from ringzero.engines.megatron import cpu_shim
+from ringzero.engines.megatron.attention import MLACoreAttention, heads_problem
 from ringzero.engines.megatron.lightning import LightningSelfAttention
 from ringzero.errors import RingzeroError
 from ringzero.model.config import ModelConfig, PrecisionPolicy
 from ringzero.model.norms import RMSNorm
 from ringzero.model.precision import at_least_fp32, body_dtype
+from ringzero.parallel.comm import CommLedger
+from ringzero.parallel.sharding import position_list
 
 
 def moe_settings(cfg: ModelConfig) -> dict:
@@ -95,7 +103,8 @@ def moe_settings(cfg: ModelConfig) -> dict:
     )
 
 
-def transformer_config(cfg: ModelConfig, policy: PrecisionPolicy, tp_size: int, ep_size: int = 1) -> MLATransformerConfig:
+def transformer_config(cfg: ModelConfig, policy: PrecisionPolicy, tp_size: int, ep_size: int = 1,
+                       cp_size: int = 1) -> MLATransformerConfig:
     """megatron's config for ``cfg``: dropout off, no biases, weights drawn on the CPU then split."""
     dtype = body_dtype(policy)
     return MLATransformerConfig(
@@ -108,7 +117,8 @@ def transformer_config(cfg: ModelConfig, policy: PrecisionPolicy, tp_size: int, 
         normalization="RMSNorm", layernorm_epsilon=cfg.rms_norm_eps, add_bias_linear=False,
         gated_linear_unit=True, activation_func=F.silu, attention_dropout=0.0, hidden_dropout=0.0,
         init_method_std=cfg.initializer_range, use_cpu_initialization=True,
-        tensor_model_parallel_size=tp_size, expert_model_parallel_size=ep_size, sequence_parallel=False,
+        tensor_model_parallel_size=tp_size, expert_model_parallel_size=ep_size, context_parallel_size=cp_size,
+        sequence_parallel=False,
         params_dtype=dtype, bf16=dtype == torch.bfloat16,
         attention_softmax_in_fp32=policy.attention_softmax_fp32,
     )
@@ -171,9 +181,9 @@ def moe_spec(cfg: ModelConfig) -> ModuleSpec:
     return spec
 
 
-def layer_specs(cfg: ModelConfig, policy: PrecisionPolicy) -> list[ModuleSpec]:
+def layer_specs(cfg: ModelConfig, policy: PrecisionPolicy, ledger: CommLedger) -> list[ModuleSpec]:
     """One ``TransformerLayer`` spec per layer, MLA or Lightning as ``cfg.layer_types()`` says, with a
-    dense MLP or (``cfg.is_moe_layer``) ``MoE``."""
+    dense MLP or (``cfg.is_moe_layer``) ``MoE``; the CP collectives book into ``ledger``."""
     specs = []
     for i, kind in enumerate(cfg.layer_types()):
         spec = get_gpt_layer_local_spec(multi_latent_attention=kind == "mla", qk_layernorm=True,
@@ -181,10 +191,12 @@ def layer_specs(cfg: ModelConfig, policy: PrecisionPolicy) -> list[ModuleSpec]:
         if cfg.is_moe_layer(i):
             spec.submodules.mlp = moe_spec(cfg)
         if kind == "mla":
-            spec.submodules.self_attention.submodules.core_attention = cpu_shim.mla_core_attention()
+            spec.submodules.self_attention.submodules.core_attention = ModuleSpec(
+                module=MLACoreAttention, params={"impl": cfg.mla_attention_impl, "ledger": ledger,
+                                                 "softmax_fp32": policy.attention_softmax_fp32})
         else:
             spec.submodules.self_attention = ModuleSpec(
-                module=LightningSelfAttention, params={"model_config": cfg, "policy": policy})
+                module=LightningSelfAttention, params={"model_config": cfg, "policy": policy, "ledger": ledger})
         specs.append(spec)
     return specs
 
@@ -222,8 +234,15 @@ def _refusals(cfg: ModelConfig, tp_size: int, ep_size: int = 1) -> list[str]:
     if cfg.num_attention_heads % tp_size:
         problems.append(f"num_attention_heads ({cfg.num_attention_heads}) must be a multiple of the "
                         f"tensor-parallel size ({tp_size})")
-    if parallel_state.get_context_parallel_world_size() > 1:
-        problems.append("context parallelism is not implemented in the megatron engine")
+    cp = parallel_state.get_context_parallel_world_size()
+    if cp > 1 and "mla" in cfg.layer_types() and cfg.num_attention_heads % tp_size == 0:
+        problem = heads_problem(cfg.num_attention_heads // tp_size, cp)
+        if problem:
+            problems.append(problem)
+    if cp > 1 and ep_size > 1:
+        problems.append(f"context parallelism ({cp}) with expert parallelism ({ep_size}) is not implemented: "
+                        "megatron folds the CP ranks into the expert-data-parallel groups, a layout this "
+                        "engine does not check or reduce gradients over yet")
     return problems
 
 
@@ -238,14 +257,17 @@ class MegatronLM(torch.nn.Module):
         self.tp_rank = parallel_state.get_tensor_model_parallel_rank()
         self.ep_size = parallel_state.get_expert_model_parallel_world_size()
         self.ep_rank = parallel_state.get_expert_model_parallel_rank()
+        self.cp_size = parallel_state.get_context_parallel_world_size()
+        self.cp_rank = parallel_state.get_context_parallel_rank()
         problems = _refusals(cfg, self.tp_size, self.ep_size)
         if problems:
             raise RingzeroError("cannot build MegatronLM: " + "; ".join(problems))
         self.cfg, self.policy = cfg, policy
-        self.config = transformer_config(cfg, policy, self.tp_size, self.ep_size)
+        self.config = transformer_config(cfg, policy, self.tp_size, self.ep_size, self.cp_size)
+        self.ledger = CommLedger()
         self.word_embeddings = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size,
                                                       init_method=self.config.init_method, config=self.config)
-        self.decoder = TransformerBlock(self.config, TransformerBlockSubmodules(layer_specs=layer_specs(cfg, policy)),
+        self.decoder = TransformerBlock(self.config, TransformerBlockSubmodules(layer_specs=layer_specs(cfg, policy, self.ledger)),
                                         post_layer_norm=False)
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps).to(body_dtype(policy))
         head_dtype = at_least_fp32(body_dtype(policy)) if policy.lm_head_fp32 else body_dtype(policy)
@@ -254,21 +276,32 @@ class MegatronLM(torch.nn.Module):
             init_method=self.config.init_method, bias=False, gather_output=True,
             skip_weight_param_allocation=cfg.tie_word_embeddings)
 
-    def _check_positions(self, positions, B: int, S: int) -> None:
+    def layout_positions(self, S: int, device=None) -> torch.Tensor:
+        """``[S]``: the global positions megatron's MLA ropes this rank's ``S`` tokens at."""
+        if self.cp_size == 1:
+            return torch.arange(S, device=device)
+        return torch.tensor(position_list(S, self.cp_size, self.cp_rank, "zigzag"), device=device)
+
+    def _positions(self, positions, B: int, S: int, device) -> torch.Tensor:
+        """``[B, S]`` positions for the decoder: the layout's, where ``positions`` has padding (< 0) kept."""
+        grid = self.layout_positions(S, device).expand(B, S)
         if positions is None:
-            return
-        grid = torch.arange(S, device=positions.device).expand(B, S)
-        positions = positions.expand(B, S)
+            return grid
+        positions = positions.to(device).expand(B, S)
         if bool(((positions >= 0) & (positions != grid)).any()):
-            raise RingzeroError("MegatronLM takes positions 0..S-1 (right padding may be negative): megatron's "
-                                "MLA ropes its own 0..S-1, so shifted or left-padded positions would be wrong")
+            layout = "0..S-1" if self.cp_size == 1 else \
+                f"this rank's zigzag chunks of the global sequence (CP rank {self.cp_rank} of {self.cp_size})"
+            raise RingzeroError(f"MegatronLM takes the positions megatron's MLA ropes, {layout}; right padding "
+                                "may be negative, but shifted, left-padded or contiguous-shard positions would "
+                                "be roped wrong")
+        return positions
 
     def hidden(self, input_ids_BS: torch.Tensor, positions_BS: torch.Tensor | None = None) -> torch.Tensor:
         """Residual stream after the last layer (before the final norm), ``[B, S, D]``."""
         B, S = input_ids_BS.shape
-        self._check_positions(positions_BS, B, S)
+        positions = self._positions(positions_BS, B, S, input_ids_BS.device)
         x_SBD = self.word_embeddings(input_ids_BS.t())
-        x_SBD = self.decoder(x_SBD, attention_mask=None)
+        x_SBD = self.decoder(x_SBD, attention_mask=positions)
         return x_SBD.transpose(0, 1)
 
     def logits(self, hidden_BSD: torch.Tensor) -> torch.Tensor:
