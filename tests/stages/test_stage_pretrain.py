@@ -1,12 +1,18 @@
 """The pretrain stage through the local pipeline runner: output, summary, metrics, caching and resume."""
 
+import math
+
 import pytest
+import torch
 from stage_kit import run_config, state_equal
 
+import ringzero.stages.pretrain as pretrain_runner
 from ringzero.model.checkpoint import load_model
 from ringzero.model.config import PrecisionPolicy
+from ringzero.model.tolerances import compare
 from ringzero.pipeline.local import run_pipeline
 from ringzero.stages.corpus_windows import CorpusWindows
+from ringzero.stages.setup import start_model
 from ringzero.store import open_store
 from ringzero.tokenizer import CharTokenizer
 
@@ -20,7 +26,27 @@ def pipeline(root):
     return cfg, run_pipeline(cfg, open_store(cfg.storage.root), root / "run")
 
 
-def test_pretrain_stage_through_the_pipeline(tmp_path):
+def recorded_losses(monkeypatch) -> list[tuple[bool, float]]:
+    """Every ``lm_step`` the pretrain runner makes, as (trained, loss): the stage's own numbers, step by step."""
+    calls = []
+    original = pretrain_runner.lm_step
+
+    def recording(*args, **kwargs):
+        result = original(*args, **kwargs)
+        calls.append((kwargs.get("optimizer") is not None, result.loss))
+        return result
+
+    monkeypatch.setattr(pretrain_runner, "lm_step", recording)
+    return calls
+
+
+def moved(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> list[str]:
+    """The tensors of ``a`` outside the fp32 tolerance of ``b``'s."""
+    return [k for k in a if not compare(a[k], b[k], torch.float32)["ok"]]
+
+
+def test_pretrain_stage_through_the_pipeline(tmp_path, monkeypatch):
+    calls = recorded_losses(monkeypatch)
     cfg, result = pipeline(tmp_path)
     assert result.status == "succeeded"
     ex = result.stages[0]
@@ -35,6 +61,13 @@ def test_pretrain_stage_through_the_pipeline(tmp_path):
     records = ex.metrics
     assert records and {"train/loss", "train/lr", "train/tokens_per_s"} <= set(records[-1])
     assert records[-1]["step"] == 6
+    # Pretraining learns: the first step's loss is the untrained model's (about ln 64 for uniform next
+    # tokens over the 64 ids); after 6 steps the held-out loss on an unseen batch is clearly lower.
+    trained = [loss for is_step, loss in calls if is_step]
+    assert len(trained) == 6 and [is_step for is_step, _ in calls][-1] is False
+    assert abs(trained[0] - math.log(cfg.model.vocab_size)) < 0.1, trained
+    assert summary["train/loss"] < trained[0] - 0.2, (summary["train/loss"], trained)
+    assert records[-1]["train/loss"] < trained[0] - 0.1, (records[-1], trained)
     again = run_pipeline(cfg, open_store(cfg.storage.root), tmp_path / "run")
     assert again.stages[0].skipped and again.stages[0].outcome.output_uri == ex.outcome.output_uri
 
@@ -53,7 +86,7 @@ def test_windows_open_with_bos_and_a_document_and_depend_only_on_seed_and_step(t
 
 
 def test_interrupted_pretrain_resumes_with_its_optimizer_state(tmp_path, monkeypatch):
-    _, whole = pipeline(tmp_path / "whole")
+    cfg, whole = pipeline(tmp_path / "whole")
     original = CorpusWindows.batch
 
     def dies_at_step_5(self, step, batch_size):
@@ -71,9 +104,21 @@ def test_interrupted_pretrain_resumes_with_its_optimizer_state(tmp_path, monkeyp
         return original(self, step, batch_size)
 
     monkeypatch.setattr(CorpusWindows, "batch", records_steps)
-    _, resumed = pipeline(tmp_path / "cut")
+    cut_cfg, resumed = pipeline(tmp_path / "cut")
     ex = resumed.stages[0]
+    assert not ex.skipped and ex.outcome.steps == 6
     assert seen == [3, 4, 5, 6]  # steps 4-6 (0-based 3-5) after the resume point, then the unseen loss batch
     a = load_model(whole.stages[0].outcome.output_uri, FP32_POLICY).model.state_dict()
     b = load_model(ex.outcome.output_uri, FP32_POLICY).model.state_dict()
     assert state_equal(a, b)  # weights, Adam moments and the schedule all came back
+    # Equal because both trained, not because neither did: the weights left the stage's initial ones,
+    # and the resume point the rerun started from holds step 3's weights, between the two.
+    initial = start_model(cfg, open_store(cfg.storage.root), None, FP32_POLICY).state_dict()
+    assert initial.keys() == a.keys()
+    assert moved(a, initial), "six pretrain steps left every weight where it started"
+    store = open_store(cut_cfg.storage.root)
+    (point,) = [u for u in store.list("stages") if store.name_of(u).endswith("/step-000003")]
+    saved = store.load(point)
+    assert saved.meta["step"] == 3
+    mid = {k[len("model."):]: v for k, v in saved.tensors.items() if k.startswith("model.")}
+    assert mid.keys() == a.keys() and moved(mid, initial) and moved(a, mid)
