@@ -40,6 +40,17 @@ def register(sub) -> None:
     p.add_argument("--max-batch", type=int, default=64, help="rows the engine decodes together")
     p.add_argument("--batch-window-ms", type=float, default=5.0,
                    help="how long the scheduler waits for more requests once one arrives")
+    from ringzero.rollout.server_schema import ServerLimits  # no torch behind it
+
+    limits = ServerLimits()
+    p.add_argument("--max-body-bytes", type=int, default=limits.max_body_bytes,
+                   help="larger request bodies are refused with HTTP 413 before they are read (default 64 MiB)")
+    p.add_argument("--max-request-sequences", type=int, default=limits.max_request_sequences,
+                   help="prompts x n one request may ask for; more is an HTTP 400")
+    p.add_argument("--max-request-tokens", type=int, default=limits.max_request_tokens,
+                   help="prompt tokens plus max_new_tokens over a request's sequences; more is an HTTP 400")
+    p.add_argument("--max-new-tokens", type=int, default=limits.max_new_tokens,
+                   help="the largest max_new_tokens (max_tokens) a request may ask for; more is an HTTP 400")
     p.set_defaults(handler=_serve)
 
 
@@ -84,6 +95,10 @@ def _serve(args: argparse.Namespace) -> int:
 
     if args.init == "random" and args.config is None:  # before torch loads: fail fast
         raise RingzeroError("serve --init random needs --config with a model section")
+    from ringzero.rollout.server_schema import ServerLimits
+
+    limits = ServerLimits(max_body_bytes=args.max_body_bytes, max_request_sequences=args.max_request_sequences,
+                          max_request_tokens=args.max_request_tokens, max_new_tokens=args.max_new_tokens)
 
     import structlog
 
@@ -105,7 +120,7 @@ def _serve(args: argparse.Namespace) -> int:
         max_batch=args.max_batch, weight_version=args.weight_version, seed=args.seed, s3=conf.s3,
     )
     server = RolloutServer(engine, tokenizer, model_path=model_path, tokenizer_path=tokenizer_path,
-                           window_s=args.batch_window_ms / 1000.0)
+                           window_s=args.batch_window_ms / 1000.0, limits=limits)
     log.info("serve.start", url=f"http://{args.host}:{args.port}", model_path=model_path,
              precision=policy.name(), deterministic=engine.deterministic)
     serve(server, args.host, args.port, log_level=args.log_level)

@@ -18,7 +18,14 @@ Native endpoints (SGLang's names and shapes, so a real SGLang server is a drop-i
 * ``POST /v1/completions`` - OpenAI legacy completions with ``logprobs`` (top-k dicts) and ``echo``.
 
 Bad bodies get HTTP 400 ``{"object": "error", "message", "type", "param", "code"}`` (SGLang's
-``ErrorResponse``) whose message and ``param`` name the field. Concurrent requests are batched by
+``ErrorResponse``) whose message and ``param`` name the field.
+
+Limits (``ServerLimits`` in ``server_schema.py``; ``ringzero serve`` flags of the same names):
+``max_body_bytes`` (default 64 MiB) refuses a larger body with HTTP 413 from its Content-Length, or as
+soon as a chunked body grows past it, before parsing; a body nested deeper than 32 levels is a 400.
+``max_request_sequences`` (4096 prompts x ``n``), ``max_request_tokens`` (2**24 prompt tokens plus
+``max_new_tokens`` over those sequences) and ``max_new_tokens`` (2**20, per prompt) refuse a
+``/generate`` or ``/v1/completions`` request with a 400 naming the field; the server serves on. Concurrent requests are batched by
 ``EngineScheduler`` (see ``server_scheduler.py``), the only thread that touches the engine.
 """
 
@@ -47,7 +54,13 @@ from ringzero.rollout.server_control import (
 from ringzero.rollout.server_format import EngineCrash, generate_item, sample_ids
 from ringzero.rollout.server_openai import openai_completion, parse_completion
 from ringzero.rollout.server_scheduler import EngineScheduler
-from ringzero.rollout.server_schema import BadRequest, parse_generate
+from ringzero.rollout.server_schema import (
+    BadRequest,
+    BodyTooLarge,
+    ServerLimits,
+    check_depth,
+    parse_generate,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -55,20 +68,34 @@ HEALTH_TIMEOUT_S = 20.0  # SGLang's default health-check patience
 
 
 def _error(status: int, message: str, param: str | None = None) -> JSONResponse:
-    phrase = {400: "Bad Request", 500: "Internal Server Error", 503: "Service Unavailable"}.get(status, "Error")
+    phrase = {400: "Bad Request", 413: "Content Too Large", 500: "Internal Server Error",
+              503: "Service Unavailable"}.get(status, "Error")
     return JSONResponse({"object": "error", "message": message, "type": phrase, "param": param, "code": status},
                         status_code=status)
 
 
-async def _body(request: Request, *, optional: bool = False):
-    """The JSON body; with ``optional`` an empty body is None (clients post control calls without one)."""
-    raw = await request.body()
+async def _body(request: Request, limit: int, *, optional: bool = False):
+    """The JSON body, at most ``limit`` bytes; with ``optional`` an empty body is None (clients post control
+    calls without one). An oversized body is refused before it is read (Content-Length) or while it is."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.strip().isdigit() and int(declared) > limit:
+        raise BodyTooLarge("body", f"Content-Length {int(declared)} is over this server's limit of {limit} bytes "
+                                   "(max_body_bytes)")
+    raw = bytearray()
+    async for chunk in request.stream():
+        raw += chunk
+        if len(raw) > limit:
+            raise BodyTooLarge("body", f"is over this server's limit of {limit} bytes (max_body_bytes)")
     if optional and not raw.strip():
         return None
     try:
-        return json.loads(raw)
-    except ValueError:
-        raise BadRequest("body", "is not valid JSON") from None
+        body = json.loads(raw)
+    except RecursionError:
+        raise BadRequest("body", "nests too deeply") from None
+    except ValueError as exc:  # UnicodeDecodeError and JSONDecodeError alike
+        raise BadRequest("body", f"is not valid JSON ({exc})") from None
+    check_depth(body)
+    return body
 
 
 class RolloutServer:
@@ -77,9 +104,11 @@ class RolloutServer:
     def __init__(self, engine, tokenizer, *, model_path: str, tokenizer_path: str | None = None,
                  weight_version: str | None = None, vocab_size: int | None = None,
                  window_s: float = 0.005, max_batch_requests: int = 256,
-                 routing_shape: tuple[int, int] | None = None):
+                 routing_shape: tuple[int, int] | None = None, limits: ServerLimits | None = None):
         """``routing_shape``: ``(num_hidden_layers, num_experts_per_tok)`` of the served MoE model, by default
-        the engine's ``routing_shape``; without one ``return_routed_experts`` is refused (a dense model)."""
+        the engine's ``routing_shape``; without one ``return_routed_experts`` is refused (a dense model).
+        ``limits``: what one request may ask (``ServerLimits()``'s generous defaults when None)."""
+        self.limits = limits or ServerLimits()
         self.tokenizer = tokenizer
         self.routing_shape = routing_shape or getattr(engine, "routing_shape", None)
         self.vocab_size = vocab_size or tokenizer.vocab_size
@@ -89,6 +118,13 @@ class RolloutServer:
         self.scheduler = EngineScheduler(engine, window_s=window_s, max_batch_requests=max_batch_requests)
         self.gate = GenerationGate(self.scheduler)
         self.app = self._build_app()
+
+    async def _body(self, request: Request, *, optional: bool = False):
+        return await _body(request, self.limits.max_body_bytes, optional=optional)
+
+    def _context_length(self) -> int | None:
+        value = getattr(self.scheduler.engine, "context_length", None)
+        return value if isinstance(value, int) else None
 
     async def _engine(self, future):
         try:
@@ -112,7 +148,7 @@ class RolloutServer:
 
         @app.exception_handler(BadRequest)
         async def _bad_request(_request: Request, exc: BadRequest):
-            return _error(400, str(exc), exc.field)
+            return _error(exc.status, str(exc), exc.field)
 
         @app.exception_handler(RingzeroError)
         async def _refused(_request: Request, exc: RingzeroError):
@@ -145,7 +181,8 @@ class RolloutServer:
         return await self._engine(self.scheduler.generate(requests))
 
     async def generate(self, request: Request) -> JSONResponse:
-        plan = parse_generate(await _body(request), self.tokenizer, self.vocab_size, self.routing_shape)
+        plan = parse_generate(await self._body(request), self.tokenizer, self.vocab_size, self.routing_shape,
+                              self.limits, self._context_length())
         start = time.perf_counter()
         groups = await self._run(plan.requests)
         latency = time.perf_counter() - start
@@ -162,12 +199,13 @@ class RolloutServer:
         return JSONResponse(items[0] if plan.single else items)
 
     async def completions(self, request: Request) -> JSONResponse:
-        plan = parse_completion(await _body(request), self.tokenizer, self.vocab_size)
+        plan = parse_completion(await self._body(request), self.tokenizer, self.vocab_size, self.limits,
+                                self._context_length())
         groups = await self._run(plan.requests)
         return JSONResponse(openai_completion(groups, self.tokenizer, plan))
 
     async def update_weights_from_disk(self, request: Request) -> JSONResponse:
-        update = parse_weight_update(await _body(request))
+        update = parse_weight_update(await self._body(request))
         # SGLang keeps the current version when the body names none.
         version = update.weight_version or self.weight_version
 
@@ -222,19 +260,19 @@ class RolloutServer:
         return PlainTextResponse("Cache flushed.\n")
 
     async def pause_generation(self, request: Request) -> JSONResponse:
-        mode = parse_pause(await _body(request, optional=True))
+        mode = parse_pause(await self._body(request, optional=True))
         await self.gate.pause(mode)
         log.info("rollout.generation_paused", mode=mode)
         return JSONResponse({"message": "Generation paused successfully.", "status": "ok"})
 
     async def continue_generation(self, request: Request) -> JSONResponse:
-        parse_continue(await _body(request, optional=True))
+        parse_continue(await self._body(request, optional=True))
         self.gate.resume()
         log.info("rollout.generation_continued")
         return JSONResponse({"message": "Generation continued successfully.", "status": "ok"})
 
     async def abort_request(self, request: Request) -> Response:
-        req = parse_abort(await _body(request, optional=True))
+        req = parse_abort(await self._body(request, optional=True))
         hits = self.scheduler.abort(req.rid, abort_all=req.abort_all, message=req.message)
         log.info("rollout.requests_aborted", rid=req.rid, abort_all=req.abort_all, requests=hits)
         return Response(status_code=200)

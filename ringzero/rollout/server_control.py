@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from importlib import metadata
 from typing import Any
 
-from ringzero.rollout.server_schema import BadRequest, _bool, _object_or_null
+from ringzero.rollout.server_schema import BadRequest, _bool, _object_or_null, show
 
 
 @dataclass
@@ -47,13 +47,13 @@ def parse_weight_update(body: Any) -> WeightUpdate:
             raise BadRequest(name, "unknown field for /update_weights_from_disk")
     path = body.get("model_path")
     if not isinstance(path, str) or not path:
-        raise BadRequest("model_path", f"must be a non-empty checkpoint URI (got {path!r})")
+        raise BadRequest("model_path", f"must be a non-empty checkpoint URI (got {show(path)})")
     load_format = body.get("load_format")
     if load_format not in (None, "auto", "safetensors"):
-        raise BadRequest("load_format", f"must be null, 'auto' or 'safetensors' (got {load_format!r})")
+        raise BadRequest("load_format", f"must be null, 'auto' or 'safetensors' (got {show(load_format)})")
     version = body.get("weight_version")
     if version is not None and not isinstance(version, str):
-        raise BadRequest("weight_version", f"must be a string (got {version!r})")
+        raise BadRequest("weight_version", f"must be a string (got {show(version)})")
     flush, abort = body.get("flush_cache"), body.get("abort_all_requests")
     return WeightUpdate(path, version, True if flush is None else _bool(flush, "flush_cache"),
                         False if abort is None else _bool(abort, "abort_all_requests"))
@@ -73,12 +73,12 @@ def parse_pause(body: Any) -> str:
     for name, value in body.items():
         if name == "rid":  # BaseReq's, in SGLang's struct: a pause holds every request alike
             if value is not None and not isinstance(value, str):
-                raise BadRequest("rid", f"must be a string (got {value!r})")
+                raise BadRequest("rid", f"must be a string (got {show(value)})")
         elif name != "mode":
             raise BadRequest(name, "unknown field for /pause_generation")
     mode = body.get("mode") or "abort"
     if mode not in PAUSE_MODES:
-        raise BadRequest("mode", f"must be one of {', '.join(PAUSE_MODES)} (got {mode!r})")
+        raise BadRequest("mode", f"must be one of {', '.join(PAUSE_MODES)} (got {show(mode)})")
     return mode
 
 
@@ -113,9 +113,9 @@ def parse_abort(body: Any) -> AbortRequest:
             raise BadRequest(name, "unknown field for /abort_request")
     rid, abort_all, message = body.get("rid"), body.get("abort_all"), body.get("abort_message")
     if rid is not None and not isinstance(rid, str):
-        raise BadRequest("rid", f"must be a string (got {rid!r})")
+        raise BadRequest("rid", f"must be a string (got {show(rid)})")
     if message is not None and not isinstance(message, str):
-        raise BadRequest("abort_message", f"must be a string (got {message!r})")
+        raise BadRequest("abort_message", f"must be a string (got {show(message)})")
     _object_or_null(body.get("finished_reason"), "finished_reason")
     return AbortRequest(rid or None, False if abort_all is None else _bool(abort_all, "abort_all"), message)
 

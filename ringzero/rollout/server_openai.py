@@ -23,13 +23,16 @@ from ringzero.rollout.server_format import (
 )
 from ringzero.rollout.server_schema import (
     BadRequest,
+    ServerLimits,
     TextOptions,
     _bool,
     _int,
     _neutral,
     _prompts,
     _top_k,
+    check_limits,
     parse_sampling,
+    show,
 )
 from ringzero.rollout.types import Completion, GenerateRequest, LogprobRequest
 
@@ -67,7 +70,8 @@ def _best_of(value: Any, n: int) -> None:
         raise BadRequest("best_of", f"is not supported; leave it unset or equal to n ({n})")
 
 
-def parse_completion(body: Any, tokenizer, vocab_size: int) -> CompletionPlan:
+def parse_completion(body: Any, tokenizer, vocab_size: int, limits: ServerLimits | None = None,
+                     context_length: int | None = None) -> CompletionPlan:
     """An OpenAI legacy completions body (SGLang's extra fields included) -> one request per prompt."""
     if not isinstance(body, dict):
         raise BadRequest("body", "must be a JSON object")
@@ -81,10 +85,10 @@ def parse_completion(body: Any, tokenizer, vocab_size: int) -> CompletionPlan:
             raise BadRequest(name, "unknown field for /v1/completions")
     model = body.get("model", "default")
     if not isinstance(model, str):
-        raise BadRequest("model", f"must be a string (got {model!r})")
+        raise BadRequest("model", f"must be a string (got {show(model)})")
     prompt = body.get("prompt")
     if not isinstance(prompt, (str, list)) or not prompt:
-        raise BadRequest("prompt", f"must be a non-empty string, list of strings or token ids (got {prompt!r})")
+        raise BadRequest("prompt", f"must be a non-empty string, list of strings or token ids (got {show(prompt)})")
     as_text = isinstance(prompt, str) or isinstance(prompt[0], str)
     key = "text" if as_text else "input_ids"
     try:
@@ -101,10 +105,13 @@ def parse_completion(body: Any, tokenizer, vocab_size: int) -> CompletionPlan:
     # SGLang asks for top_logprobs_num = logprobs, and with echo for the prompt's log-probs from position 0.
     wanted = LogprobRequest(0 if echo else None, logprobs) if logprobs is not None else LogprobRequest()
     return_ids = body.get("return_token_ids")
+    requests = [GenerateRequest(list(p), params, logprobs=wanted) for p in prompts]
+    check_limits(requests, limits or ServerLimits(), prompt_field="prompt", n_field="n",
+                 max_new_field=lambda i: "max_tokens", context_length=context_length)
     texts = [prompt] if isinstance(prompt, str) else prompt if as_text else [tokenizer.decode(p) for p in prompts]
     return CompletionPlan(
         model=model,
-        requests=[GenerateRequest(list(p), params, logprobs=wanted) for p in prompts],
+        requests=requests,
         text_options=text_options,
         logprobs=logprobs,
         return_token_ids=False if return_ids is None else _bool(return_ids, "return_token_ids"),

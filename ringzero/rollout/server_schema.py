@@ -11,7 +11,8 @@ while one that relies on a feature we lack hears so instead of getting silently 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+import reprlib
+from dataclasses import dataclass, fields
 from typing import Any
 
 from ringzero.errors import RingzeroError
@@ -21,32 +22,129 @@ from ringzero.rollout.types import GenerateRequest, LogprobRequest, SamplingPara
 class BadRequest(RingzeroError):
     """A request body the server refuses; ``field`` is the dotted path of the field at fault."""
 
+    status = 400
+
     def __init__(self, field: str, problem: str):
         self.field = field
         super().__init__(f"{field}: {problem}")
 
 
+class BodyTooLarge(BadRequest):
+    """A body over ``ServerLimits.max_body_bytes``: HTTP 413, refused before it is read in full."""
+
+    status = 413
+
+
+_REPR = reprlib.Repr()
+_REPR.maxstring = _REPR.maxother = _REPR.maxlong = 60
+_REPR.maxlist = _REPR.maxdict = _REPR.maxtuple = 6
+_REPR.maxlevel = 3
+
+
+def show(value: Any) -> str:
+    """A bounded ``repr`` for error messages: a 60 MB string or a deeply nested list is quoted in brief."""
+    return _REPR.repr(value)
+
+
+@dataclass(frozen=True)
+class ServerLimits:
+    """What one request may ask of the server (``ringzero serve --max-body-bytes`` and kin).
+
+    ``max_body_bytes``: a body over it is refused with HTTP 413 from its Content-Length, or while a
+    chunked body is read, before any of it is parsed. The others refuse a request with HTTP 400 naming
+    the field: ``max_request_sequences`` caps the sequences one request decodes (prompts x ``n``),
+    ``max_request_tokens`` its prompt tokens plus ``max_new_tokens`` over all those sequences, and
+    ``max_new_tokens`` the ``max_new_tokens`` (OpenAI: ``max_tokens``) of any prompt, its default included.
+    """
+
+    max_body_bytes: int = 64 * 1024 * 1024
+    max_request_sequences: int = 4096
+    max_request_tokens: int = 1 << 24
+    max_new_tokens: int = 1 << 20
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise RingzeroError(f"server limit {f.name}: must be an integer >= 1 (got {show(value)})")
+
+
+MAX_JSON_DEPTH = 32
+"""Bodies nest a few levels (a batch of token id lists, per-prompt sampling params); deeper is refused."""
+
+
+def check_depth(body: Any) -> None:
+    """Refuse a body nested deeper than ``MAX_JSON_DEPTH`` (iteratively: no recursion on client data)."""
+    stack = [(body, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, dict):
+            children = value.values()
+        elif isinstance(value, list):
+            children = value
+        else:
+            continue
+        if depth > MAX_JSON_DEPTH:
+            raise BadRequest("body", f"nests deeper than {MAX_JSON_DEPTH} levels")
+        stack.extend((child, depth + 1) for child in children)
+
+
+def check_limits(requests: list[GenerateRequest], limits: ServerLimits, *, prompt_field: str, n_field: str,
+                 max_new_field, context_length: int | None = None) -> None:
+    """Refuse a parsed request over ``limits``; ``max_new_field(i)`` names prompt ``i``'s max_new_tokens.
+
+    With ``context_length`` (the engine's), a prompt that leaves no room to continue is refused by name
+    too (one only scored, ``max_new_tokens`` 0, may fill the context)."""
+    if context_length is not None:
+        for i, req in enumerate(requests):
+            if len(req.input_ids) + (req.params.max_new_tokens > 0) > context_length:
+                field = f"{prompt_field}[{i}]" if len(requests) > 1 else prompt_field
+                raise BadRequest(field, f"has {len(req.input_ids)} tokens, which leave no room to continue under "
+                                        f"the model's context (max_position_embeddings {context_length})")
+    for i, req in enumerate(requests):
+        if req.params.max_new_tokens > limits.max_new_tokens:
+            raise BadRequest(max_new_field(i), f"is {req.params.max_new_tokens}, over this server's limit of "
+                                               f"{limits.max_new_tokens} (max_new_tokens)")
+    sequences = sum(req.params.n for req in requests)
+    if sequences > limits.max_request_sequences:
+        field = prompt_field if len(requests) > limits.max_request_sequences else n_field
+        raise BadRequest(field, f"{len(requests)} prompt(s) x n={requests[0].params.n} is {sequences} sequences, "
+                                f"over this server's limit of {limits.max_request_sequences} per request "
+                                "(max_request_sequences)")
+    tokens = sum(req.params.n * (len(req.input_ids) + req.params.max_new_tokens) for req in requests)
+    if tokens > limits.max_request_tokens:
+        raise BadRequest(prompt_field, f"asks for {tokens} tokens (prompt tokens plus max_new_tokens over its "
+                                       f"{sequences} sequences), over this server's limit of "
+                                       f"{limits.max_request_tokens} per request (max_request_tokens)")
+
+
 # --- scalar checks ---------------------------------------------------------------------------------
 
 
-def _int(value: Any, field: str, *, lo: int | None = None) -> int:
+INT64_MAX = 2**63 - 1
+
+
+def _int(value: Any, field: str, *, lo: int | None = None, hi: int | None = INT64_MAX) -> int:
+    """An integer in ``lo..hi``; by default at most int64's largest, so it fits an engine's id tensors."""
     # bool is an int subclass in Python; JSON true must not pass for a count.
     if isinstance(value, bool) or not isinstance(value, int):
-        raise BadRequest(field, f"must be an integer (got {value!r})")
+        raise BadRequest(field, f"must be an integer (got {show(value)})")
     if lo is not None and value < lo:
-        raise BadRequest(field, f"must be >= {lo} (got {value})")
+        raise BadRequest(field, f"must be >= {lo} (got {show(value)})")
+    if hi is not None and value > hi:
+        raise BadRequest(field, f"must be <= {hi} (got {show(value)})")
     return value
 
 
 def _float(value: Any, field: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise BadRequest(field, f"must be a finite number (got {value!r})")
+        raise BadRequest(field, f"must be a finite number (got {show(value)})")
     return float(value)
 
 
 def _bool(value: Any, field: str) -> bool:
     if not isinstance(value, bool):
-        raise BadRequest(field, f"must be true or false (got {value!r})")
+        raise BadRequest(field, f"must be true or false (got {show(value)})")
     return value
 
 
@@ -57,14 +155,14 @@ def _str_list(value: Any, field: str) -> tuple[str, ...]:
         return (value,)
     if isinstance(value, list) and all(isinstance(s, str) and s for s in value):
         return tuple(value)
-    raise BadRequest(field, f"must be a non-empty string or a list of non-empty strings (got {value!r})")
+    raise BadRequest(field, f"must be a non-empty string or a list of non-empty strings (got {show(value)})")
 
 
 def _id_list(value: Any, field: str) -> tuple[int, ...]:
     if value is None:
         return ()
     if not isinstance(value, list):
-        raise BadRequest(field, f"must be a list of token ids (got {value!r})")
+        raise BadRequest(field, f"must be a list of token ids (got {show(value)})")
     return tuple(_int(t, f"{field}[{i}]", lo=0) for i, t in enumerate(value))
 
 
@@ -89,7 +187,7 @@ def _no_media(value: Any, field: str) -> None:
 
 def _object_or_null(value: Any, field: str) -> None:
     if value is not None and not isinstance(value, dict):
-        raise BadRequest(field, f"must be an object or null (got {value!r})")
+        raise BadRequest(field, f"must be an object or null (got {show(value)})")
 
 
 # --- sampling parameters ---------------------------------------------------------------------------
@@ -107,13 +205,13 @@ class TextOptions:
 # TextOptions), or None when the field is accepted without effect.
 _SAMPLING: dict[str, Any] = {
     "max_new_tokens": lambda v, f: _int(v, f, lo=0),  # 0: score the prompt only
-    "temperature": lambda v, f: _nonneg(_float(v, f), f),
+    "temperature": lambda v, f: _temperature(_float(v, f), f),
     "top_p": lambda v, f: _top_p(_float(v, f), f),
     "top_k": lambda v, f: _int(v, f, lo=-1),
     "stop": _str_list,
     "stop_token_ids": _id_list,
     "n": lambda v, f: _int(v, f, lo=1),
-    "sampling_seed": lambda v, f: _int(v, f),
+    "sampling_seed": lambda v, f: _int(v, f, hi=None),  # any integer: the engine mixes it modulo 2**63
     "no_stop_trim": _bool,
     "skip_special_tokens": _bool,
     "ignore_eos": _bool,
@@ -146,10 +244,14 @@ def _top_p(value: float, field: str) -> float:
     return value
 
 
-def _nonneg(value: float, field: str) -> float:
+SAMPLING_EPS = 1e-6
+"""SGLang's ``_SAMPLING_EPS``: a temperature below it samples greedily (1 / 1e-300 would overflow the logits)."""
+
+
+def _temperature(value: float, field: str) -> float:
     if value < 0:
         raise BadRequest(field, f"must be >= 0 (got {value})")
-    return value
+    return 0.0 if value < SAMPLING_EPS else value
 
 
 def parse_sampling(fields: dict, where: str, aliases: dict[str, str] | None = None,
@@ -288,7 +390,7 @@ def _prompts(body: dict, tokenizer, vocab_size: int) -> tuple[list[list[int]], b
         prompts = []
         for row, field in zip(rows, label, strict=True):
             if not isinstance(row, list):
-                raise BadRequest(field, f"must be a list of token ids (got {row!r})")
+                raise BadRequest(field, f"must be a list of token ids (got {show(row)})")
             prompts.append([_int(t, f"{field}[{j}]", lo=0) for j, t in enumerate(row)])
     for prompt, field in zip(prompts, label, strict=True):
         if not prompt:
@@ -309,13 +411,14 @@ def _rids(value: Any, size: int) -> list[str | None]:
         if len(set(value)) != size:
             raise BadRequest("rid", "repeats an id within the request")
         return list(value)
-    raise BadRequest("rid", f"must be a string or a list of {size} distinct strings (got {value!r})")
+    raise BadRequest("rid", f"must be a string or a list of {size} distinct strings (got {show(value)})")
 
 
 def parse_generate(body: Any, tokenizer, vocab_size: int, routing_shape: tuple[int, int] | None = None,
-                   ) -> GeneratePlan:
+                   limits: ServerLimits | None = None, context_length: int | None = None) -> GeneratePlan:
     """``routing_shape``: the served model's ``(num_hidden_layers, num_experts_per_tok)``; None (a dense
-    model) refuses ``return_routed_experts``."""
+    model) refuses ``return_routed_experts``. ``limits``: by default ``ServerLimits()``; ``context_length``:
+    the engine's, when it has one (see ``check_limits``)."""
     if not isinstance(body, dict):
         raise BadRequest("body", "must be a JSON object")
     for name, value in body.items():
@@ -362,6 +465,11 @@ def parse_generate(body: Any, tokenizer, vocab_size: int, routing_shape: tuple[i
             logprobs = LogprobRequest(_prompt_from(starts[i], len(prompt), params.max_new_tokens, start_field),
                                       _top_k(tops[i], vocab_size, top_field), scaled)
         requests.append(GenerateRequest(list(prompt), params, rid, logprobs, return_routed_experts=routed[i]))
+    per_prompt = labels[0] != "sampling_params"
+    check_limits(requests, limits or ServerLimits(), prompt_field="text" if body.get("text") is not None else "input_ids",
+                 n_field=f"{labels[0]}.n",
+                 max_new_field=lambda i: f"{labels[i] if per_prompt else 'sampling_params'}.max_new_tokens",
+                 context_length=context_length)
     return GeneratePlan(
         requests=requests,
         text_options=[opts for _, opts in parsed],
