@@ -12,6 +12,12 @@ from ringzero.config.cluster import ClusterSettings, NodeResources, S3SecretRef
 GPU_RESOURCE = "nvidia.com/gpu"
 RUN_CONFIG_DIR = "/etc/ringzero/run"
 RUN_CONFIG_FILE = "config.yaml"
+# The S3 Secret is mounted read-only here; its keys appear under these file names.
+S3_CREDENTIAL_VOLUME = "s3-credentials"
+S3_CREDENTIAL_DIR = "/etc/ringzero/s3"
+S3_ACCESS_KEY_FILE = "access-key"
+S3_SECRET_KEY_FILE = "secret-key"
+S3_CREDENTIAL_MODE = 0o440  # owner root, group the pod's fsGroup: readable by the run user only
 
 
 def pod_security(settings: ClusterSettings) -> dict:
@@ -55,14 +61,27 @@ def run_config_mount() -> dict:
     return {"name": "run-config", "mountPath": RUN_CONFIG_DIR, "readOnly": True}
 
 
-def s3_credential_env(secret: S3SecretRef) -> list[dict]:
-    """The store reads these variables; their values stay in the Secret, only references are rendered."""
+def s3_credential_env() -> list[dict]:
+    """The store reads the keys from the files these variables name (see ``s3_credential_volume``);
+    the values stay in the Secret and never enter the pod spec or the environment."""
     return [
-        {"name": "RINGZERO_S3_ACCESS_KEY",
-         "valueFrom": {"secretKeyRef": {"name": secret.name, "key": secret.access_key_key}}},
-        {"name": "RINGZERO_S3_SECRET_KEY",
-         "valueFrom": {"secretKeyRef": {"name": secret.name, "key": secret.secret_key_key}}},
+        {"name": "RINGZERO_S3_ACCESS_KEY_FILE", "value": f"{S3_CREDENTIAL_DIR}/{S3_ACCESS_KEY_FILE}"},
+        {"name": "RINGZERO_S3_SECRET_KEY_FILE", "value": f"{S3_CREDENTIAL_DIR}/{S3_SECRET_KEY_FILE}"},
     ]
+
+
+def s3_credential_volume(secret: S3SecretRef) -> dict:
+    """The S3 Secret as a volume of just its two keys, readable by the pod's group (the run user's fsGroup)."""
+    return {"name": S3_CREDENTIAL_VOLUME, "secret": {
+        "secretName": secret.name,
+        "defaultMode": S3_CREDENTIAL_MODE,
+        "items": [{"key": secret.access_key_key, "path": S3_ACCESS_KEY_FILE},
+                  {"key": secret.secret_key_key, "path": S3_SECRET_KEY_FILE}],
+    }}
+
+
+def s3_credential_mount() -> dict:
+    return {"name": S3_CREDENTIAL_VOLUME, "mountPath": S3_CREDENTIAL_DIR, "readOnly": True}
 
 
 def writable_home_env() -> list[dict]:

@@ -34,16 +34,17 @@ def render_pytorchjob(settings: ClusterSettings, job: StageJob, extra_args: tupl
     labels = job.labels("trainer")
     main = pods.container(
         CONTAINER, image.ref(), image.pull_policy, TORCHRUN, torchrun_args(settings, job, RENDEZVOUS, extra_args),
-        env=[*job.plain_env(), *pods.writable_home_env(), *pods.s3_credential_env(settings.s3_secret)],
+        env=[*job.plain_env(), *pods.writable_home_env(), *pods.s3_credential_env()],
         resources=pods.resources(settings.node_resources, settings.gpus_per_node),
-        mounts=[*pods.scratch_mounts(), pods.run_config_mount()],
+        mounts=[*pods.scratch_mounts(), pods.run_config_mount(), pods.s3_credential_mount()],
         ports=[{"name": PORT_NAME, "containerPort": PORT, "protocol": "TCP"}],
     )
     template = {
         "metadata": {"labels": dict(labels)},
         "spec": pods.pod_spec(
             settings, [main],
-            volumes=[*pods.scratch_volumes(settings.node_resources), pods.run_config_volume(job.config_map_name())],
+            volumes=[*pods.scratch_volumes(settings.node_resources), pods.run_config_volume(job.config_map_name()),
+                     pods.s3_credential_volume(settings.s3_secret)],
         ),
     }
     replicas = {"Master": {"replicas": 1, "restartPolicy": "Never", "template": template}}

@@ -112,14 +112,17 @@ def render_rollout(settings: ClusterSettings, job: StageJob, spec: RolloutSpec) 
     models = {"name": "models", "emptyDir": {}}
     models_mount = {"name": "models", "mountPath": "/models"}
     volumes, mounts = [*pods.scratch_volumes(settings.rollout.resources), models], [*pods.scratch_mounts(), models_mount]
+    # Only the fetch-model init container mounts the keys; the SGLang server never reads the store.
+    volumes.append(pods.s3_credential_volume(settings.s3_secret))
     if shared := shared_weights_volume(settings):
         volumes.append(shared[0])
         mounts.append({**shared[1], "readOnly": True})
-    creds = pods.s3_credential_env(settings.s3_secret)
+    creds = pods.s3_credential_env()
     fetch = pods.container(
         "fetch-model", image.ref(), image.pull_policy, ["python3", "-m", "ringzero.cluster.fetch_model"],
         fetch_args(spec), env=[*pods.writable_home_env(), *creds],
-        resources=pods.resources(settings.rollout.resources, 0), mounts=[pods.scratch_mounts()[0], models_mount],
+        resources=pods.resources(settings.rollout.resources, 0),
+        mounts=[pods.scratch_mounts()[0], models_mount, pods.s3_credential_mount()],
     )
     # Loading a large model takes minutes: the startup probe allows the whole ready timeout.
     startup_failures = max(1, int(settings.rollout.ready_timeout_s // 10))

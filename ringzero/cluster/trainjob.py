@@ -36,11 +36,12 @@ def render_trainjob(settings: ClusterSettings, job: StageJob, extra_args: tuple[
     pod_patch = {
         "securityContext": pods.pod_security(settings),
         "serviceAccountName": settings.service_account,
-        "volumes": [*pods.scratch_volumes(settings.node_resources), pods.run_config_volume(job.config_map_name())],
+        "volumes": [*pods.scratch_volumes(settings.node_resources), pods.run_config_volume(job.config_map_name()),
+                    pods.s3_credential_volume(settings.s3_secret)],
         "containers": [{
             "name": RUNTIME_CONTAINER,
             "securityContext": pods.container_security(),
-            "volumeMounts": [*pods.scratch_mounts(), pods.run_config_mount()],
+            "volumeMounts": [*pods.scratch_mounts(), pods.run_config_mount(), pods.s3_credential_mount()],
         }],
     }
     if settings.node_selector:
@@ -60,7 +61,7 @@ def render_trainjob(settings: ClusterSettings, job: StageJob, extra_args: tuple[
                 "image": image.ref(),
                 "command": list(TORCHRUN),
                 "args": torchrun_args(settings, job, RENDEZVOUS, extra_args),
-                "env": [*job.plain_env(), *pods.writable_home_env(), *pods.s3_credential_env(settings.s3_secret)],
+                "env": [*job.plain_env(), *pods.writable_home_env(), *pods.s3_credential_env()],
                 "numNodes": settings.num_nodes,
                 "numProcPerNode": settings.procs_per_node(),
                 "resourcesPerNode": pods.resources(settings.node_resources, settings.gpus_per_node),

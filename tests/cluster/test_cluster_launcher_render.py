@@ -281,7 +281,7 @@ def test_trainer_reaches_the_rollout_service_it_waits_for():
     assert "engines.rollout.endpoint" not in str(render_stage(settings(), j)[-1])
 
 
-def test_credentials_are_references_never_values(monkeypatch):
+def test_credentials_are_mounted_files_never_values(monkeypatch):
     monkeypatch.setenv("RINGZERO_S3_ACCESS_KEY", "CANARY-ACCESS-9f3a")
     monkeypatch.setenv("RINGZERO_S3_SECRET_KEY", "CANARY-SECRET-77b1")
     for backend in ("trainjob", "pytorchjob"):
@@ -289,7 +289,35 @@ def test_credentials_are_references_never_values(monkeypatch):
         text = yaml.safe_dump_all(objs)
         assert "CANARY" not in text
         assert not [n for o in objs for n in plain_secret_env(o)]
-        assert text.count("secretKeyRef") >= 4  # trainer + fetch-model, access and secret key each
+        assert "secretKeyRef" not in text, "credentials must not reach the environment"
+        readers = 0
+        for where, pod in [p for o in objs for p in pod_specs(o)]:
+            (volume,) = [v for v in pod["volumes"] if "secret" in v]
+            assert volume["secret"] == {
+                "secretName": "ringzero-s3", "defaultMode": 0o440,
+                "items": [{"key": "access-key", "path": "access-key"}, {"key": "secret-key", "path": "secret-key"}]}
+            for c in pod.get("initContainers", []) + pod["containers"]:
+                mounts = [m for m in c.get("volumeMounts", []) if m["name"] == volume["name"]]
+                env = {e["name"]: e.get("value") for e in c.get("env", [])}
+                if mounts:
+                    assert mounts == [{"name": volume["name"], "mountPath": "/etc/ringzero/s3", "readOnly": True}]
+                    readers += 1
+                if "RINGZERO_S3_ACCESS_KEY_FILE" in env:
+                    assert mounts, f"{where}/{c['name']} names key files it does not mount"
+                    assert env["RINGZERO_S3_SECRET_KEY_FILE"] == "/etc/ringzero/s3/secret-key"
+        trainer = objs[-1]
+        trainer_env = (trainer["spec"]["trainer"]["env"] if backend == "trainjob" else
+                       trainer["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["env"])
+        assert {"name": "RINGZERO_S3_ACCESS_KEY_FILE", "value": "/etc/ringzero/s3/access-key"} in trainer_env
+        assert readers >= 2, f"{backend}: the trainer and the fetch-model container mount the keys"
+
+
+def test_credential_files_follow_the_secret_key_names():
+    s = settings(s3_secret={"name": "store-keys", "access_key_key": "id", "secret_key_key": "key"})
+    objs = render_stage(s, job(), rollout())
+    volumes = [v["secret"] for o in objs for _, pod in pod_specs(o) for v in pod["volumes"] if "secret" in v]
+    assert volumes and all(v["secretName"] == "store-keys" and v["items"] == [
+        {"key": "id", "path": "access-key"}, {"key": "key", "path": "secret-key"}] for v in volumes)
 
 
 def test_secret_looking_plain_env_is_refused():
