@@ -49,9 +49,12 @@ helm.sh/chart: {{ include "ringzero.chart" .root }}
 {{- end -}}
 {{- end -}}
 
-{{/* repository:tag, or repository@sha256:... for a digest. Call with an image value. */}}
+{{/* repository@digest when the image value sets digest (its tag is then ignored), repository@sha256:...
+for a digest given as the tag, else repository:tag. Call with an image value. */}}
 {{- define "ringzero.image" -}}
-{{- if hasPrefix "sha256:" .tag -}}
+{{- if .digest -}}
+{{- printf "%s@%s" .repository .digest -}}
+{{- else if hasPrefix "sha256:" .tag -}}
 {{- printf "%s@%s" .repository .tag -}}
 {{- else -}}
 {{- printf "%s:%s" .repository .tag -}}
@@ -79,24 +82,36 @@ helm.sh/chart: {{ include "ringzero.chart" .root }}
 {{- printf "s3://%s/%s" .Values.s3.bucket .Values.s3.prefix -}}
 {{- end -}}
 
-{{/* The S3 keys as references into the existing Secret: values are never rendered. */}}
+{{/* Folder the S3 Secret is mounted at; its two keys appear as the files access-key and secret-key. */}}
+{{- define "ringzero.s3CredentialDir" -}}/etc/ringzero/s3{{- end -}}
+
+{{/* The S3 keys as paths of mounted files: values never reach the pod spec or the environment. */}}
 {{- define "ringzero.s3CredentialEnv" -}}
-- name: RINGZERO_S3_ACCESS_KEY
-  valueFrom:
-    secretKeyRef:
-      name: {{ .Values.s3.existingSecret }}
-      key: {{ .Values.s3.accessKeyKey }}
-- name: RINGZERO_S3_SECRET_KEY
-  valueFrom:
-    secretKeyRef:
-      name: {{ .Values.s3.existingSecret }}
-      key: {{ .Values.s3.secretKeyKey }}
+- name: RINGZERO_S3_ACCESS_KEY_FILE
+  value: {{ include "ringzero.s3CredentialDir" . }}/access-key
+- name: RINGZERO_S3_SECRET_KEY_FILE
+  value: {{ include "ringzero.s3CredentialDir" . }}/secret-key
+{{- end -}}
+
+{{/* The S3 Secret as a read-only volume holding only its two keys, readable by the pod's group (fsGroup). */}}
+{{- define "ringzero.s3CredentialVolume" -}}
+- name: s3-credentials
+  secret:
+    secretName: {{ .Values.s3.existingSecret }}
+    defaultMode: 0440
+    items:
+      - {key: {{ .Values.s3.accessKeyKey }}, path: access-key}
+      - {key: {{ .Values.s3.secretKeyKey }}, path: secret-key}
+{{- end -}}
+
+{{- define "ringzero.s3CredentialMount" -}}
+- {name: s3-credentials, mountPath: {{ include "ringzero.s3CredentialDir" . }}, readOnly: true}
 {{- end -}}
 
 {{/* Cross-field rules the schema cannot state clearly; each failure names the fields to change. */}}
 {{- define "ringzero.validate" -}}
 {{- range $name, $image := dict "images.trainer" .Values.images.trainer "images.rollout" .Values.images.rollout "images.cpu" .Values.images.cpu "minio.image" .Values.minio.image "minio.clientImage" .Values.minio.clientImage -}}
-{{- if eq $image.tag "latest" -}}
+{{- if and (eq $image.tag "latest") (not $image.digest) -}}
 {{- fail (printf "%s.tag: 'latest' is not a pinned tag; give a release tag or a sha256 digest" $name) -}}
 {{- end -}}
 {{- end -}}
