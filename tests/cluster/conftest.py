@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from ci_require import require_tool
 from cluster_helm_cli import HelmUnavailable, helm_binary
 from cluster_kit import COMBINATIONS, render
 
@@ -12,7 +13,7 @@ def helm_bin():
     try:
         return helm_binary()
     except HelmUnavailable as exc:
-        pytest.skip(f"no helm CLI: {exc}")
+        require_tool("helm CLI", str(exc))
 
 
 @pytest.fixture(scope="session")

@@ -16,6 +16,7 @@ import math
 
 import pytest
 import torch
+from ci_require import require_module
 from model_kit import policy, randomize, tiny_cfg
 from model_tolerances import assert_close
 
@@ -24,7 +25,7 @@ from ringzero.model.lightning import LightningAttention
 from ringzero.model.mla import MLAttention
 
 pytestmark = pytest.mark.transformers
-transformers = pytest.importorskip("transformers")
+transformers = require_module("transformers")
 F32 = torch.float32
 
 

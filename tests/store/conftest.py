@@ -13,6 +13,7 @@ import os
 from collections.abc import Iterator
 
 import pytest
+from ci_require import require_tool
 from store_kit import GatewayTarget, MotoTarget, S3Target
 
 from ringzero.store import CheckpointStore, open_store
@@ -42,9 +43,8 @@ def rgw_server() -> GatewayTarget:
     names = ["RINGZERO_RGW_ENDPOINT", "RINGZERO_RGW_ACCESS_KEY", "RINGZERO_RGW_SECRET_KEY", "RINGZERO_RGW_DIR"]
     missing = [n for n in names if not os.environ.get(n)]
     if missing:
-        pytest.skip(
-            f"no Ceph RADOS Gateway: {missing[0]} unset (make test starts one with tests/servers/rgw-start.sh)"
-        )
+        require_tool("Ceph RADOS Gateway",
+                     f"{missing[0]} unset (make test starts one with tests/servers/rgw-start.sh)")
     return GatewayTarget(*(os.environ[n] for n in names))
 
 

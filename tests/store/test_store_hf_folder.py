@@ -9,6 +9,7 @@ import os
 import pytest
 import safetensors.torch
 import torch
+from ci_require import require_module
 from store_kit import assert_bit_exact
 
 from ringzero.errors import IntegrityError, StoreError
@@ -316,7 +317,7 @@ def test_import_refuses_a_folder_without_config_or_with_a_broken_one(file_store,
 
 @pytest.mark.transformers
 def test_transformers_loads_an_exported_folder_and_its_save_pretrained_imports(file_store, tmp_path):
-    transformers = pytest.importorskip("transformers")
+    transformers = require_module("transformers")
     cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
                                    num_attention_heads=2, num_key_value_heads=2, tie_word_embeddings=False)
     torch.manual_seed(0)

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import pytest
+from ci_require import require_module
 
 from ringzero.errors import RingzeroError
 from ringzero.tokenizer import HFJsonTokenizer, Tokenizer, build_tokenizer
 
-tokenizers = pytest.importorskip("tokenizers")
+tokenizers = require_module("tokenizers")
 
 
 def _write(tmp_path, specials=("<s>", "</s>", "<pad>")):
