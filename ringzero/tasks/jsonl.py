@@ -6,6 +6,7 @@ Files are read and validated once; every malformed line is reported with its fil
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 from ringzero.errors import RingzeroError
@@ -23,38 +24,76 @@ def _text_field(record: dict, name: str) -> str:
     value = record[name]
     if isinstance(value, bool) or not isinstance(value, str | int | float):
         raise ValueError(f"field {name!r} must be a string or a number (got {type(value).__name__})")
+    if isinstance(value, float) and not math.isfinite(value):  # 1e999 parses to inf
+        raise ValueError(f"field {name!r} must be a finite number (got {value})")
     text = str(value).strip()
     if not text:
         raise ValueError(f"field {name!r} is empty")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:  # a lone "\ud800" escape decodes to no valid character
+        raise ValueError(f"field {name!r} holds {text[exc.start]!r} at character {exc.start}, an unpaired "
+                         "surrogate that is not valid Unicode") from None
     return text
 
 
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not valid JSON (JSON numbers are finite)")
+
+
+def _record(raw: bytes, lineno: int) -> dict:
+    """One line as a JSON object; every problem a ValueError saying what is wrong."""
+    try:
+        line = raw.decode("utf-8-sig" if lineno == 1 else "utf-8")  # a BOM may open the file
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"not valid UTF-8 (byte {raw[exc.start]:#04x} at column {exc.start + 1})") from None
+    try:
+        record = json.loads(line, parse_constant=_no_constant)
+    except RecursionError:
+        raise ValueError("nests too deeply to be a record") from None
+    except ValueError as exc:
+        if "integer string conversion" in str(exc):  # Python's own guard against huge int literals
+            raise ValueError("holds an integer of more than 4300 digits") from None
+        raise
+    if not isinstance(record, dict):
+        raise ValueError(f"expected a JSON object (got {type(record).__name__})")
+    return record
+
+
+def _lines(path: Path):
+    """``(line number, bytes)`` of the non-blank lines; JSONL ends each record with a newline alone."""
+    try:
+        with path.open("rb") as fh:
+            for lineno, raw in enumerate(fh, start=1):
+                if raw.strip():
+                    yield lineno, raw
+    except OSError as exc:
+        raise RingzeroError(f"{path}: cannot be read: {exc.strerror or exc}") from None
+
+
 def load_problems(path: Path, question_field: str, answer_field: str, split: Split) -> list[Problem]:
+    if path.is_dir():
+        raise RingzeroError(f"{path}: a folder, not a JSONL file")
     if not path.is_file():
         raise RingzeroError(f"{path}: no such file")
     problems, bad = [], []
-    with path.open(encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-                if not isinstance(record, dict):
-                    raise ValueError(f"expected a JSON object (got {type(record).__name__})")
-                question = _text_field(record, question_field)
-                raw_answer = _text_field(record, answer_field)
-            except ValueError as exc:  # json.JSONDecodeError is a ValueError
-                bad.append(f"{path}:{lineno}: {exc}")
-                continue
-            answer = extract_answer(raw_answer) or raw_answer
-            problems.append(
-                Problem(
-                    id=f"{split}:{lineno}",
-                    prompt=PROMPT_TEMPLATE.format(question=question),
-                    answer=normalize_answer(answer),
-                    meta={"source": str(path), "line": lineno},
-                )
+    for lineno, raw in _lines(path):
+        try:
+            record = _record(raw, lineno)
+            question = _text_field(record, question_field)
+            raw_answer = _text_field(record, answer_field)
+        except ValueError as exc:  # json.JSONDecodeError is a ValueError
+            bad.append(f"{path}:{lineno}: {exc}")
+            continue
+        answer = extract_answer(raw_answer) or raw_answer
+        problems.append(
+            Problem(
+                id=f"{split}:{lineno}",
+                prompt=PROMPT_TEMPLATE.format(question=question),
+                answer=normalize_answer(answer),
+                meta={"source": str(path), "line": lineno},
             )
+        )
     if bad:
         more = f"\n  ... and {len(bad) - MAX_REPORTED_LINES} more" if len(bad) > MAX_REPORTED_LINES else ""
         raise RingzeroError(
