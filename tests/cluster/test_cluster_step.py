@@ -90,7 +90,7 @@ def commit_outcome(cfg, store, stage):
     store.put_json(outcome_key(stage_hash(cfg, stage, INPUTS)), asdict(outcome))
 
 
-@pytest.mark.parametrize("backend", ["trainjob", pytest.param("pytorchjob", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("backend", ["trainjob", "pytorchjob"])
 def test_the_launched_job_runs_the_stage_and_the_step_returns_its_outcome(micro, tmp_path, backend):
     cfg, store, stage, inputs = micro
     api = cluster(tmp_path)
