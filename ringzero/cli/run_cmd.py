@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import signal
-import sys
 from pathlib import Path
 
 from ringzero.cli.config_cmd import add_config_args
@@ -41,12 +39,13 @@ def open_run(args):
     from ringzero.config import load_config
     from ringzero.logs import attach_run_log, quiet_for_rank
     from ringzero.parallel.runtime import from_env
+    from ringzero.stages import preemption
     from ringzero.store import open_store
 
     cfg = load_config(args.config, args.overrides)
-    # torchrun stops the other ranks of a failed job with SIGTERM: exit through Python, so the stage
-    # lease and open files are released rather than left behind.
-    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    # SIGTERM (a pod deleted, torchrun stopping the survivors of a failed job): a step loop saves and
+    # exits, anything else exits through Python so the stage lease and open files are released.
+    preemption.install(cfg.run.sigterm_grace_s)
     runtime = from_env(cfg.parallel, cfg.run.device, tp=cfg.engines.training.tp, ep=cfg.engines.training.ep)
     run_dir = Path(cfg.run.run_dir)
     quiet_for_rank(runtime.rank)

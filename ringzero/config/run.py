@@ -21,6 +21,10 @@ class RunSettings(StrictModel):
     seed: int = Field(0, ge=0)
     run_dir: str = Field("runs", description="local folder for logs, metrics JSONL and reports")
     threads: int | None = Field(None, ge=1, description="torch CPU threads; null = torch's default")
+    sigterm_grace_s: float = Field(
+        25.0, gt=0, le=3600, description="on SIGTERM a step loop saves a resume point at the next step and "
+        "exits; after this many seconds the process exits whatever it is doing (keep it under the pod's "
+        "terminationGracePeriodSeconds)")
     device: Literal["auto", "cpu", "cuda"] = Field(
         "auto", description="where a stage's model, optimizer, batches and rollout engine live; auto: CUDA when "
         "present (each rank its LOCAL_RANK's GPU), else CPU"

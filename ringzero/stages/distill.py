@@ -31,6 +31,7 @@ from ringzero.errors import RingzeroError
 from ringzero.rl.rewards import TaskReward
 from ringzero.rl.rollout_batch import collect, sampling_params
 from ringzero.rollout.factory import rollout_client
+from ringzero.stages import preemption
 from ringzero.stages.base import StageContext, StageInputs, StageOutcome
 from ringzero.stages.config import DistillStage
 from ringzero.stages.distill_data import epoch_order, select_traces, sft_batch
@@ -83,7 +84,7 @@ def run(ctx: StageContext, stage: DistillStage, inputs: StageInputs) -> StageOut
         log.info("distill.resume", uri=resume, step=first)
     order_seed = seeded(cfg.run.seed, "distill-order")
     losses = []
-    with step_progress("distill", total, first) as advance:
+    with step_progress("distill", total, first) as advance, preemption.preemptible():
         for step in range(first, total):
             epoch, index = divmod(step, steps_per_epoch)
             order = epoch_order(len(examples), order_seed, epoch)
@@ -98,8 +99,14 @@ def run(ctx: StageContext, stage: DistillStage, inputs: StageInputs) -> StageOut
                                            "grad/norm": report.grad_norm, "distill/epoch": epoch})
                 losses = []
             advance(f"loss {value:.3f}")
-            if (step + 1) % steps_per_epoch == 0 and step + 1 < total:
+            saved = (step + 1) % steps_per_epoch == 0 and step + 1 < total
+            if saved:
                 save_resume_point(ctx.store, ctx.checkpoint_prefix, step + 1, model, optimizer)
+            if preemption.due(rt):
+                if not saved:
+                    save_resume_point(ctx.store, ctx.checkpoint_prefix, step + 1, model, optimizer)
+                log.info("distill.preempted", step=step + 1)
+                raise preemption.Preempted(stage.name, step + 1)
 
     model.eval()
     uri = save_final(ctx.store, ctx.checkpoint_prefix, model, optimizer.master_state_dict(),

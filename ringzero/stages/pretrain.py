@@ -18,6 +18,7 @@ import torch
 
 from ringzero.engines import training_engine
 from ringzero.rollout.factory import rollout_client
+from ringzero.stages import preemption
 from ringzero.stages.base import StageContext, StageInputs, StageOutcome
 from ringzero.stages.config import PretrainStage
 from ringzero.stages.corpus_windows import CorpusWindows
@@ -55,7 +56,7 @@ def run(ctx: StageContext, stage: PretrainStage, inputs: StageInputs) -> StageOu
     windows = CorpusWindows(task, tokenizer, stage.seq_len, cfg.run.seed)
 
     losses, tokens, window_start = [], 0, time.time()
-    with step_progress("pretrain", stage.steps, first) as advance:
+    with step_progress("pretrain", stage.steps, first) as advance, preemption.preemptible():
         for step in range(first, stage.steps):
             batch_BS = windows.batch(step, stage.batch_size)
             result = lm_step(model, batch_BS, rt, optimizer=optimizer, sharding=cfg.parallel.sharding,
@@ -72,8 +73,14 @@ def run(ctx: StageContext, stage: PretrainStage, inputs: StageInputs) -> StageOu
                 })
                 losses, tokens, window_start = [], 0, time.time()
             advance(f"loss {result.loss:.3f}")
-            if (step + 1) % stage.checkpoint_every == 0 and step + 1 < stage.steps:
+            saved = (step + 1) % stage.checkpoint_every == 0 and step + 1 < stage.steps
+            if saved:
                 save_resume_point(ctx.store, ctx.checkpoint_prefix, step + 1, model, optimizer)
+            if preemption.due(rt):
+                if not saved:
+                    save_resume_point(ctx.store, ctx.checkpoint_prefix, step + 1, model, optimizer)
+                log.info("pretrain.preempted", step=step + 1)
+                raise preemption.Preempted(stage.name, step + 1)
 
     model.eval()
     final_loss = lm_step(model, windows.batch(stage.steps, stage.batch_size), rt,  # an unseen batch

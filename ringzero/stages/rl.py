@@ -15,6 +15,9 @@ from __future__ import annotations
 
 import time
 
+import structlog
+
+from ringzero.stages import preemption
 from ringzero.stages.base import StageContext, StageInputs, StageOutcome
 from ringzero.stages.config import RLStage
 from ringzero.stages.heldout_eval import evaluate_heldout
@@ -25,6 +28,8 @@ from ringzero.stages.rollback import guard_for
 from ringzero.stages.stop_conditions import StopConditions
 from ringzero.stages.summary_values import finite_only, mean_of_last
 from ringzero.stages.train_state import save_final, save_resume_point
+
+log = structlog.get_logger(__name__)
 
 SUMMARY_STEPS = 5
 SUMMARY_KEYS = (
@@ -44,7 +49,7 @@ def run(ctx: StageContext, stage: RLStage, inputs: StageInputs) -> StageOutcome:
     stop = StopConditions(stage, rl.resumed.get("stop"))
     history, wall_before = list(rl.resumed.get("history", [])), float(rl.resumed.get("wall_s", 0.0))
     table, step, reason = LiveTable(f"rl {stage.name}"), rl.first_step, "steps"
-    with step_progress(f"rl {stage.name}", stage.steps, step) as advance:
+    with step_progress(f"rl {stage.name}", stage.steps, step) as advance, preemption.preemptible():
         while step < stage.steps:
             if guard is not None:
                 if guard.due(step, stage.checkpoint_every):
@@ -63,10 +68,15 @@ def run(ctx: StageContext, stage: RLStage, inputs: StageInputs) -> StageOutcome:
             history = (history + [finite_only({k: metrics[k] for k in SUMMARY_KEYS if k in metrics})])[-SUMMARY_STEPS:]
             wall_s = wall_before + time.time() - started
             why = stop.check(step, metrics, wall_s / 60)
-            if why is None and step % stage.checkpoint_every == 0 and step < stage.steps:
+            saved = why is None and step % stage.checkpoint_every == 0 and step < stage.steps
+            preempted = why is None and preemption.due(rl.runtime)
+            if saved or preempted:
                 save_resume_point(ctx.store, ctx.checkpoint_prefix, step, rl.model, rl.optimizer,
                                   {"stop": stop.state(), "history": history, "wall_s": wall_s,
                                    **({} if guard is None else {"rollback": guard.state()})})
+            if preempted:
+                log.info("rl.preempted", step=step)
+                raise preemption.Preempted(stage.name, step)
             if why is not None:
                 reason = why
                 break

@@ -1,0 +1,84 @@
+"""The short fault campaign (``bench/faults.py`` with a few trials per fault): real runs on micro
+pipelines, killed at random moments and at the store's commit points, stopped with SIGTERM, failed by a
+full disk, given a corrupted shard, and (RL) run as two ranks of which one is killed. After each, what a
+reader sees in the store must verify, and the rerun must resume from the newest committed resume point
+(or reuse the committed outcome) and end bit for bit where an uninterrupted run ends."""
+
+from __future__ import annotations
+
+import random
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "bench"))
+
+import faults  # noqa: E402
+
+pytestmark = [pytest.mark.slow]
+
+
+def assert_survived(t: faults.Trial) -> None:
+    where = f"{t.kind} {t.fault}: {t}"
+    assert t.torn == 0, f"a reader saw a torn checkpoint or outcome: {where}"
+    assert t.resumed, f"the rerun failed: {where}"
+    assert t.lost == 0, f"the rerun did not resume from the newest committed step: {where}"
+    assert t.equal, f"the resumed run did not end where an uninterrupted run ends: {where}"
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory):
+    return tmp_path_factory.mktemp("faults")
+
+
+@pytest.mark.xdist_group("faults-pretrain")
+def test_pretrain_survives_kills_sigterm_a_full_disk_and_refuses_a_corrupt_shard(work):
+    rng = random.Random(1)
+    ref = faults.reference("pretrain", work)
+    assert ref.counts["shard"] >= 2 and ref.counts["commit"] >= 2  # the points below were passed
+    for i, fault in enumerate([None, "shard:2", "commit:2", "outcome:1"]):
+        t = faults.kill_trial(ref, work, i, rng, fault)
+        assert t.exit_code == -9 or (fault is None and t.note), t  # SIGKILL (or the run beat the timer)
+        assert_survived(t)
+    term = faults.sigterm_trial(ref, work, 0, rng, delay_s=0.0)
+    assert term.exit_code == 143 and term.extra["saved_on_signal"] and term.extra["within_grace"], term
+    assert term.newest_step > 0
+    assert_survived(term)
+    full = faults.disk_full_trial(ref, work, 0, rng)
+    assert full.extra["clean_error"], full
+    assert_survived(full)
+    bad = faults.corrupt_trial(ref, work, 0, rng)
+    assert bad.extra == {"verify_exit": 2, "verify_names_file": True, "rerun_refused": True}, bad
+
+
+@pytest.mark.xdist_group("faults-rl")
+def test_rl_survives_kills_sigterm_and_a_killed_rank(work):
+    rng = random.Random(2)
+    ref = faults.reference("rl", work)
+    for i, fault in enumerate([None, "commit:3", "manifest:2"]):
+        assert_survived(faults.kill_trial(ref, work, i, rng, fault))
+    term = faults.sigterm_trial(ref, work, 0, rng, delay_s=0.0)
+    assert term.exit_code == 143 and term.extra["saved_on_signal"] and term.extra["within_grace"], term
+    assert_survived(term)
+    two = faults.reference("rl", work, dp=2)
+    rank = faults.rank_kill_trial(two, work, 0, rng)
+    assert rank.exit_code not in (None, 0) and rank.extra["job_end_s"] < 60, rank
+    assert_survived(rank)
+
+
+@pytest.mark.xdist_group("faults-rl")
+def test_distill_and_eval_survive_kills(work):
+    rng = random.Random(3)
+    for kind, trials in (("distill", [None, "shard:2", "outcome-after:1"]), ("eval", [None, "outcome:1"])):
+        ref = faults.reference(kind, work)
+        for i, fault in enumerate(trials):
+            assert_survived(faults.kill_trial(ref, work, i, rng, fault))
+
+
+def test_the_score_catches_a_rerun_that_starts_over():
+    """Negative control: a rerun that trained from 0 although step 4 was committed counts as lost."""
+    t = faults.Trial("pretrain", "random-time", resumed=True, resumed_from=0, lost=4, equal=True)
+    with pytest.raises(AssertionError, match="did not resume"):
+        assert_survived(t)
