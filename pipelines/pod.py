@@ -7,7 +7,9 @@ from kfp.dsl import PipelineTask
 
 from ringzero.config.kfp import KfpSettings
 
-S3_ENV = {"access": "RINGZERO_S3_ACCESS_KEY", "secret": "RINGZERO_S3_SECRET_KEY"}
+S3_FILE_ENV = {"access": "RINGZERO_S3_ACCESS_KEY_FILE", "secret": "RINGZERO_S3_SECRET_KEY_FILE"}
+# The chart's mount point for the same Secret: a step pod and a stage job read the keys at one path.
+S3_SECRET_DIR = "/etc/ringzero/s3"
 
 
 def apply_pod_settings(task: PipelineTask, settings: KfpSettings, *, runs_stage: bool, uses_store: bool) -> PipelineTask:
@@ -22,10 +24,11 @@ def apply_pod_settings(task: PipelineTask, settings: KfpSettings, *, runs_stage:
     task.set_caching_options(False)
     if uses_store and settings.s3_secret is not None:
         secret = settings.s3_secret
-        kubernetes.use_secret_as_env(
-            task, secret_name=secret.name,
-            secret_key_to_env={secret.access_key_key: S3_ENV["access"], secret.secret_key_key: S3_ENV["secret"]},
-        )
+        # Mounted as files, never put in the environment (where `kubectl describe`, crash dumps and child
+        # processes would see the values); the store reads the *_FILE paths.
+        kubernetes.use_secret_as_volume(task, secret_name=secret.name, mount_path=S3_SECRET_DIR)
+        task.set_env_variable(S3_FILE_ENV["access"], f"{S3_SECRET_DIR}/{secret.access_key_key}")
+        task.set_env_variable(S3_FILE_ENV["secret"], f"{S3_SECRET_DIR}/{secret.secret_key_key}")
     if runs_stage and settings.mode == "cluster":
         # The launcher makes this pod the owner of the job it creates, so deleting the step cleans up.
         kubernetes.use_field_path_as_env(task, env_name="RINGZERO_POD_NAME", field_path="metadata.name")

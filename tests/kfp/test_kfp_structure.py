@@ -79,10 +79,11 @@ def test_gpu_placement_and_secrets_from_config(gpu_spec):
     spec, platform = gpu_spec
     tasks = tasks_by_display_name(spec)
     k8s = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
-    secret_env = [{"secretName": "ringzero-s3", "optional": False,
-                   "secretNameParameter": {"runtimeValue": {"constant": "ringzero-s3"}},
-                   "keyToEnv": [{"secretKey": "id", "envVar": "RINGZERO_S3_ACCESS_KEY"},
-                                {"secretKey": "key", "envVar": "RINGZERO_S3_SECRET_KEY"}]}]
+    # the Secret is mounted as files and the store reads their paths: no credential value in the env
+    secret_volume = [{"secretName": "ringzero-s3", "optional": False, "mountPath": "/etc/ringzero/s3",
+                      "secretNameParameter": {"runtimeValue": {"constant": "ringzero-s3"}}}]
+    file_env = [{"name": "RINGZERO_S3_ACCESS_KEY_FILE", "value": "/etc/ringzero/s3/id"},
+                {"name": "RINGZERO_S3_SECRET_KEY_FILE", "value": "/etc/ringzero/s3/key"}]
     for name in STAGES:
         label, executor = executor_of(spec, tasks[name][2])
         container = executor["container"]
@@ -93,9 +94,11 @@ def test_gpu_placement_and_secrets_from_config(gpu_spec):
             "256Gi", "256Gi", "16")
         assert k8s[label]["nodeSelector"] == {"labels": {"pool": "h200"}}
         assert k8s[label]["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
-        assert k8s[label]["secretAsEnv"] == secret_env
+        assert k8s[label]["secretAsVolume"] == secret_volume and "secretAsEnv" not in k8s[label]
+        assert container["env"] == file_env
     final_label, final_exec = executor_of(spec, tasks["final-status"][2])
-    assert k8s[final_label] == {"secretAsEnv": secret_env}  # reads the store, trains nothing
+    assert k8s[final_label] == {"secretAsVolume": secret_volume}  # reads the store, trains nothing
+    assert final_exec["container"]["env"] == file_env
     assert "resources" not in final_exec["container"]
     gate_label, _ = executor_of(spec, tasks["stage1-gate"][2])
     assert gate_label not in k8s  # a pure function of the summary: no store, no GPUs
@@ -111,7 +114,7 @@ def test_cluster_mode_steps_only_wait_and_need_no_gpus(tmp_path):
         label, executor = executor_of(spec, tasks[name][2])
         assert _param(tasks[name][2], "mode")["runtimeValue"]["constant"] == "cluster"
         assert "resources" not in executor["container"]
-        assert set(k8s[label]) == {"secretAsEnv", "fieldPathAsEnv"}  # the pod names itself owner of its job
+        assert set(k8s[label]) == {"secretAsVolume", "fieldPathAsEnv"}  # the pod names itself owner of its job
         assert {e["name"]: e["fieldPath"] for e in k8s[label]["fieldPathAsEnv"]} == {
             "RINGZERO_POD_NAME": "metadata.name", "RINGZERO_POD_UID": "metadata.uid"}
 
