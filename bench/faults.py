@@ -16,10 +16,12 @@ Then the other faults, a few trials each: SIGTERM (the stage saves and exits wit
 a full disk during a save (a clean failure; the previous checkpoint still verifies and the rerun
 resumes), a corrupted shard (``ringzero store verify`` names it, the rerun refuses it), one rank of a
 ``--nproc 2`` job killed (the job ends within a bound and resumes), and the S3 server stopped and
-restarted mid-run (when a loopback RADOS Gateway is available: ``tests/servers/rgw-start.sh``).
+restarted mid-run (moto's server in this process, which keeps its objects across the restart), for
+outages shorter and longer than the store's retry budget.
 
     python bench/faults.py --trials 20 --out bench/results/faults.json     # the full campaign
     python bench/faults.py --trials 2 --kinds pretrain,rl                   # a short one
+    python bench/faults.py --trials 0 --others 0 --s3 3                     # S3 outages only
 
 Prints a Markdown table (trials, resumed, lost, torn, equal) and writes every trial's record as JSON.
 """
@@ -162,7 +164,7 @@ def final_digest(store_root: str, h: str, kind: str) -> str:
         return hashlib.sha256(json.dumps(outcome["summary"], sort_keys=True).encode()).hexdigest()
     import torch
 
-    ckpt = store.load(outcome["output_uri"])
+    ckpt = store.load("stages/" + outcome["output_uri"].split("/stages/", 1)[1])  # also from a copied store
     digest = hashlib.sha256()
     for name in sorted(ckpt.tensors):
         digest.update(name.encode())
@@ -453,6 +455,124 @@ def _rank_pids(root_pid: int) -> list[int]:
     return leaves
 
 
+class MotoS3:
+    """An S3 server on a thread of this process (moto): its objects live in this process, so they survive
+    a stop and restart of the server, as a real server's disks do."""
+
+    def __init__(self):
+        import socket
+
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            self.port = sock.getsockname()[1]
+        self.endpoint = f"127.0.0.1:{self.port}"
+        self.keys = {"RINGZERO_S3_ACCESS_KEY": "faults-access", "RINGZERO_S3_SECRET_KEY": "faults-secret-key"}
+        self.server = None
+        import logging
+
+        logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one line per request otherwise
+        self.start()
+
+    def start(self) -> None:
+        from moto.server import ThreadedMotoServer
+
+        self.server = ThreadedMotoServer(ip_address="127.0.0.1", port=self.port, verbose=False)
+        self.server.start()
+
+    def stop(self) -> None:
+        inner = self.server._server
+        self.server.stop()
+        inner.server_close()  # new connections fail at once, as with a dead server
+
+    def client(self):
+        import boto3
+
+        return boto3.client("s3", endpoint_url=f"http://{self.endpoint}", region_name="us-east-1",
+                            aws_access_key_id=self.keys["RINGZERO_S3_ACCESS_KEY"],
+                            aws_secret_access_key=self.keys["RINGZERO_S3_SECRET_KEY"])
+
+    def upload(self, folder: Path, bucket: str, prefix: str) -> None:
+        client = self.client()
+        client.create_bucket(Bucket=bucket)
+        for path in folder.rglob("*"):
+            if path.is_file() and not path.name.startswith("."):
+                client.put_object(Bucket=bucket, Key=f"{prefix}/{path.relative_to(folder)}", Body=path.read_bytes())
+
+
+def s3_restart_trial(ref: Reference, work: Path, index: int, rng: random.Random, s3: MotoS3,
+                     down_s: float) -> Trial:
+    """The S3 server stopped for ``down_s`` seconds while the stage runs, then started again (its data
+    kept): the run must retry and finish, or fail with a clear error; either way nothing half-written
+    may be visible, and a rerun ends where an uninterrupted run ends."""
+    root = work / f"{ref.kind}-s3-{index:03d}"
+    root.mkdir(parents=True)
+    bucket = f"faults-{ref.kind}-{index}"
+    s3.upload(ref.prefix, bucket, "runs")
+    store = f"s3://{bucket}/runs"
+    settings = {"endpoint": s3.endpoint, "secure": False}
+    trial = Trial(ref.kind, f"s3-down-{down_s:g}s")
+    cfg = config(root, ref.kind, store=store)
+    data = yaml.safe_load(cfg.read_text())
+    data["storage"]["s3"] = settings
+    cfg.write_text(yaml.safe_dump(data, sort_keys=False))
+    env = {**child_env(extra_path=False), **s3.keys}
+    proc = subprocess.Popen([sys.executable, "-m", "ringzero.cli.main", "run", str(cfg)], env=env, cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lo, hi = ref.stage_s
+    time.sleep(rng.uniform(lo, lo + 0.6 * (hi - lo)))
+    s3.stop()
+    time.sleep(down_s)
+    s3.start()
+    rc, out = finish(proc)
+    trial.exit_code = rc
+    trial.extra["finished"] = rc == 0
+    lines = [line for line in out.splitlines() if line.startswith("error:")]
+    trial.extra["clean_error"] = rc == 0 or (rc == 2 and bool(lines) and "Traceback" not in out)
+    if lines:
+        trial.note = lines[-1][:200]
+    os.environ.update(s3.keys)
+    from ringzero.store import open_store
+    from ringzero.store.config import S3Settings
+
+    def reader():
+        return open_store(store, S3Settings(**settings))
+
+    h = target_hash(events(root))
+    torn, steps = 0, []
+    if h:
+        for uri in reader().list(f"stages/{h[:16]}/"):
+            try:
+                reader().verify(uri)
+            except Exception:  # noqa: BLE001 - any failure to verify counts as torn
+                torn += 1
+            if uri.rstrip("/").split("/")[-1].startswith("step-"):
+                steps.append(int(uri.rstrip("/").split("-")[-1]))
+    trial.torn, trial.newest_step = torn, max(steps, default=0)
+    events_before = len(events(root))
+    rc2, out2 = finish(subprocess.Popen([sys.executable, "-m", "ringzero.cli.main", "run", str(cfg)], env=env,
+                                        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    trial.rerun_exit, trial.resumed = rc2, rc2 == 0
+    if rc2 == 0:
+        new = events(root)[events_before:]
+        cached = any(e.get("event") == "stage.cached" and e.get("stage") == "target" for e in new)
+        resume = [e for e in new if e.get("event") == RESUME_EVENT.get(ref.kind)]
+        trial.resumed_from = trial.newest_step if cached else (resume[0]["step"] if resume else 0)
+        trial.lost = 0 if cached else max(0, trial.newest_step - trial.resumed_from)
+        h = target_hash(new)
+        digest_store = root / "copy"
+        client = s3.client()
+        for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix="runs/"):
+            for o in page.get("Contents", []):
+                dest = digest_store / o["Key"][len("runs/"):]
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                dest.write_bytes(client.get_object(Bucket=bucket, Key=o["Key"])["Body"].read())
+        trial.equal = final_digest(f"file://{digest_store}", h, ref.kind) == ref.digest
+    else:
+        trial.note = out2[-400:]
+    shutil.rmtree(root, ignore_errors=True)
+    return trial
+
+
 def table(trials: list[Trial]) -> str:
     rows = ["| stage kind | fault | trials | resumed | lost steps | torn | equal final |", "|---|---|---:|---:|---:|---:|---:|"]
     groups: dict[tuple[str, str], list[Trial]] = {}
@@ -462,6 +582,24 @@ def table(trials: list[Trial]) -> str:
         rows.append(f"| {kind} | {fault} | {len(ts)} | {sum(t.resumed for t in ts)} | {sum(t.lost for t in ts)} | "
                     f"{sum(t.torn for t in ts)} | {sum(t.equal for t in ts)} |")
     return "\n".join(rows)
+
+
+def s3_campaign(kinds: list[str], trials: int, seed: int, work: Path) -> list[Trial]:
+    """``trials`` outages per kind of each length: shorter than the store's retry budget (the run
+    should ride it out) and longer (it should fail cleanly)."""
+    rng = random.Random(seed + 1)
+    s3 = MotoS3()
+    out = []
+    for kind in kinds:
+        ref = reference(kind, work)
+        for i in range(trials):
+            for down_s in (3.0, 60.0):
+                t = s3_restart_trial(ref, work, 2 * i + (down_s > 10), rng, s3, down_s)
+                out.append(t)
+                print(f"  {kind} {t.fault}: {t.extra} resumed={t.resumed} lost={t.lost} torn={t.torn} equal={t.equal} "
+                      f"{t.note[:120]}", flush=True)
+        shutil.rmtree(ref.prefix.parent, ignore_errors=True)
+    return out
 
 
 def campaign(kinds: list[str], trials: int, seed: int, work: Path, others: int) -> list[Trial]:
@@ -502,11 +640,15 @@ def main() -> int:
     p.add_argument("--others", type=int, default=3, help="trials of each other fault per stage kind")
     p.add_argument("--kinds", default="pretrain,rl,distill,eval")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--s3", type=int, default=0, help="S3 outage trials of each length per stage kind (moto)")
     p.add_argument("--out", type=Path, help="write every trial's record here (JSON)")
     args = p.parse_args()
     started = time.time()
     with tempfile.TemporaryDirectory(prefix="faults-") as tmp:
-        trials = campaign(args.kinds.split(","), args.trials, args.seed, Path(tmp), args.others)
+        kinds = args.kinds.split(",")
+        trials = campaign(kinds, args.trials, args.seed, Path(tmp), args.others) if args.trials or args.others else []
+        if args.s3:
+            trials += s3_campaign([k for k in kinds if k != "eval"], args.s3, args.seed, Path(tmp) / "s3")
     print(table(trials))
     print(f"\n{len(trials)} trials in {(time.time() - started) / 60:.1f} min")
     if args.out:

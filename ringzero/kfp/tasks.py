@@ -27,6 +27,7 @@ from ringzero.kfp.manifest import open_run_manifest
 from ringzero.pipeline.execute import ExecutedStage, execute_stage, outcome_key
 from ringzero.pipeline.gates import evaluate_gate
 from ringzero.pipeline.identity import stage_hash
+from ringzero.stages import preemption
 from ringzero.stages.base import StageInputs
 
 log = structlog.get_logger(__name__)
@@ -74,7 +75,9 @@ def run_stage(
     store = _open_store(cfg)
     run_dir = Path(cfg.run.run_dir)
     if mode == "in-process":
-        ex = _execute_in_process(cfg, store, stage, inputs, run_dir)
+        # the step pod is the stage's process: a pod deletion saves a resume point as `ringzero run` does
+        with preemption.installed(cfg.run.sigterm_grace_s):
+            ex = _execute_in_process(cfg, store, stage, inputs, run_dir)
     else:
         ex = _execute_on_cluster(cfg, store, stage, inputs, run_dir)
     manifest = open_run_manifest(cfg, store, run_dir, run_id)

@@ -23,6 +23,7 @@ A second SIGTERM changes nothing. Exit status 143 (128 + SIGTERM) either way.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -79,6 +80,21 @@ def install(grace_s: float = DEFAULT_GRACE_S) -> None:
         raise ValueError(f"the SIGTERM grace period must be positive (got {grace_s})")
     _STATE.grace_s = grace_s
     signal.signal(signal.SIGTERM, _on_sigterm)
+
+
+@contextlib.contextmanager
+def installed(grace_s: float = DEFAULT_GRACE_S):
+    """``install`` for the duration of a block, the previous handler restored after; nothing (and no
+    error) off the main thread, where Python cannot set signal handlers."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.getsignal(signal.SIGTERM)
+    install(grace_s)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 class preemptible:

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from ringzero.errors import RingzeroError
+from ringzero.errors import IntegrityError, RingzeroError
 from ringzero.model.checkpoint import save_state
 from ringzero.model.hf_format import hf_config
 from ringzero.model.hybrid import HybridLM
@@ -52,7 +52,13 @@ def save_resume_point(store, prefix: str, step: int, model: HybridLM, optimizer:
 
 def load_resume_point(store, uri: str, optimizer: TrainOptimizer) -> ResumePoint:
     """Restore the optimizer's model and state in place from the resume point at ``uri``."""
-    ckpt = store.load(uri)
+    try:
+        ckpt = store.load(uri)
+    except IntegrityError as exc:
+        # never train from it, and never skip it silently: a damaged store is the user's to inspect
+        raise IntegrityError(f"cannot resume from {uri}: {exc}. Nothing was trained from it; delete that "
+                             "folder to resume from the resume point before it, or check the store with "
+                             "`ringzero store verify`") from None
     if "step" not in ckpt.meta or "optimizer" not in ckpt.meta:
         raise RingzeroError(f"{uri}: not a resume point of a training stage (meta lacks step/optimizer)")
     weights = {k[len(MODEL):]: v for k, v in ckpt.tensors.items() if k.startswith(MODEL)}

@@ -77,6 +77,22 @@ def test_distill_and_eval_survive_kills(work):
             assert_survived(faults.kill_trial(ref, work, i, rng, fault))
 
 
+@pytest.mark.xdist_group("faults-pretrain")
+def test_pretrain_rides_out_a_short_s3_outage_and_fails_cleanly_in_a_long_one(work):
+    """The S3 server stopped mid-stage and started again with its data: 3 s is within the store's retry
+    budget (the run finishes), 60 s is not (a clear error, nothing half-written visible); the rerun of
+    either ends where an uninterrupted run ends."""
+    rng = random.Random(4)
+    s3 = faults.MotoS3()
+    ref = faults.reference("pretrain", work / "s3")
+    short = faults.s3_restart_trial(ref, work, 0, rng, s3, 3.0)
+    assert short.extra == {"finished": True, "clean_error": True}, short
+    assert_survived(short)
+    long = faults.s3_restart_trial(ref, work, 1, rng, s3, 60.0)
+    assert long.extra == {"finished": False, "clean_error": True} and "still failing after" in long.note, long
+    assert_survived(long)
+
+
 def test_the_score_catches_a_rerun_that_starts_over():
     """Negative control: a rerun that trained from 0 although step 4 was committed counts as lost."""
     t = faults.Trial("pretrain", "random-time", resumed=True, resumed_from=0, lost=4, equal=True)
