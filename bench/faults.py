@@ -573,14 +573,49 @@ def s3_restart_trial(ref: Reference, work: Path, index: int, rng: random.Random,
     return trial
 
 
+FAULT_NAMES = {
+    "random-time": "SIGKILL, random moment", "shard": "SIGKILL mid-shard write", "commit": "SIGKILL before COMMITTED",
+    "outcome": "SIGKILL before the outcome", "outcome-after": "SIGKILL after the outcome",
+    "manifest": "SIGKILL at the run manifest", "sigterm": "SIGTERM", "enospc": "disk full mid-save",
+    "corrupt-shard": "corrupted shard", "one-rank-killed": "1 of 2 ranks SIGKILLed",
+}
+
+
+def _detail(fault: str, ts: list[Trial]) -> str:
+    """What the fault-specific checks saw, over the group's trials."""
+    n = len(ts)
+    if fault == "sigterm":
+        signalled = [t for t in ts if "exit_s" in t.extra]
+        return (f"{sum(t.extra['within_grace'] for t in signalled)}/{len(signalled)} exited 143 within the grace "
+                f"(max {max((t.extra['exit_s'] for t in signalled), default=0):.1f} s); "
+                f"{sum(t.extra['saved_on_signal'] for t in signalled)} saved a resume point for the signal")
+    if fault == "enospc":
+        return f"{sum(t.extra.get('clean_error', False) for t in ts)}/{n} failed with a clear error (exit 2)"
+    if fault == "corrupt-shard":
+        return (f"verify named the file {sum(t.extra.get('verify_names_file', False) for t in ts)}/{n}; "
+                f"rerun refused it {sum(t.extra.get('rerun_refused', False) for t in ts)}/{n}")
+    if fault == "one-rank-killed":
+        ends = [t.extra["job_end_s"] for t in ts if "job_end_s" in t.extra]
+        return f"the job ended {max(ends, default=0):.1f} s after the kill at most"
+    if fault.startswith("s3-down"):
+        return (f"finished {sum(t.extra.get('finished', False) for t in ts)}/{n}, failed cleanly "
+                f"{sum(not t.extra.get('finished', False) and t.extra.get('clean_error', False) for t in ts)}/{n}")
+    reused = sum("outcome reused" in t.note for t in ts)
+    return f"{reused} reused a committed outcome" if reused else ""
+
+
 def table(trials: list[Trial]) -> str:
-    rows = ["| stage kind | fault | trials | resumed | lost steps | torn | equal final |", "|---|---|---:|---:|---:|---:|---:|"]
+    rows = ["| stage kind | fault | trials | rerun succeeded | committed steps lost | torn reads | equal final | "
+            "checks |", "|---|---|---:|---:|---:|---:|---:|---|"]
     groups: dict[tuple[str, str], list[Trial]] = {}
     for t in trials:
         groups.setdefault((t.kind, t.fault.split(":")[0]), []).append(t)
-    for (kind, fault), ts in sorted(groups.items()):
-        rows.append(f"| {kind} | {fault} | {len(ts)} | {sum(t.resumed for t in ts)} | {sum(t.lost for t in ts)} | "
-                    f"{sum(t.torn for t in ts)} | {sum(t.equal for t in ts)} |")
+    order = list(FAULT_NAMES)
+    for (kind, fault), ts in sorted(groups.items(), key=lambda kv: (kv[0][0], order.index(kv[0][1])
+                                                                    if kv[0][1] in order else 99, kv[0][1])):
+        name = FAULT_NAMES.get(fault, fault.replace("s3-down-", "S3 down "))
+        rows.append(f"| {kind} | {name} | {len(ts)} | {sum(t.resumed for t in ts)} | {sum(t.lost for t in ts)} | "
+                    f"{sum(t.torn for t in ts)} | {sum(t.equal for t in ts)} | {_detail(fault, ts)} |")
     return "\n".join(rows)
 
 
@@ -642,7 +677,17 @@ def main() -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--s3", type=int, default=0, help="S3 outage trials of each length per stage kind (moto)")
     p.add_argument("--out", type=Path, help="write every trial's record here (JSON)")
+    p.add_argument("--report", type=Path, nargs="+", metavar="JSON",
+                   help="no trials: print the table of these records and write it into BENCHMARKS.md")
     args = p.parse_args()
+    if args.report:
+        from mdsection import write_section
+
+        trials = [Trial(**r) for path in args.report for r in json.loads(path.read_text())]
+        body = table(trials)
+        print(body)
+        write_section(ROOT / "BENCHMARKS.md", "faults", body)
+        return 0
     started = time.time()
     with tempfile.TemporaryDirectory(prefix="faults-") as tmp:
         kinds = args.kinds.split(",")

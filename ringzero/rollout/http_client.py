@@ -73,6 +73,11 @@ def _one_or_each(values: list):
     return values[0] if len(set(values)) == 1 else values
 
 
+MAX_SEQUENCES_PER_POST = 1024
+"""Sequences (prompts x n) one ``/generate`` POST asks for: a stage's batch (a distill set of 4096 prompts
+x 8) is split into requests under the server's own per-request limit (``ringzero serve``'s default 4096)."""
+
+
 def generate_body(requests_: list[GenerateRequest]) -> dict:
     """``GenerateReqInput`` for one batch whose requests share ``n`` (SGLang refuses mixed ``n``).
 
@@ -263,17 +268,23 @@ class HttpRolloutClient:
         batches: dict[tuple, list[int]] = {}
         for i, req in enumerate(requests_):
             batches.setdefault(_batch_key(req), []).append(i)
-        for indices in batches.values():
-            group = [requests_[i] for i in indices]
-            n = group[0].params.n
-            items = self._json("POST", "/generate", generate_body(group))
-            if not isinstance(items, list) or len(items) != len(group) * n:
-                got = len(items) if isinstance(items, list) else type(items).__name__
-                raise RingzeroError(f"{where}: expected {len(group) * n} items, got {got}")
-            for k, i in enumerate(indices):
-                results[i] = [_completion(items[k * n + j], requests_[i], where, self.routing_shape)
-                              for j in range(n)]
+        for same_key in batches.values():
+            n = requests_[same_key[0]].params.n
+            per_post = max(1, MAX_SEQUENCES_PER_POST // n)
+            for start in range(0, len(same_key), per_post):
+                self._generate_batch(requests_, same_key[start:start + per_post], results, where)
         return results  # type: ignore[return-value]
+
+    def _generate_batch(self, requests_, indices: list[int], results: list, where: str) -> None:
+        group = [requests_[i] for i in indices]
+        n = group[0].params.n
+        items = self._json("POST", "/generate", generate_body(group))
+        if not isinstance(items, list) or len(items) != len(group) * n:
+            got = len(items) if isinstance(items, list) else type(items).__name__
+            raise RingzeroError(f"{where}: expected {len(group) * n} items, got {got}")
+        for k, i in enumerate(indices):
+            results[i] = [_completion(items[k * n + j], requests_[i], where, self.routing_shape)
+                          for j in range(n)]
 
     def update_weights_from_disk(self, uri: str, weight_version: str) -> None:
         """``model_path`` as given: a local folder for SGLang, a store URI for ``ringzero serve``."""

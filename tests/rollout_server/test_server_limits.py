@@ -9,7 +9,7 @@ import time
 
 import pytest
 import requests
-from server_kit import FakeEngine
+from server_kit import FakeEngine, same_samples
 
 from ringzero.cli.main import main
 from ringzero.errors import RingzeroError
@@ -158,3 +158,23 @@ def test_a_bad_limit_is_refused_by_name(name, value):
 def test_serve_refuses_a_bad_limit_flag_with_exit_2(capsys):
     assert main(["serve", "--checkpoint", "file:///nonexistent/ckpt", "--max-request-tokens", "0"]) == 2
     assert "max_request_tokens" in capsys.readouterr().err
+
+
+def test_the_http_client_splits_a_large_batch_under_the_servers_limit(url, monkeypatch):
+    """A stage's batch larger than one request may hold goes out as several POSTs, each within the limit
+    (here 2 prompts x n = 2 per POST against a server that takes at most LIMITS.max_request_sequences)."""
+    from ringzero.rollout import http_client
+    from ringzero.rollout.http_client import HttpRolloutClient
+    from ringzero.rollout.types import GenerateRequest, SamplingParams
+
+    tok = CharTokenizer()
+    reqs = [GenerateRequest(tok.encode(f"q{i}"), SamplingParams(max_new_tokens=2, n=2, seed=i)) for i in range(7)]
+    client = HttpRolloutClient(url, retries=0)
+    monkeypatch.setattr(http_client, "MAX_SEQUENCES_PER_POST", 10 ** 6)
+    with pytest.raises(RingzeroError, match="400"):
+        client.generate(reqs)  # all 14 sequences in one request: over the server's limit
+    monkeypatch.setattr(http_client, "MAX_SEQUENCES_PER_POST", LIMITS.max_request_sequences)
+    got = client.generate(reqs)
+    assert [len(g) for g in got] == [2] * 7
+    for got_group, want_group in zip(got, FakeEngine().generate(reqs), strict=True):
+        assert all(same_samples(a, b) for a, b in zip(got_group, want_group, strict=True))
