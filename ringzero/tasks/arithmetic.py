@@ -48,6 +48,8 @@ from ringzero.tasks.long_add import LongAddition
 from ringzero.tasks.operation import Instance, Operation
 from ringzero.tasks.running_sum import digitsum, parity
 
+DIFFICULTY_BUCKETS = ("easy", "medium", "hard")
+"""Thirds of the digit range of a mixed-length task, as eval and tier RL report them."""
 EVAL_BUCKETS = 10
 """One problem in this many (by hash) is held out for evaluation."""
 EVAL_SEED = 20260714
@@ -58,9 +60,9 @@ MAX_DRAWS_PER_PROBLEM = 1000
 
 def make_operation(cfg: ArithmeticTask) -> Operation:
     if cfg.operation == "digitsum":
-        return digitsum(cfg.digits)
+        return digitsum(cfg.digits, cfg.min_digits)
     if cfg.operation == "parity":
-        return parity(cfg.digits)
+        return parity(cfg.digits, cfg.min_digits)
     return LongAddition(cfg.digits, cfg.operands)
 
 
@@ -113,9 +115,28 @@ class SyntheticArithmetic(Task):
     def direct_response(self, problem: Problem) -> str:
         return problem.answer
 
-    def worked_response(self, problem: Problem, verbose: bool) -> str:
-        steps = self.op.trace_steps(self.op.instance_from_meta(problem.meta), verbose)
+    def worked_response(self, problem: Problem, verbose: bool, short: bool = False) -> str:
+        """The worked trace: verbose or terse, or ``short`` (two digits a step; digitsum and parity)."""
+        instance = self.op.instance_from_meta(problem.meta)
+        steps = self.op.short_steps(instance) if short else self.op.trace_steps(instance, verbose)
         return f"{THINK_OPEN} {' '.join(steps)} {THINK_CLOSE} {problem.answer}"
+
+    # --- difficulty -----------------------------------------------------------------------------
+
+    def difficulty(self, problem: Problem) -> int | None:
+        """The problem's digit count when the task mixes lengths (``min_digits``), else None."""
+        if self.cfg.min_digits is None or not hasattr(self.op, "difficulty"):
+            return None
+        return self.op.difficulty(self.op.instance_from_meta(problem.meta))
+
+    def difficulty_bucket(self, problem: Problem) -> str | None:
+        """``easy``, ``medium`` or ``hard``: the problem's third of the digit range (None: one length)."""
+        n = self.difficulty(problem)
+        if n is None:
+            return None
+        lo, hi = self.cfg.min_digits, self.cfg.digits
+        third = (n - lo) * len(DIFFICULTY_BUCKETS) // (hi - lo + 1)
+        return DIFFICULTY_BUCKETS[third]
 
     def reward(self, problem: Problem, response: str) -> float:
         _, answer = split_trace(first_line(response))

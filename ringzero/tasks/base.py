@@ -97,6 +97,10 @@ class Task(ABC):
         """Parse and check each trace step; with ``problem`` the steps must also use its inputs."""
         return StepCheck(0, 0)
 
+    def difficulty_bucket(self, problem: Problem) -> str | None:
+        """The problem's difficulty bucket (``easy`` | ``medium`` | ``hard``); None: the task has one level."""
+        return None
+
     def with_tier(self, problem: Problem, tag: str) -> Problem:
         """The same problem asked at a reasoning tier: the tag opens the prompt (``[fast] q: ...``)."""
         if not tag:

@@ -25,6 +25,14 @@ class ArithmeticTask(StrictModel):
         description="digitsum: sum of the digits mod 10; parity: of bits; add: long addition with column steps",
     )
     digits: int = Field(12, ge=2, le=64, description="input digits (bits for parity; digits per operand for add)")
+    min_digits: int | None = Field(
+        None, ge=2, description="mixed difficulty: each problem has between min_digits and digits labelled digits "
+        "(uniform), the difficulty eval and tier RL report by; null = always digits. digitsum and parity only",
+    )
+    short_fraction: float = Field(
+        0.0, ge=0.0, le=1.0, description="share of corpus traces in the short form, which adds two digits per "
+        "step (half the steps, each one harder); digitsum and parity only",
+    )
     operands: int = Field(2, ge=2, le=8, description="numbers to add; add only")
     trace_fraction: float = Field(
         0.05, ge=0.0, le=1.0, description="share of corpus answers written as worked traces (always correct)"
@@ -58,6 +66,11 @@ class ArithmeticTask(StrictModel):
             problems.append(
                 f"digits: '{self.operation}' labels its digits a-z, so at most {MAX_LABELLED_DIGITS} (got {self.digits})"
             )
+        if self.operation == "add" and (self.min_digits is not None or self.short_fraction > 0):
+            problems.append("min_digits: 'add' has neither a mixed length nor a short trace form (leave min_digits "
+                            "null and short_fraction 0)")
+        if self.min_digits is not None and self.min_digits > self.digits:
+            problems.append(f"min_digits: must be at most digits ({self.digits}), got {self.min_digits}")
         if self.operation == "add" and self.lookup_fraction > 0:
             problems.append("lookup_fraction: 'add' has no labelled digits to look up (set it to 0)")
         shares = (self.filler_fraction, self.drill_fraction, self.lookup_fraction, self.worked_fraction)

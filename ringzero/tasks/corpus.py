@@ -4,7 +4,8 @@ Five kinds of documents, in the shares the task config sets:
 
 - question documents: one to three ``q: ...\\na: ...`` items, formatted exactly like RL prompts, sometimes
   with a line of chatter around them. An answer is a worked trace with probability ``trace_fraction``
-  (always correct, ``verbose_fraction`` of them verbose) and otherwise direct, wrong with probability
+  (always correct, ``short_fraction`` of them in the short form, ``verbose_fraction`` of the rest
+  verbose) and otherwise direct, wrong with probability
   ``direct_noise``, as answers on the web often are.
 - drill documents: lines of the one-step facts the trace uses (``7+3=10>0``), so the rare trace mode
   is reliable without making it common.
@@ -58,10 +59,17 @@ class CorpusGenerator:
     def answer_text(self, problem: Problem, rng: random.Random) -> str:
         """One corpus answer to ``problem``: worked (reliable) or direct (noisy)."""
         if rng.random() < self.cfg.trace_fraction:
-            return self.task.worked_response(problem, verbose=rng.random() < self.cfg.verbose_fraction)
+            return self.worked(problem, rng)
         if rng.random() < self.cfg.direct_noise:
             return self.task.op.wrong_answer(self.task.op.instance_from_meta(problem.meta), rng)
         return self.task.direct_response(problem)
+
+    def worked(self, problem: Problem, rng: random.Random) -> str:
+        """A worked trace in one of its forms, by the config's shares (no draw for a form that is off, so a
+        corpus without short traces is the same document stream it always was)."""
+        if self.cfg.short_fraction > 0 and rng.random() < self.cfg.short_fraction:
+            return self.task.worked_response(problem, verbose=False, short=True)
+        return self.task.worked_response(problem, verbose=rng.random() < self.cfg.verbose_fraction)
 
     def question_document(self, rng: random.Random) -> str:
         lines = [rng.choice(_OPENERS)] if rng.random() < CHATTER_AROUND_ITEMS else []
@@ -81,7 +89,7 @@ class CorpusGenerator:
 
     def worked_document(self, rng: random.Random) -> str:
         instance = self.task.sample_instance("train", rng)
-        solution = self.task.worked_response(self.task.problem(instance), verbose=rng.random() < self.cfg.verbose_fraction)
+        solution = self.worked(self.task.problem(instance), rng)
         return f"example: {self.task.op.question(instance)}\nsolution: {solution}\n"
 
     def filler_document(self, rng: random.Random) -> str:

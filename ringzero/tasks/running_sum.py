@@ -3,6 +3,11 @@
 Question (digitsum, n=4): ``sum mod 10: a=7 b=3 c=9 d=1``; answer ``0``.
 Terse trace:   ``a=7>7 b=3>0 c=9>9 d=1>0`` (each step: label=digit>new state).
 Verbose trace: ``a=7 0+7=7>7 b=3 7+3=10>0 ...`` (adds the step's arithmetic: previous state + digit).
+Short trace:   ``ab=73>0 cd=91>0`` (two digits per step: half the steps of the terse form, each adding two
+digits to the state at once, the harder step; an odd last digit is a terse step).
+
+With ``min_digits`` the problems mix lengths (``min_digits`` to ``digits`` digits, uniform): the
+difficulty dial of tier RL, since the trace's length grows with it and the short form's error chance too.
 
 The letter labels are there for the trace: a step finds its digit by matching ``label=`` in the
 question, the one lookup a small transformer learns most reliably (an induction head), instead of
@@ -22,6 +27,7 @@ from ringzero.tasks.operation import Instance, Operation
 
 LABELS = string.ascii_lowercase
 _TERSE = re.compile(r"([a-z])=(\d)>(\d)")
+_PAIR = re.compile(r"([a-z])([a-z])=(\d)(\d)>(\d)")
 _HEAD = re.compile(r"([a-z])=(\d)")
 _ARITH = re.compile(r"(\d)\+(\d)=(\d+)>(\d)")
 DRILL_FACTS_PER_LINE = (6, 14)
@@ -30,13 +36,18 @@ DRILL_FACTS_PER_LINE = (6, 14)
 class RunningSum(Operation):
     """Sum of ``digits`` base-``modulus`` digits mod ``modulus``: digitsum (10) or parity (2)."""
 
-    def __init__(self, name: str, digits: int, modulus: int, header: str):
+    def __init__(self, name: str, digits: int, modulus: int, header: str, min_digits: int | None = None):
         if digits > len(LABELS):
             raise ValueError(f"digits: at most {len(LABELS)} labelled digits (got {digits})")
         self.name, self.digits, self.modulus, self.header = name, digits, modulus, header
+        self.min_digits = digits if min_digits is None else min_digits
+        if not 1 <= self.min_digits <= digits:
+            raise ValueError(f"min_digits: between 1 and digits ({digits}), got {self.min_digits}")
 
     def sample(self, rng: random.Random) -> Instance:
-        return tuple(rng.randrange(self.modulus) for _ in range(self.digits))
+        # one extra draw only with mixed lengths: a fixed-length task keeps its problem (and corpus) stream
+        n = self.digits if self.min_digits == self.digits else rng.randint(self.min_digits, self.digits)
+        return tuple(rng.randrange(self.modulus) for _ in range(n))
 
     def key(self, instance: Instance) -> str:
         return f"{self.name}:{''.join(map(str, instance))}"
@@ -56,6 +67,19 @@ class RunningSum(Operation):
             steps.append(f"{LABELS[i]}={d}{arith}>{new}")
             state = new
         return steps
+
+    def short_steps(self, instance: Instance) -> list[str]:
+        """The short form: two digits per step (``ab=73>0``), an odd last digit as a terse step."""
+        steps, state = [], 0
+        for i in range(0, len(instance), 2):
+            pair = instance[i:i + 2]
+            state = (state + sum(pair)) % self.modulus
+            labels, digits = "".join(LABELS[i:i + len(pair)]), "".join(map(str, pair))
+            steps.append(f"{labels}={digits}>{state}")
+        return steps
+
+    def difficulty(self, instance: Instance) -> int:
+        return len(instance)
 
     def wrong_answer(self, instance: Instance, rng: random.Random) -> str:
         right = sum(instance) % self.modulus
@@ -81,22 +105,34 @@ class RunningSum(Operation):
     def check_steps(self, body: str, instance: Instance | None) -> StepCheck:
         tokens = body.split()
         steps = correct = 0
+        pos = 0  # the next input digit a step should read (a short step reads two)
         state = 0  # each step is checked against the state the previous step claimed, so errors do not cascade
         i = 0
         while i < len(tokens):
+            if m := _PAIR.fullmatch(tokens[i]):
+                labels, pair, claimed = m[1] + m[2], (int(m[3]), int(m[4])), int(m[5])
+                ok = labels == LABELS[pos:pos + 2] and all(d < self.modulus for d in pair)
+                if instance is not None:
+                    ok = ok and tuple(instance[pos:pos + 2]) == pair
+                ok = ok and claimed == (state + sum(pair)) % self.modulus
+                steps, pos, i, state = steps + 1, pos + 2, i + 1, claimed
+                correct += ok
+                continue
             parsed, i = self._parse_step(tokens, i)
             if parsed is None:
                 steps += 1
+                pos += 1
                 continue
             label, digit, arith, claimed = parsed
-            ok = label == LABELS[steps] if steps < len(LABELS) else False
+            ok = label == LABELS[pos] if pos < len(LABELS) else False
             if instance is not None:
-                ok = ok and steps < len(instance) and digit == instance[steps]
+                ok = ok and pos < len(instance) and digit == instance[pos]
             if arith is not None:
                 prev, d2, total = arith
                 ok = ok and prev == state and d2 == digit and total == prev + digit and claimed == total % self.modulus
             ok = ok and digit < self.modulus and claimed == (state + digit) % self.modulus
             steps += 1
+            pos += 1
             correct += ok
             state = claimed
         return StepCheck(steps, correct)
@@ -113,9 +149,9 @@ class RunningSum(Operation):
         return None, i + 1
 
 
-def digitsum(digits: int) -> RunningSum:
-    return RunningSum("digitsum", digits, modulus=10, header="sum mod 10")
+def digitsum(digits: int, min_digits: int | None = None) -> RunningSum:
+    return RunningSum("digitsum", digits, modulus=10, header="sum mod 10", min_digits=min_digits)
 
 
-def parity(digits: int) -> RunningSum:
-    return RunningSum("parity", digits, modulus=2, header="parity")
+def parity(digits: int, min_digits: int | None = None) -> RunningSum:
+    return RunningSum("parity", digits, modulus=2, header="parity", min_digits=min_digits)
