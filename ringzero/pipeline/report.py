@@ -16,7 +16,7 @@ from pathlib import Path
 
 from ringzero.config.loader import config_hash
 from ringzero.pipeline.local import PipelineResult
-from ringzero.pipeline.report_plots import PALETTE, Segment, line_plot, plottable, series
+from ringzero.pipeline.report_plots import PALETTE, Line, Segment, category_plot, line_plot, plottable, series
 from ringzero.pipeline.report_template import legend, page, table
 from ringzero.pipeline.summary import METRIC_LABELS, STAGE_COLUMNS, TABLE_METRICS, fmt
 
@@ -155,9 +155,35 @@ def _comparisons(result: PipelineResult) -> list[str]:
         body = [[html.escape(label), *(fmt(r["values"].get(key)) for r in rows)] for key, label in comparison["columns"]]
         out += [f"<h2>Checkpoint comparison (<code>{html.escape(ex.name)}</code>)</h2>",
                 f"<div class='scroll'>{table(['metric', *(r['checkpoint'] for r in rows)], body)}</div>"]
+        out += _difficulty_plots(comparison)
         if comparison.get("notes"):
             out.append(f"<p class='muted'>{html.escape(comparison['notes'])}</p>")
     return out
+
+
+def _difficulty_plots(comparison: dict) -> list[str]:
+    """Length and accuracy against difficulty: one line per checkpoint and tier (untiered solid, each
+    tier its own dash), when the eval measured difficulty buckets."""
+    spec = comparison.get("difficulty") or {}
+    buckets = spec.get("buckets") or []
+    if not buckets:
+        return []
+    rows = comparison["rows"]
+    heads = [(None, "eval")] + [(t, f"eval/{t}") for t in spec.get("tiers", [])]
+    plots = []
+    for measure, title in (("len_mean", "length (tokens) against difficulty"),
+                           ("accuracy", "accuracy against difficulty")):
+        lines = []
+        for n, r in enumerate(rows):
+            color = PALETTE[n % len(PALETTE)]
+            for tier, head in heads:
+                label = r["checkpoint"] if tier is None else f"{r['checkpoint']} [{tier}]"
+                values = [r["values"].get(f"{head}/{b}/{measure}") for b in buckets]
+                lines.append(Line(label, color, values, dashed=tier is not None))
+        plots.append(category_plot(title, f"eval/<tier>/<bucket>/{measure}", buckets, lines))
+    return [f"<div class='plots'>{''.join(plots)}</div>",
+            "<p class='muted'>one colour per checkpoint; solid: the prompt without a tier tag, dashed: asked at a "
+            "tier (hover a line for its name)</p>"]
 
 
 def _summaries(result: PipelineResult) -> str:

@@ -129,3 +129,58 @@ def line_plot(title: str, key: str, segments: list[Segment]) -> str:
         f"</figcaption><svg viewBox='0 0 {WIDTH} {HEIGHT}' width='{WIDTH}' height='{HEIGHT}' role='img' "
         f"aria-label='{esc(key)} against step'>{''.join(parts)}</svg></figure>"
     )
+
+
+@dataclass(frozen=True)
+class Line:
+    """One line of a category plot: a value (or None) per category."""
+
+    label: str
+    color: str
+    values: list[float | None]
+    dashed: bool = False
+
+
+def category_plot(title: str, key: str, categories: list[str], lines: list[Line]) -> str:
+    """One ``<figure>``: ``key`` against ``categories`` (evenly spaced, in order), one line per entry,
+    labelled at its end; a missing value breaks nothing, its point is left out."""
+    esc = html.escape
+    lines = [ln for ln in lines if any(plottable(v) for v in ln.values)]
+    if not lines or not categories:
+        return (f"<figure class='plot empty' data-metric='{esc(key)}'><figcaption>{esc(title)}"
+                f" <code>{esc(key)}</code></figcaption><p class='muted'>not measured</p></figure>")
+    y_lo, y_hi = _y_range([v for ln in lines for v in ln.values if plottable(v)])
+    plot_w = WIDTH - MARGIN_LEFT - MARGIN_RIGHT
+    plot_h = HEIGHT - MARGIN_TOP - MARGIN_BOTTOM
+
+    def px(i: int) -> float:
+        return MARGIN_LEFT + (i + 0.5) / len(categories) * plot_w
+
+    def py(y: float) -> float:
+        return MARGIN_TOP + (1 - (y - y_lo) / (y_hi - y_lo)) * plot_h
+
+    parts = [f"<rect class='frame' x='{MARGIN_LEFT}' y='{MARGIN_TOP}' width='{plot_w}' height='{plot_h}'/>"]
+    for t in nice_ticks(y_lo, y_hi):
+        y = py(t)
+        parts.append(f"<line class='grid' x1='{MARGIN_LEFT}' x2='{WIDTH - MARGIN_RIGHT}' y1='{y:.1f}' y2='{y:.1f}'/>")
+        parts.append(f"<text class='tick' x='{MARGIN_LEFT - 4}' y='{y + 3:.1f}' text-anchor='end'>{_fmt_tick(t)}</text>")
+    for i, c in enumerate(categories):
+        parts.append(f"<text class='tick' x='{px(i):.1f}' y='{HEIGHT - MARGIN_BOTTOM + 12}' "
+                     f"text-anchor='middle'>{esc(c)}</text>")
+    for ln in lines:
+        pts = [(i, v) for i, v in enumerate(ln.values) if plottable(v)]
+        dash = " stroke-dasharray='4 3'" if ln.dashed else ""
+        parts.append(f"<g class='series' data-line='{esc(ln.label)}'>")
+        xy = " ".join(f"{px(i):.1f},{py(v):.1f}" for i, v in pts)
+        parts.append(f"<polyline points='{xy}' stroke='{ln.color}'{dash}><title>{esc(ln.label)}</title></polyline>")
+        for i, v in pts:
+            parts.append(f"<circle cx='{px(i):.1f}' cy='{py(v):.1f}' r='2.5' fill='{ln.color}'>"
+                         f"<title>{esc(ln.label)}, {esc(categories[i])}: {v:.4g}</title></circle>")
+        parts.append("</g>")
+    parts.append(f"<text class='axis' x='{MARGIN_LEFT + plot_w / 2:.1f}' y='{HEIGHT - 4}' text-anchor='middle'>"
+                 "difficulty</text>")
+    return (
+        f"<figure class='plot' data-metric='{esc(key)}'><figcaption>{esc(title)} <code>{esc(key)}</code>"
+        f"</figcaption><svg viewBox='0 0 {WIDTH} {HEIGHT}' width='{WIDTH}' height='{HEIGHT}' role='img' "
+        f"aria-label='{esc(key)} against difficulty'>{''.join(parts)}</svg></figure>"
+    )

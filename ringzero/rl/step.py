@@ -1,6 +1,8 @@
 """One RL step: draw prompts, sample n responses each, reward, group advantages, minibatch updates,
 push the new weights to the rollout engine; returns every metric of the step.
 
+Per tier and difficulty bucket (``tier/<tier>/...``, ``difficulty/<bucket>/...``): ``rl.tier_metrics``.
+
 Timings: ``time/generate`` (sampling, decoding and rewards), ``time/train`` (all minibatch updates,
 numerator and reference log-probs included), ``time/sync`` (the weight push), ``time/step``.
 
@@ -24,6 +26,7 @@ from ringzero.rl.rewards import TaskReward
 from ringzero.rl.rollout_batch import RolloutBatch, collect, sampling_params
 from ringzero.rl.seeds import derive_seed
 from ringzero.rl.tail_metrics import length_summary, reward_summary, trace_summary
+from ringzero.rl.tier_metrics import tier_metrics
 from ringzero.rl.trainer import PolicyTrainer
 from ringzero.tasks.base import Task
 from ringzero.tokenizer.base import Tokenizer
@@ -75,6 +78,7 @@ class RLStep:
         self.push(step)
         t3 = time.perf_counter()
         metrics.update(rollout_metrics(self.task, batch, keep_N))
+        metrics.update(tier_metrics(self.task, batch, self.reward.tiers))
         if correction is not None:
             metrics.update(correction.metrics)
         if hasattr(self.client, "pop_metrics"):  # e.g. rollout/stale_samples of remote servers (every rank calls it)

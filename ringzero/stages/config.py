@@ -9,6 +9,7 @@ from pydantic import Field, field_validator, model_serializer, model_validator
 from ringzero.config.base import Slug, StrictModel
 from ringzero.config.gates import ThresholdExpr
 from ringzero.rl.corrections.config import Correction
+from ringzero.tasks.base import DIFFICULTY_BUCKETS
 
 
 class StageBase(StrictModel):
@@ -85,6 +86,14 @@ class Tier(StrictModel):
     tag: str = Field(..., min_length=1, description="text put in the prompt to request this tier")
     budget: int = Field(..., ge=1, description="token budget of the response")
     weight: float = Field(1.0, gt=0, description="sampling weight among tiers")
+
+    @field_validator("name")
+    @classmethod
+    def _not_a_bucket(cls, v: str) -> str:
+        if v in DIFFICULTY_BUCKETS:
+            raise ValueError(f"{v!r} names a difficulty bucket ({', '.join(DIFFICULTY_BUCKETS)}), whose metrics "
+                             "would share the tier's keys; pick another tier name")
+        return v
 
 
 Remedy = Literal["skip_batch", "lower_lr", "raise_precision"]

@@ -10,7 +10,9 @@ Per checkpoint (the stage's input and each ``compare`` stage's output, in run or
 - the ratio tail on those sampled responses: the training path (``score_sequences`` under the train
   precision) against the log-probs the rollout engine reported, as in an RL step;
 - per tier of the run's tier-RL stages: the prompt asked with the tier's tag, accuracy, length and the
-  share of responses within the tier's budget.
+  share of responses within the tier's budget;
+- with a mixed-length task (``task.min_digits``): accuracy and length per difficulty bucket, untiered
+  and per tier (``rl.tier_metrics``); the report plots length and accuracy against difficulty.
 
 Every checkpoint sees the same prompts and the same sampling seeds, so differences are the policies'.
 The result is a comparison table in ``StageOutcome.extra['comparison']`` (the report and the console
@@ -32,6 +34,7 @@ from ringzero.parallel.runtime import single
 from ringzero.rl.rewards import TaskReward
 from ringzero.rl.rollout_batch import RolloutBatch, collect, sampling_params
 from ringzero.rl.seeds import derive_seed
+from ringzero.rl.tier_metrics import tier_metrics
 from ringzero.rollout.factory import rollout_client
 from ringzero.rollout.gap import gap_stats
 from ringzero.rollout.scoring import score_sequences
@@ -46,6 +49,7 @@ from ringzero.stages.eval_metrics import (
 )
 from ringzero.stages.setup import apply_threads, seeded, start_model, task_and_tokenizer
 from ringzero.stages.summary_values import finite_only
+from ringzero.tasks.base import DIFFICULTY_BUCKETS
 
 log = structlog.get_logger(__name__)
 
@@ -84,7 +88,9 @@ def run(ctx: StageContext, stage: EvalStage, inputs: StageInputs) -> StageOutcom
     summary.update({alias: summary[key] for alias, key in SUMMARY_ALIASES.items() if key in summary})
     for row in rows[:-1]:
         summary.update({f"compare/{row['checkpoint']}/{k.removeprefix('eval/')}": v for k, v in row["values"].items()})
-    extra = {"comparison": {"columns": comparison_columns(stage.k, tiers), "rows": rows,
+    buckets = DIFFICULTY_BUCKETS if cfg.task.kind == "arithmetic" and cfg.task.min_digits is not None else ()
+    extra = {"comparison": {"columns": comparison_columns(stage.k, tiers, buckets), "rows": rows,
+                            "difficulty": {"buckets": list(buckets), "tiers": [t.name for t in tiers]},
                             "notes": f"{stage.prompts} held-out prompts; {stage.k} samples each at temperature "
                                      f"{stage.sampling.temperature:g}; greedy = temperature 0"}}
     return StageOutcome(None, summary, stop_reason="done", steps=len(rows), wall_s=time.time() - started,
@@ -109,7 +115,9 @@ def run_tiers(cfg) -> list[Tier]:
     return list(tiers.values())
 
 
-def comparison_columns(k: int, tiers: list[Tier]) -> list[tuple[str, str]]:
+def comparison_columns(k: int, tiers: list[Tier], buckets: tuple[str, ...] = ()) -> list[tuple[str, str]]:
+    """The comparison table's rows: overall measures, then per tier; with difficulty ``buckets``,
+    accuracy and length per bucket, untiered and per tier."""
     columns = [
         ("eval/greedy_accuracy", "greedy acc"), ("eval/accuracy", "pass@1"), ("eval/pass@k", f"pass@{k}"),
         ("eval/trace_rate", "trace rate"), ("eval/len_mean", "len mean"), ("eval/len_p95", "len p95"),
@@ -119,6 +127,9 @@ def comparison_columns(k: int, tiers: list[Tier]) -> list[tuple[str, str]]:
     for t in tiers:
         columns += [(f"eval/{t.name}/accuracy", f"{t.name} acc"), (f"eval/{t.name}/len_mean", f"{t.name} len"),
                     (f"eval/{t.name}/within_budget", f"{t.name} within {t.budget}")]
+    for head, label in [("eval", ""), *((f"eval/{t.name}", f"{t.name} ") for t in tiers)]:
+        for b in buckets:
+            columns += [(f"{head}/{b}/accuracy", f"{label}{b} acc"), (f"{head}/{b}/len_mean", f"{label}{b} len")]
     return columns
 
 
@@ -143,9 +154,10 @@ def measure_checkpoint(cfg, store, uri: str, stage: EvalStage, task, tokenizer, 
     values = {"eval/greedy_accuracy": _mean(greedy.correct), "eval/greedy_len_mean": _mean(greedy.lengths)}
     values.update(sampled_qualities(sampled, task, stage.k))
     values.update(ratio_tail(model, sampled, stage.sampling.temperature, cfg.precision.deterministic))
+    values.update(tier_metrics(task, sampled, [], untiered="eval"))  # per difficulty bucket, if the task has them
     for tier in tiers:
         batch = sample([task.with_tier(p, tier.tag) for p in problems], stage.k)
-        values.update(tier_metrics(batch, tier))
+        values.update(tier_metrics(task, batch, [tier], tiered="eval"))
     return finite_only(values)
 
 
@@ -188,16 +200,6 @@ def ratio_tail(model, batch: RolloutBatch, temperature: float, deterministic: bo
     tail = gap_stats(logp_train, logp_rollout)["all"]
     return {f"eval/{k}": float(tail[k]) for k in ("ratio/mean", "ratio/p99", "ratio/max", "logratio/p99")}
 
-
-def tier_metrics(batch: RolloutBatch, tier: Tier) -> dict[str, float]:
-    within = [n <= tier.budget for n in batch.lengths]
-    return {
-        f"eval/{tier.name}/accuracy": _mean(batch.correct),
-        f"eval/{tier.name}/len_mean": _mean(batch.lengths),
-        f"eval/{tier.name}/within_budget": _mean(within),
-        f"eval/{tier.name}/correct_within_budget": _mean(
-            c and n <= tier.budget for c, n in zip(batch.correct, batch.lengths, strict=True)),
-    }
 
 
 def _mean(values) -> float:

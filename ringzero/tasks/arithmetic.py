@@ -31,6 +31,7 @@ import random
 
 from ringzero.errors import RingzeroError
 from ringzero.tasks.base import (
+    DIFFICULTY_BUCKETS,
     PROMPT_TEMPLATE,
     THINK_CLOSE,
     THINK_OPEN,
@@ -48,8 +49,6 @@ from ringzero.tasks.long_add import LongAddition
 from ringzero.tasks.operation import Instance, Operation
 from ringzero.tasks.running_sum import digitsum, parity
 
-DIFFICULTY_BUCKETS = ("easy", "medium", "hard")
-"""Thirds of the digit range of a mixed-length task, as eval and tier RL report them."""
 EVAL_BUCKETS = 10
 """One problem in this many (by hash) is held out for evaluation."""
 EVAL_SEED = 20260714

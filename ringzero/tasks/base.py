@@ -76,6 +76,10 @@ def uses_trace(response: str) -> bool:
     return THINK_OPEN in response
 
 
+DIFFICULTY_BUCKETS = ("easy", "medium", "hard")
+"""A task's difficulty buckets, easiest first (a mixed-length digitsum: thirds of its digit range)."""
+
+
 class Task(ABC):
     """The interface stages use. Rewards are pure and deterministic: same inputs, same float."""
 

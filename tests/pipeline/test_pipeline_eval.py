@@ -1,5 +1,6 @@
 """The eval stage: its estimators against hand-computed values, and a comparison of real checkpoints."""
 
+import dataclasses
 import math
 
 import pytest
@@ -10,6 +11,7 @@ from ringzero.model.checkpoint import save_model
 from ringzero.model.hybrid import HybridLM
 from ringzero.pipeline.execute import execute_stage
 from ringzero.rl.rollout_batch import RolloutBatch
+from ringzero.rl.tier_metrics import tier_metrics
 from ringzero.stages import evaluate
 from ringzero.stages.base import StageInputs
 from ringzero.stages.config import EvalStage, Tier
@@ -107,9 +109,11 @@ def test_sampled_qualities_of_a_hand_made_batch():
 
 
 def test_tier_numbers_count_responses_within_the_budget():
-    batch, _ = hand_batch()
+    batch, task = hand_batch()
     assert batch.lengths == [43, 43, 2, 69, 43, 12]  # p terse, p broken, p wrong, q verbose, q terse, unclosed
-    got = evaluate.tier_metrics(batch, Tier(name="fast", tag="[fast]", budget=43))
+    asked = dataclasses.replace(batch, problems=[task.with_tier(p, "[fast]") for p in batch.problems])
+    got = tier_metrics(task, asked, [Tier(name="fast", tag="[fast]", budget=43)], tiered="eval")
+    assert tier_metrics(task, batch, [Tier(name="fast", tag="[fast]", budget=43)], tiered="eval") == {}  # untiered
     assert got["eval/fast/within_budget"] == pytest.approx(5 / 6)  # all but the verbose trace
     assert got["eval/fast/correct_within_budget"] == pytest.approx(3 / 6)  # p terse, p broken, q terse
     assert got["eval/fast/accuracy"] == pytest.approx(4 / 6) and got["eval/fast/len_mean"] == pytest.approx(212 / 6)

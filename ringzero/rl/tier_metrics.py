@@ -1,0 +1,51 @@
+"""What each reasoning tier did, overall and per difficulty bucket: the measures tier RL is judged by.
+
+For the responses whose prompt was asked at a tier (``problem.tier`` is its tag), with the tier's budget:
+``<tiered>/<tier>/accuracy`` (the task's verdict, before any budget), ``len_mean`` (tokens),
+``within_budget`` (share of responses of at most ``budget`` tokens), ``correct_within_budget``. When the
+task has difficulty buckets (``Task.difficulty_bucket``: a mixed-length digitsum's easy, medium and
+hard thirds) the same four measures again per bucket, ``<tiered>/<tier>/<bucket>/...``, and for the
+untiered responses ``<untiered>/<bucket>/accuracy`` and ``len_mean``. A bucket or tier with no response
+is left out, never reported as 0.
+
+RL steps report them under ``tier/`` and ``difficulty/``; the eval stage under ``eval/`` for both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ringzero.rl.rollout_batch import RolloutBatch
+from ringzero.tasks.base import DIFFICULTY_BUCKETS, Task
+
+
+def _measures(rows: list[int], batch: RolloutBatch, budget: int | None) -> dict[str, float]:
+    n = len(rows)
+    out = {"accuracy": sum(batch.correct[i] for i in rows) / n,
+           "len_mean": sum(batch.lengths[i] for i in rows) / n}
+    if budget is not None:
+        within = [batch.lengths[i] <= budget for i in rows]
+        out["within_budget"] = sum(within) / n
+        out["correct_within_budget"] = sum(w and batch.correct[i] for w, i in zip(within, rows, strict=True)) / n
+    return out
+
+
+def tier_metrics(task: Task, batch: RolloutBatch, tiers: Sequence, tiered: str = "tier",
+                 untiered: str = "difficulty") -> dict[str, float]:
+    """Tiered responses under ``<tiered>/<tier>/...``, untiered ones per bucket under ``<untiered>/<bucket>/``."""
+    buckets = [task.difficulty_bucket(p) for p in batch.problems]
+    groups: dict[str | None, list[int]] = {}
+    for i, p in enumerate(batch.problems):
+        groups.setdefault(p.tier, []).append(i)
+    out: dict[str, float] = {}
+    for tag, head, budget in [(t.tag, f"{tiered}/{t.name}", t.budget) for t in tiers] + [(None, untiered, None)]:
+        rows = groups.get(tag, [])
+        if not rows:
+            continue
+        if tag is not None:
+            out.update({f"{head}/{k}": v for k, v in _measures(rows, batch, budget).items()})
+        for bucket in DIFFICULTY_BUCKETS:
+            mine = [i for i in rows if buckets[i] == bucket]
+            if mine:
+                out.update({f"{head}/{bucket}/{k}": v for k, v in _measures(mine, batch, budget).items()})
+    return out
