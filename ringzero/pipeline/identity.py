@@ -13,6 +13,18 @@ from ringzero.stages.base import StageInputs
 
 IDENTITY_VERSION = 1  # bump when a stage's semantics change in a way the config cannot show
 
+ADDED_TASK_FIELDS = {"min_digits": None, "short_fraction": 0.0}
+"""Task knobs added after identity version 1, with the values that reproduce the earlier behaviour: they
+enter the hash only when set otherwise, so a store's committed stages (the one-time base) stay valid."""
+
+
+def _task_fields(cfg: RunConfig) -> dict:
+    fields = cfg.task.model_dump(mode="json")
+    for key, default in ADDED_TASK_FIELDS.items():
+        if key in fields and fields[key] == default:
+            del fields[key]
+    return fields
+
 
 def stage_hash(cfg: RunConfig, stage, inputs: StageInputs) -> str:
     """Input checkpoints enter by URI: stage outputs live under their producer's identity
@@ -29,7 +41,7 @@ def stage_hash(cfg: RunConfig, stage, inputs: StageInputs) -> str:
             "seed": cfg.run.seed,
             "model": cfg.model.model_dump(mode="json"),
             "tokenizer": cfg.tokenizer.model_dump(mode="json"),
-            "task": cfg.task.model_dump(mode="json"),
+            "task": _task_fields(cfg),
             "precision": cfg.precision.model_dump(mode="json"),
             "engines": {"training": cfg.engines.training.kind, "rollout": cfg.engines.rollout.kind},
             "stage": stage_fields,
