@@ -52,13 +52,13 @@ class _State:
         self.requested_at: float | None = None
         self.loops = 0
         self.grace_s = DEFAULT_GRACE_S
+        self.watchdog: threading.Timer | None = None
 
 
 _STATE = _State()
 
 
-def _watchdog(grace_s: float) -> None:
-    time.sleep(grace_s)
+def _expire(grace_s: float) -> None:
     log.warning("preemption.watchdog", grace_s=grace_s)
     os._exit(EXIT_STATUS)
 
@@ -67,7 +67,9 @@ def _on_sigterm(signum, frame) -> None:
     first = _STATE.requested_at is None
     if first:
         _STATE.requested_at = time.monotonic()
-        threading.Thread(target=_watchdog, args=(_STATE.grace_s,), daemon=True, name="preemption").start()
+        _STATE.watchdog = threading.Timer(_STATE.grace_s, _expire, args=(_STATE.grace_s,))
+        _STATE.watchdog.daemon = True
+        _STATE.watchdog.start()
     if _STATE.loops == 0:
         sys.exit(EXIT_STATUS)
     if first:
@@ -127,5 +129,7 @@ def due(runtime) -> bool:
 
 
 def reset() -> None:
-    """Forget a notice (tests run several loops in one process)."""
-    _STATE.requested_at, _STATE.loops = None, 0
+    """Forget a notice and stop its watchdog (tests run several loops in one process)."""
+    if _STATE.watchdog is not None:
+        _STATE.watchdog.cancel()
+    _STATE.requested_at, _STATE.loops, _STATE.watchdog = None, 0, None

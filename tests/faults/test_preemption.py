@@ -60,3 +60,14 @@ def test_the_watchdog_ends_a_loop_that_never_reaches_its_boundary():
 def test_a_grace_period_must_be_positive():
     with pytest.raises(ValueError, match="must be positive"):
         preemption.install(0)
+
+
+def test_reset_stops_the_watchdog():
+    """A notice taken in a test must not end the test process later (the watchdog is cancelled)."""
+    with preemption.installed(0.3), preemption.preemptible():
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.05)
+        assert preemption.requested()
+        preemption.reset()
+    time.sleep(0.6)  # past the grace period: still alive
+    assert not preemption.requested()
