@@ -249,15 +249,29 @@ def rerun_and_score(trial: Trial, ref: Reference, root: Path, before: dict) -> T
         trial.note = out[-4000:]
         return trial
     new = events(root)[events_before:]
-    cached = any(e.get("event") == "stage.cached" and e.get("stage") == "target" for e in new)
-    resume = [e for e in new if e.get("event") == RESUME_EVENT.get(ref.kind)]
-    trial.resumed_from = before["newest_step"] if cached else (resume[0]["step"] if resume else 0)
+    trial.resumed_from, trial.lost, cached = resume_of(new, ref.kind, before["newest_step"])
     if cached:
         trial.note = "outcome reused"
-    trial.lost = max(0, before["newest_step"] - trial.resumed_from) if not cached else 0
     h = target_hash(new)
     trial.equal = final_digest(f"file://{root / 'store'}", h, ref.kind) == ref.digest
     return trial
+
+
+def inspect_and_rerun(trial: Trial, ref: Reference, root: Path) -> Trial:
+    """What a reader sees in the trial's file store after the fault, then the rerun; the folder removed."""
+    before = store_state(f"file://{root / 'store'}", target_hash(events(root)))
+    trial.newest_step, trial.outcome_before, trial.torn = before["newest_step"], before["outcome"], before["torn"]
+    rerun_and_score(trial, ref, root, before)
+    shutil.rmtree(root, ignore_errors=True)
+    return trial
+
+
+def resume_of(new: list[dict], kind: str, newest_step: int) -> tuple[int, int, bool]:
+    """``(resumed_from, lost, cached)`` of a rerun from its log events: a reused outcome loses nothing."""
+    cached = any(e.get("event") == "stage.cached" and e.get("stage") == "target" for e in new)
+    resume = [e for e in new if e.get("event") == RESUME_EVENT.get(kind)]
+    resumed_from = newest_step if cached else (resume[0]["step"] if resume else 0)
+    return resumed_from, 0 if cached else max(0, newest_step - resumed_from), cached
 
 
 def kill_trial(ref: Reference, work: Path, index: int, rng: random.Random, fault: str | None) -> Trial:
@@ -340,11 +354,7 @@ def sigterm_trial(ref: Reference, work: Path, index: int, rng: random.Random, gr
         evs = events(root)
         trial.extra["saved_on_signal"] = any(e.get("event", "").endswith(".preempted") for e in evs)
     trial.killed_at_s = round(time.monotonic() - t0, 2)
-    before = store_state(f"file://{root / 'store'}", target_hash(events(root)))
-    trial.newest_step, trial.outcome_before, trial.torn = before["newest_step"], before["outcome"], before["torn"]
-    rerun_and_score(trial, ref, root, before)
-    shutil.rmtree(root, ignore_errors=True)
-    return trial
+    return inspect_and_rerun(trial, ref, root)
 
 
 def disk_full_trial(ref: Reference, work: Path, index: int, rng: random.Random) -> Trial:
@@ -356,11 +366,7 @@ def disk_full_trial(ref: Reference, work: Path, index: int, rng: random.Random) 
     rc, out = finish(start(config(root, ref.kind), child_env(fault=f"enospc:{k}")))
     trial.exit_code = rc
     trial.extra["clean_error"] = rc == 2 and "No space left on device" in out and "Traceback" not in out
-    before = store_state(f"file://{root / 'store'}", target_hash(events(root)))
-    trial.newest_step, trial.outcome_before, trial.torn = before["newest_step"], before["outcome"], before["torn"]
-    rerun_and_score(trial, ref, root, before)
-    shutil.rmtree(root, ignore_errors=True)
-    return trial
+    return inspect_and_rerun(trial, ref, root)
 
 
 def corrupt_trial(ref: Reference, work: Path, index: int, rng: random.Random) -> Trial:
@@ -427,11 +433,7 @@ def rank_kill_trial(ref: Reference, work: Path, index: int, rng: random.Random, 
     else:
         trial.note = "finished before the kill"
         finish(proc)
-    before = store_state(f"file://{root / 'store'}", target_hash(events(root)))
-    trial.newest_step, trial.outcome_before, trial.torn = before["newest_step"], before["outcome"], before["torn"]
-    rerun_and_score(trial, ref, root, before)
-    shutil.rmtree(root, ignore_errors=True)
-    return trial
+    return inspect_and_rerun(trial, ref, root)
 
 
 def _rank_pids(root_pid: int) -> list[int]:
@@ -554,10 +556,7 @@ def s3_restart_trial(ref: Reference, work: Path, index: int, rng: random.Random,
     trial.rerun_exit, trial.resumed = rc2, rc2 == 0
     if rc2 == 0:
         new = events(root)[events_before:]
-        cached = any(e.get("event") == "stage.cached" and e.get("stage") == "target" for e in new)
-        resume = [e for e in new if e.get("event") == RESUME_EVENT.get(ref.kind)]
-        trial.resumed_from = trial.newest_step if cached else (resume[0]["step"] if resume else 0)
-        trial.lost = 0 if cached else max(0, trial.newest_step - trial.resumed_from)
+        trial.resumed_from, trial.lost, _ = resume_of(new, ref.kind, trial.newest_step)
         h = target_hash(new)
         digest_store = root / "copy"
         client = s3.client()

@@ -72,6 +72,17 @@ def _y_range(values: list[float]) -> tuple[float, float]:
     return lo - pad, hi + pad
 
 
+def _frame(y_lo: float, y_hi: float, py) -> list[str]:
+    """The plot's frame, horizontal grid lines and y tick labels (``py`` maps a value to its pixel row)."""
+    plot_w, plot_h = WIDTH - MARGIN_LEFT - MARGIN_RIGHT, HEIGHT - MARGIN_TOP - MARGIN_BOTTOM
+    parts = [f"<rect class='frame' x='{MARGIN_LEFT}' y='{MARGIN_TOP}' width='{plot_w}' height='{plot_h}'/>"]
+    for t in nice_ticks(y_lo, y_hi):
+        y = py(t)
+        parts.append(f"<line class='grid' x1='{MARGIN_LEFT}' x2='{WIDTH - MARGIN_RIGHT}' y1='{y:.1f}' y2='{y:.1f}'/>")
+        parts.append(f"<text class='tick' x='{MARGIN_LEFT - 4}' y='{y + 3:.1f}' text-anchor='end'>{_fmt_tick(t)}</text>")
+    return parts
+
+
 def line_plot(title: str, key: str, segments: list[Segment]) -> str:
     """One ``<figure>`` with an SVG plot of ``key``; stages with no points take no room on the axis."""
     segments = [s for s in segments if s.points]
@@ -96,11 +107,7 @@ def line_plot(title: str, key: str, segments: list[Segment]) -> str:
     def py(y: float) -> float:
         return MARGIN_TOP + (1 - (y - y_lo) / (y_hi - y_lo)) * plot_h
 
-    parts = [f"<rect class='frame' x='{MARGIN_LEFT}' y='{MARGIN_TOP}' width='{plot_w}' height='{plot_h}'/>"]
-    for t in nice_ticks(y_lo, y_hi):
-        y = py(t)
-        parts.append(f"<line class='grid' x1='{MARGIN_LEFT}' x2='{WIDTH - MARGIN_RIGHT}' y1='{y:.1f}' y2='{y:.1f}'/>")
-        parts.append(f"<text class='tick' x='{MARGIN_LEFT - 4}' y='{y + 3:.1f}' text-anchor='end'>{_fmt_tick(t)}</text>")
+    parts = _frame(y_lo, y_hi, py)
     for s, (shift, start, end) in zip(segments, spans, strict=True):
         x0, x1 = px(start), px(end)
         label = f"{s.stage}: steps {s.points[0][0]}-{s.points[-1][0]}"
@@ -159,11 +166,7 @@ def category_plot(title: str, key: str, categories: list[str], lines: list[Line]
     def py(y: float) -> float:
         return MARGIN_TOP + (1 - (y - y_lo) / (y_hi - y_lo)) * plot_h
 
-    parts = [f"<rect class='frame' x='{MARGIN_LEFT}' y='{MARGIN_TOP}' width='{plot_w}' height='{plot_h}'/>"]
-    for t in nice_ticks(y_lo, y_hi):
-        y = py(t)
-        parts.append(f"<line class='grid' x1='{MARGIN_LEFT}' x2='{WIDTH - MARGIN_RIGHT}' y1='{y:.1f}' y2='{y:.1f}'/>")
-        parts.append(f"<text class='tick' x='{MARGIN_LEFT - 4}' y='{y + 3:.1f}' text-anchor='end'>{_fmt_tick(t)}</text>")
+    parts = _frame(y_lo, y_hi, py)
     for i, c in enumerate(categories):
         parts.append(f"<text class='tick' x='{px(i):.1f}' y='{HEIGHT - MARGIN_BOTTOM + 12}' "
                      f"text-anchor='middle'>{esc(c)}</text>")

@@ -38,7 +38,8 @@ def helm(helm_bin: Path, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run([str(helm_bin), *args], capture_output=True, text=True, timeout=120)
 
 
-def render(helm_bin: Path, files: list[str], sets: tuple[str, ...] = ()) -> list[dict]:
+def render_text(helm_bin: Path, files: list[str], sets: tuple[str, ...] = ()) -> str:
+    """``helm template`` of the chart with these values files and ``--set``s, as YAML text."""
     args = ["template", RELEASE, str(CHART), "--namespace", NAMESPACE]
     for f in files:
         args += ["-f", str(CHART / f)]
@@ -47,7 +48,11 @@ def render(helm_bin: Path, files: list[str], sets: tuple[str, ...] = ()) -> list
     done = helm(helm_bin, *args)
     if done.returncode != 0:
         raise AssertionError(f"helm template {files} {sets} failed:\n{done.stderr}")
-    return [doc for doc in yaml.safe_load_all(done.stdout) if doc]
+    return done.stdout
+
+
+def render(helm_bin: Path, files: list[str], sets: tuple[str, ...] = ()) -> list[dict]:
+    return [doc for doc in yaml.safe_load_all(render_text(helm_bin, files, sets)) if doc]
 
 
 def pod_specs(obj: dict) -> list[tuple[str, dict]]:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 from cluster_helm_cli import REPO
-from cluster_kit import CHART, NAMESPACE, RELEASE, helm
+from cluster_kit import CHART, NAMESPACE, render_text
 
 CHECKOV_VERSION = "3.3.30"
 README = CHART / "README.md"
@@ -75,17 +75,6 @@ def scan(checkov: str, manifest: str, tmp_path: Path) -> dict:
     return {"passed": results.get("passed_checks", []), "failed": results.get("failed_checks", [])}
 
 
-def rendered_text(helm_bin, files: list[str], sets: tuple[str, ...] = ()) -> str:
-    args = ["template", RELEASE, str(CHART), "--namespace", NAMESPACE]
-    for f in files:
-        args += ["-f", str(CHART / f)]
-    for s in sets:
-        args += ["--set", s]
-    done = helm(helm_bin, *args)
-    assert done.returncode == 0, done.stderr
-    return done.stdout
-
-
 def unaccepted(report: dict, skips: dict[str, str]) -> list[str]:
     return sorted(f"{f['check_id']} {f['check_name']} ({f['resource']})" for f in report["failed"]
                   if f["check_id"] not in skips)
@@ -100,7 +89,7 @@ def test_every_shipped_values_file_is_scanned():
 
 @pytest.mark.parametrize("values", VALUES_FILES)
 def test_the_rendered_chart_passes_the_policy_scan(helm_bin, checkov, tmp_path, values):
-    report = scan(checkov, rendered_text(helm_bin, [] if values == "values.yaml" else [values]), tmp_path)
+    report = scan(checkov, render_text(helm_bin, [] if values == "values.yaml" else [values]), tmp_path)
     assert len(report["passed"]) > 50, "the scanner checked next to nothing: did it see the workloads?"
     problems = unaccepted(report, SKIPS)
     assert not problems, "fix the chart or add a justified entry to SKIPS and the chart README:\n" + "\n".join(problems)
@@ -108,7 +97,7 @@ def test_the_rendered_chart_passes_the_policy_scan(helm_bin, checkov, tmp_path, 
 
 def test_digest_pinned_chart_passes_every_check(helm_bin, checkov, tmp_path):
     """The skipped checks are about tag-pinned images only: pinned by digest, nothing at all fails."""
-    report = scan(checkov, rendered_text(helm_bin, [], DIGEST_SETS), tmp_path)
+    report = scan(checkov, render_text(helm_bin, [], DIGEST_SETS), tmp_path)
     assert not unaccepted(report, {}), unaccepted(report, {})
     assert {f["check_id"] for f in report["passed"]} >= set(SKIPS)
 
