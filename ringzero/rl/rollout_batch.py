@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from ringzero.rl.openings import Opening, forced_request, own_request, prefixed
 from ringzero.rollout.types import Completion, GenerateRequest, RolloutClient, SamplingParams
 from ringzero.tasks.base import Problem, Task
 from ringzero.tokenizer.base import Tokenizer
@@ -65,6 +66,7 @@ class RolloutBatch:
     group_size: int
     # int32 [len(prompt) + len(output) - 1, layers, K] per response when the engine reported them (replay)
     routed_experts: list | None = None
+    forced: list[bool] | None = None  # opened by a forced prefix (ringzero.rl.openings); None: none was
 
     def __len__(self) -> int:
         return len(self.output_ids)
@@ -90,43 +92,54 @@ def pad_rows(rows: Sequence[Sequence[float]] | Sequence[torch.Tensor], width: in
 
 def collect(client: RolloutClient, task: Task, tokenizer: Tokenizer, problems: Sequence[Problem], *,
             samples: int, params: SamplingParams, reward: RewardFn,
-            seeds: Sequence[int] | None = None, device=None, routed_experts: bool = False) -> RolloutBatch:
+            seeds: Sequence[int] | None = None, device=None, routed_experts: bool = False,
+            opening: Opening | None = None) -> RolloutBatch:
     """``samples`` completions per problem from ``client``, decoded and rewarded; the batch's tensors
     are made on ``device`` (the trainer's), each in one upload.
 
     ``seeds``: one sampling seed per problem (overrides ``params.seed``), so prompts never share a
     random stream while the whole batch stays reproducible. ``routed_experts``: ask the engine for each
-    token's experts (routing replay) and keep them.
+    token's experts (routing replay) and keep them. ``opening``: the last ``opening.samples`` of each
+    problem's samples start from a forced prefix (``ringzero.rl.openings``; ``forced`` marks them).
     """
     per_request = [params] * len(problems) if seeds is None else [replace(params, seed=s) for s in seeds]
     requests = [GenerateRequest(encode_prompt(tokenizer, p), sp, rid=p.id, return_routed_experts=routed_experts)
                 for p, sp in zip(problems, per_request, strict=True)]
+    if opening is not None:
+        requests = [r for req in requests for r in (own_request(req, opening), forced_request(req, opening))]
     results = client.generate(requests)
-    flat: list[tuple[Problem, list[int], Completion]] = []
-    for problem, req, completions in zip(problems, requests, results, strict=True):
-        if len(completions) != samples:
-            raise ValueError(f"rollout client returned {len(completions)} completions, asked for {samples}")
-        flat += [(problem, req.input_ids, c) for c in completions]
-    texts = [tokenizer.decode(c.output_ids) for _, _, c in flat]
-    truncated = [c.finish_reason == "length" for _, _, c in flat]
-    correct = [task.reward(p, text) >= 1.0 for (p, _, _), text in zip(flat, texts, strict=True)]
-    rewards = [reward(p, text, len(c.output_ids), cut)
-               for (p, _, c), text, cut in zip(flat, texts, truncated, strict=True)]
-    width = max((len(c.output_ids) for _, _, c in flat), default=0)
-    lengths = [len(c.output_ids) for _, _, c in flat]
+    parts = len(requests) // len(problems) if problems else 1
+    flat: list[tuple[Problem, list[int], list[int], list[float], Completion, bool]] = []
+    for k, problem in enumerate(problems):
+        mine = list(zip(requests[k * parts:(k + 1) * parts], results[k * parts:(k + 1) * parts], strict=True))
+        if sum(len(completions) for _, completions in mine) != samples:
+            got = sum(len(completions) for _, completions in mine)
+            raise ValueError(f"rollout client returned {got} completions, asked for {samples}")
+        prompt = requests[k * parts].input_ids
+        for j, (_, completions) in enumerate(mine):
+            for c in completions:
+                ids, lps = prefixed(c, opening) if j else (list(c.output_ids), list(c.output_logprobs))
+                flat.append((problem, list(prompt), ids, lps, c, bool(j)))
+    texts = [tokenizer.decode(ids) for _, _, ids, _, _, _ in flat]
+    truncated = [c.finish_reason == "length" for *_, c, _ in flat]
+    correct = [task.reward(f[0], text) >= 1.0 for f, text in zip(flat, texts, strict=True)]
+    rewards = [reward(f[0], text, len(f[2]), cut) for f, text, cut in zip(flat, texts, truncated, strict=True)]
+    lengths = [len(ids) for _, _, ids, _, _, _ in flat]
+    width = max(lengths, default=0)
     return RolloutBatch(
-        problems=[p for p, _, _ in flat],
-        prompt_ids=[list(ids) for _, ids, _ in flat],
-        output_ids=[list(c.output_ids) for _, _, c in flat],
+        problems=[f[0] for f in flat],
+        prompt_ids=[f[1] for f in flat],
+        output_ids=[f[2] for f in flat],
         responses=texts,
-        logp_rollout_NT=pad_rows([c.output_logprobs for _, _, c in flat], width, torch.float64, device),
+        logp_rollout_NT=pad_rows([f[3] for f in flat], width, torch.float64, device),
         mask_NT=pad_rows([[True] * n for n in lengths], width, torch.bool, device),
         rewards_N=torch.tensor(rewards, dtype=torch.float32, device=device),
         correct=correct,
         truncated=truncated,
         uses_trace=[task.uses_trace(t) for t in texts],
         group_size=samples,
-        routed_experts=[_experts(c) for _, _, c in flat] if routed_experts else None,
+        routed_experts=[_experts(f[4]) for f in flat] if routed_experts else None,
+        forced=None if opening is None else [f[5] for f in flat],
     )
 
 

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from ringzero.rl.advantage import group_advantages
+from ringzero.rl.openings import Opening
 from ringzero.rl.rewards import TaskReward
 from ringzero.rl.rollout_batch import RolloutBatch, collect, sampling_params
 from ringzero.rl.seeds import derive_seed
@@ -48,10 +49,10 @@ class RLStep:
 
     def __init__(self, *, client, trainer: PolicyTrainer, task: Task, tokenizer: Tokenizer, reward: TaskReward,
                  sampling, shape: StepShape, seed: int, push: Callable[[int], object],
-                 seeded_sampling: bool = True):
+                 seeded_sampling: bool = True, opening: Opening | None = None):
         self.client, self.trainer, self.task, self.tokenizer = client, trainer, task, tokenizer
         self.reward, self.sampling, self.shape, self.seed = reward, sampling, shape, seed
-        self.push, self.seeded_sampling = push, seeded_sampling
+        self.push, self.seeded_sampling, self.opening = push, seeded_sampling, opening
         self.last_batch: RolloutBatch | None = None
 
     def generate(self, step: int) -> RolloutBatch:
@@ -62,7 +63,7 @@ class RLStep:
                  if self.seeded_sampling else None)
         return collect(self.client, self.task, self.tokenizer, problems, samples=self.shape.samples,
                        params=params, reward=self.reward, seeds=seeds, device=self.trainer.device,
-                       routed_experts=self.trainer.routing_replay)
+                       routed_experts=self.trainer.routing_replay, opening=self.opening)
 
     def run(self, step: int) -> dict[str, float]:
         t0 = time.perf_counter()
@@ -78,7 +79,8 @@ class RLStep:
         self.push(step)
         t3 = time.perf_counter()
         metrics.update(rollout_metrics(self.task, batch, keep_N))
-        metrics.update(tier_metrics(self.task, batch, self.reward.tiers))
+        metrics.update(tier_metrics(self.task, batch, self.reward.tiers, rows=own_rows(batch)))
+        metrics.update(opening_metrics(batch))
         if correction is not None:
             metrics.update(correction.metrics)
         if hasattr(self.client, "pop_metrics"):  # e.g. rollout/stale_samples of remote servers (every rank calls it)
@@ -86,6 +88,23 @@ class RLStep:
         metrics.update({"time/generate": t1 - t0, "time/train": t2 - t1, "time/sync": t3 - t2, "time/step": t3 - t0,
                         "throughput/tokens_per_s": sum(batch.lengths) / (t3 - t0)})
         return metrics
+
+
+def own_rows(batch: RolloutBatch) -> list[int] | None:
+    """The responses the policy wrote alone (None: all of them)."""
+    return None if batch.forced is None else [i for i, f in enumerate(batch.forced) if not f]
+
+
+def opening_metrics(batch: RolloutBatch) -> dict[str, float]:
+    """``opening/*``: what the forced openings earned against the policy's own samples."""
+    if batch.forced is None:
+        return {}
+    rewards = batch.rewards_N.tolist()
+    forced = [r for r, f in zip(rewards, batch.forced, strict=True) if f]
+    own = [r for r, f in zip(rewards, batch.forced, strict=True) if not f]
+    return {"opening/forced_frac": len(forced) / len(rewards),
+            "opening/forced_reward_mean": sum(forced) / len(forced),
+            "opening/own_reward_mean": sum(own) / len(own) if own else float("nan")}
 
 
 def rollout_metrics(task: Task, batch: RolloutBatch, keep_N: torch.Tensor | None = None) -> dict[str, float]:

@@ -31,12 +31,14 @@ def _measures(rows: list[int], batch: RolloutBatch, budget: int | None) -> dict[
 
 
 def tier_metrics(task: Task, batch: RolloutBatch, tiers: Sequence, tiered: str = "tier",
-                 untiered: str = "difficulty") -> dict[str, float]:
-    """Tiered responses under ``<tiered>/<tier>/...``, untiered ones per bucket under ``<untiered>/<bucket>/``."""
+                 untiered: str = "difficulty", rows: Sequence[int] | None = None) -> dict[str, float]:
+    """Tiered responses under ``<tiered>/<tier>/...``, untiered ones per bucket under ``<untiered>/<bucket>/``.
+
+    ``rows``: only these responses (an RL step leaves out those a forced opening began)."""
     buckets = [task.difficulty_bucket(p) for p in batch.problems]
     groups: dict[str | None, list[int]] = {}
-    for i, p in enumerate(batch.problems):
-        groups.setdefault(p.tier, []).append(i)
+    for i in range(len(batch.problems)) if rows is None else rows:
+        groups.setdefault(batch.problems[i].tier, []).append(i)
     out: dict[str, float] = {}
     for tag, head, budget in [(t.tag, f"{tiered}/{t.name}", t.budget) for t in tiers] + [(None, untiered, None)]:
         rows = groups.get(tag, [])

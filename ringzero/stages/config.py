@@ -96,6 +96,18 @@ class Tier(StrictModel):
         return v
 
 
+class ForcedOpening(StrictModel):
+    """AdaptThink's cold start for tier RL: a share of each prompt's samples opens with ``text`` (ringzero.rl.openings)."""
+
+    text: str = Field("<think> </think>", min_length=1, description="the forced prefix of the response; "
+                      "the default is the empty thought, the answer with no reasoning")
+    fraction: float = Field(0.25, gt=0, lt=1, description="share of each prompt's samples that open with text "
+                            "(rounded; at least one, and at least one left to the policy)")
+
+    def samples(self, n: int) -> int:
+        return round(self.fraction * n)
+
+
 Remedy = Literal["skip_batch", "lower_lr", "raise_precision"]
 
 NONFINITE_PREFIXES = ("loss/", "grad/", "ratio/", "logratio/", "gap/", "kl/", "entropy/", "optim/", "drift/")
@@ -143,6 +155,10 @@ class RLStage(StageBase):
     max_wall_minutes: float | None = Field(None, gt=0)
     tiers: list[Tier] = Field(default_factory=list)
     tier_reward: Literal["cutoff", "linear"] = "cutoff"
+    forced_opening: ForcedOpening | None = Field(
+        None, description="open a share of each prompt's samples with a fixed prefix, e.g. the empty thought "
+        "(ringzero.rl.openings); null = the policy writes every sample"
+    )
     rollback: RollbackSettings | None = Field(
         None, description="restore the last good step when a step's metrics cross a threshold or turn non-finite, "
         "then retry with a remedy (ringzero.stages.rollback); null = off"
@@ -150,11 +166,22 @@ class RLStage(StageBase):
 
     @model_serializer(mode="wrap")
     def _rollback_off_unsaid(self, handler):
-        """Off, ``rollback`` stays out of the dump, so stages without it keep the identity they had before it."""
+        """Off, ``rollback`` and ``forced_opening`` stay out of the dump, so stages without them keep the
+        identity they had before them."""
         data = handler(self)
-        if isinstance(data, dict) and data.get("rollback", ...) is None:
-            del data["rollback"]
+        for key in ("rollback", "forced_opening"):
+            if isinstance(data, dict) and data.get(key, ...) is None:
+                del data[key]
         return data
+
+    @model_validator(mode="after")
+    def _opening_fits(self) -> RLStage:
+        if self.forced_opening is not None:
+            m, n = self.forced_opening.samples(self.samples_per_prompt), self.samples_per_prompt
+            if not 1 <= m <= n - 1:
+                raise ValueError(f"forced_opening.fraction ({self.forced_opening.fraction}) of samples_per_prompt "
+                                 f"({n}) gives {m} forced samples a prompt; it must be 1 to {n - 1}")
+        return self
 
     @model_validator(mode="after")
     def _minibatches_fit(self) -> RLStage:

@@ -19,6 +19,7 @@ from ringzero.errors import RingzeroError
 from ringzero.model.config import PrecisionPolicy
 from ringzero.model.precision import body_dtype
 from ringzero.parallel.runtime import Runtime, single
+from ringzero.rl.openings import Opening
 from ringzero.rl.rewards import TaskReward
 from ringzero.rl.step import RLStep, StepShape
 from ringzero.rl.sync import push_weights, weight_version
@@ -26,6 +27,7 @@ from ringzero.rl.trainer import PolicyTrainer
 from ringzero.rollout.factory import rollout_client as build_rollout_client
 from ringzero.stages.setup import apply_threads, task_and_tokenizer
 from ringzero.stages.train_state import load_resume_point
+from ringzero.tokenizer.base import Tokenizer
 
 log = structlog.get_logger(__name__)
 
@@ -111,10 +113,18 @@ def build_session(ctx, stage, inputs) -> RLSession:
     stepper = RLStep(client=client, trainer=trainer, task=task, tokenizer=tokenizer,
                      reward=TaskReward(task, stage.tiers, stage.tier_reward), sampling=stage.sampling,
                      shape=StepShape(stage.prompts_per_step, stage.samples_per_prompt, stage.loss.advantage_std),
-                     seed=cfg.run.seed, push=push, seeded_sampling=cfg.engines.rollout.kind == "embedded")
+                     seed=cfg.run.seed, push=push, seeded_sampling=cfg.engines.rollout.kind == "embedded",
+                     opening=_opening(stage, tokenizer))
     session.stepper = stepper
     push(first - 1)  # the engine serves the start (or resumed) weights, as the trainer holds them
     return session
+
+
+def _opening(stage, tokenizer: Tokenizer) -> Opening | None:
+    fo = stage.forced_opening
+    if fo is None:
+        return None
+    return Opening(tuple(tokenizer.encode(fo.text)), fo.samples(stage.samples_per_prompt))
 
 
 def _check_rollback(cfg, stage) -> None:
