@@ -27,7 +27,7 @@ from ringzero.rl.rewards import TaskReward
 from ringzero.rl.rollout_batch import RolloutBatch, collect, sampling_params
 from ringzero.rl.seeds import derive_seed
 from ringzero.rl.tail_metrics import length_summary, reward_summary, trace_summary
-from ringzero.rl.tier_metrics import tier_metrics
+from ringzero.rl.tier_metrics import depth_contrast, tier_metrics
 from ringzero.rl.trainer import PolicyTrainer
 from ringzero.tasks.base import Task
 from ringzero.tokenizer.base import Tokenizer
@@ -79,7 +79,9 @@ class RLStep:
         self.push(step)
         t3 = time.perf_counter()
         metrics.update(rollout_metrics(self.task, batch, keep_N))
-        metrics.update(tier_metrics(self.task, batch, self.reward.tiers, rows=own_rows(batch)))
+        tiered = tier_metrics(self.task, batch, self.reward.tiers, rows=own_rows(batch))
+        metrics.update(tiered)
+        metrics.update(depth_contrast(tiered, self.reward.tiers))
         metrics.update(opening_metrics(batch))
         if correction is not None:
             metrics.update(correction.metrics)

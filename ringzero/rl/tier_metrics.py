@@ -9,6 +9,10 @@ untiered responses ``<untiered>/<bucket>/accuracy`` and ``len_mean``. A bucket o
 is left out, never reported as 0.
 
 RL steps report them under ``tier/`` and ``difficulty/``; the eval stage under ``eval/`` for both.
+
+``depth_contrast``: the tier with the largest budget against the one with the smallest, overall and per
+bucket, ``<tiered>/contrast/[<bucket>/]accuracy_gap`` (deep minus fast) and ``len_ratio`` (deep over
+fast): what tier RL must earn is a large gap and ratio on hard items and a ratio near 1 on easy ones.
 """
 
 from __future__ import annotations
@@ -17,6 +21,9 @@ from collections.abc import Sequence
 
 from ringzero.rl.rollout_batch import RolloutBatch
 from ringzero.tasks.base import DIFFICULTY_BUCKETS, Task
+
+CONTRAST = "contrast"
+"""The head of ``depth_contrast``'s keys, which no tier may be named."""
 
 
 def _measures(rows: list[int], batch: RolloutBatch, budget: int | None) -> dict[str, float]:
@@ -50,4 +57,22 @@ def tier_metrics(task: Task, batch: RolloutBatch, tiers: Sequence, tiered: str =
             mine = [i for i in rows if buckets[i] == bucket]
             if mine:
                 out.update({f"{head}/{bucket}/{k}": v for k, v in _measures(mine, batch, budget).items()})
+    return out
+
+
+def depth_contrast(values: dict[str, float], tiers: Sequence, tiered: str = "tier") -> dict[str, float]:
+    """The deepest tier against the fastest (by budget) from ``tier_metrics`` values; {} with fewer than two
+    tiers. A bucket either tier lacks is left out; a zero fast length gives no ratio."""
+    if len(tiers) < 2:
+        return {}
+    fast, deep = min(tiers, key=lambda t: t.budget), max(tiers, key=lambda t: t.budget)
+    out: dict[str, float] = {}
+    for part in ["", *(f"{b}/" for b in DIFFICULTY_BUCKETS)]:
+        acc = [values.get(f"{tiered}/{t.name}/{part}accuracy") for t in (fast, deep)]
+        length = [values.get(f"{tiered}/{t.name}/{part}len_mean") for t in (fast, deep)]
+        if None in acc or None in length:
+            continue
+        out[f"{tiered}/{CONTRAST}/{part}accuracy_gap"] = acc[1] - acc[0]
+        if length[0] > 0:
+            out[f"{tiered}/{CONTRAST}/{part}len_ratio"] = length[1] / length[0]
     return out

@@ -9,6 +9,7 @@ from pydantic import Field, field_validator, model_serializer, model_validator
 from ringzero.config.base import Slug, StrictModel
 from ringzero.config.gates import ThresholdExpr
 from ringzero.rl.corrections.config import Correction
+from ringzero.rl.tier_metrics import CONTRAST
 from ringzero.tasks.base import DIFFICULTY_BUCKETS
 
 
@@ -93,6 +94,9 @@ class Tier(StrictModel):
         if v in DIFFICULTY_BUCKETS:
             raise ValueError(f"{v!r} names a difficulty bucket ({', '.join(DIFFICULTY_BUCKETS)}), whose metrics "
                              "would share the tier's keys; pick another tier name")
+        if v == CONTRAST:
+            raise ValueError(f"{CONTRAST!r} heads the deep-against-fast tier measures (rl.tier_metrics.depth_contrast); "
+                             "pick another tier name")
         return v
 
 

@@ -34,7 +34,7 @@ from ringzero.parallel.runtime import single
 from ringzero.rl.rewards import TaskReward
 from ringzero.rl.rollout_batch import RolloutBatch, collect, sampling_params
 from ringzero.rl.seeds import derive_seed
-from ringzero.rl.tier_metrics import tier_metrics
+from ringzero.rl.tier_metrics import depth_contrast, tier_metrics
 from ringzero.rollout.factory import rollout_client
 from ringzero.rollout.gap import gap_stats
 from ringzero.rollout.scoring import score_sequences
@@ -130,6 +130,12 @@ def comparison_columns(k: int, tiers: list[Tier], buckets: tuple[str, ...] = ())
     for head, label in [("eval", ""), *((f"eval/{t.name}", f"{t.name} ") for t in tiers)]:
         for b in buckets:
             columns += [(f"{head}/{b}/accuracy", f"{label}{b} acc"), (f"{head}/{b}/len_mean", f"{label}{b} len")]
+    if len(tiers) >= 2:
+        fast, deep = min(tiers, key=lambda t: t.budget).name, max(tiers, key=lambda t: t.budget).name
+        for part in ["", *(f"{b}/" for b in buckets)]:
+            where = part.rstrip("/") or "all"
+            columns += [(f"eval/contrast/{part}accuracy_gap", f"{deep}-{fast} acc ({where})"),
+                        (f"eval/contrast/{part}len_ratio", f"{deep}/{fast} len ({where})")]
     return columns
 
 
@@ -158,6 +164,7 @@ def measure_checkpoint(cfg, store, uri: str, stage: EvalStage, task, tokenizer, 
     for tier in tiers:
         batch = sample([task.with_tier(p, tier.tag) for p in problems], stage.k)
         values.update(tier_metrics(task, batch, [tier], tiered="eval"))
+    values.update(depth_contrast(values, tiers, tiered="eval"))
     return finite_only(values)
 
 

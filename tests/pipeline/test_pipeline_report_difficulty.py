@@ -57,3 +57,16 @@ def test_the_comparison_table_gains_a_row_per_bucket_untiered_and_per_tier():
     assert added == [f"{head}/{b}/{m}" for head in ("eval", "eval/fast") for b in DIFFICULTY_BUCKETS
                      for m in ("accuracy", "len_mean")]
     assert keys["eval/fast/hard/len_mean"] == "fast hard len"
+
+
+def test_with_two_tiers_the_table_gains_the_deep_against_fast_contrast():
+    from ringzero.stages.config import Tier
+    from ringzero.stages.evaluate import comparison_columns
+    from ringzero.tasks.base import DIFFICULTY_BUCKETS
+
+    tiers = [Tier(name="deep", tag="[deep]", budget=160), Tier(name="fast", tag="[fast]", budget=50)]
+    keys = dict(comparison_columns(4, tiers, DIFFICULTY_BUCKETS))
+    assert keys["eval/contrast/hard/accuracy_gap"] == "deep-fast acc (hard)"
+    assert keys["eval/contrast/easy/len_ratio"] == "deep/fast len (easy)"
+    assert keys["eval/contrast/len_ratio"] == "deep/fast len (all)"
+    assert not any("contrast" in k for k in dict(comparison_columns(4, tiers[:1], DIFFICULTY_BUCKETS)))

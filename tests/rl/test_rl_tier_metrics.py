@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from ringzero.rl.rollout_batch import RolloutBatch
-from ringzero.rl.tier_metrics import tier_metrics
+from ringzero.rl.tier_metrics import depth_contrast, tier_metrics
 from ringzero.stages.config import Tier
 from ringzero.tasks.arithmetic import SyntheticArithmetic
 from ringzero.tasks.config import ArithmeticTask
@@ -63,3 +63,24 @@ def test_a_single_length_task_reports_tiers_without_buckets():
 def test_a_tier_may_not_be_named_like_a_bucket():
     with pytest.raises(ValueError, match="names a difficulty bucket"):
         Tier(name="hard", tag="[hard]", budget=10)
+
+
+def test_depth_contrast_sets_the_largest_budget_against_the_smallest_per_bucket():
+    task, batch = batch_of([
+        (EASY, "[fast]", 8, True), (HARD, "[fast]", 10, False), (HARD, "[fast]", 10, True),
+        (EASY, "[deep]", 12, True), (HARD, "[deep]", 30, True), (HARD, "[deep]", 50, True),
+    ])
+    mid = Tier(name="mid", tag="[mid]", budget=20)  # neither the fastest nor the deepest: not contrasted
+    values = tier_metrics(task, batch, [DEEP, mid, FAST])
+    got = depth_contrast(values, [DEEP, mid, FAST])
+    assert got["tier/contrast/hard/accuracy_gap"] == pytest.approx(1.0 - 0.5)
+    assert got["tier/contrast/hard/len_ratio"] == pytest.approx(40 / 10)
+    assert got["tier/contrast/easy/accuracy_gap"] == 0.0 and got["tier/contrast/easy/len_ratio"] == 1.5
+    assert got["tier/contrast/len_ratio"] == pytest.approx((92 / 3) / (28 / 3))
+    assert not any("medium" in k for k in got)  # neither tier answered a medium item
+    assert depth_contrast(values, [FAST]) == {}
+
+
+def test_a_tier_may_not_take_the_contrasts_name():
+    with pytest.raises(ValueError, match="heads the deep-against-fast"):
+        Tier(name="contrast", tag="[c]", budget=10)
