@@ -63,6 +63,7 @@ class HybridLM(nn.Module):
         )
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self._head_cast: tuple | None = None  # (key, source alias, cast weight): see head_weight_as
         self.reset_parameters()
         self.to(body_dtype(policy))
 
@@ -82,6 +83,24 @@ class HybridLM(nn.Module):
     @property
     def head_weight(self) -> torch.Tensor:
         return self.word_embeddings.weight if self.lm_head is None else self.lm_head.weight
+
+    def head_weight_as(self, dtype: torch.dtype) -> torch.Tensor:
+        """The head weight in ``dtype``; inside ``torch.inference_mode()`` the cast is kept between calls.
+
+        A decoding step feeds one token per row, so a fresh ``[V, D]`` fp32 copy per step costs more than
+        the step's head matmul. Only inference mode keeps it: autograd must reach the weight itself, and
+        no-grad scoring runs the head over thousands of tokens per cast. The key is the weight's storage
+        and version counter (bumped by ``copy_``, ``load_state_dict``, optimizer steps); the alias held
+        with it keeps the old storage alive, so a replaced weight can never reuse its address.
+        Writes through ``.data`` bypass the version counter and are not seen.
+        """
+        w = self.head_weight
+        if w.dtype == dtype or not torch.is_inference_mode_enabled():
+            return w.to(dtype)
+        key = (w.data_ptr(), w._version, w.shape, w.device, dtype)
+        if self._head_cast is None or self._head_cast[0] != key:
+            self._head_cast = (key, w.detach(), w.detach().to(dtype))
+        return self._head_cast[2]
 
     def new_cache(self, batch_size: int, capacity: int | None = None) -> DecodeCache:
         """An empty cache for ``batch_size`` rows; ``capacity`` is the columns preallocated (grows if exceeded)."""
@@ -120,7 +139,7 @@ class HybridLM(nn.Module):
             # FP32 island (the paper's fix): logits feed the softmax whose ratio RL exponentiates; a bf16
             # head rounds them to ~3 significant digits. Upcast normed state and weight, keep logits fp32.
             h = self.norm(hidden_BSD, out_dtype=at_least_fp32(hidden_BSD.dtype))
-            return F.linear(h, self.head_weight.to(h.dtype))
+            return F.linear(h, self.head_weight_as(h.dtype))
         return F.linear(self.norm(hidden_BSD), self.head_weight)
 
     def forward(self, input_ids_BS, positions=None, cache: DecodeCache | None = None) -> torch.Tensor:

@@ -26,6 +26,7 @@ Letter legend: B batch, S sequence, H heads, k key/query head dim (dk), v value 
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 
 import torch
 from torch import nn
@@ -64,12 +65,61 @@ def decay_slopes(n_heads: int, layer_idx: int, num_hidden_layers: int, rule: str
     return [slope * factor for slope in alibi_slopes(n_heads)]
 
 
-def lightning_blocks(q, k, v, log_decay, block_size: int, initial_state=None):
+def block_decays(ld_H: torch.Tensor, L: int):
+    """Decay factors of a block of ``L`` tokens: ``(intra [H, L, L], query [H, L], key [H, L], state [H])``."""
+    a = torch.arange(L, device=ld_H.device, dtype=ld_H.dtype)
+    diff_LL = a[:, None] - a[None, :]
+    intra_HLL = torch.exp(ld_H[:, None, None] * diff_LL.clamp(min=0)) * (diff_LL >= 0)
+    return intra_HLL, torch.exp(ld_H[:, None] * (a + 1)), torch.exp(ld_H[:, None] * (L - 1 - a)), torch.exp(ld_H * L)
+
+
+class DecayTables:
+    """One layer's decay tensors, built once per (block length, device, dtype) from its float slopes.
+
+    They depend on nothing but the fixed slopes, yet rebuilding them costs a handful of small kernels
+    (and on a GPU a host-to-device copy of the slopes) per layer and forward. Entries made inside
+    ``torch.inference_mode()`` are inference tensors, which autograd may not save, so the mode is part
+    of the key. The last block of a sequence has any length below the block size: at most
+    ``max_entries`` tables are kept, least recently used dropped first.
+    """
+
+    def __init__(self, slopes: list[float], dtype: torch.dtype, max_entries: int = 16):
+        self.slopes, self.dtype, self.max_entries = tuple(slopes), dtype, max_entries
+        self._tables: OrderedDict[tuple, object] = OrderedDict()
+
+    def log_decay(self, device=None) -> torch.Tensor:
+        """``[H]`` in the layer's state dtype, from the floats: casting the module never rounds it."""
+        return self._cached(("log", device),
+                            lambda: -torch.tensor(self.slopes, dtype=self.dtype, device=device))
+
+    def block(self, L: int, device, dtype: torch.dtype):
+        return self._cached(("block", L, device, dtype), lambda: block_decays(self._ld(device, dtype), L))
+
+    def step(self, device, dtype: torch.dtype) -> torch.Tensor:
+        """``exp(log_decay)`` ``[H, 1, 1]``: one recurrent step's decay."""
+        return self._cached(("step", device, dtype), lambda: torch.exp(self._ld(device, dtype))[:, None, None])
+
+    def _ld(self, device, dtype: torch.dtype) -> torch.Tensor:
+        return self.log_decay(device).to(device=device, dtype=dtype)
+
+    def _cached(self, key: tuple, build):
+        key = (*key, torch.is_inference_mode_enabled())
+        if key in self._tables:
+            self._tables.move_to_end(key)
+            return self._tables[key]
+        value = self._tables[key] = build()
+        if len(self._tables) > self.max_entries:
+            self._tables.popitem(last=False)
+        return value
+
+
+def lightning_blocks(q, k, v, log_decay, block_size: int, initial_state=None, tables: DecayTables | None = None):
     """Block-parallel form. q/k ``[B, S, H, dk]``, v ``[B, S, H, dv]``, log_decay ``[H]`` (<= 0).
 
     Returns ``(o [B, S, H, dv] in q's dtype, final_state [B, H, dk, dv] in at least fp32)``. Within a block
     of length L the intra part is a masked, decayed quadratic attention; the inter part reads the state
-    carried from earlier blocks; then ``S <- exp(L ld) S + (K * exp((L-1-a) ld))^T V``.
+    carried from earlier blocks; then ``S <- exp(L ld) S + (K * exp((L-1-a) ld))^T V``. ``tables``: the
+    layer's cached decays, which must be those of ``log_decay`` (the same tensors are built otherwise).
     """
     B, S, H, dk = q.shape
     dv = v.shape[-1]
@@ -86,14 +136,12 @@ def lightning_blocks(q, k, v, log_decay, block_size: int, initial_state=None):
     for start in range(0, S, block_size):
         L = min(block_size, S - start)
         qb, kb, vb = (t[:, :, start:start + L] for t in (q_BHSk, k_BHSk, v_BHSv))
-        a = torch.arange(L, device=q.device, dtype=compute)
-        diff_LL = a[:, None] - a[None, :]
-        decay_HLL = torch.exp(ld_H[:, None, None] * diff_LL.clamp(min=0)) * (diff_LL >= 0)
+        decay_HLL, q_decay_HL, k_decay_HL, state_decay_H = (
+            block_decays(ld_H, L) if tables is None else tables.block(L, q.device, compute))
         intra = ((qb @ kb.transpose(-1, -2)) * decay_HLL) @ vb
-        inter = (qb * torch.exp(ld_H[:, None] * (a + 1))[..., None]) @ state_BHkv
+        inter = (qb * q_decay_HL[..., None]) @ state_BHkv
         outs.append(intra + inter)
-        k_decay_HL = torch.exp(ld_H[:, None] * (L - 1 - a))
-        state_BHkv = torch.exp(ld_H * L)[:, None, None] * state_BHkv + (
+        state_BHkv = state_decay_H[:, None, None] * state_BHkv + (
             (kb * k_decay_HL[..., None]).transpose(-1, -2) @ vb
         )
     if outs:
@@ -103,17 +151,20 @@ def lightning_blocks(q, k, v, log_decay, block_size: int, initial_state=None):
     return o_BHSv.transpose(1, 2).to(q.dtype), state_BHkv
 
 
-def lightning_step(q_BHk, k_BHk, v_BHv, log_decay_H, state_BHkv):
+def lightning_step(q_BHk, k_BHk, v_BHv, log_decay_H, state_BHkv, tables: DecayTables | None = None):
     """One recurrent decoding step: ``S <- exp(ld) S + k^T v``; ``o = q S``. Returns (o in q's dtype, S).
 
     Inside ``torch.inference_mode()`` the given state is updated in place and returned: a rollout engine
     decodes thousands of steps, and a fresh ``[B, H, dk, dv]`` state per token and layer costs more
     than the step's arithmetic. Elsewhere (autograd, tests) the input state is left untouched.
+    ``tables``: the layer's cached decays, as in ``lightning_blocks``.
     """
     compute = state_BHkv.dtype
-    ld_H = log_decay_H.to(device=q_BHk.device, dtype=compute)
     q, k, v = q_BHk.to(compute), k_BHk.to(compute), v_BHv.to(compute)
-    decay_H11 = torch.exp(ld_H)[:, None, None]
+    if tables is None:
+        decay_H11 = torch.exp(log_decay_H.to(device=q_BHk.device, dtype=compute))[:, None, None]
+    else:
+        decay_H11 = tables.step(q_BHk.device, compute)
     if torch.is_inference_mode_enabled():
         state_BHkv = state_BHkv.mul_(decay_H11).addcmul_(k[..., :, None], v[..., None, :])
     else:
@@ -125,8 +176,12 @@ def lightning_step(q_BHk, k_BHk, v_BHv, log_decay_H, state_BHkv):
 class LightningCore(nn.Module):
     """Single-device core (``parallelize`` swaps in a context-parallel one with the same call)."""
 
+    def __init__(self, tables: DecayTables | None = None):
+        super().__init__()
+        self.tables = tables
+
     def forward(self, q_BSHk, k_BSHk, v_BSHv, log_decay_H, block_size: int):
-        return lightning_blocks(q_BSHk, k_BSHk, v_BSHv, log_decay_H, block_size)[0]
+        return lightning_blocks(q_BSHk, k_BSHk, v_BSHv, log_decay_H, block_size, tables=self.tables)[0]
 
 
 class LightningAttention(nn.Module):
@@ -137,6 +192,7 @@ class LightningAttention(nn.Module):
         self.rope_dim, self.rope_theta = cfg.linear_rope_dim, cfg.rope_theta
         self.slopes = decay_slopes(cfg.num_attention_heads, layer_idx, cfg.num_hidden_layers)
         self.state_dtype = state_dtype(policy)
+        self.decays = DecayTables(self.slopes, self.state_dtype)
         inner = cfg.num_attention_heads * cfg.head_dim
         self.query_key_value = nn.Linear(cfg.hidden_size, 3 * inner, bias=False)
         if cfg.use_qk_norm:
@@ -147,11 +203,11 @@ class LightningAttention(nn.Module):
         self.g_proj = nn.Linear(cfg.hidden_size, inner, bias=False)
         self.g_norm = GroupRMSNorm(cfg.group_norm_size, inner // cfg.group_norm_size, cfg.rms_norm_eps)
         self.dense = nn.Linear(inner, cfg.hidden_size, bias=False)
-        self.core = LightningCore()
+        self.core = LightningCore(self.decays)
 
     def log_decay(self, device=None) -> torch.Tensor:
-        """``[H]``, built from floats on each call so casting the module never rounds the decay."""
-        return -torch.tensor(self.slopes, dtype=self.state_dtype, device=device)
+        """``[H]``, built from the floats (once per device), so casting the module never rounds the decay."""
+        return self.decays.log_decay(device)
 
     def project(self, x_BSD: torch.Tensor, positions: torch.Tensor):
         """q, k, v ``[B, S, H, d]`` with norms, RoPE, q scaling and padding zeroed."""
@@ -181,8 +237,8 @@ class LightningAttention(nn.Module):
         if cache is None:
             o = self.core(q, k, v, log_decay, self.block_size)
         elif q.shape[1] == 1:
-            o, cache.state = lightning_step(q[:, 0], k[:, 0], v[:, 0], log_decay, cache.state)
+            o, cache.state = lightning_step(q[:, 0], k[:, 0], v[:, 0], log_decay, cache.state, self.decays)
             o = o[:, None]
         else:
-            o, cache.state = lightning_blocks(q, k, v, log_decay, self.block_size, cache.state)
+            o, cache.state = lightning_blocks(q, k, v, log_decay, self.block_size, cache.state, self.decays)
         return self.finish(x_BSD, o)
