@@ -54,7 +54,7 @@ from ringzero.rl.losses.normalization import Normalization
 from ringzero.rl.mismatch_metrics import mismatch_metrics
 from ringzero.rl.rollout_batch import RolloutBatch
 from ringzero.rl.tail_metrics import entropy_summary, kl_summary, ratio_tail
-from ringzero.rollout.scoring import score_sequences
+from ringzero.rollout.scoring import score_tokens
 
 DEFAULT_MICRO_BATCH = 16
 
@@ -113,14 +113,11 @@ class PolicyTrainer:
         sequences, prompt_lens = batch.sequences(rows)
         t = self.temperature if self.temperature > 0 else 1.0
         if self.batch_invariant:  # each row alone, unpadded: bitwise the deterministic engine's numbers
-            logp_mT = padded(score_sequences(model, sequences, prompt_lens, t, True, pad_id=self.pad_id), T)
-            owned_mT = torch.ones_like(logp_mT, dtype=torch.bool)
-            ent_mT = None
-            if with_entropy:
-                ent_mT = torch.zeros_like(logp_mT)
-                for i in range(len(rows)):
-                    ent_mT[i] = self._sharded(model, [sequences[i]], [prompt_lens[i]], T, t, True)[2][0]
-            return logp_mT, owned_mT, ent_mT
+            # The entropy comes from the logits of the same forward, never from a second one.
+            scored = score_tokens(model, sequences, prompt_lens, t, True, pad_id=self.pad_id, with_entropy=with_entropy)
+            logp_mT = padded([s.logprobs for s in scored], T)
+            ent_mT = padded([s.entropy for s in scored], T) if with_entropy else None
+            return logp_mT, torch.ones_like(logp_mT, dtype=torch.bool), ent_mT
         experts = None
         if self.routing_replay and model is self.model:  # the frozen reference routes on its own
             experts = [batch.routed_experts[i] for i in rows]

@@ -67,11 +67,13 @@ def _check(sequences: Sequence[Sequence[int]], prompt_lens: Sequence[int]) -> No
 
 @dataclass
 class Scored:
-    """One sequence's scored tokens: their log-probs ``[n]`` and, when asked, the top-k ``[n, K]``."""
+    """One sequence's scored tokens: their log-probs ``[n]`` and, when asked, the top-k ``[n, K]`` and the
+    entropy ``[n]`` (no gradient) of each position's distribution."""
 
     logprobs: torch.Tensor
     top_values: torch.Tensor | None = None  # the K largest log-probs per position, most likely first
     top_ids: torch.Tensor | None = None
+    entropy: torch.Tensor | None = None
 
 
 def _top_logprobs(head, hidden_NSD: torch.Tensor, temperature: float, k: int, chunk_tokens: int):
@@ -95,7 +97,7 @@ def _top_logprobs(head, hidden_NSD: torch.Tensor, temperature: float, k: int, ch
 
 
 def _score_padded(model: HybridLM, batch: Sequence[Sequence[int]], prompt_lens: Sequence[int],
-                  temperature: float, pad_id: int, top_k: int = 0) -> list[Scored]:
+                  temperature: float, pad_id: int, top_k: int = 0, with_entropy: bool = False) -> list[Scored]:
     """Right-padded batch: padding sits after every real token, so causality keeps it invisible."""
     device = next(model.parameters()).device
     width = max(len(s) for s in batch)
@@ -106,14 +108,17 @@ def _score_padded(model: HybridLM, batch: Sequence[Sequence[int]], prompt_lens: 
     first = min(prompt_lens) - 1
     hidden_NTD = model.hidden(ids_NT[:, :-1])[:, first:]
     # The LM head and log-softmax run over chunks of positions: never the whole [N, T, V] in fp32.
-    logp_NT, _ = chunked_token_logprobs(model.logits, hidden_NTD, ids_NT[:, first + 1:], temperature,
-                                        chunk_tokens=SCORE_CHUNK_TOKENS)
+    logp_NT, ent_NT = chunked_token_logprobs(model.logits, hidden_NTD, ids_NT[:, first + 1:], temperature,
+                                             chunk_tokens=SCORE_CHUNK_TOKENS, with_entropy=with_entropy)
     top = _top_logprobs(model.logits, hidden_NTD, temperature, top_k, SCORE_CHUNK_TOKENS) if top_k > 0 else None
-    out = []
-    for row, (seq, plen) in enumerate(zip(batch, prompt_lens, strict=True)):
-        cols = slice(plen - 1 - first, len(seq) - 1 - first)
-        out.append(Scored(logp_NT[row, cols], *((top[0][row, cols], top[1][row, cols]) if top else ())))
-    return out
+    return [_scored(logp_NT, top, ent_NT, row, slice(plen - 1 - first, len(seq) - 1 - first))
+            for row, (seq, plen) in enumerate(zip(batch, prompt_lens, strict=True))]
+
+
+def _scored(logp_NT: torch.Tensor, top: tuple | None, ent_NT: torch.Tensor | None, row: int, cols: slice) -> Scored:
+    """Row ``row``'s scored columns ``cols`` of the grids one forward filled."""
+    return Scored(logp_NT[row, cols], *((top[0][row, cols], top[1][row, cols]) if top else (None, None)),
+                  None if ent_NT is None else ent_NT[row, cols])
 
 
 def bitwise_ids(model: HybridLM, sequence: Sequence[int], pad_id: int = 0) -> torch.Tensor:
@@ -152,36 +157,34 @@ def bitwise_next_logprobs(model: HybridLM, hidden_1WD: torch.Tensor, column: int
 
 
 def _score_bitwise(model: HybridLM, sequence: Sequence[int], prompt_len: int, temperature: float, pad_id: int,
-                   top_k: int) -> Scored:
+                   top_k: int, with_entropy: bool = False) -> Scored:
     """One sequence through ``bitwise_hidden``; the LM head on every column (fixed shapes, see the module)."""
     ids_1W = bitwise_ids(model, sequence, pad_id)
     hidden_1WD = bitwise_hidden(model, ids_1W)
     targets_1W = torch.cat((ids_1W[:, 1:], ids_1W[:, :1]), dim=1)  # the last column predicts nothing
-    logp_1W, _ = chunked_token_logprobs(model.logits, hidden_1WD, targets_1W, temperature,
-                                        chunk_tokens=SCORE_CHUNK_TOKENS)
-    cols = slice(prompt_len - 1, len(sequence) - 1)
-    if top_k <= 0:
-        return Scored(logp_1W[0, cols])
-    values, ids = _top_logprobs(model.logits, hidden_1WD, temperature, top_k, SCORE_CHUNK_TOKENS)
-    return Scored(logp_1W[0, cols], values[0, cols], ids[0, cols])
+    logp_1W, ent_1W = chunked_token_logprobs(model.logits, hidden_1WD, targets_1W, temperature,
+                                             chunk_tokens=SCORE_CHUNK_TOKENS, with_entropy=with_entropy)
+    top = _top_logprobs(model.logits, hidden_1WD, temperature, top_k, SCORE_CHUNK_TOKENS) if top_k > 0 else None
+    return _scored(logp_1W, top, ent_1W, 0, slice(prompt_len - 1, len(sequence) - 1))
 
 
 def score_tokens(model: HybridLM, sequences: Sequence[Sequence[int]], prompt_lens: Sequence[int],
                  temperature: float = 1.0, batch_invariant: bool = False, *, top_k: int = 0, pad_id: int = 0,
-                 micro_batch: int = DEFAULT_MICRO_BATCH) -> list[Scored]:
-    """``score_sequences``, with the ``top_k`` most likely tokens of each scored position when ``top_k > 0``."""
+                 micro_batch: int = DEFAULT_MICRO_BATCH, with_entropy: bool = False) -> list[Scored]:
+    """``score_sequences``, with the ``top_k`` most likely tokens of each scored position when ``top_k > 0``
+    and each position's entropy (from the same logits) with ``with_entropy``."""
     _check(sequences, prompt_lens)
     if top_k < 0:
         raise RingzeroError(f"top_k must be >= 0 (got {top_k})")
     t = temperature if temperature > 0 else 1.0
     if batch_invariant:
-        return [_score_bitwise(model, seq, plen, t, pad_id, top_k)
+        return [_score_bitwise(model, seq, plen, t, pad_id, top_k, with_entropy)
                 for seq, plen in zip(sequences, prompt_lens, strict=True)]
     step = max(1, micro_batch)
     out: list[Scored] = []
     for start in range(0, len(sequences), step):
         out += _score_padded(model, sequences[start:start + step], prompt_lens[start:start + step], t, pad_id,
-                             top_k)
+                             top_k, with_entropy)
     return out
 
 
