@@ -321,6 +321,9 @@ class EmbeddedEngine:
                     if r.request in now and b not in capped:
                         capped.add(b)
                         state.cap(b, t + 1)
+            # The step's one host read (none when no live row can stop on a token): which rows finished sets
+            # the next forward's row count, a shape the host must know before launching it. Deferring the read
+            # by a step would decode finished rows once more, and MoE rows' rounding follows their batch.
             keep_B = state.advance(t, tokens_B, logp_B)
             if keep_B is not None:  # some rows finished: stop paying for them
                 if keep_B.numel() == 0:
