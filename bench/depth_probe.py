@@ -1,9 +1,12 @@
 """What each reasoning depth is worth, per difficulty: greedy accuracy of a checkpoint answering held-out
-digitsum problems of every length directly, by the short trace (two digits a step) and by the full trace
-(one digit a step), with the response's opening forced so each route is measured on every problem.
+digitsum problems of every length directly, after an empty thought, by the short trace (two digits a
+step) and by the full trace (one digit a step), with the response's opening forced so each route is
+measured on every problem.
 
 - direct: the answer digit the model ranks first right after ``a: `` (its next-token argmax over the ten
   digits), so a model that would rather open a trace is still measured on its direct answer;
+- empty: forced to open with the empty thought ``<think> </think>`` (the fast tier's way out of a long
+  item, and what tier RL's forced openings offer it), then greedy;
 - short: the response forced to open ``<think> ab=``, then greedy to the newline;
 - full: forced to open ``<think> a=``, then greedy.
 Each line of output is one (route, digits) cell: accuracy and mean response length in tokens. The task
@@ -25,13 +28,14 @@ import torch
 
 from ringzero.config.loader import load_config
 from ringzero.model.checkpoint import load_model
+from ringzero.rl.rollout_batch import encode_prompt
 from ringzero.rollout.engine import EmbeddedEngine
 from ringzero.rollout.types import GenerateRequest, SamplingParams
 from ringzero.stages.setup import task_and_tokenizer
 from ringzero.store import open_store
-from ringzero.tasks.base import THINK_OPEN
+from ringzero.tasks.base import THINK_CLOSE, THINK_OPEN
 
-ROUTES = ("direct", "short", "full")
+ROUTES = ("direct", "empty", "short", "full")
 
 
 def parse_args() -> argparse.Namespace:
@@ -70,7 +74,7 @@ def main() -> int:
     digit_ids = [tokenizer.encode(str(d))[0] for d in range(10)]
     greedy = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=0.0, stop=task.stop)
     for n, problems in by_length(task, args.per_length).items():
-        prompts = [tokenizer.encode(p.prompt) for p in problems]
+        prompts = [encode_prompt(tokenizer, p) for p in problems]
         # direct: the first response token, restricted to the digits
         correct = []
         for p, ids in zip(problems, prompts, strict=True):
@@ -80,7 +84,8 @@ def main() -> int:
             correct.append(str(guess) == p.answer)
         print(json.dumps({"route": "direct", "digits": n, "accuracy": sum(correct) / len(correct), "len_mean": 1.0}),
               flush=True)
-        for route, opening in (("short", f"{THINK_OPEN} ab="), ("full", f"{THINK_OPEN} a=")):
+        for route, opening in (("empty", f"{THINK_OPEN} {THINK_CLOSE}"), ("short", f"{THINK_OPEN} ab="),
+                               ("full", f"{THINK_OPEN} a=")):
             forced = [ids + tokenizer.encode(opening) for ids in prompts]
             outs = engine.generate([GenerateRequest(ids, greedy) for ids in forced])
             texts = [opening + tokenizer.decode(o[0].output_ids) for o in outs]
