@@ -9,7 +9,11 @@ the same column, each at its own next position. That is what a batched rollout e
 - many prompts at once: ``left_padded(prompts, pad_id)`` gives ids and positions for one prefill;
 - different prompt lengths: positions per row (``[B, T]``), never a shared offset;
 - rows finishing at different times: ``cache.select(rows)`` keeps (or repeats) rows, so finished ones
-  stop costing compute and one prefilled prompt can fan out into n samples.
+  stop costing compute and one prefilled prompt can fan out into n samples;
+- rows joining a running batch (continuous batching): ``put(slots, fresh)`` writes a fresh prefill into
+  some rows, right-aligned to the last column, masking those rows' older columns (position -1);
+  ``add_rows``, ``pad_front`` and ``drop_front`` grow the rows, add masked leading columns or forget
+  leading columns, each without copying the rows it does not write (``drop_front`` moves a view's start).
 
 Per layer: MLA keeps ``[c_kv; k_rope]`` per token (``r + dr`` values) in the body dtype, exactly the
 values the parallel form computes; Lightning keeps its ``[B, H, dk, dv]`` state in at least fp32.
@@ -26,28 +30,59 @@ from ringzero.errors import RingzeroError
 
 
 class _Columns:
-    """A ``[B, T, ...]`` tensor that grows along T with amortised doubling (no copy per token)."""
+    """A ``[B, T, ...]`` tensor that grows along T with amortised doubling (no copy per token).
 
-    def __init__(self, batch: int, tail: tuple[int, ...], dtype, device, capacity: int):
-        self._buf = torch.zeros((batch, max(capacity, 1), *tail), dtype=dtype, device=device)
-        self.length = 0
+    The view starts at ``_start`` so a continuous batch can drop or add leading columns without copying
+    the rows; a full buffer is reallocated from the view only, which reclaims dropped columns.
+    """
+
+    def __init__(self, batch: int, tail: tuple[int, ...], dtype, device, capacity: int, fill: float = 0):
+        self._buf = torch.full((batch, max(capacity, 1), *tail), fill, dtype=dtype, device=device)
+        self._fill = fill
+        self._start = 0
+        self._end = 0
+
+    @property
+    def length(self) -> int:
+        return self._end - self._start
 
     def view(self) -> torch.Tensor:
-        return self._buf[:, : self.length]
+        return self._buf[:, self._start:self._end]
+
+    def _realloc(self, front: int, width: int) -> None:
+        grown = self._buf.new_full((self._buf.shape[0], width, *self._buf.shape[2:]), self._fill)
+        grown[:, front:front + self.length] = self.view()
+        self._buf, self._start, self._end = grown, front, front + self.length
 
     def append(self, new_BS: torch.Tensor) -> torch.Tensor:
-        need = self.length + new_BS.shape[1]
-        if need > self._buf.shape[1]:
-            grown = self._buf.new_zeros((self._buf.shape[0], max(need, 2 * self._buf.shape[1]),
-                                         *self._buf.shape[2:]))
-            grown[:, : self.length] = self.view()
-            self._buf = grown
-        self._buf[:, self.length:need] = new_BS
-        self.length = need
+        if self._end + new_BS.shape[1] > self._buf.shape[1]:
+            self._realloc(0, max(self.length + new_BS.shape[1], 2 * self._buf.shape[1]))
+        self._buf[:, self._end:self._end + new_BS.shape[1]] = new_BS
+        self._end += new_BS.shape[1]
         return self.view()
 
     def select(self, rows: torch.Tensor) -> None:
         self._buf = self._buf.index_select(0, rows)
+
+    def pad_front(self, k: int) -> None:
+        """``k`` more leading columns of ``fill`` for every row (a longer newcomer joins)."""
+        if k > self._start:
+            self._realloc(k, max(k + self.length, 2 * self._buf.shape[1]))
+        self._start -= k
+        self._buf[:, self._start:self._start + k] = self._fill
+
+    def drop_front(self, k: int) -> None:
+        """Forget the ``k`` leading columns: no copy, the next reallocation reclaims them."""
+        self._start += min(k, self.length)
+
+    def add_rows(self, n: int) -> None:
+        self._buf = torch.cat([self._buf, self._buf.new_full((n, *self._buf.shape[1:]), self._fill)])
+
+    def put(self, rows_B: torch.Tensor, src_BS: torch.Tensor) -> None:
+        """Rows ``rows_B`` become ``src_BS`` right-aligned, ``fill`` before it: only those rows are written."""
+        cut = self._end - src_BS.shape[1]
+        self._buf[rows_B, self._start:cut] = self._fill
+        self._buf[rows_B, cut:self._end] = src_BS
 
 
 class MLALayerCache:
@@ -66,6 +101,18 @@ class MLALayerCache:
     def select(self, rows: torch.Tensor) -> None:
         self._cols.select(rows)
 
+    def pad_front(self, k: int) -> None:
+        self._cols.pad_front(k)
+
+    def drop_front(self, k: int) -> None:
+        self._cols.drop_front(k)
+
+    def add_rows(self, n: int) -> None:
+        self._cols.add_rows(n)
+
+    def put(self, rows_B: torch.Tensor, other: MLALayerCache) -> None:
+        self._cols.put(rows_B, other.latent)
+
 
 class LightningLayerCache:
     """The recurrent state ``[B, H, dk, dv]`` (at least fp32)."""
@@ -75,6 +122,17 @@ class LightningLayerCache:
 
     def select(self, rows: torch.Tensor) -> None:
         self.state = self.state.index_select(0, rows)
+
+    def pad_front(self, k: int) -> None:
+        """A fixed-size state has no columns: nothing to pad or drop."""
+
+    drop_front = pad_front
+
+    def add_rows(self, n: int) -> None:
+        self.state = torch.cat([self.state, self.state.new_zeros((n, *self.state.shape[1:]))])
+
+    def put(self, rows_B: torch.Tensor, other: LightningLayerCache) -> None:
+        self.state[rows_B] = other.state
 
 
 class DecodeCache:
@@ -86,7 +144,8 @@ class DecodeCache:
 
     def __init__(self, layers: list, batch_size: int, device, capacity: int):
         self.layers = layers
-        self._positions = _Columns(batch_size, (), torch.long, device, capacity)
+        # Unwritten columns hold position -1: masked for every query, so padding is free to add.
+        self._positions = _Columns(batch_size, (), torch.long, device, capacity, fill=-1)
 
     @property
     def batch_size(self) -> int:
@@ -133,6 +192,38 @@ class DecodeCache:
         self._positions.select(rows)
         for layer in self.layers:
             layer.select(rows)
+
+    # -- a slot pool for continuous batching: rows are slots, written one newcomer at a time --
+
+    def add_rows(self, n: int) -> None:
+        """``n`` empty slots at the end (every column masked, zero state)."""
+        self._positions.add_rows(n)
+        for layer in self.layers:
+            layer.add_rows(n)
+
+    def put(self, slots: torch.Tensor, other: DecodeCache) -> None:
+        """Slots ``slots`` take ``other``'s rows (a fresh prefill), right-aligned to this cache's last column.
+
+        Columns are added at the front when ``other`` is longer; the slots' older columns are masked. Only
+        the written slots and the added columns are touched: the other rows are not copied.
+        """
+        self.pad_front(max(other.length - self.length, 0))
+        self._positions.put(slots, other.positions)
+        for mine, theirs in zip(self.layers, other.layers, strict=True):
+            mine.put(slots, theirs)
+
+    def pad_front(self, k: int) -> None:
+        if k > 0:
+            self._positions.pad_front(k)
+            for layer in self.layers:
+                layer.pad_front(k)
+
+    def drop_front(self, k: int) -> None:
+        """Forget leading columns no live row can see (they hold padding or finished rows' tokens)."""
+        if k > 0:
+            self._positions.drop_front(k)
+            for layer in self.layers:
+                layer.drop_front(k)
 
 
 def left_padded(prompts: Sequence[Sequence[int]], pad_id: int, device=None):

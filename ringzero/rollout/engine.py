@@ -15,6 +15,11 @@ How a ``generate`` call runs:
    (``GenerateRequest.logprobs``), the top-k alternatives of each step and the prompt's log-probs
    (see ``ringzero.rollout.logprob_extras``).
 
+``open_batch()`` is the other way in: a ``ContinuousBatch`` (``ringzero.rollout.continuous``) that requests
+join and leave between decoding steps, for servers whose requests arrive while others decode. It shares
+the row setup, prefill, sampling and stop rules with ``generate``, so a seeded or greedy request gets the
+same tokens either way.
+
 A request with ``max_new_tokens == 0`` is not decoded at all: it finishes ``length`` with no output, and
 serves to score its prompt. ``ignore_eos`` drops EOS and ``stop_token_ids`` from a row's stop ids (stop
 strings still apply), as SGLang does. ``generate(..., abort=...)`` polls which requests the caller has
@@ -58,7 +63,6 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass
 
 import torch
 
@@ -68,7 +72,9 @@ from ringzero.model.config import PrecisionPolicy
 from ringzero.model.hybrid import HybridLM
 from ringzero.model.routing import moe_layers
 from ringzero.rollout import bitwise
-from ringzero.rollout.logprob_extras import TopK, TopKTrack, prompt_logprobs
+from ringzero.rollout.continuous import ContinuousBatch
+from ringzero.rollout.logprob_extras import TopKTrack, prompt_logprobs
+from ringzero.rollout.outcomes import ABORT, ABORTED, ABORTED_BEFORE_PREFILL, Done, completions, cut
 from ringzero.rollout.routing_track import GroupRouting, routing_shape, to_host
 from ringzero.rollout.rows import DecodingRows, Finished, RowSpec
 from ringzero.rollout.sampling import sample_next, sample_next_with_top, sample_seed
@@ -78,9 +84,7 @@ from ringzero.rollout.weights import copy_under_policy, load_weights_
 from ringzero.tokenizer.base import Tokenizer
 
 DEFAULT_MAX_BATCH = 64
-ABORT = "abort"
-ABORTED_BEFORE_PREFILL = "Abort before prefill"  # SGLang's message for a request aborted while queued
-ABORTED = "Aborted"
+DEFAULT_COMPACT_BELOW = 0.5
 
 AbortCheck = Callable[[], Collection[int]]
 """Returns the indices of the requests aborted so far; polled per decoding step, so it must be cheap.
@@ -93,16 +97,6 @@ def _never() -> frozenset[int]:
     return _NONE_ABORTED
 
 
-@dataclass
-class _Done:
-    """A row's outcome plus what ``Finished`` does not carry: top-k alternatives, abort message, experts."""
-
-    result: Finished
-    top: list[TopK] | None = None
-    abort_message: str | None = None
-    routing: torch.Tensor | None = None  # [fed tokens, MoE layers, K] on the device, when the row asked
-
-
 class EmbeddedEngine:
     """In-process ``RolloutClient``: ``generate``, ``update_weights[_from_disk]``, ``health``.
 
@@ -111,13 +105,18 @@ class EmbeddedEngine:
     prompts. Without one, only ``stop_token_ids`` and the length cap stop a row.
     ``max_batch``: rows decoded together. ``prefill_chunk``: columns per prefill forward (None = all).
     ``seed``: the stream that seeds requests sent without a ``seed``.
+    ``compact_below``: a continuous batch (``open_batch``) rewrites its cache down to its live rows once
+    they fill less than this fraction of its slots; until then finished rows' slots wait for newcomers.
     """
 
     def __init__(self, model: HybridLM, tokenizer: Tokenizer | None = None, policy: PrecisionPolicy | None = None,
                  *, deterministic: bool = False, max_batch: int = DEFAULT_MAX_BATCH,
-                 prefill_chunk: int | None = None, weight_version: str = "0", seed: int = 0, s3=None):
+                 prefill_chunk: int | None = None, weight_version: str = "0", seed: int = 0, s3=None,
+                 compact_below: float = DEFAULT_COMPACT_BELOW):
         if max_batch < 1:
             raise RingzeroError(f"max_batch must be >= 1 (got {max_batch})")
+        if not 0 <= compact_below <= 1:
+            raise RingzeroError(f"compact_below must be in [0, 1] (got {compact_below})")
         if prefill_chunk is not None and prefill_chunk < 1:
             raise RingzeroError(f"prefill_chunk must be >= 1 or None (got {prefill_chunk})")
         self.policy = policy or model.policy
@@ -130,6 +129,7 @@ class EmbeddedEngine:
         self.s3 = s3
         self.seed = seed
         self._seeds = random.Random(seed)
+        self.compact_below = compact_below
 
     # -- RolloutClient ----------------------------------------------------------------------------
 
@@ -142,11 +142,11 @@ class EmbeddedEngine:
         rows = self._rows(requests)
         top_ks = [requests[r.request].logprobs.top_k for r in rows]
         routed = [requests[r.request].return_routed_experts for r in rows]
-        done: list[_Done | None] = [None] * len(rows)
+        done: list[Done | None] = [None] * len(rows)
         decoded = []
         for j, row in enumerate(rows):
             if row.max_new == 0:  # prefill-only: the prompt is scored below, nothing is decoded
-                done[j] = _Done(Finished([], [], LENGTH, None))
+                done[j] = Done(Finished([], [], LENGTH, None))
             else:
                 decoded.append(j)
         with torch.inference_mode():
@@ -164,20 +164,20 @@ class EmbeddedEngine:
             prompts = prompt_logprobs(self.model, requests, wanted, deterministic=self.deterministic, pad_id=pad)
         experts = to_host([d.routing if want else None for d, want in zip(done, routed, strict=True)],
                           [i for i, _ in moe_layers(self.model)], self.model.cfg.num_hidden_layers)
-        out: list[list[Completion]] = [[] for _ in requests]
-        for row, d, routing in zip(rows, done, experts, strict=True):
-            meta = {"rid": row.rid} if row.rid is not None else {}
-            if d.abort_message is not None:
-                meta["message"] = d.abort_message
-            f, scored = d.result, prompts.get(row.request)
-            out[row.request].append(Completion(
-                prompt_ids=list(row.prompt), output_ids=f.output_ids, output_logprobs=f.logprobs,
-                finish_reason=f.reason, matched_stop=f.matched, weight_version=self.weight_version, meta=meta,
-                output_top_logprobs=d.top if requests[row.request].logprobs.top_k else None,
-                prompt_logprobs=scored.values if scored else None, prompt_top_logprobs=scored.top if scored else None,
-                routed_experts=routing,
-            ))
-        return out
+        return completions(requests, rows, done, prompts, experts, self.weight_version)
+
+    def continuous_ok(self, requests: Sequence[GenerateRequest]) -> bool:
+        """Whether ``requests`` can join a continuous batch: what it does not track runs through ``generate``.
+
+        Batch-invariant mode decodes each row alone anyway; per-step top-k alternatives and routed experts
+        are kept per static group only.
+        """
+        return not self.deterministic and all(
+            not r.return_routed_experts and not r.logprobs.top_k for r in requests)
+
+    def open_batch(self, compact_below: float | None = None) -> ContinuousBatch:
+        """A ``ContinuousBatch`` on this engine: requests join and leave it between decoding steps."""
+        return ContinuousBatch(self, self.compact_below if compact_below is None else compact_below)
 
     def update_weights(self, state_dict: dict[str, torch.Tensor], weight_version: str) -> None:
         """Copy new weights in (cast to this engine's policy); later generations report ``weight_version``."""
@@ -265,15 +265,15 @@ class EmbeddedEngine:
         return self.model.logits(hidden_PSD[:, -1:])[:, 0], cache
 
     def _run_group(self, rows: list[RowSpec], top_ks: list[int], routed: list[bool], aborted: AbortCheck,
-                   ) -> list[_Done]:
+                   ) -> list[Done]:
         """Decode a group; rows whose request is aborted already finish without a prefill."""
         seen = aborted()
         live = [b for b, r in enumerate(rows) if r.request not in seen]
-        done = {b: _Done(Finished([], [], ABORT, None), abort_message=ABORTED_BEFORE_PREFILL)
+        done = {b: Done(Finished([], [], ABORT, None), abort_message=ABORTED_BEFORE_PREFILL)
                 for b, r in enumerate(rows) if r.request in seen}
         if live and self.deterministic:
             pad = self.tokenizer.pad_id if self.tokenizer is not None else 0
-            decoded = [_Done(d.result, d.top, ABORTED if d.capped and self._cut(d.result, rows[b]) else None,
+            decoded = [Done(d.result, d.top, ABORTED if d.capped and cut(d.result, rows[b]) else None,
                              d.routing if routed[b] else None)
                        for b, d in zip(live, bitwise.decode(self.model, [rows[b] for b in live],
                                                             [top_ks[b] for b in live], [routed[b] for b in live],
@@ -288,7 +288,7 @@ class EmbeddedEngine:
         return [done[b] for b in range(len(rows))]
 
     def _decode(self, rows: list[RowSpec], top_ks: list[int], routed: list[bool], aborted: AbortCheck, seen,
-                ) -> list[_Done]:
+                ) -> list[Done]:
         """Prefill each distinct prompt once, fan out to the rows, decode until every row finished.
 
         Everything stays on the engine's device; per step at most one small read comes back to the
@@ -341,22 +341,14 @@ class EmbeddedEngine:
             experts = routing.rows([first_row_of[r.request] for r in rows], [len(f.output_ids) - 1 for f in results])
         out = []
         for b, (f, routes) in enumerate(zip(results, experts, strict=True)):
-            d = _Done(f, track.pairs(b, len(f.output_ids), top_ks[b]) if track is not None and top_ks[b] else None)
-            if b in capped and self._cut(f, rows[b]):
+            d = Done(f, track.pairs(b, len(f.output_ids), top_ks[b]) if track is not None and top_ks[b] else None)
+            if b in capped and cut(f, rows[b]):
                 d.abort_message = ABORTED
             d.routing = routes if routed[b] else None
             out.append(d)
         return out
 
-    @staticmethod
-    def _cut(f: Finished, row: RowSpec) -> bool:
-        """An aborted row that ended at its abort, before its own cap: it finishes ``abort`` (set here)."""
-        if f.reason == LENGTH and len(f.output_ids) < row.max_new:
-            f.reason = ABORT
-            return True
-        return False
-
-    def _route_prompts(self, rows: list[RowSpec], done: list[_Done], routed: list[bool]) -> None:
+    def _route_prompts(self, rows: list[RowSpec], done: list[Done], routed: list[bool]) -> None:
         """Prefill-only rows that ask: the experts of their prompts' tokens but the last, from a prefill."""
         todo = [j for j, r in enumerate(rows) if routed[j] and r.max_new == 0]
         if self.deterministic:

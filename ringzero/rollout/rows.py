@@ -46,6 +46,41 @@ class Finished:
     matched: int | str | None
 
 
+def read_stops(rows, tokens_B: torch.Tensor) -> tuple[list[int] | None, list[int] | None]:
+    """The step's one device-to-host copy, and only when a live row can stop on what it sampled.
+
+    ``rows``: a ``DecodingRows`` or ``SlotRows`` (``_alive``, ``_has_stop_ids``, ``_strings``, ``_table``).
+    Per live row: 1 + the stop id it just sampled (0 = none), stacked with the sampled tokens while
+    some live row has stop strings (their text is matched on the host). Rows without stop ids or
+    strings end at their length cap, which the host knows: then nothing is read at all.
+    """
+    watch_ids = any(row in rows._has_stop_ids for row in rows._alive)
+    watch_text = any(row in rows._strings for row in rows._alive)
+    if not (watch_ids or watch_text):
+        return None, None
+    stop_B = torch.where(rows._table.hit_stop_id(tokens_B), tokens_B + 1, 0)
+    if watch_text:
+        stops, tokens = torch.stack((stop_B, tokens_B)).tolist()
+        return stops, tokens
+    return stop_B.tolist(), None
+
+
+def match_tail(strings: StopStrings, tail: list[int], token: int) -> str | None:
+    """Extend a row's host tail by its newest token; the stop string that now appears, if any."""
+    tail.append(token)
+    del tail[:-strings.window]
+    return strings.match(tail)
+
+
+def row_end(rows, row, b: int, stops, tokens, capped: bool) -> tuple[str, int | str | None] | None:
+    """``(reason, matched)`` when live row ``b`` (key ``row``) ends on this step's token, else None."""
+    if stops is not None and stops[b]:
+        return STOP, stops[b] - 1
+    if row in rows._strings and (matched := rows._match(row, tokens[b])) is not None:
+        return STOP, matched
+    return (LENGTH, None) if capped else None
+
+
 class DecodingRows:
     def __init__(self, specs: list[RowSpec], tokenizer: Tokenizer | None, device: torch.device | str | None = None):
         params = [s.params for s in specs]
@@ -89,16 +124,10 @@ class DecodingRows:
         stops, tokens = self._read_back(tokens_B)
         done = []
         for b, row in enumerate(self._alive):
-            if stops is not None and stops[b]:
-                end = (STOP, stops[b] - 1)
-            elif row in self._strings and (matched := self._match(row, tokens[b])) is not None:
-                end = (STOP, matched)
-            elif self._max_new[row] <= t + 1:
-                end = (LENGTH, None)
-            else:
-                continue
-            self._ends[row] = (t + 1, *end)
-            done.append(b)
+            end = row_end(self, row, b, stops, tokens, self._max_new[row] <= t + 1)
+            if end is not None:
+                self._ends[row] = (t + 1, *end)
+                done.append(b)
         if not done:
             return None
         finished = set(done)
@@ -108,28 +137,10 @@ class DecodingRows:
         return keep_B
 
     def _read_back(self, tokens_B: torch.Tensor) -> tuple[list[int] | None, list[int] | None]:
-        """The step's one device-to-host copy, and only when a live row can stop on what it sampled.
-
-        Per live row: 1 + the stop id it just sampled (0 = none), stacked with the sampled tokens while
-        some live row has stop strings (their text is matched on the host). Rows without stop ids or
-        strings end at their length cap, which the host knows: then nothing is read at all.
-        """
-        watch_ids = any(row in self._has_stop_ids for row in self._alive)
-        watch_text = any(row in self._strings for row in self._alive)
-        if not (watch_ids or watch_text):
-            return None, None
-        stop_B = torch.where(self._table.hit_stop_id(tokens_B), tokens_B + 1, 0)
-        if watch_text:
-            stops, tokens = torch.stack((stop_B, tokens_B)).tolist()
-            return stops, tokens
-        return stop_B.tolist(), None
+        return read_stops(self, tokens_B)
 
     def _match(self, row: int, token: int) -> str | None:
-        """Extend the row's host tail by its newest token; the stop string that now appears, if any."""
-        strings, tail = self._strings[row], self._tails[row]
-        tail.append(token)
-        del tail[:-strings.window]
-        return strings.match(tail)
+        return match_tail(self._strings[row], self._tails[row], token)
 
     def results(self) -> list[Finished]:
         """Every row's outcome, in row order; the output buffers come to the host here, once."""

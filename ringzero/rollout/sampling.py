@@ -77,6 +77,15 @@ class RowSettings:
         return RowSettings(self.temperature_B[rows_B], self.top_k_B[rows_B], self.top_p_B[rows_B],
                            self.filters_B[rows_B], _take(self.greedy, rows), _take(self.filters, rows))
 
+    def cat(self, other: RowSettings) -> RowSettings:
+        """These rows, then ``other``'s (rows joining a running batch)."""
+        return RowSettings(*(torch.cat([a, b]) for a, b in zip(self.tensors, other.tensors, strict=True)),
+                           self.greedy + other.greedy, self.filters + other.filters)
+
+    @property
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        return self.temperature_B, self.top_k_B, self.top_p_B, self.filters_B
+
     @property
     def any_filter(self) -> bool:
         return any(self.filters)
@@ -86,31 +95,54 @@ class UniformStream:
     """Per-row uniforms in blocks: ``next()`` returns ``[B]``, one fresh value per row and call.
 
     One generator per row, created on ``device`` (the device the uniforms are used on) and seeded with
-    the row's seed.
+    the row's seed. Each row keeps its own place in its block, so a row that ``join``s mid-stream draws
+    exactly what it would draw alone; rows that start together refill together, every ``UNIFORM_BLOCK`` steps.
     """
 
     def __init__(self, seeds: Sequence[int], device: torch.device | str | None = None):
         self.device = torch.device(device) if device is not None else torch.device("cpu")
-        self.generators = [torch.Generator(device=self.device).manual_seed(int(s)) for s in seeds]
-        self._block_BK: torch.Tensor | None = None
-        self._used = UNIFORM_BLOCK
+        self.generators: list[torch.Generator] = []
+        self._block_BK = torch.empty((0, UNIFORM_BLOCK), dtype=torch.float64, device=self.device)
+        self._used: list[int] = []  # per row, uniforms taken from its block (host copy of _used_B)
+        self._used_B = torch.empty(0, dtype=torch.long, device=self.device)
+        self._until_refill = 0  # steps before some row exhausts its block: the host scans only then
+        self.join(seeds)
+
+    def join(self, seeds: Sequence[int]) -> None:
+        """Rows with these seeds, appended after the current ones; their first ``next()`` starts their stream."""
+        self.generators += [torch.Generator(device=self.device).manual_seed(int(s)) for s in seeds]
+        self._block_BK = torch.cat([self._block_BK, self._block_BK.new_zeros((len(seeds), UNIFORM_BLOCK))])
+        self._used += [UNIFORM_BLOCK] * len(seeds)
+        self._used_B = torch.cat([self._used_B, self._used_B.new_full((len(seeds),), UNIFORM_BLOCK)])
+        self._until_refill = 0 if seeds else self._until_refill
 
     def next(self) -> torch.Tensor:
-        if self._used == UNIFORM_BLOCK:
-            self._block_BK = torch.stack([
-                torch.rand(UNIFORM_BLOCK, generator=g, dtype=torch.float64, device=self.device)
-                for g in self.generators
-            ]) if self.generators else torch.empty((0, UNIFORM_BLOCK), dtype=torch.float64, device=self.device)
-            self._used = 0
-        u_B = self._block_BK[:, self._used]
-        self._used += 1
+        if self._until_refill == 0:
+            self._refill()
+        self._until_refill -= 1
+        u_B = self._block_BK.gather(1, self._used_B[:, None])[:, 0]
+        self._used_B += 1
+        self._used = [u + 1 for u in self._used]
         return u_B
+
+    def _refill(self) -> None:
+        stale = [b for b, used in enumerate(self._used) if used == UNIFORM_BLOCK]
+        if stale:
+            stale_B = torch.tensor(stale, dtype=torch.long, device=self.device)
+            self._block_BK[stale_B] = torch.stack([
+                torch.rand(UNIFORM_BLOCK, generator=self.generators[b], dtype=torch.float64, device=self.device)
+                for b in stale])
+            self._used_B[stale_B] = 0
+            for b in stale:
+                self._used[b] = 0
+        self._until_refill = UNIFORM_BLOCK - max(self._used, default=0)
 
     def select(self, rows: Sequence[int], rows_B: torch.Tensor) -> None:
         """Follow a row selection (dropped or repeated rows) made on the cache: host and device indices."""
         self.generators = [self.generators[i] for i in rows]
-        if self._block_BK is not None:
-            self._block_BK = self._block_BK[rows_B]
+        self._block_BK = self._block_BK[rows_B]
+        self._used = [self._used[i] for i in rows]
+        self._used_B = self._used_B[rows_B]
 
 
 def scaled_logprobs(logits_BV: torch.Tensor, temperature_B: torch.Tensor) -> torch.Tensor:

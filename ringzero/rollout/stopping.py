@@ -59,6 +59,12 @@ class StopTable:
     def select(self, rows_B: torch.Tensor) -> None:
         self.stop_ids_BS = self.stop_ids_BS[rows_B]
 
+    def cat(self, other: StopTable) -> None:
+        """Append ``other``'s rows (rows joining a running batch), padding the narrower table with -1."""
+        a, b = self.stop_ids_BS, other.stop_ids_BS
+        width = max(a.shape[1], b.shape[1])
+        self.stop_ids_BS = torch.cat([torch.nn.functional.pad(t, (0, width - t.shape[1]), value=-1) for t in (a, b)])
+
     def hit_stop_id(self, tokens_B: torch.Tensor) -> torch.Tensor:
         """``[B]`` bool: the token just sampled is one of the row's stop ids."""
         return (tokens_B[:, None] == self.stop_ids_BS).any(-1)

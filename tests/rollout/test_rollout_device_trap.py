@@ -64,6 +64,25 @@ def test_rows_without_stops_read_nothing_back_until_the_end():
     assert trap.host_reads == ["torch.Tensor.tolist"] * 2  # ids and log-probs, after the last step
 
 
+def test_a_continuous_batch_keeps_joining_and_leaving_rows_on_the_device():
+    engine = _meta_engine(tokenizer=CharTokenizer(), max_batch=6, compact_below=0.5)
+    first, *later = _mixed_requests()
+    batch = engine.open_batch()
+    answered = []
+    with device_trap(META) as trap:
+        batch.admit([first])
+        for step in range(MAX_LEN):
+            if step < len(later):
+                batch.admit([later[step]])  # rows join while others decode; short ones leave meanwhile
+            batch.step()
+            answered += batch.finished()
+    assert len(answered) == 4 and batch.live == 0
+    caps = [min(r.params.max_new_tokens, MAX_LEN - len(r.input_ids)) for r in [first, *later]]
+    assert [[len(c.output_ids) for c in g] for _, (g,) in sorted(answered)] == [
+        [cap] * r.params.n for cap, r in zip(caps, [first, *later], strict=True)]
+    assert set(trap.host_reads) == {"torch.Tensor.tolist"}  # stop checks and finished rows' outputs only
+
+
 def test_a_host_tensor_made_inside_the_decode_loop_is_caught(monkeypatch):
     real = engine_module.sample_next
 
