@@ -38,6 +38,9 @@ def register(sub) -> None:
     p.add_argument("--weight-version", default="0", help="reported until the first weight update")
     p.add_argument("--seed", type=int, default=0, help="random init and the stream that seeds unseeded requests")
     p.add_argument("--max-batch", type=int, default=64, help="rows the engine decodes together")
+    p.add_argument("--batching", default="continuous", choices=("continuous", "static"),
+                   help="continuous: requests join the running batch between decoding steps; static: a batch "
+                        "decodes until its longest row ends while newcomers wait")
     p.add_argument("--batch-window-ms", type=float, default=5.0,
                    help="how long the scheduler waits for more requests once one arrives")
     from ringzero.rollout.server_schema import ServerLimits  # no torch behind it
@@ -120,7 +123,7 @@ def _serve(args: argparse.Namespace) -> int:
         max_batch=args.max_batch, weight_version=args.weight_version, seed=args.seed, s3=conf.s3,
     )
     server = RolloutServer(engine, tokenizer, model_path=model_path, tokenizer_path=tokenizer_path,
-                           window_s=args.batch_window_ms / 1000.0, limits=limits)
+                           window_s=args.batch_window_ms / 1000.0, limits=limits, batching=args.batching)
     log.info("serve.start", url=f"http://{args.host}:{args.port}", model_path=model_path,
              precision=policy.name(), deterministic=engine.deterministic)
     serve(server, args.host, args.port, log_level=args.log_level)

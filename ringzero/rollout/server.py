@@ -26,7 +26,9 @@ soon as a chunked body grows past it, before parsing; a body nested deeper than 
 ``max_request_sequences`` (4096 prompts x ``n``), ``max_request_tokens`` (2**24 prompt tokens plus
 ``max_new_tokens`` over those sequences) and ``max_new_tokens`` (2**20, per prompt) refuse a
 ``/generate`` or ``/v1/completions`` request with a 400 naming the field; the server serves on. Concurrent requests are batched by
-``EngineScheduler`` (see ``server_scheduler.py``), the only thread that touches the engine.
+``EngineScheduler`` (see ``server_scheduler.py``), the only thread that touches the engine: by default
+continuously (requests join the running batch between decoding steps), or statically with
+``batching="static"`` (``ringzero serve --batching static``).
 """
 
 from __future__ import annotations
@@ -64,6 +66,7 @@ from ringzero.rollout.server_schema import (
 
 log = structlog.get_logger(__name__)
 
+BATCHING = ("continuous", "static")
 HEALTH_TIMEOUT_S = 20.0  # SGLang's default health-check patience
 
 
@@ -104,10 +107,14 @@ class RolloutServer:
     def __init__(self, engine, tokenizer, *, model_path: str, tokenizer_path: str | None = None,
                  weight_version: str | None = None, vocab_size: int | None = None,
                  window_s: float = 0.005, max_batch_requests: int = 256,
-                 routing_shape: tuple[int, int] | None = None, limits: ServerLimits | None = None):
+                 routing_shape: tuple[int, int] | None = None, limits: ServerLimits | None = None,
+                 batching: str = "continuous"):
         """``routing_shape``: ``(num_hidden_layers, num_experts_per_tok)`` of the served MoE model, by default
         the engine's ``routing_shape``; without one ``return_routed_experts`` is refused (a dense model).
-        ``limits``: what one request may ask (``ServerLimits()``'s generous defaults when None)."""
+        ``limits``: what one request may ask (``ServerLimits()``'s generous defaults when None).
+        ``batching``: ``continuous`` (requests join the running batch) or ``static`` (see ``server_scheduler.py``)."""
+        if batching not in BATCHING:
+            raise ValueError(f"batching must be one of {BATCHING} (got {batching!r})")
         self.limits = limits or ServerLimits()
         self.tokenizer = tokenizer
         self.routing_shape = routing_shape or getattr(engine, "routing_shape", None)
@@ -115,7 +122,8 @@ class RolloutServer:
         self.model_path = model_path
         self.tokenizer_path = tokenizer_path
         self.weight_version = str(weight_version or getattr(engine, "weight_version", None) or "0")
-        self.scheduler = EngineScheduler(engine, window_s=window_s, max_batch_requests=max_batch_requests)
+        self.scheduler = EngineScheduler(engine, window_s=window_s, max_batch_requests=max_batch_requests,
+                                         continuous=batching == "continuous")
         self.gate = GenerationGate(self.scheduler)
         self.app = self._build_app()
 

@@ -13,6 +13,13 @@ here, in submission order. Batching policy:
 * A batch that fails is re-run job by job, so one bad request (a prompt longer than the model's
   context, say) fails alone instead of failing the requests it happened to share a batch with.
 
+Continuous batching (``continuous=True``, the default for an engine with ``open_batch`` that is not
+batch-invariant): generate jobs join the engine's running batch between decoding steps, as many rows as
+``engine.max_batch`` leaves room for, in arrival order; each job is answered as soon as its last row ends.
+A control job still keeps its place: the jobs before it are admitted and decoded to the end, then it runs.
+A job the batch cannot take (``engine.continuous_ok`` says no, or more rows than ``max_batch``) runs through
+``engine.generate`` in the same way, as a batch of its own. ``continuous=False`` keeps the static batches.
+
 Aborts (``abort``): a request is aborted by its rid, or all at once, among the jobs submitted and not yet
 answered. A job whose every request is aborted before it reaches the engine is answered at once, each
 request with ``n`` empty completions that finish ``abort`` ("Abort before prefill", SGLang's words).
@@ -61,10 +68,12 @@ _STOP = object()
 class EngineScheduler:
     """Owns ``engine`` from ``start()`` to ``stop()``; other threads submit work and get futures."""
 
-    def __init__(self, engine, *, window_s: float = 0.005, max_batch_requests: int = 256):
+    def __init__(self, engine, *, window_s: float = 0.005, max_batch_requests: int = 256, continuous: bool = True):
         if window_s < 0 or max_batch_requests < 1:
             raise ValueError("window_s must be >= 0 and max_batch_requests >= 1")
         self.engine = engine
+        self.continuous = (continuous and hasattr(engine, "open_batch")
+                           and not getattr(engine, "deterministic", False))
         self.window_s = window_s
         self.max_batch_requests = max_batch_requests
         self.busy = False  # True while the engine works; health probes read it
@@ -151,6 +160,11 @@ class EngineScheduler:
     # --- the scheduler thread ---
 
     def _run(self) -> None:
+        if self.continuous:
+            from ringzero.rollout.server_continuous import ContinuousLoop
+
+            ContinuousLoop(self).run()
+            return
         while True:
             job = self._queue.get()
             if job is _STOP:

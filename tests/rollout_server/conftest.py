@@ -47,9 +47,9 @@ def fake_shared():
     thread.stop()
 
 
-def _real(deterministic: bool):
+def _real(deterministic: bool, batching: str = "continuous"):
     engine = EmbeddedEngine(tiny_model(0), CharTokenizer(), POLICY, max_batch=16, deterministic=deterministic)
-    served, thread = _serve(engine, model_path="random://seed-0")
+    served, thread = _serve(engine, model_path="random://seed-0", batching=batching)
     yield served
     thread.stop()
 
@@ -58,6 +58,12 @@ def _real(deterministic: bool):
 def real():
     """The embedded engine on a tiny random model (seed 0), behind a server."""
     yield from _real(deterministic=False)
+
+
+@pytest.fixture
+def real_static():
+    """As ``real``, batching statically (a batch decodes to its end while newcomers wait)."""
+    yield from _real(deterministic=False, batching="static")
 
 
 @pytest.fixture

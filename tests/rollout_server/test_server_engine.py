@@ -43,11 +43,16 @@ def assert_same(over_http, direct):
             assert same_samples(a, b), (a, b)
 
 
-def test_http_client_round_trip_equals_the_in_process_engine(real):
-    # One n for all: the client sends them as one /generate, so the engine sees the same batch.
+@pytest.mark.parametrize("served,batching", [("real", "continuous"), ("real_static", "static")])
+def test_http_client_round_trip_equals_the_in_process_engine(served, batching, request):
+    # One n for all: the client sends them as one /generate, so the engine sees the same batch: a static
+    # group or a continuous batch of its own (whose free slots round fp32 differently from a static group).
+    real = request.getfixturevalue(served)
     client = HttpRolloutClient(real.url, timeout_s=60, retries=0)
     over_http = client.generate(rollout_requests(mixed_n=False))
-    assert_same(over_http, in_process().generate(rollout_requests(mixed_n=False)))
+    engine = in_process()
+    direct = engine.open_batch().run if batching == "continuous" else engine.generate
+    assert_same(over_http, direct(rollout_requests(mixed_n=False)))
     assert [len(g) for g in over_http] == [3] * 4
     assert len({tuple(c.output_ids) for c in over_http[0]}) > 1  # n samples differ
 

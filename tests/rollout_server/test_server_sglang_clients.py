@@ -374,7 +374,9 @@ class GatedEngine(EmbeddedEngine):
 @pytest.fixture
 def gated():
     engine = GatedEngine(tiny_model(0), TOK, POLICY, max_batch=16)
-    server = RolloutServer(engine, TOK, model_path="random://seed-0")
+    # Static batches: the gate holds ``generate``; continuous batches have their own tests
+    # (test_server_continuous.py).
+    server = RolloutServer(engine, TOK, model_path="random://seed-0", batching="static")
     with ServerThread(server.app) as thread:
         server.url = thread.url
         yield server
