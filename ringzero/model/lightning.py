@@ -87,6 +87,11 @@ class DecayTables:
         self.slopes, self.dtype, self.max_entries = tuple(slopes), dtype, max_entries
         self._tables: OrderedDict[tuple, object] = OrderedDict()
 
+    def set_slopes(self, slopes) -> None:
+        """New slopes: every cached table was built from the old ones."""
+        self.slopes = tuple(float(x) for x in slopes)
+        self._tables.clear()
+
     def log_decay(self, device=None) -> torch.Tensor:
         """``[H]`` in the layer's state dtype, from the floats: casting the module never rounds it."""
         return self._cached(("log", device),
@@ -190,9 +195,9 @@ class LightningAttention(nn.Module):
         self.num_attention_heads, self.head_dim = cfg.num_attention_heads, cfg.head_dim
         self.block_size = cfg.lightning_block_size
         self.rope_dim, self.rope_theta = cfg.linear_rope_dim, cfg.rope_theta
-        self.slopes = decay_slopes(cfg.num_attention_heads, layer_idx, cfg.num_hidden_layers)
         self.state_dtype = state_dtype(policy)
-        self.decays = DecayTables(self.slopes, self.state_dtype)
+        self.decays = DecayTables(decay_slopes(cfg.num_attention_heads, layer_idx, cfg.num_hidden_layers),
+                                  self.state_dtype)
         inner = cfg.num_attention_heads * cfg.head_dim
         self.query_key_value = nn.Linear(cfg.hidden_size, 3 * inner, bias=False)
         if cfg.use_qk_norm:
@@ -204,6 +209,14 @@ class LightningAttention(nn.Module):
         self.g_norm = GroupRMSNorm(cfg.group_norm_size, inner // cfg.group_norm_size, cfg.rms_norm_eps)
         self.dense = nn.Linear(inner, cfg.hidden_size, bias=False)
         self.core = LightningCore(self.decays)
+
+    @property
+    def slopes(self) -> tuple[float, ...]:
+        return self.decays.slopes
+
+    @slopes.setter
+    def slopes(self, slopes) -> None:  # other decay schedules (e.g. MiniMax's) are set after construction
+        self.decays.set_slopes(slopes)
 
     def log_decay(self, device=None) -> torch.Tensor:
         """``[H]``, built from the floats (once per device), so casting the module never rounds the decay."""

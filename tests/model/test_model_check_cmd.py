@@ -41,8 +41,8 @@ def test_check_decode_fails_past_tolerance(monkeypatch, capsys):
 
     real_step = lightning.lightning_step
 
-    def drifting_step(q, k, v, log_decay, state):
-        o, state = real_step(q, k, v, log_decay, state)
+    def drifting_step(q, k, v, log_decay, state, *args, **kwargs):
+        o, state = real_step(q, k, v, log_decay, state, *args, **kwargs)
         return o * (1 + 1e-3), state
 
     monkeypatch.setattr(lightning, "lightning_step", drifting_step)
