@@ -158,7 +158,9 @@ class RLStage(StageBase):
     reward_plateau_steps: int | None = Field(None, ge=2, description="stop if reward/mean has not improved in N steps")
     max_wall_minutes: float | None = Field(None, gt=0)
     tiers: list[Tier] = Field(default_factory=list)
-    tier_reward: Literal["cutoff", "linear"] = "cutoff"
+    tier_reward: Literal["cutoff", "linear", "penalty"] = "cutoff"
+    tier_penalty: float | None = Field(None, gt=0, description="with tier_reward penalty: the reward of a "
+                                       "response over its tier's budget is -tier_penalty (ringzero.rl.rewards)")
     forced_opening: ForcedOpening | None = Field(
         None, description="open a share of each prompt's samples with a fixed prefix, e.g. the empty thought "
         "(ringzero.rl.openings); null = the policy writes every sample"
@@ -173,10 +175,17 @@ class RLStage(StageBase):
         """Off, ``rollback`` and ``forced_opening`` stay out of the dump, so stages without them keep the
         identity they had before them."""
         data = handler(self)
-        for key in ("rollback", "forced_opening"):
+        for key in ("rollback", "forced_opening", "tier_penalty"):
             if isinstance(data, dict) and data.get(key, ...) is None:
                 del data[key]
         return data
+
+    @model_validator(mode="after")
+    def _penalty_with_its_mode(self) -> RLStage:
+        if (self.tier_reward == "penalty") != (self.tier_penalty is not None):
+            raise ValueError(f"tier_penalty: set it exactly when tier_reward is penalty (tier_reward "
+                             f"{self.tier_reward}, tier_penalty {self.tier_penalty})")
+        return self
 
     @model_validator(mode="after")
     def _opening_fits(self) -> RLStage:

@@ -111,7 +111,7 @@ def build_session(ctx, stage, inputs) -> RLSession:
                             pad_id=tokenizer.pad_id, runtime=rt, sharding=cfg.parallel.sharding,
                             micro_batch=stage.micro_batch)
     stepper = RLStep(client=client, trainer=trainer, task=task, tokenizer=tokenizer,
-                     reward=TaskReward(task, stage.tiers, stage.tier_reward), sampling=stage.sampling,
+                     reward=TaskReward(task, stage.tiers, stage.tier_reward, stage.tier_penalty), sampling=stage.sampling,
                      shape=StepShape(stage.prompts_per_step, stage.samples_per_prompt, stage.loss.advantage_std),
                      seed=cfg.run.seed, push=push, seeded_sampling=cfg.engines.rollout.kind == "embedded",
                      opening=_opening(stage, tokenizer))

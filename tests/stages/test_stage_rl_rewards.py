@@ -39,6 +39,27 @@ def test_a_tiered_prompt_pays_only_within_its_budget(task, mode, tokens, expecte
     assert TaskReward(task, TIERS, mode)(problem, "wrong\n", 1, False) == 0.0
 
 
+def test_under_penalty_going_over_the_budget_scores_below_any_answer_within_it(task):
+    problem = task.with_tier(task.prompts("train", 1, 0)[0], "[fast]")
+    reward = TaskReward(task, TIERS, "penalty", 0.5)
+    assert reward(problem, problem.answer + "\n", 10, False) == 1.0
+    assert reward(problem, "wrong\n", 10, False) == 0.0
+    assert reward(problem, problem.answer + "\n", 11, False) == -0.5  # right, but over
+    assert reward(task.prompts("train", 1, 0)[0], problem.answer + "\n", 500, False) == 1.0  # untiered: verdict
+
+
+@pytest.mark.parametrize("mode, penalty", [("penalty", None), ("cutoff", 0.5)])
+def test_the_penalty_goes_with_its_mode(task, mode, penalty):
+    from pydantic import ValidationError
+
+    from ringzero.stages.config import RLStage
+    with pytest.raises(ValueError, match="tier_penalty"):
+        TaskReward(task, TIERS, mode, penalty)
+    with pytest.raises(ValidationError, match="tier_penalty"):
+        RLStage.model_validate(dict(name="t", kind="rl", tier_reward=mode, tier_penalty=penalty))
+    assert "tier_penalty" not in RLStage.model_validate(dict(name="t", kind="rl")).model_dump()
+
+
 def test_tiers_are_assigned_by_weight_and_tagged_in_the_prompt(task):
     problems = task.prompts("train", 400, 0)
     tiered = TaskReward(task, TIERS).assign_tiers(problems, random.Random(0))
