@@ -28,26 +28,40 @@ from ringzero.rollout.types import Completion, GenerateRequest, LogprobRequest
 class Opening:
     ids: tuple[int, ...]
     samples: int  # of each prompt's samples, the last ``samples`` open with ``ids``
+    # With guesses the forced samples are whole responses, the opening then one of these endings (an
+    # answer and the stop) drawn uniformly, scored by the engine and never sampled: a policy that writes a
+    # trace after any opening (as one that always thinks does) still gets its answer-now sample.
+    guesses: tuple[tuple[int, ...], ...] | None = None
 
     def __post_init__(self) -> None:
         if not self.ids:
             raise RingzeroError("forced_opening.text: encodes to no tokens")
         if self.samples < 1:
             raise RingzeroError(f"forced_opening: at least one forced sample per prompt (got {self.samples})")
+        if self.guesses is not None and not self.guesses:
+            raise RingzeroError("forced_opening.answer guess: the task has no answers to guess from")
 
 
-def forced_request(req: GenerateRequest, opening: Opening) -> GenerateRequest:
-    """``req`` continued from the opening: ``opening.samples`` samples, the opening's log-probs reported."""
+def forced_requests(req: GenerateRequest, opening: Opening) -> list[GenerateRequest]:
+    """``req`` continued from the opening (``opening.samples`` samples, the opening's log-probs reported),
+    or with guesses one scoring request per forced sample."""
     p = req.params
+    logprobs = LogprobRequest(prompt_from=len(req.input_ids) - 1, prompt_temperature_scaled=True)
+    rid = None if req.rid is None else f"{req.rid}/opening"
+    if opening.guesses is not None:
+        seed = derive_seed(0 if p.seed is None else p.seed, req.rid or "", "guess")
+        picks = [opening.guesses[derive_seed(seed, j) % len(opening.guesses)] for j in range(opening.samples)]
+        return [GenerateRequest(list(req.input_ids) + list(opening.ids) + list(g), replace(p, n=1, max_new_tokens=0),
+                                rid=rid, logprobs=logprobs, return_routed_experts=req.return_routed_experts)
+                for g in picks]
     room = p.max_new_tokens - len(opening.ids)
     if room < 1:
         raise RingzeroError(f"forced_opening: the opening's {len(opening.ids)} tokens leave no room under "
                             f"max_new_tokens ({p.max_new_tokens})")
     seed = None if p.seed is None else derive_seed(p.seed, "opening")
     params = replace(p, n=opening.samples, max_new_tokens=room, seed=seed)
-    logprobs = LogprobRequest(prompt_from=len(req.input_ids) - 1, prompt_temperature_scaled=True)
-    return GenerateRequest(list(req.input_ids) + list(opening.ids), params, rid=None if req.rid is None else
-                           f"{req.rid}/opening", logprobs=logprobs, return_routed_experts=req.return_routed_experts)
+    return [GenerateRequest(list(req.input_ids) + list(opening.ids), params, rid=rid, logprobs=logprobs,
+                            return_routed_experts=req.return_routed_experts)]
 
 
 def own_request(req: GenerateRequest, opening: Opening) -> GenerateRequest:
@@ -59,10 +73,12 @@ def own_request(req: GenerateRequest, opening: Opening) -> GenerateRequest:
     return replace(req, params=replace(req.params, n=own))
 
 
-def prefixed(c: Completion, opening: Opening) -> tuple[list[int], list[float]]:
-    """The response (opening + continuation) and its rollout log-probs, the opening's as the engine scored them."""
+def prefixed(c: Completion, prompt_len: int) -> tuple[list[int], list[float]]:
+    """The response (forced tokens + continuation) and its rollout log-probs, the forced ones as the engine
+    scored them."""
+    forced = list(c.prompt_ids[prompt_len:])
     scored = (c.prompt_logprobs or [])[1:]
-    if len(scored) != len(opening.ids) or any(v is None for v in scored):
-        raise RingzeroError(f"forced_opening: the rollout engine reported {len(scored)} log-probs for an opening "
-                            f"of {len(opening.ids)} tokens (it must honour logprob_start_len)")
-    return list(opening.ids) + list(c.output_ids), [float(v) for v in scored] + list(c.output_logprobs)
+    if len(scored) != len(forced) or any(v is None for v in scored):
+        raise RingzeroError(f"forced_opening: the rollout engine reported {len(scored)} log-probs for "
+                            f"{len(forced)} forced tokens (it must honour logprob_start_len)")
+    return forced + list(c.output_ids), [float(v) for v in scored] + list(c.output_logprobs)

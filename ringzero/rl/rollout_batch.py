@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from ringzero.rl.openings import Opening, forced_request, own_request, prefixed
+from ringzero.rl.openings import Opening, forced_requests, own_request, prefixed
 from ringzero.rollout.types import Completion, GenerateRequest, RolloutClient, SamplingParams
 from ringzero.tasks.base import Problem, Task
 from ringzero.tokenizer.base import Tokenizer
@@ -105,23 +105,26 @@ def collect(client: RolloutClient, task: Task, tokenizer: Tokenizer, problems: S
     per_request = [params] * len(problems) if seeds is None else [replace(params, seed=s) for s in seeds]
     requests = [GenerateRequest(encode_prompt(tokenizer, p), sp, rid=p.id, return_routed_experts=routed_experts)
                 for p, sp in zip(problems, per_request, strict=True)]
-    if opening is not None:
-        requests = [r for req in requests for r in (own_request(req, opening), forced_request(req, opening))]
-    results = client.generate(requests)
-    parts = len(requests) // len(problems) if problems else 1
+    groups = [[req] if opening is None else [own_request(req, opening), *forced_requests(req, opening)]
+              for req in requests]
+    flat_requests = [r for g in groups for r in g]
+    results = client.generate(flat_requests)
     flat: list[tuple[Problem, list[int], list[int], list[float], Completion, bool]] = []
-    for k, problem in enumerate(problems):
-        mine = list(zip(requests[k * parts:(k + 1) * parts], results[k * parts:(k + 1) * parts], strict=True))
-        if sum(len(completions) for _, completions in mine) != samples:
-            got = sum(len(completions) for _, completions in mine)
+    at = 0
+    for problem, group in zip(problems, groups, strict=True):
+        mine, at = results[at:at + len(group)], at + len(group)
+        if sum(len(completions) for completions in mine) != samples:
+            got = sum(len(completions) for completions in mine)
             raise ValueError(f"rollout client returned {got} completions, asked for {samples}")
-        prompt = requests[k * parts].input_ids
-        for j, (_, completions) in enumerate(mine):
+        prompt = list(group[0].input_ids)
+        for j, completions in enumerate(mine):
             for c in completions:
-                ids, lps = prefixed(c, opening) if j else (list(c.output_ids), list(c.output_logprobs))
-                flat.append((problem, list(prompt), ids, lps, c, bool(j)))
+                ids, lps = prefixed(c, len(prompt)) if j else (list(c.output_ids), list(c.output_logprobs))
+                flat.append((problem, prompt, ids, lps, c, bool(j)))
     texts = [tokenizer.decode(ids) for _, _, ids, _, _, _ in flat]
-    truncated = [c.finish_reason == "length" for *_, c, _ in flat]
+    # a guess is a whole response, scored with no token decoded: it ends by its stop, not the length cap
+    guessed = opening is not None and opening.guesses is not None
+    truncated = [c.finish_reason == "length" and not (forced and guessed) for *_, c, forced in flat]
     correct = [task.reward(f[0], text) >= 1.0 for f, text in zip(flat, texts, strict=True)]
     rewards = [reward(f[0], text, len(f[2]), cut) for f, text, cut in zip(flat, texts, truncated, strict=True)]
     lengths = [len(ids) for _, _, ids, _, _, _ in flat]

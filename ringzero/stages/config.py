@@ -107,6 +107,17 @@ class ForcedOpening(StrictModel):
                       "the default is the empty thought, the answer with no reasoning")
     fraction: float = Field(0.25, gt=0, lt=1, description="share of each prompt's samples that open with text "
                             "(rounded; at least one, and at least one left to the policy)")
+    answer: Literal["policy", "guess"] = Field(
+        "policy", description="policy: the policy writes the rest of a forced sample; guess: the rest is an "
+        "answer drawn uniformly from the task's answers, then its stop (scored, not sampled)")
+
+    @model_serializer(mode="wrap")
+    def _policy_unsaid(self, handler):
+        """``answer: policy`` stays out of the dump: openings configured before it keep their identity."""
+        data = handler(self)
+        if isinstance(data, dict) and data.get("answer") == "policy":
+            del data["answer"]
+        return data
 
     def samples(self, n: int) -> int:
         return round(self.fraction * n)

@@ -114,17 +114,24 @@ def build_session(ctx, stage, inputs) -> RLSession:
                      reward=TaskReward(task, stage.tiers, stage.tier_reward, stage.tier_penalty), sampling=stage.sampling,
                      shape=StepShape(stage.prompts_per_step, stage.samples_per_prompt, stage.loss.advantage_std),
                      seed=cfg.run.seed, push=push, seeded_sampling=cfg.engines.rollout.kind == "embedded",
-                     opening=_opening(stage, tokenizer))
+                     opening=_opening(stage, task, tokenizer))
     session.stepper = stepper
     push(first - 1)  # the engine serves the start (or resumed) weights, as the trainer holds them
     return session
 
 
-def _opening(stage, tokenizer: Tokenizer) -> Opening | None:
+def _opening(stage, task, tokenizer: Tokenizer) -> Opening | None:
     fo = stage.forced_opening
     if fo is None:
         return None
-    return Opening(tuple(tokenizer.encode(fo.text)), fo.samples(stage.samples_per_prompt))
+    guesses = None
+    if fo.answer == "guess":
+        answers = task.answer_space()
+        if not answers:
+            raise RingzeroError(f"stages.{stage.name}.forced_opening.answer guess: the task has no finite answer "
+                                "space to draw a guess from")
+        guesses = tuple(tuple(tokenizer.encode(a + task.stop[0])) for a in answers)
+    return Opening(tuple(tokenizer.encode(fo.text)), fo.samples(stage.samples_per_prompt), guesses)
 
 
 def _check_rollback(cfg, stage) -> None:

@@ -122,6 +122,10 @@ class SyntheticArithmetic(Task):
 
     # --- difficulty -----------------------------------------------------------------------------
 
+    def answer_space(self) -> list[str] | None:
+        modulus = getattr(self.op, "modulus", None)  # digitsum and parity: an answer is one residue
+        return None if modulus is None else [str(v) for v in range(modulus)]
+
     def difficulty(self, problem: Problem) -> int | None:
         """The problem's digit count when the task mixes lengths (``min_digits``), else None."""
         if self.cfg.min_digits is None or not hasattr(self.op, "difficulty"):

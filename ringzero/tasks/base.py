@@ -101,6 +101,10 @@ class Task(ABC):
         """Parse and check each trace step; with ``problem`` the steps must also use its inputs."""
         return StepCheck(0, 0)
 
+    def answer_space(self) -> list[str] | None:
+        """Every answer a problem can have, when they are few (a guess can be drawn from them); else None."""
+        return None
+
     def difficulty_bucket(self, problem: Problem) -> str | None:
         """The problem's difficulty bucket (``easy`` | ``medium`` | ``hard``); None: the task has one level."""
         return None

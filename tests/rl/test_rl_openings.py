@@ -121,3 +121,37 @@ def test_a_stage_without_an_opening_dumps_as_before():
     assert "forced_opening" not in stage.model_dump()
     opened = RLStage.model_validate(dict(name="s", kind="rl", forced_opening={}))
     assert opened.model_dump()["forced_opening"] == {"text": "<think> </think>", "fraction": 0.25}
+
+
+def test_guessed_samples_are_whole_answers_scored_by_the_engine_and_never_truncated():
+    tok, model, task = _setup()
+    guesses = tuple(tuple(tok.encode(a + "\n")) for a in task.answer_space())
+    opening = Opening(tuple(tok.encode("<think> </think> ")), samples=3, guesses=guesses)
+    problems = [task.with_tier(p, FAST.tag) for p in task.prompts("train", 4, random.Random(1))]
+    params = SamplingParams(max_new_tokens=24, temperature=1.0, n=4)
+    batch = collect(EmbeddedEngine(model, tok), task, tok, problems, samples=4, params=params,
+                    reward=TaskReward(task, [FAST]), seeds=[1, 2, 3, 4], opening=opening)
+    forced = [i for i, f in enumerate(batch.forced) if f]
+    assert len(forced) == 12
+    drawn = set()
+    for i in forced:
+        text = batch.responses[i]
+        assert text.startswith("<think> </think> ") and text.endswith("\n") and len(text) == len("<think> </think> 0\n")
+        drawn.add(text[-2])
+        assert not batch.truncated[i]
+        assert batch.correct[i] == (text[-2] == batch.problems[i].answer)
+        assert batch.rewards_N[i] == float(batch.correct[i])  # 19 tokens, within the budget of 20
+    assert len(drawn) > 3  # drawn across the answers, not one fixed guess
+    seqs, plens = batch.sequences(forced)
+    for row, s in zip(forced, score_tokens(model, seqs, plens), strict=True):
+        torch.testing.assert_close(batch.logp_rollout_NT[row, :batch.lengths[row]], s.logprobs.double(),
+                                   atol=1e-9, rtol=0)
+
+
+def test_a_task_without_an_answer_space_cannot_guess():
+    from ringzero.tasks.config import ArithmeticTask as A
+    assert SyntheticArithmetic(A(operation="digitsum", digits=3)).answer_space() == [str(d) for d in range(10)]
+    assert SyntheticArithmetic(A(operation="parity", digits=3)).answer_space() == ["0", "1"]
+    assert SyntheticArithmetic(A(operation="add", digits=3)).answer_space() is None
+    with pytest.raises(Exception, match="no answers to guess from"):
+        Opening((1,), samples=1, guesses=())
