@@ -20,10 +20,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ringzero.rl.rollout_batch import RolloutBatch
-from ringzero.tasks.base import DIFFICULTY_BUCKETS, Task
-
-CONTRAST = "contrast"
-"""The head of ``depth_contrast``'s keys, which no tier may be named."""
+from ringzero.tasks.base import DIFFICULTY_BUCKETS, TIER_CONTRAST, Task
 
 
 def _measures(rows: list[int], batch: RolloutBatch, budget: int | None) -> dict[str, float]:
@@ -72,7 +69,7 @@ def depth_contrast(values: dict[str, float], tiers: Sequence, tiered: str = "tie
         length = [values.get(f"{tiered}/{t.name}/{part}len_mean") for t in (fast, deep)]
         if None in acc or None in length:
             continue
-        out[f"{tiered}/{CONTRAST}/{part}accuracy_gap"] = acc[1] - acc[0]
+        out[f"{tiered}/{TIER_CONTRAST}/{part}accuracy_gap"] = acc[1] - acc[0]
         if length[0] > 0:
-            out[f"{tiered}/{CONTRAST}/{part}len_ratio"] = length[1] / length[0]
+            out[f"{tiered}/{TIER_CONTRAST}/{part}len_ratio"] = length[1] / length[0]
     return out

@@ -9,8 +9,8 @@ from pydantic import Field, field_validator, model_serializer, model_validator
 from ringzero.config.base import Slug, StrictModel
 from ringzero.config.gates import ThresholdExpr
 from ringzero.rl.corrections.config import Correction
-from ringzero.rl.tier_metrics import CONTRAST
 from ringzero.tasks.base import DIFFICULTY_BUCKETS
+from ringzero.tasks.base import TIER_CONTRAST as CONTRAST
 
 
 class StageBase(StrictModel):

@@ -78,6 +78,9 @@ def uses_trace(response: str) -> bool:
 
 DIFFICULTY_BUCKETS = ("easy", "medium", "hard")
 """A task's difficulty buckets, easiest first (a mixed-length digitsum: thirds of its digit range)."""
+TIER_CONTRAST = "contrast"
+"""The head of the deep-against-fast tier measures (``rl.tier_metrics.depth_contrast``), which no tier or
+bucket may be named: their keys share the ``<head>/<tier>/`` space."""
 
 
 class Task(ABC):

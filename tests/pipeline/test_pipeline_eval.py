@@ -148,8 +148,9 @@ def test_eval_compares_checkpoints_on_accuracy_length_tiers_qualities_and_ratio_
     ex = run_eval(m, tmp_path, {"untrained": base_uri})
     table = ex.outcome.extra["comparison"]
     assert [r["checkpoint"] for r in table["rows"]] == ["untrained", "input"]
-    assert [label for _, label in table["columns"]][-6:] == [
-        "fast acc", "fast len", "fast within 50", "deep acc", "deep len", "deep within 100"]
+    assert [label for _, label in table["columns"]][-8:] == [
+        "fast acc", "fast len", "fast within 50", "deep acc", "deep len", "deep within 100",
+        "deep-fast acc (all)", "deep/fast len (all)"]  # one length: no per-bucket contrast
     untrained, policy = (r["values"] for r in table["rows"])
     # The fine-tuned policy answers its four problems with worked traces; the untrained model never does.
     assert policy["eval/greedy_accuracy"] == 1.0 and policy["eval/trace_rate"] == 1.0
