@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import torch
 
@@ -108,3 +109,12 @@ def same_samples(a: Completion, b: Completion) -> bool:
     """Equal as samples: everything but the transport-specific ``meta``."""
     return (a.prompt_ids, a.output_ids, a.output_logprobs, a.finish_reason, a.matched_stop, a.weight_version) == (
         b.prompt_ids, b.output_ids, b.output_logprobs, b.finish_reason, b.matched_stop, b.weight_version)
+
+
+def wait_until(predicate, what: str, limit_s: float = 30.0) -> None:
+    """Poll ``predicate``; the limit only keeps a broken scheduler from hanging the suite."""
+    deadline = time.monotonic() + limit_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"never happened: {what}")
+        time.sleep(0.005)

@@ -7,12 +7,11 @@ test behind it, so what lands in which batch does not depend on timing.
 from __future__ import annotations
 
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import requests
-from server_kit import REFUSED_CHAR, FakeEngine
+from server_kit import REFUSED_CHAR, FakeEngine, wait_until
 
 from ringzero.rollout.server_scheduler import EngineScheduler
 from ringzero.rollout.types import GenerateRequest, SamplingParams
@@ -22,14 +21,6 @@ pytestmark = pytest.mark.xdist_group("rollout_server")
 
 TOK = CharTokenizer()
 
-
-def wait_until(predicate, what: str, limit_s: float = 30.0) -> None:
-    """Poll ``predicate``; the limit only keeps a broken scheduler from hanging the suite."""
-    deadline = time.monotonic() + limit_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"never happened: {what}")
-        time.sleep(0.005)
 
 
 def body(prompt: str, tokens: int = 3) -> dict:

@@ -7,13 +7,12 @@ does not depend on timing.
 from __future__ import annotations
 
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import requests
 import torch
-from server_kit import POLICY, tiny_model
+from server_kit import POLICY, tiny_model, wait_until
 
 from ringzero.model.checkpoint import save_model
 from ringzero.model.tolerances import tolerance
@@ -64,12 +63,18 @@ def served():
         yield server
 
 
-def wait_until(predicate, what: str, limit_s: float = 30.0) -> None:
-    deadline = time.monotonic() + limit_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"never happened: {what}")
-        time.sleep(0.005)
+
+def hold_first_step(engine) -> tuple[threading.Event, threading.Event]:
+    """``(held, entered)``: the engine's first decoding step sets ``entered`` and waits for ``held``."""
+    held, entered = threading.Event(), threading.Event()
+
+    def before_step(batch):
+        if not entered.is_set():
+            entered.set()
+            assert held.wait(60)
+
+    engine.before_step = before_step
+    return held, entered
 
 
 def body(text: str, tokens: int, seed: int, **params) -> dict:
@@ -138,14 +143,7 @@ def test_a_request_joins_a_running_batch_and_is_answered_before_it_ends(served):
 
 
 def test_abort_by_rid_cuts_a_row_of_the_running_batch(served):
-    engine, held, entered = served.scheduler.engine, threading.Event(), threading.Event()
-
-    def before_step(batch):
-        if not entered.is_set():
-            entered.set()
-            assert held.wait(60)
-
-    engine.before_step = before_step
+    held, entered = hold_first_step(served.scheduler.engine)
     with ThreadPoolExecutor(4) as pool:
         running = post(served, {"text": ["ab", "cd"], "rid": "pair", "return_logprob": True,
                                 "sampling_params": {"max_new_tokens": 8, "ignore_eos": True}}, pool)
@@ -161,14 +159,7 @@ def test_abort_by_rid_cuts_a_row_of_the_running_batch(served):
 
 def test_a_weight_update_waits_for_the_running_batch_and_keeps_its_place(served, tmp_path):
     uri = save_model(open_store(f"file://{tmp_path}/store"), "step-1", tiny_model(1))
-    engine, held, entered = served.scheduler.engine, threading.Event(), threading.Event()
-
-    def before_step(batch):
-        if not entered.is_set():
-            entered.set()
-            assert held.wait(60)
-
-    engine.before_step = before_step
+    held, entered = hold_first_step(served.scheduler.engine)
     with ThreadPoolExecutor(4) as pool:
         before = post(served, body("ab", 6, 3), pool)
         assert entered.wait(60)

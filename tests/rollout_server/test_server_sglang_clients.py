@@ -16,7 +16,7 @@ import openai
 import pytest
 import requests
 import torch
-from server_kit import POLICY, tiny_model
+from server_kit import POLICY, tiny_model, wait_until
 
 from ringzero.model.checkpoint import save_model
 from ringzero.rollout.engine import EmbeddedEngine
@@ -382,13 +382,6 @@ def gated():
         yield server
         engine.gate.set()
 
-
-def wait_until(predicate, what: str, limit_s: float = 30.0) -> None:
-    deadline = time.monotonic() + limit_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"never happened: {what}")
-        time.sleep(0.005)
 
 
 def held(server, pool, body):
