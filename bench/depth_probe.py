@@ -35,8 +35,6 @@ from ringzero.stages.setup import task_and_tokenizer
 from ringzero.store import open_store
 from ringzero.tasks.base import THINK_CLOSE, THINK_OPEN
 
-ROUTES = ("direct", "empty", "short", "full")
-
 
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
