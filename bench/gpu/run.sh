@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The prepared GPU check: pretrain and RL steps of a small config on one CUDA device, fp32-islands vs
 # bf16 (tokens/s, peak memory, ratio tail), then gap_checks.py (percentiles on the device, the bitwise
-# deterministic mode on CUDA), then megatron_check.py (the megatron engine against the torch engine).
+# deterministic mode on CUDA), then megatron_check.py (the megatron engine against the torch engine),
+# then decode_graphs.py (decode tokens/s: eager with either decode cache, and a CUDA-graph step).
 # Run from anywhere; it works on the repository it lives in.
 #
 #   bash bench/gpu/run.sh              # on the GPU machine; results in $OUT (else ./bench-gpu-out)
@@ -75,5 +76,13 @@ if "$PY" -c 'import megatron.core' 2>/dev/null; then
 else
   echo "skipped: megatron-core is not installed here (pip install 'megatron-core==0.16.1' einops)"
 fi
+echo "== decode tokens/s with and without CUDA graphs (static decode cache)"
+# Only --smoke is passed on: the other arguments are stage_steps.py's (its --budget-s among them).
+DG_SMOKE=""
+[ $SMOKE -eq 1 ] && DG_SMOKE=--smoke
+timeout --signal=TERM --kill-after=10 90 "$PY" bench/gpu/decode_graphs.py $DG_SMOKE
+dg_rc=$?
+[ $dg_rc -eq 124 ] && echo "stopped at 90 s; the finished cases are in $OUT/decode_graphs.json"
+[ $rc -eq 0 ] && rc=$dg_rc
 ls -l "$OUT"
 exit $rc
