@@ -34,6 +34,7 @@ from ringzero.model.mlp import SwiGLU
 from ringzero.model.moe import MoE
 from ringzero.model.norms import RMSNorm
 from ringzero.model.precision import at_least_fp32, body_dtype, state_dtype
+from ringzero.model.rope import shared_tables
 
 
 class Block(nn.Module):
@@ -130,8 +131,9 @@ class HybridLM(nn.Module):
                 positions = positions[None].expand(B, S)
             key_positions = cache.append_positions(positions)
         x = self.word_embeddings(input_ids_BS)
-        for i, block in enumerate(self.layers):
-            x = block(x, positions, None if cache is None else cache.layers[i], key_positions)
+        with shared_tables():
+            for i, block in enumerate(self.layers):
+                x = block(x, positions, None if cache is None else cache.layers[i], key_positions)
         return x
 
     def logits(self, hidden_BSD: torch.Tensor) -> torch.Tensor:
