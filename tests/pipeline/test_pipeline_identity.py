@@ -10,9 +10,8 @@ from ringzero.stages.base import StageInputs
 
 TINY = Path(__file__).resolve().parents[2] / "configs" / "tiny-cpu.yaml"
 PRE_DIAL_HASH = "9a664153b334968c"  # the 8-digit base of every store made before the depth-dial knobs existed
-TINY_BASE_HASH = "bb7538eae116e7b2"  # the tiny config's base since MLA trains with sdpa (2 to 8 digits)
+TINY_BASE_HASH = "fcfb778546943dcb"  # the tiny config's base since it mixes 2 to 8 digits
 PRE_DIAL = "task.min_digits=null"
-EXPLICIT = "model.mla_attention_impl=explicit"  # the written-out softmax every store before it used
 
 
 def base_hash(*overrides: str) -> str:
@@ -22,12 +21,11 @@ def base_hash(*overrides: str) -> str:
 
 def test_the_tiny_base_keeps_its_identity():
     assert base_hash() == TINY_BASE_HASH
-    assert base_hash(EXPLICIT) == "fcfb778546943dcb"  # the mixed-length base before sdpa
-    assert base_hash(PRE_DIAL, EXPLICIT) == PRE_DIAL_HASH  # without the dial: the base earlier stores committed
+    assert base_hash(PRE_DIAL) == PRE_DIAL_HASH  # without the dial: the base earlier stores committed
 
 
 def test_each_added_knob_changes_the_identity_once_set():
     assert set(ADDED_TASK_FIELDS) == {"min_digits", "short_fraction"}
-    assert base_hash(PRE_DIAL, EXPLICIT, "task.min_digits=4") != PRE_DIAL_HASH
-    assert base_hash(PRE_DIAL, EXPLICIT, "task.short_fraction=0.2") != PRE_DIAL_HASH
-    assert base_hash(PRE_DIAL, EXPLICIT, "task.short_fraction=0.0") == PRE_DIAL_HASH  # the default, written out
+    assert base_hash(PRE_DIAL, "task.min_digits=4") != PRE_DIAL_HASH
+    assert base_hash(PRE_DIAL, "task.short_fraction=0.2") != PRE_DIAL_HASH
+    assert base_hash(PRE_DIAL, "task.short_fraction=0.0") == PRE_DIAL_HASH  # the default, written out
