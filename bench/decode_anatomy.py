@@ -6,7 +6,12 @@ generate runs under torch's profiler for the matmul share (``aten::mm`` + ``aten
 and under a dispatch counter for the number of aten calls per step, inside the model and outside it.
 What is left after the forward, the sampling and the stop bookkeeping is the loop itself.
 
+``--train-config`` adds the same matmul share for the pretraining step of a run config (``lm_step``
+with its optimizer on the config's base-stage batch, 2 threads): the floor that pretraining's
+matrix multiplications set on a stage's wall time.
+
     OMP_NUM_THREADS=1 python bench/decode_anatomy.py --md docs/bench/rollout.md
+    python bench/decode_anatomy.py --train-config configs/tiny-cpu.yaml --md docs/bench/rollout.md
 """
 
 from __future__ import annotations
@@ -129,9 +134,51 @@ def measure(batch: int, prompt_len: int, new_tokens: int, repeats: int) -> dict:
     }
 
 
+def train_profile(config: str, threads: int, steps: int = 3) -> dict:
+    """Seconds per pretraining step and the matmul share of its profiled CPU time."""
+    from ringzero.config.loader import load_config
+    from ringzero.parallel.runtime import single
+    from ringzero.stages.corpus_windows import CorpusWindows
+    from ringzero.stages.lm_step import lm_step
+    from ringzero.stages.optimizer import TrainOptimizer
+    from ringzero.stages.setup import fresh_model, task_and_tokenizer
+
+    torch.set_num_threads(threads)
+    cfg = load_config(config)
+    stage = next(s for s in cfg.stages if s.kind == "pretrain")
+    task, tokenizer = task_and_tokenizer(cfg)
+    model = fresh_model(cfg, cfg.precision.train).train()
+    optimizer = TrainOptimizer(model, stage.optim, total_steps=stage.steps, schedule="cosine")
+    runtime = single(torch.device("cpu"))
+    windows = CorpusWindows(task, tokenizer, stage.seq_len, cfg.run.seed)
+    lm_step(model, windows.batch(0, stage.batch_size), runtime, optimizer=optimizer)  # warm-up
+    with profile() as prof:
+        start = time.perf_counter()
+        for step in range(1, steps + 1):
+            lm_step(model, windows.batch(step, stage.batch_size), runtime, optimizer=optimizer)
+        seconds = (time.perf_counter() - start) / steps
+    events = {e.key: e.self_cpu_time_total for e in prof.key_averages()}
+    share = (events.get("aten::mm", 0.0) + events.get("aten::bmm", 0.0)) / sum(events.values())
+    return {"config": config, "threads": threads, "steps": stage.steps, "batch": stage.batch_size,
+            "seq_len": stage.seq_len, "s_per_step": seconds, "matmul_share": share}
+
+
+def train_markdown(t: dict) -> str:
+    matmul_s = t["s_per_step"] * t["matmul_share"]
+    return "\n".join([
+        "",
+        f"Pretraining step of `{t['config']}` (`--train-config`, {t['threads']} threads, {t['batch']} x "
+        f"{t['seq_len']} tokens, forward + backward + AdamW, profiled): {t['s_per_step']:.2f} s a step, of which "
+        f"matrix multiplications {t['matmul_share']:.0%} ({matmul_s:.2f} s). Over the stage's {t['steps']} steps "
+        f"that is {t['steps'] * t['s_per_step'] / 60:.1f} min (profiler overhead included), "
+        f"{t['steps'] * matmul_s / 60:.1f} min of it matmul.",
+    ])
+
+
 def markdown(r: dict, args, load: tuple[float, float]) -> str:
-    cmd = (f"OMP_NUM_THREADS=1 python bench/decode_anatomy.py --batch {args.batch} --prompt-len {args.prompt_len} "
-           f"--new-tokens {args.new_tokens} --repeats {args.repeats}")
+    cmd = (f"python bench/decode_anatomy.py --batch {args.batch} --prompt-len {args.prompt_len} "
+           f"--new-tokens {args.new_tokens} --repeats {args.repeats}"
+           + (f" --train-config {args.train_config}" if args.train_config else ""))
     rest = r["rest_ms"]
     return "\n".join([
         "## Anatomy of one decoding step (CPU, one thread)",
@@ -166,12 +213,16 @@ def main() -> None:
     p.add_argument("--prompt-len", type=int, default=16)
     p.add_argument("--new-tokens", type=int, default=128)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--train-config", help="also profile this run config's pretraining step")
+    p.add_argument("--train-threads", type=int, default=2)
     p.add_argument("--md", type=Path, help="write the results as a markdown section into this file")
     args = p.parse_args()
     torch.set_num_threads(1)
     before = os.getloadavg()[0]
     r = measure(args.batch, args.prompt_len, args.new_tokens, args.repeats)
     text = markdown(r, args, (before, os.getloadavg()[0]))
+    if args.train_config:
+        text += "\n" + train_markdown(train_profile(args.train_config, args.train_threads))
     print(text)
     if args.md:
         write_section(args.md, "decode-anatomy", text)
