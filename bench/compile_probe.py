@@ -47,14 +47,12 @@ import torch  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from mdsection import write_section  # noqa: E402
-from rollout_throughput import TINY  # noqa: E402
+from rollout_throughput import TINY, fixed_prompts, tiny_model  # noqa: E402
 
 from ringzero.config.loader import load_config  # noqa: E402
-from ringzero.model.config import ModelConfig, PrecisionPolicy  # noqa: E402
 from ringzero.model.hybrid import HybridLM  # noqa: E402
 from ringzero.parallel.runtime import single  # noqa: E402
 from ringzero.rollout.engine import EmbeddedEngine  # noqa: E402
-from ringzero.rollout.types import GenerateRequest, SamplingParams  # noqa: E402
 from ringzero.stages.corpus_windows import CorpusWindows  # noqa: E402
 from ringzero.stages.lm_step import lm_step  # noqa: E402
 from ringzero.stages.optimizer import TrainOptimizer  # noqa: E402
@@ -121,20 +119,12 @@ def compile_each(modules, **kwargs) -> None:
 
 
 def decode_variants(batch: int, prompt_len: int, new_tokens: int, with_blocks: bool) -> list[Variant]:
-    cfg = ModelConfig.model_validate({**TINY, "max_position_embeddings": prompt_len + new_tokens})
-    fp32 = PrecisionPolicy.preset("fp32")
-    prompts_BP = torch.randint(
-        3, cfg.vocab_size, (batch, prompt_len), generator=torch.Generator().manual_seed(1)
-    )
-    requests = [
-        GenerateRequest(p, SamplingParams(max_new_tokens=new_tokens, seed=i))
-        for i, p in enumerate(prompts_BP.tolist())
-    ]
+    context = prompt_len + new_tokens
+    requests = fixed_prompts(batch, prompt_len, new_tokens, TINY["vocab_size"])[1]
 
     def engine(prepare: Callable[[HybridLM], None]) -> Callable[[], object]:
-        model = HybridLM(cfg, fp32).eval()
-        model.reset_parameters(torch.Generator().manual_seed(0))
-        eng = EmbeddedEngine(model, None, fp32, max_batch=batch)
+        model = tiny_model(context)
+        eng = EmbeddedEngine(model, None, model.policy, max_batch=batch)
         prepare(eng.model)
 
         def generate():

@@ -31,14 +31,11 @@ from torch.utils._python_dispatch import TorchDispatchMode
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from mdsection import write_section  # noqa: E402
-from rollout_throughput import TINY  # noqa: E402
+from rollout_throughput import fixed_prompts, tiny_model  # noqa: E402
 
 import ringzero.rollout.engine as engine_mod  # noqa: E402
 import ringzero.rollout.rows as rows_mod  # noqa: E402
-from ringzero.model.config import ModelConfig, PrecisionPolicy  # noqa: E402
-from ringzero.model.hybrid import HybridLM  # noqa: E402
 from ringzero.rollout.engine import EmbeddedEngine  # noqa: E402
-from ringzero.rollout.types import GenerateRequest, SamplingParams  # noqa: E402
 
 
 class Timed:
@@ -71,15 +68,9 @@ class OpCount(TorchDispatchMode):
 
 
 def build(batch: int, prompt_len: int, new_tokens: int):
-    cfg = ModelConfig.model_validate({**TINY, "max_position_embeddings": prompt_len + new_tokens})
-    fp32 = PrecisionPolicy.preset("fp32")
-    model = HybridLM(cfg, fp32).eval()
-    model.reset_parameters(torch.Generator().manual_seed(0))
-    engine = EmbeddedEngine(model, None, fp32, max_batch=batch)
-    prompts = torch.randint(3, cfg.vocab_size, (batch, prompt_len), generator=torch.Generator().manual_seed(1))
-    requests = [GenerateRequest(p, SamplingParams(max_new_tokens=new_tokens, seed=i))
-                for i, p in enumerate(prompts.tolist())]
-    return engine, requests
+    model = tiny_model(prompt_len + new_tokens)
+    engine = EmbeddedEngine(model, None, model.policy, max_batch=batch)
+    return engine, fixed_prompts(batch, prompt_len, new_tokens, model.cfg.vocab_size)[1]
 
 
 def measure(batch: int, prompt_len: int, new_tokens: int, repeats: int) -> dict:
@@ -151,11 +142,13 @@ def train_profile(config: str, threads: int, steps: int = 3) -> dict:
     optimizer = TrainOptimizer(model, stage.optim, total_steps=stage.steps, schedule="cosine")
     runtime = single(torch.device("cpu"))
     windows = CorpusWindows(task, tokenizer, stage.seq_len, cfg.run.seed)
-    lm_step(model, windows.batch(0, stage.batch_size), runtime, optimizer=optimizer)  # warm-up
+    lm_step(model, windows.batch(0, stage.batch_size), runtime, optimizer=optimizer,
+            micro_batch=stage.micro_batch)  # warm-up
     with profile() as prof:
         start = time.perf_counter()
         for step in range(1, steps + 1):
-            lm_step(model, windows.batch(step, stage.batch_size), runtime, optimizer=optimizer)
+            lm_step(model, windows.batch(step, stage.batch_size), runtime, optimizer=optimizer,
+                    micro_batch=stage.micro_batch)
         seconds = (time.perf_counter() - start) / steps
     events = {e.key: e.self_cpu_time_total for e in prof.key_averages()}
     share = (events.get("aten::mm", 0.0) + events.get("aten::bmm", 0.0)) / sum(events.values())

@@ -65,16 +65,28 @@ def timed(fn) -> float:
     return time.perf_counter() - start
 
 
-def run(batch: int, prompt_len: int, new_tokens: int, repeats: int, with_naive: bool) -> dict:
-    cfg = ModelConfig.model_validate({**TINY, "max_position_embeddings": prompt_len + new_tokens})
-    fp32 = PrecisionPolicy.preset("fp32")
-    model = HybridLM(cfg, fp32).eval()
+def tiny_model(context: int) -> HybridLM:
+    """The TINY model in fp32 with seed-0 weights, its context ``context`` tokens."""
+    cfg = ModelConfig.model_validate({**TINY, "max_position_embeddings": context})
+    model = HybridLM(cfg, PrecisionPolicy.preset("fp32")).eval()
     model.reset_parameters(torch.Generator().manual_seed(0))
-    engine = EmbeddedEngine(model, None, fp32, max_batch=batch)
-    hf = hf_llama(cfg)
-    prompts_BP = torch.randint(3, cfg.vocab_size, (batch, prompt_len), generator=torch.Generator().manual_seed(1))
+    return model
+
+
+def fixed_prompts(batch: int, prompt_len: int, new_tokens: int, vocab_size: int):
+    """``(prompts [batch, prompt_len], requests)``: seeded random prompts, each request run to ``new_tokens``."""
+    prompts_BP = torch.randint(3, vocab_size, (batch, prompt_len), generator=torch.Generator().manual_seed(1))
     requests = [GenerateRequest(p, SamplingParams(max_new_tokens=new_tokens, seed=i))
                 for i, p in enumerate(prompts_BP.tolist())]
+    return prompts_BP, requests
+
+
+def run(batch: int, prompt_len: int, new_tokens: int, repeats: int, with_naive: bool) -> dict:
+    model = tiny_model(prompt_len + new_tokens)
+    cfg = model.cfg
+    engine = EmbeddedEngine(model, None, model.policy, max_batch=batch)
+    hf = hf_llama(cfg)
+    prompts_BP, requests = fixed_prompts(batch, prompt_len, new_tokens, cfg.vocab_size)
     gen = torch.Generator().manual_seed(2)
 
     def hf_generate():
