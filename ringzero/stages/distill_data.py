@@ -38,8 +38,7 @@ def shortest_correct(samples: Sequence[Sample], length_budget: int | None = None
 
 
 def verified_trace(task, problem, response: str) -> bool:
-    steps, correct = task.step_check(response, problem)
-    return steps > 0 and correct == steps
+    return task.verified(response, problem)
 
 
 def select_traces(batch: RolloutBatch, task, length_budget: int | None) -> list[dict]:

@@ -47,7 +47,7 @@ from ringzero.tasks.base import (
 from ringzero.tasks.config import ArithmeticTask
 from ringzero.tasks.long_add import LongAddition
 from ringzero.tasks.operation import Instance, Operation
-from ringzero.tasks.running_sum import digitsum, parity
+from ringzero.tasks.running_sum import WorkedPlan, digitsum, parity
 
 EVAL_BUCKETS = 10
 """One problem in this many (by hash) is held out for evaluation."""
@@ -114,9 +114,15 @@ class SyntheticArithmetic(Task):
     def direct_response(self, problem: Problem) -> str:
         return problem.answer
 
-    def worked_response(self, problem: Problem, verbose: bool, short: bool = False) -> str:
-        """The worked trace: verbose or terse, or ``short`` (two digits a step; digitsum and parity)."""
+    def worked_response(self, problem: Problem, verbose: bool = False, short: bool = False,
+                        plan: WorkedPlan | None = None) -> str:
+        """The worked trace: verbose or terse, or ``short`` (two digits a step), or written by ``plan``
+        (verbosity per step, slips, check passes; its answer is the last pass's, wrong after an unchecked
+        slip). ``short`` and ``plan``: digitsum and parity only."""
         instance = self.op.instance_from_meta(problem.meta)
+        if plan is not None:
+            body, answer = self.op.planned_body(instance, plan)
+            return f"{THINK_OPEN} {body} {THINK_CLOSE} {answer}"
         steps = self.op.short_steps(instance) if short else self.op.trace_steps(instance, verbose)
         return f"{THINK_OPEN} {' '.join(steps)} {THINK_CLOSE} {problem.answer}"
 
@@ -144,6 +150,15 @@ class SyntheticArithmetic(Task):
     def reward(self, problem: Problem, response: str) -> float:
         _, answer = split_trace(first_line(response))
         return 1.0 if answer is not None and answer.strip() == problem.answer else 0.0
+
+    def verified(self, response: str, problem: Problem) -> bool:
+        """digitsum and parity: the last pass (a check, or the only pass) covers every digit, each of its
+        steps holds and the answer is its state, so a first-pass slip that a check fixed still verifies;
+        other operations: every step holds."""
+        if not hasattr(self.op, "final_pass_holds"):
+            return super().verified(response, problem)
+        body, answer = split_trace(first_line(response))
+        return body is not None and self.op.final_pass_holds(body, self.op.instance_from_meta(problem.meta), answer)
 
     def step_check(self, response: str, problem: Problem | None = None) -> StepCheck:
         body, _ = split_trace(first_line(response))

@@ -104,6 +104,12 @@ class Task(ABC):
         """Parse and check each trace step; with ``problem`` the steps must also use its inputs."""
         return StepCheck(0, 0)
 
+    def verified(self, response: str, problem: Problem) -> bool:
+        """The response's reasoning checks out against the problem: a worked trace whose steps all hold
+        (a task with check passes may accept an earlier pass's slip that a later pass fixed)."""
+        steps, correct = self.step_check(response, problem)
+        return steps > 0 and correct == steps
+
     def answer_space(self) -> list[str] | None:
         """Every answer a problem can have, when they are few (a guess can be drawn from them); else None."""
         return None

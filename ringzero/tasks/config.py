@@ -40,6 +40,19 @@ class ArithmeticTask(StrictModel):
     verbose_fraction: float = Field(
         0.5, ge=0.0, le=1.0, description="share of corpus traces in the verbose form (redundant arithmetic per step)"
     )
+    verbosity: Literal["trace", "step"] = Field(
+        "trace", description="trace: verbose_fraction picks the form once per corpus trace; step: once per step, "
+        "so one trace mixes both forms and its length varies around its digit count; digitsum and parity only",
+    )
+    check_weights: list[float] | None = Field(
+        None, description="shares of corpus traces followed by 0, 1, 2, ... check passes (a check works the sum "
+        "again from the start and its answer is the trace's); null = no checks; digitsum and parity only",
+    )
+    slip_rate: float = Field(
+        0.0, ge=0.0, lt=1.0, description="chance that a terse first-pass step from slip_from on writes a wrong "
+        "state (the pass carries on from it, so only a check catches it); digitsum and parity only",
+    )
+    slip_from: int = Field(1, ge=1, description="the first step (1-based) of a first pass that can slip")
     direct_noise: float = Field(0.5, ge=0.0, le=1.0, description="share of direct answers in the corpus that are wrong")
     filler_fraction: float = Field(0.2, ge=0.0, le=1.0, description="share of corpus documents that are filler text")
     drill_fraction: float = Field(
@@ -73,6 +86,17 @@ class ArithmeticTask(StrictModel):
             problems.append(f"min_digits: must be at most digits ({self.digits}), got {self.min_digits}")
         if self.operation == "add" and self.lookup_fraction > 0:
             problems.append("lookup_fraction: 'add' has no labelled digits to look up (set it to 0)")
+        labelled = self.operation != "add"
+        if not labelled and (self.verbosity != "trace" or self.check_weights is not None or self.slip_rate > 0):
+            problems.append("verbosity: 'add' has no per-step verbosity, check passes or slips (leave verbosity "
+                            "'trace', check_weights null and slip_rate 0)")
+        if self.check_weights is not None:
+            w = self.check_weights
+            if not w or any(x < 0 for x in w) or abs(sum(w) - 1.0) > 1e-6:
+                problems.append(f"check_weights: non-negative shares of 0, 1, 2, ... checks summing to 1 (got {w})")
+        if self.slip_rate > 0 and self.slip_from > self.digits:
+            problems.append(f"slip_from: step {self.slip_from} is past the last digit ({self.digits}): no step "
+                            "could slip")
         shares = (self.filler_fraction, self.drill_fraction, self.lookup_fraction, self.worked_fraction)
         if sum(shares) >= 1.0:
             problems.append(

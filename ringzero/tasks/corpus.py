@@ -4,8 +4,9 @@ Five kinds of documents, in the shares the task config sets:
 
 - question documents: one to three ``q: ...\\na: ...`` items, formatted exactly like RL prompts, sometimes
   with a line of chatter around them. An answer is a worked trace with probability ``trace_fraction``
-  (always correct, ``short_fraction`` of them in the short form, ``verbose_fraction`` of the rest
-  verbose) and otherwise direct, wrong with probability
+  (``short_fraction`` of them in the short form, ``verbose_fraction`` of the rest verbose, per trace or
+  per step by ``verbosity``; with ``check_weights`` followed by check passes, and with ``slip_rate`` a
+  first pass that may slip, so an unchecked trace can be wrong) and otherwise direct, wrong with probability
   ``direct_noise``, as answers on the web often are.
 - drill documents: lines of the one-step facts the trace uses (``7+3=10>0``), so the rare trace mode
   is reliable without making it common.
@@ -26,6 +27,7 @@ from collections.abc import Iterator
 
 from ringzero.tasks.arithmetic import SyntheticArithmetic
 from ringzero.tasks.base import Problem, RngLike, as_random
+from ringzero.tasks.running_sum import WorkedPlan
 
 DOC_SEPARATOR = "\n"
 ITEMS_PER_DOCUMENT = (1, 3)
@@ -69,7 +71,25 @@ class CorpusGenerator:
         corpus without short traces is the same document stream it always was)."""
         if self.cfg.short_fraction > 0 and rng.random() < self.cfg.short_fraction:
             return self.task.worked_response(problem, verbose=False, short=True)
-        return self.task.worked_response(problem, verbose=rng.random() < self.cfg.verbose_fraction)
+        if self.cfg.verbosity == "trace" and self.cfg.check_weights is None and self.cfg.slip_rate == 0:
+            return self.task.worked_response(problem, verbose=rng.random() < self.cfg.verbose_fraction)
+        return self.task.worked_response(problem, plan=self.plan(len(self.task.op.instance_from_meta(problem.meta)), rng))
+
+    def plan(self, steps: int, rng: random.Random) -> WorkedPlan:
+        """How one corpus trace of ``steps`` digits is written: verbosity per step or per trace, check passes
+        by ``check_weights``, and slips of the first pass's terse steps from ``slip_from`` on."""
+        cfg = self.cfg
+
+        def verbosity() -> tuple[bool, ...]:
+            if cfg.verbosity == "step":
+                return tuple(rng.random() < cfg.verbose_fraction for _ in range(steps))
+            return (rng.random() < cfg.verbose_fraction,) * steps
+
+        first = verbosity()
+        slips = {i: rng.randrange(1, self.task.op.modulus) for i in range(cfg.slip_from - 1, steps)
+                 if not first[i] and rng.random() < cfg.slip_rate} if cfg.slip_rate > 0 else {}
+        checks = rng.choices(range(len(cfg.check_weights)), cfg.check_weights)[0] if cfg.check_weights else 0
+        return WorkedPlan((first, *(verbosity() for _ in range(checks))), slips)
 
     def question_document(self, rng: random.Random) -> str:
         lines = [rng.choice(_OPENERS)] if rng.random() < CHATTER_AROUND_ITEMS else []

@@ -6,6 +6,13 @@ Verbose trace: ``a=7 0+7=7>7 b=3 7+3=10>0 ...`` (adds the step's arithmetic: pre
 Short trace:   ``ab=73>0 cd=91>0`` (two digits per step: half the steps of the terse form, each adding two
 digits to the state at once, the harder step; an odd last digit is a terse step).
 
+Checked trace: ``a=7>7 b=3>2 c=9>1 d=1>2 check a=7>7 b=3>0 c=9>9 d=1>0`` (a first pass, then a check
+pass that works the sum again from the start; the answer is the last pass's). A first pass may *slip*:
+a terse step writes a wrong state (``b=3>2``) and the pass carries on from it, so an unchecked slip gives
+a wrong answer and a check finds and fixes it. Verbose steps, which write the arithmetic out, never
+slip. The corpus decides per step (``WorkedPlan``): verbose or terse, slip or not; and per trace how
+many check passes follow.
+
 With ``min_digits`` the problems mix lengths (``min_digits`` to ``digits`` digits, uniform): the
 difficulty dial of tier RL, since the trace's length grows with it and the short form's error chance too.
 
@@ -20,6 +27,7 @@ import random
 import re
 import string
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from ringzero.tasks.base import StepCheck
@@ -31,6 +39,30 @@ _PAIR = re.compile(r"([a-z])([a-z])=(\d)(\d)>(\d)")
 _HEAD = re.compile(r"([a-z])=(\d)")
 _ARITH = re.compile(r"(\d)\+(\d)=(\d+)>(\d)")
 DRILL_FACTS_PER_LINE = (6, 14)
+CHECK = "check"
+"""The word that opens a check pass inside a trace body."""
+
+
+@dataclass(frozen=True)
+class WorkedPlan:
+    """How one worked trace is written: ``passes[0]`` is the first pass, each later entry a check pass,
+    each a per-step tuple of verbose flags; ``slips`` maps a first-pass step index to the offset (1 to
+    modulus - 1) its written state is off by. Only terse first-pass steps slip: a verbose step writes the
+    arithmetic out, and a check pass is the careful one."""
+
+    passes: tuple[tuple[bool, ...], ...]
+    slips: Mapping[int, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.passes:
+            raise ValueError("a worked plan has at least one pass")
+        for index in self.slips:
+            if not 0 <= index < len(self.passes[0]) or self.passes[0][index]:
+                raise ValueError(f"slip at step {index}: only terse steps of the first pass slip")
+
+    @property
+    def checks(self) -> int:
+        return len(self.passes) - 1
 
 
 class RunningSum(Operation):
@@ -68,6 +100,28 @@ class RunningSum(Operation):
             state = new
         return steps
 
+    def pass_steps(self, instance: Instance, verbose: tuple[bool, ...], slips: Mapping[int, int] | None = None,
+                   ) -> tuple[list[str], int]:
+        """One pass over the digits, ``verbose`` per step, with ``slips`` (step -> offset of the written
+        state); the pass carries on from whatever state it wrote. Returns the steps and the final state."""
+        steps, state = [], 0
+        for i, d in enumerate(instance):
+            new = (state + d) % self.modulus
+            if slips and i in slips:
+                new = (new + slips[i]) % self.modulus
+            arith = f" {state}+{d}={state + d}" if verbose[i] else ""
+            steps.append(f"{LABELS[i]}={d}{arith}>{new}")
+            state = new
+        return steps, state
+
+    def planned_body(self, instance: Instance, plan: WorkedPlan) -> tuple[str, str]:
+        """``(trace body, answer)`` of a trace written by ``plan``: the answer is the last pass's state."""
+        parts, state = [], 0
+        for k, verbose in enumerate(plan.passes):
+            steps, state = self.pass_steps(instance, verbose, plan.slips if k == 0 else None)
+            parts.append(" ".join(steps) if k == 0 else f"{CHECK} {' '.join(steps)}")
+        return " ".join(parts), str(state)
+
     def short_steps(self, instance: Instance) -> list[str]:
         """The short form: two digits per step (``ab=73>0``), an odd last digit as a terse step."""
         steps, state = [], 0
@@ -103,7 +157,38 @@ class RunningSum(Operation):
         return tuple(int(d) for d in meta["inputs"])
 
     def check_steps(self, body: str, instance: Instance | None) -> StepCheck:
-        tokens = body.split()
+        """Every step of every pass; a check pass starts again from state 0 and the first label."""
+        steps = correct = 0
+        for tokens in self._passes(body):
+            s, c, _ = self._check_pass(tokens, instance)
+            steps, correct = steps + s, correct + c
+        return StepCheck(steps, correct)
+
+    def final_pass_holds(self, body: str, instance: Instance, answer: str | None) -> bool:
+        """The trace's last pass covers every digit, each step holds, and the answer is its final state: the
+        reasoning that decided the answer checks out, whatever an earlier pass slipped on."""
+        passes = self._passes(body)
+        if not passes or answer is None:
+            return False
+        steps, correct, state = self._check_pass(passes[-1], instance)
+        return steps == correct == len(instance) and answer.strip() == str(state)
+
+    def pass_results(self, body: str, instance: Instance | None) -> list[tuple[int, int, int | None]]:
+        """``(steps, correct steps, claimed final state)`` of each pass, first pass first."""
+        return [self._check_pass(tokens, instance) for tokens in self._passes(body)]
+
+    @staticmethod
+    def _passes(body: str) -> list[list[str]]:
+        passes: list[list[str]] = [[]]
+        for token in body.split():
+            if token == CHECK:
+                passes.append([])
+            else:
+                passes[-1].append(token)
+        return passes if any(passes) else []
+
+    def _check_pass(self, tokens: list[str], instance: Instance | None) -> tuple[int, int, int | None]:
+        """``(steps, correct steps, claimed final state)`` of one pass."""
         steps = correct = 0
         pos = 0  # the next input digit a step should read (a short step reads two)
         state = 0  # each step is checked against the state the previous step claimed, so errors do not cascade
@@ -135,7 +220,7 @@ class RunningSum(Operation):
             pos += 1
             correct += ok
             state = claimed
-        return StepCheck(steps, correct)
+        return steps, correct, state
 
     @staticmethod
     def _parse_step(tokens: list[str], i: int):

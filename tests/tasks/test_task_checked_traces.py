@@ -1,0 +1,141 @@
+"""Checked traces: per-step verbosity, first-pass slips and the check passes that find and fix them.
+
+The tiny task's depth is built from these: an unchecked slip gives a wrong answer, a check gives the
+right one at about twice the length, and verbose steps never slip."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from ringzero.errors import ConfigError
+from ringzero.config import parse_config
+from ringzero.tasks.arithmetic import SyntheticArithmetic
+from ringzero.tasks.base import StepCheck, split_trace
+from ringzero.tasks.config import ArithmeticTask
+from ringzero.tasks.corpus import CorpusGenerator
+from ringzero.tasks.running_sum import WorkedPlan, digitsum
+
+OP = digitsum(4)
+INST = (7, 3, 9, 1)
+
+
+def task(**kw) -> SyntheticArithmetic:
+    base = dict(operation="digitsum", digits=8, min_digits=2, verbosity="step", verbose_fraction=0.4,
+                check_weights=[0.5, 0.3, 0.2], slip_rate=0.3, slip_from=3)
+    return SyntheticArithmetic(ArithmeticTask(**{**base, **kw}))
+
+
+def test_a_slip_carries_on_and_a_check_fixes_it():
+    plan = WorkedPlan(passes=((False,) * 4, (False, True, False, False)), slips={1: 2})
+    body, answer = OP.planned_body(INST, plan)
+    assert body == "a=7>7 b=3>2 c=9>1 d=1>2 check a=7>7 b=3 7+3=10>0 c=9>9 d=1>0"
+    assert answer == "0" == OP.answer(INST)
+    # the first pass's slip is one wrong step; later steps hold against the state it claimed
+    assert OP.check_steps(body, INST) == StepCheck(8, 7)
+    assert OP.final_pass_holds(body, INST, answer)
+    assert [r[2] for r in OP.pass_results(body, INST)] == [2, 0]
+
+
+def test_an_unchecked_slip_answers_wrong_and_does_not_verify():
+    t = task()
+    p = t.problem(INST)
+    text = t.worked_response(p, plan=WorkedPlan(passes=((False,) * 4,), slips={2: 5}))
+    assert t.reward(p, text) == 0.0
+    assert not t.verified(text, p)
+    fixed = t.worked_response(p, plan=WorkedPlan(passes=((False,) * 4, (False,) * 4), slips={2: 5}))
+    assert t.reward(p, fixed) == 1.0 and t.verified(fixed, p)
+
+
+def test_verified_needs_the_last_pass_complete_and_the_answer_its_state():
+    t = task()
+    p = t.problem(INST)
+    good = t.worked_response(p, plan=WorkedPlan(passes=((False,) * 4,)))
+    assert t.verified(good, p)
+    assert not t.verified(good.replace("</think> 0", "</think> 3"), p)  # answer is not the pass's state
+    assert not t.verified("<think> a=7>7 b=3>0 c=9>9 </think> 9", p)  # a digit left out
+    assert not t.verified("<think> a=7>7 b=3>0 c=9>9 d=1>0 check </think> 0", p)  # an empty check
+    assert not t.verified("0", p)  # no trace at all
+
+
+def test_only_terse_first_pass_steps_may_slip():
+    with pytest.raises(ValueError, match="only terse steps"):
+        WorkedPlan(passes=((True, False),), slips={0: 1})
+    with pytest.raises(ValueError, match="only terse steps"):
+        WorkedPlan(passes=((False, False),), slips={2: 1})
+
+
+def corpus_traces(t: SyntheticArithmetic, n: int, seed: int = 0):
+    gen, rng = CorpusGenerator(t), random.Random(seed)
+    for p in t.prompts("train", n, seed):
+        yield p, gen.worked(p, rng)
+
+
+def test_corpus_plans_draw_verbosity_per_step_checks_by_weight_and_slips_from_slip_from():
+    t = task()
+    gen, rng = CorpusGenerator(t), random.Random(0)
+    plans = [gen.plan(8, rng) for _ in range(4000)]
+    checks = Counter(p.checks for p in plans)
+    assert abs(checks[0] / 4000 - 0.5) < 0.03 and abs(checks[2] / 4000 - 0.2) < 0.03
+    assert sum(len(set(p.passes[0])) == 2 for p in plans) > 0.8 * 4000  # both forms inside one pass
+    verbose = [v for p in plans for v in p.passes[0]]
+    assert abs(sum(verbose) / len(verbose) - 0.4) < 0.02
+    slips = Counter(i for p in plans for i in p.slips)
+    assert min(slips) == 2 and set(slips) == set(range(2, 8))  # slip_from 3 (1-based): steps 0 and 1 never
+    terse_late = sum(not v for p in plans for v in p.passes[0][2:])
+    assert abs(sum(slips.values()) / terse_late - 0.3) < 0.02  # slip_rate per terse step
+
+
+def test_per_trace_verbosity_keeps_one_form_per_pass():
+    t = task(verbosity="trace")
+    gen, rng = CorpusGenerator(t), random.Random(0)
+    assert all(len(set(ps)) == 1 for p in (gen.plan(6, rng) for _ in range(500)) for ps in p.passes)
+
+
+def test_check_passes_always_hold_so_checked_corpus_traces_are_right():
+    t = task()
+    for p, text in list(corpus_traces(t, 1500, seed=1)):
+        if " check " in text:
+            assert t.reward(p, text) == 1.0 and t.verified(text, p)
+
+
+def test_without_the_new_knobs_the_corpus_stream_is_unchanged():
+    old = SyntheticArithmetic(ArithmeticTask(operation="digitsum", digits=8, min_digits=2))
+    explicit = SyntheticArithmetic(ArithmeticTask(operation="digitsum", digits=8, min_digits=2, verbosity="trace",
+                                                  check_weights=None, slip_rate=0.0))
+    a = CorpusGenerator(old).documents(200, 3)
+    b = CorpusGenerator(explicit).documents(200, 3)
+    assert a == b
+    assert not any(" check " in d for d in a)
+
+
+@given(inst=st.lists(st.integers(0, 9), min_size=2, max_size=12).map(tuple), data=st.data())
+def test_any_plan_renders_a_trace_the_checker_accounts_for(inst, data):
+    op = digitsum(len(inst))
+    n = len(inst)
+    passes = tuple(tuple(data.draw(st.lists(st.booleans(), min_size=n, max_size=n))) for _ in range(data.draw(st.integers(1, 3))))
+    terse = [i for i in range(n) if not passes[0][i]]
+    slips = {i: data.draw(st.integers(1, 9)) for i in terse if data.draw(st.booleans())}
+    body, answer = op.planned_body(inst, WorkedPlan(passes, slips))
+    checked = op.check_steps(body, inst)
+    assert checked.steps == n * len(passes)
+    assert checked.correct == checked.steps - len(slips)
+    # unchecked slips are wrong unless their offsets happen to cancel mod 10
+    assert (answer == op.answer(inst)) == (len(passes) > 1 or sum(slips.values()) % 10 == 0)
+    assert op.final_pass_holds(body, inst, answer) == (len(passes) > 1 or not slips)
+
+
+@pytest.mark.parametrize("bad,field", [
+    ({"check_weights": [0.5, 0.4]}, "check_weights"),
+    ({"check_weights": [1.2, -0.2]}, "check_weights"),
+    ({"slip_rate": 0.1, "slip_from": 9}, "slip_from"),
+    ({"operation": "add", "min_digits": None, "verbosity": "step"}, "verbosity"),
+])
+def test_bad_knobs_are_refused_naming_the_field(bad, field):
+    cfg = {"kind": "arithmetic", "operation": "digitsum", "digits": 8, **bad}
+    with pytest.raises(ConfigError, match=field):
+        parse_config({"run": {"name": "t"}, "model": {}, "task": cfg, "stages": [{"name": "b", "kind": "pretrain"}]})
