@@ -72,7 +72,7 @@ def run(ctx: StageContext, stage: PretrainStage, inputs: StageInputs) -> StageOu
                     "grad/norm": report.grad_norm, "loss/skipped": optimizer.skipped,
                 })
                 losses, tokens, window_start = [], 0, time.time()
-            advance(f"loss {result.loss:.3f}")
+            advance(result.loss, tokens=batch_BS[:, 1:].numel())
             saved = (step + 1) % stage.checkpoint_every == 0 and step + 1 < stage.steps
             if saved:
                 save_resume_point(ctx.store, ctx.checkpoint_prefix, step + 1, model, optimizer)
@@ -88,7 +88,8 @@ def run(ctx: StageContext, stage: PretrainStage, inputs: StageInputs) -> StageOu
     uri = save_final(ctx.store, ctx.checkpoint_prefix, model, optimizer.master_state_dict(),
                      {"stage": stage.name, "steps": stage.steps}, tokenizer=tokenizer)
     summary = {"train/loss": final_loss, "loss/skipped": float(optimizer.skipped)}
-    summary.update(measure_base(cfg, setup.served(), task, tokenizer, rt))
+    with step_progress("pretrain", phase="heldout"):
+        summary.update(measure_base(cfg, setup.served(), task, tokenizer, rt))
     summary = finite_only(summary)
     log.info("pretrain.done", uri=uri, **{k: round(v, 4) for k, v in summary.items()})
     return StageOutcome(uri, summary, stop_reason="steps", steps=stage.steps, wall_s=time.time() - started)
