@@ -14,6 +14,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from ringzero.config.run import RunConfig, stage_graph_problems
+from ringzero.config.targets import target_problems
 from ringzero.errors import ConfigError
 
 
@@ -125,6 +126,11 @@ def parse_config(data: dict, source: str = "<config>") -> RunConfig:
         if isinstance(stages, list):
             # Cross-stage checks run only once fields are valid; report them now too, once each.
             problems += [p for p in stage_graph_problems(stages) if not any(p in q for q in problems)]
+        targets = data.get("targets")
+        if isinstance(targets, list):
+            names = [s.get("name") for s in stages if isinstance(s, dict)] if isinstance(stages, list) else []
+            problems += [p for p in target_problems(targets, [n for n in names if isinstance(n, str)])
+                         if p not in problems]
         raise ConfigError(source, problems) from None
 
 

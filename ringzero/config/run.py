@@ -9,6 +9,7 @@ from pydantic import Field, model_validator
 from ringzero.config.base import RunName, StrictModel
 from ringzero.config.cluster import ClusterSettings
 from ringzero.config.kfp import KfpSettings
+from ringzero.config.targets import TargetExpr, target_problems
 from ringzero.model.config import ModelConfig, PrecisionPolicy
 from ringzero.parallel.config import ParallelConfig
 from ringzero.stages.config import StageConfig
@@ -163,10 +164,21 @@ class RunConfig(StrictModel):
     cluster: ClusterSettings | None = Field(
         None, description="cluster mode: where stage jobs and rollout servers run (not part of stage identity)"
     )
+    targets: list[TargetExpr] = Field(
+        default_factory=list, description="what the run should reach, reported as met / missed / missing once it "
+        "ends (never stopping it, not part of stage identity); see ringzero.config.targets for the grammar"
+    )
 
     @model_validator(mode="after")
     def _stage_graph(self) -> RunConfig:
         problems = stage_graph_problems([s.model_dump() for s in self.stages])
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+    @model_validator(mode="after")
+    def _targets_name_stages(self) -> RunConfig:
+        problems = target_problems(list(self.targets), [s.name for s in self.stages])
         if problems:
             raise ValueError("; ".join(problems))
         return self

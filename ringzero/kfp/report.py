@@ -1,7 +1,8 @@
 """What a pipeline step shows in the Kubeflow UI: Markdown summaries, and the run report as HTML.
 
 The HTML is the same report ``ringzero run`` writes, rebuilt from the run manifest and the outcomes and
-metrics each stage committed to the store, so every step can show the run as far as it has come.
+metrics each stage committed to the store, so every step can show the run as far as it has come; the run's
+targets are evaluated over those same stages (the final-status step also records them in the manifest).
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from ringzero.pipeline.execute import ExecutedStage, metrics_key, outcome_key
 from ringzero.pipeline.gates import GateResult
 from ringzero.pipeline.local import PipelineResult
 from ringzero.pipeline.report import render_report
+from ringzero.pipeline.summary import target_label
+from ringzero.pipeline.targets import TargetResult, run_targets
 from ringzero.stages.base import StageInputs, StageOutcome
 
 
@@ -53,11 +56,29 @@ def status_markdown(run: str, status: str, stages: list[dict], error: str | None
     return "\n".join(lines) + "\n"
 
 
-def run_report_html(cfg, store, manifest: dict) -> str:
-    """The run report over the stages ``manifest`` records so far, with the manifest's status."""
+def targets_markdown(targets: list[TargetResult]) -> str:
+    if not targets:
+        return ""
+    lines = ["", "### targets (reported, never stopping the run)", "", "| target | left | right | result |",
+             "|---|---|---|---|"]
+    for t in targets:
+        missing = f" ({', '.join(t.missing)})" if t.missing else ""
+        label = target_label(t).replace("|", "\\|")  # a name's bar would end the cell
+        lines.append(f"| {label} | {_fmt(t.left) if t.left is not None else '-'} | "
+                     f"{_fmt(t.right) if t.right is not None else '-'} | {t.status}{missing} |")
+    return "\n".join(lines) + "\n"
+
+
+def run_result(cfg, store, manifest: dict) -> PipelineResult:
+    """The run as far as ``manifest`` records it: its stages from the store, its targets over them."""
     stages = [_executed(store, entry) for entry in manifest["stages"]]
     failed_gate = next((ex for ex in stages if not ex.gate.passed), None)
-    return render_report(cfg, PipelineResult(manifest["status"], stages, failed_gate), manifest)
+    return PipelineResult(manifest["status"], stages, failed_gate, targets=run_targets(cfg, stages))
+
+
+def run_report_html(cfg, store, manifest: dict, result: PipelineResult | None = None) -> str:
+    """The run report over the stages ``manifest`` records so far, with the manifest's status."""
+    return render_report(cfg, result or run_result(cfg, store, manifest), manifest)
 
 
 def _executed(store, entry: dict) -> ExecutedStage:

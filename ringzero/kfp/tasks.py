@@ -101,7 +101,8 @@ def check_gate(run_config: str, stage_name: str, summary_json: str, reasons=None
 
 def record_final_status(run_config: str, run_id: str, state: str, error: str | None, summary=None,
                         html_report=None) -> str:
-    """Finish the run manifest: gate_failed if a gate stopped the run, else the pipeline's own final state."""
+    """Finish the run manifest: gate_failed if a gate stopped the run, else the pipeline's own final state;
+    then evaluate the run's targets over the stages it recorded (reported only, the status stays)."""
     cfg = parse_config_text(run_config)
     store = _open_store(cfg)
     manifest = open_run_manifest(cfg, store, Path(cfg.run.run_dir), run_id)
@@ -114,8 +115,11 @@ def record_final_status(run_config: str, run_id: str, state: str, error: str | N
         status = state.lower()  # failed, cancelled
     manifest.doc["error"] = error or None
     manifest.finish(status)
-    _write(summary, report.status_markdown(cfg.run.name, status, stages, error))
-    _write(html_report, report.run_report_html(cfg, store, manifest.doc))
+    # After the status is safe: the targets read every stage's outcome and metrics back from the store.
+    result = report.run_result(cfg, store, manifest.doc)
+    manifest.record_targets(result.targets)
+    _write(summary, report.status_markdown(cfg.run.name, status, stages, error) + report.targets_markdown(result.targets))
+    _write(html_report, report.run_report_html(cfg, store, manifest.doc, result))
     log.info("run.finished", run=cfg.run.name, status=status)
     return status
 

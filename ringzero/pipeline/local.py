@@ -13,6 +13,7 @@ from ringzero.parallel.one_writer import one_writer
 from ringzero.parallel.runtime import Runtime, single
 from ringzero.pipeline.execute import ExecutedStage, execute_stage
 from ringzero.pipeline.manifest import RunManifest
+from ringzero.pipeline.targets import TargetResult, run_targets
 from ringzero.stages.base import StageInputs
 
 log = structlog.get_logger(__name__)
@@ -23,6 +24,7 @@ class PipelineResult:
     status: str  # succeeded | gate_failed
     stages: list[ExecutedStage] = field(default_factory=list)
     failed_gate: ExecutedStage | None = None
+    targets: list[TargetResult] = field(default_factory=list)  # reported only: they never change the status
 
 
 def resolve_inputs(stage, done: dict[str, ExecutedStage]) -> StageInputs:
@@ -67,5 +69,7 @@ def run_pipeline(cfg: RunConfig, store, run_dir: Path, force: set[str] = frozens
             log.error("gate.failed", stage=stage.name, reasons=ex.gate.reasons)
             result.status, result.failed_gate = "gate_failed", ex
             break
+    result.targets = run_targets(cfg, result.stages)
+    manifest.record_targets(result.targets)
     manifest.finish(result.status)
     return result

@@ -1,4 +1,5 @@
-"""The run manifest: which stages ran with which inputs and outputs, their identities and gate results.
+"""The run manifest: which stages ran with which inputs and outputs, their identities and gate results,
+and, once the run ends, its targets (``targets``: name, expr, left, right, status met / missed / missing).
 
 Written to the store (``runs/<name>/manifest.json``, committed atomically) after every stage, and
 mirrored into the local run folder for people and the report.
@@ -51,6 +52,10 @@ class RunManifest:
                 "gate": ex.gate.to_dict(),
             }
         )
+        self._write()
+
+    def record_targets(self, results) -> None:
+        self.doc["targets"] = [r.to_dict() for r in results]
         self._write()
 
     def finish(self, status: str) -> None:

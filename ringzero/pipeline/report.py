@@ -1,10 +1,11 @@
 """The run report: one self-contained HTML page a person reads after ``ringzero run``.
 
 It shows the run's status, the stage table (every stage's summary, wall time and stop reason, with the
-stages a failed gate kept from running), every gate's reasons, the curves that tell whether the run is
-healthy (reward, trace usage, length, the engine gap's and the whole batch's ratio tail p99/max against step,
-per stage), each eval stage's checkpoint comparison, and every stage's full summary. Built only from the run
-result (summaries, metric records, gate results) and the manifest, so it can be written for cached stages too.
+stages a failed gate kept from running), every gate's reasons, the run's targets (met / missed / missing),
+the curves that tell whether the run is healthy (reward, trace usage, length, the engine gap's and the whole
+batch's ratio tail p99/max against step, per stage), each eval stage's checkpoint comparison, and every stage's
+full summary. Built only from the run result (summaries, metric records, gate results) and the manifest, so it
+can be written for cached stages too.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from ringzero.config.loader import config_hash
 from ringzero.pipeline.local import PipelineResult
 from ringzero.pipeline.report_plots import PALETTE, Line, Segment, category_plot, line_plot, plottable, series
 from ringzero.pipeline.report_template import legend, page, table
-from ringzero.pipeline.summary import METRIC_LABELS, STAGE_COLUMNS, TABLE_METRICS, fmt
+from ringzero.pipeline.summary import METRIC_LABELS, STAGE_COLUMNS, TABLE_METRICS, fmt, target_label
 
 REPORT_NAME = "report.html"
 
@@ -53,6 +54,7 @@ def render_report(cfg, result: PipelineResult, manifest: dict) -> str:
         _header(cfg, result, manifest),
         "<h2>Stages</h2>", _stage_table(cfg, result),
         "<h2>Gates</h2>", _gates(cfg, result),
+        *_targets(result),
         *_rollbacks(result),
         "<h2>Curves</h2>", _curves(result, colors),
         *_comparisons(result),
@@ -117,6 +119,19 @@ def _gates(cfg, result: PipelineResult) -> str:
     if ungated:
         out.append(f"<p class='muted'>no gate configured after: {esc(', '.join(ungated))}</p>")
     return "\n".join(out) or "<p class='muted'>no stage ran</p>"
+
+
+def _targets(result: PipelineResult) -> list[str]:
+    """The run's targets: both sides' values and the verdict (reported only, they never stop a run)."""
+    if not result.targets:
+        return []
+    esc = html.escape
+    rows = [[esc(target_label(t)), fmt(t.left), fmt(t.right),
+             f"<span class='target {t.status}'>{t.status}</span>" + (f" {esc(', '.join(t.missing))}" if t.missing else "")]
+            for t in result.targets]
+    return ["<h2>Targets</h2>", "<p class='muted'>what the run should reach: reported, never stopping it; "
+            "missing: a value the run did not produce</p>",
+            table(["target", "left", "right", "result"], rows, text_columns=1)]
 
 
 def _rollbacks(result: PipelineResult) -> list[str]:

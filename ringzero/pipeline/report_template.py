@@ -18,6 +18,8 @@ h1 { margin-bottom: 0.2em; } h2 { margin-top: 1.6em; border-bottom: 1px solid #d
 .status.succeeded, .gate.pass { background: #2e7d32; } .status.gate_failed, .gate.fail { background: #c62828; }
 .status.running, .status.failed { background: #ef6c00; }
 .gate { display: inline-block; padding: 0 0.5em; border-radius: 0.3em; color: #fff; font-size: 0.85em; }
+.target { display: inline-block; padding: 0 0.5em; border-radius: 0.3em; color: #fff; font-size: 0.85em; }
+.target.met { background: #2e7d32; } .target.missed { background: #c62828; } .target.missing { background: #9e9e9e; }
 .banner { background: #fdecea; border: 1px solid #c62828; padding: 0.6em 1em; border-radius: 0.3em; }
 table { border-collapse: collapse; font-size: 0.9em; }
 th, td { border: 1px solid #ddd; padding: 3px 8px; text-align: right; white-space: nowrap; }

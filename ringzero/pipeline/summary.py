@@ -1,4 +1,4 @@
-"""What a finished run shows: a console table of stages and the files written next to the manifest."""
+"""What a finished run shows: console tables of stages and targets, and the files written next to the manifest."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from pathlib import Path
 
 import structlog
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from ringzero.pipeline.local import PipelineResult
@@ -74,11 +75,36 @@ def comparison_tables(result: PipelineResult) -> list[Table]:
     return tables
 
 
+TARGET_STYLES = {"met": "green", "missed": "bold red", "missing": "yellow"}
+
+
+def target_label(t) -> str:
+    """A target's name, with its expression when it was named."""
+    return t.expr if t.name == t.expr else f"{t.name}: {t.expr}"
+
+
+def targets_table(result: PipelineResult) -> Table | None:
+    """Each target with both sides' values (scale and offset applied) and its verdict; None without targets."""
+    if not result.targets:
+        return None
+    counts = {s: sum(t.status == s for t in result.targets) for s in TARGET_STYLES}
+    table = Table(title="targets (" + ", ".join(f"{n} {s}" for s, n in counts.items()) + ")")
+    for col in ("target", "left", "right", "result"):
+        table.add_column(col)
+    for t in result.targets:
+        verdict = t.status + (f" ({', '.join(t.missing)})" if t.missing else "")
+        table.add_row(escape(target_label(t)), fmt(t.left), fmt(t.right),
+                      f"[{TARGET_STYLES[t.status]}]{escape(verdict)}")
+    return table
+
+
 def print_summary(result: PipelineResult) -> None:
     console = Console(width=None if sys.stdout.isatty() else CONSOLE_WIDTH_PIPED)
     console.print(stage_table(result))
     for table in comparison_tables(result):
         console.print(table)
+    if (targets := targets_table(result)) is not None:
+        console.print(targets)
     if result.failed_gate is not None:
         console.print(f"[bold red]gate failed after stage {result.failed_gate.name!r}; nothing promoted:")
         for reason in result.failed_gate.gate.reasons:

@@ -10,7 +10,8 @@ from ringzero.config import load_config
 PLUGINS = Path(__file__).parent / "plugins"  # pipeline_fake_runners: put on sys.path and PYTHONPATH
 
 
-def staged_config(root: Path, *, stage1_gate: list[str] | None = None, rl_steps: int = 4) -> Path:
+def staged_config(root: Path, *, stage1_gate: list[str] | None = None, rl_steps: int = 4,
+                  targets: list | None = None) -> Path:
     """base -> stage1 (gated) -> distill -> stage2 -> eval (compares all four); returns its path."""
     data = {
         "run": {"name": "micro", "run_dir": str(root / "run")},
@@ -25,6 +26,8 @@ def staged_config(root: Path, *, stage1_gate: list[str] | None = None, rl_steps:
             {"name": "eval", "kind": "eval", "prompts": 2, "compare": ["base", "stage1", "distill", "stage2"]},
         ],
     }
+    if targets is not None:
+        data["targets"] = targets
     path = root / "micro.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path
