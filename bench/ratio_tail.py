@@ -10,7 +10,13 @@ Weights matter: random-init weights give near-uniform logits, where a rounding e
 every probability alike and the islands have little to fix. A real policy has peaked logits. So the
 bench first trains the tiny model briefly on the synthetic task's web-like corpus (next-character
 prediction, fp32, AdamW) and reports the trained weights, and the random-init weights for contrast.
-``--checkpoint URI`` uses a committed checkpoint instead of training.
+``--checkpoint URI`` uses a committed checkpoint instead of training: a full URI, or with ``--store ROOT``
+a name in that store (a staged run's ``stages/<hash>/final``). ``--config RUN.yaml`` draws the prompts from
+that run's task (its held-out split) instead of the addition prompts: the context a checkpoint trained on
+that task knows, so its logits are as peaked as in its own rollouts.
+
+    python bench/ratio_tail.py --store file://runs/store --checkpoint stages/<hash>/final \
+        --config configs/tiny-cpu.yaml --lengths 128,512 --no-random-init
 
     python bench/ratio_tail.py --md docs/bench/rollout.md
 """
@@ -93,14 +99,37 @@ def prompts(n: int, seed: int) -> list[list[int]]:
     return out
 
 
-def measure(model: HybridLM, lengths: list[int], samples: dict[int, int], temperature: float, seed: int):
+def task_prompts(config: Path):
+    """``(n, seed) -> prompts`` of the run config's task, held-out split, tokenized as the eval stage does."""
+    from ringzero.config.loader import load_config
+    from ringzero.rl.rollout_batch import encode_prompt
+    from ringzero.stages.setup import task_and_tokenizer
+
+    task, tokenizer = task_and_tokenizer(load_config(config))
+    return lambda n, seed: [encode_prompt(tokenizer, p) for p in task.prompts("eval", n, seed)]
+
+
+def checkpoint_model(uri: str, store_uri: str | None, room: int) -> HybridLM:
+    """The committed checkpoint in fp32, with ``room`` positions (the weights do not depend on it)."""
+    from ringzero.model.checkpoint import load_model
+    from ringzero.store import open_store
+
+    fp32 = PrecisionPolicy.preset("fp32")
+    loaded = load_model(uri, fp32, store=open_store(store_uri) if store_uri else None).model
+    model = HybridLM(loaded.cfg.model_copy(update={"max_position_embeddings": room}), fp32)
+    model.load_state_dict(loaded.state_dict())
+    return model
+
+
+def measure(model: HybridLM, lengths: list[int], samples: dict[int, int], temperature: float, seed: int,
+            make_prompts=prompts):
     rows = []
     for label, train, rollout, det in PAIRS:
         for length in lengths:
             started = time.perf_counter()
             # A seed per length: otherwise a long trajectory would begin with a shorter one's tokens.
             report = measure_gap(
-                model, prompts(samples[length], seed + length),
+                model, make_prompts(samples[length], seed + length),
                 SamplingParams(max_new_tokens=length, temperature=temperature),
                 train_policy=PrecisionPolicy.preset(train), rollout_policy=PrecisionPolicy.preset(rollout),
                 deterministic=det, length_edges=lengths, seed=seed + length, micro_batch=max(1, 2048 // length),
@@ -158,7 +187,11 @@ def position_table(rows: list[dict]) -> list[str]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--checkpoint", help="committed checkpoint URI to measure instead of training one")
+    p.add_argument("--checkpoint", help="committed checkpoint to measure instead of training one: a URI, or a "
+                   "name in --store")
+    p.add_argument("--store", help="checkpoint store root (file://... or s3://...) holding --checkpoint")
+    p.add_argument("--config", type=Path, help="run config whose task's held-out prompts are continued "
+                   "(default: addition prompts)")
     p.add_argument("--train-steps", type=int, default=400)
     p.add_argument("--train-batch", type=int, default=16)
     p.add_argument("--train-seq-len", type=int, default=256)
@@ -179,13 +212,12 @@ def main() -> None:
     fp32 = PrecisionPolicy.preset("fp32")
     # max_position_embeddings only caps the engine's generation; the weights do not depend on it.
     room = max(lengths) + 32
+    if args.store and not args.checkpoint:
+        p.error("--store names where --checkpoint lives; give --checkpoint too")
+    make_prompts = task_prompts(args.config) if args.config else prompts
     if args.checkpoint:
-        from ringzero.model.checkpoint import load_model
-
-        loaded = load_model(args.checkpoint, fp32).model
-        trained = HybridLM(loaded.cfg.model_copy(update={"max_position_embeddings": room}), fp32)
-        trained.load_state_dict(loaded.state_dict())
-        origin, losses = f"checkpoint {args.checkpoint}", None
+        trained = checkpoint_model(args.checkpoint, args.store, room)
+        origin, losses = f"checkpoint {args.checkpoint}" + (f" in {args.store}" if args.store else ""), None
     else:
         cfg = ModelConfig.model_validate({**TINY, "max_position_embeddings": room})
         trained = HybridLM(cfg, fp32)
@@ -197,11 +229,11 @@ def main() -> None:
                   f"loss every 50 steps: {losses}")
         print(origin, flush=True)
     trained.eval()
-    results = {"trained": measure(trained, lengths, samples, args.temperature, args.seed)}
+    results = {"trained": measure(trained, lengths, samples, args.temperature, args.seed, make_prompts)}
     if not args.no_random_init:
         rand = HybridLM(trained.cfg, fp32).eval()
         rand.reset_parameters(torch.Generator().manual_seed(args.seed))
-        results["random init"] = measure(rand, lengths, samples, args.temperature, args.seed)
+        results["random init"] = measure(rand, lengths, samples, args.temperature, args.seed, make_prompts)
 
     cmd = "python bench/ratio_tail.py " + " ".join(
         f"--{k.replace('_', '-')}" + ("" if v is True else f" {v}")
