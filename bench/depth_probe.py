@@ -132,7 +132,7 @@ def main() -> int:
         rows.append({"route": "direct", "digits": n,
                      "accuracy": _mean(str(g) == p.answer for g, p in zip(guesses, problems, strict=True))})
 
-        def sample(inputs, salt):
+        def sample(inputs, salt, n=n):
             params = [SamplingParams(max_new_tokens=max_new, temperature=args.temperature, stop=strings,
                                      stop_token_ids=ids, n=args.samples, seed=derive_seed(cfg.run.seed, salt, n, i))
                       for i in range(len(inputs))]

@@ -7,6 +7,9 @@ advantages either way, so it contributes no policy gradient.
 ``keep_N`` (bool ``[N]``, optional): responses a mismatch correction dropped are false. They add nothing to
 their group's mean and std, which are taken over the kept members alone (a group with one kept member
 gets zero advantage), and their own advantage is 0.
+
+``anchored_advantages``: the same, except rows given a baseline of their own (AdaptThink's accuracy anchor,
+``ringzero.rl.anchor``): there ``A_i = R_i - b_i``, neither centered on the group nor divided by its std.
 """
 
 from __future__ import annotations
@@ -48,3 +51,22 @@ def _kept_group_advantages(rewards_N: torch.Tensor, group_size: int, keep_N: tor
         std_G1 = (centered_GS.square().sum(dim=1, keepdim=True) / (n_G1 - 1).clamp(min=1)).sqrt()
         centered_GS = centered_GS / (std_G1 + eps)
     return centered_GS.reshape(-1)
+
+
+def anchored_advantages(rewards_N: torch.Tensor | Sequence[float], baseline_N: torch.Tensor | Sequence[float],
+                        group_size: int, *, use_std: bool = True, eps: float = STD_EPS,
+                        keep_N: torch.Tensor | None = None) -> torch.Tensor:
+    """``group_advantages`` for rows whose ``baseline_N`` is NaN, ``R_i - baseline_i`` for the others
+    (AdaptThink, Zhang et al. 2025: ``R(x, y) - R_ref(x)``, with ``R_ref(x)`` the reference model's mean
+    reward on prompt x). Unscaled on purpose: the std of a group says nothing about the distance to the
+    reference, and dividing by it would blow up a near-uniform group that sits below it. A dropped row
+    (``keep_N`` false) gets 0 either way."""
+    rewards_N = torch.as_tensor(rewards_N, dtype=torch.float32)
+    baseline_N = torch.as_tensor(baseline_N, dtype=torch.float32, device=rewards_N.device)
+    if baseline_N.shape != rewards_N.shape:
+        raise ValueError(f"baseline_N shape {tuple(baseline_N.shape)} differs from rewards {tuple(rewards_N.shape)}")
+    grouped_N = group_advantages(rewards_N, group_size, use_std=use_std, eps=eps, keep_N=keep_N)
+    out_N = torch.where(torch.isnan(baseline_N), grouped_N, rewards_N - baseline_N)
+    if keep_N is not None:
+        out_N = torch.where(torch.as_tensor(keep_N, device=out_N.device).bool(), out_N, torch.zeros_like(out_N))
+    return out_N

@@ -7,6 +7,11 @@ every such group's advantages are zero. AdaptThink (Zhang et al., 2025) forces t
 on part of the samples; here ``samples`` of each prompt's ``n`` open with ``ids`` (the empty thought
 ``<think> </think>`` by default) and the policy writes the rest.
 
+``forced_opening.tiers`` limits the forced samples to prompts asked at the listed tiers (``tags``: their
+tags, None for the untagged tier): AdaptThink forces the NoThinking opening to teach the fast mode, and a
+deep or untagged prompt whose samples are forced short learns to answer short where it should think.
+Other prompts get all their samples from the policy; every group keeps its size.
+
 The forced tokens are part of the response: they count toward its length and budget, and the loss
 trains on them like sampled tokens, with the rollout engine's log-probs of them (scored as prompt
 tokens, temperature-scaled, SGLang's ``logprob_start_len``) as the ratio's denominator. So a forced
@@ -32,6 +37,11 @@ class Opening:
     # answer and the stop) drawn uniformly, scored by the engine and never sampled: a policy that writes a
     # trace after any opening (as one that always thinks does) still gets its answer-now sample.
     guesses: tuple[tuple[int, ...], ...] | None = None
+    # the tier tags (None: the prompt asked as is) whose prompts are forced; None: every prompt's
+    tags: frozenset[str | None] | None = None
+
+    def applies(self, problem) -> bool:
+        return self.tags is None or problem.tier in self.tags
 
     def __post_init__(self) -> None:
         if not self.ids:

@@ -12,6 +12,10 @@ prompt) and pays for a correct answer only as far as the response kept to the ti
 
 A truncated response has no final answer, so the task already scores it 0 (and ``penalty`` below that
 when it is over the budget).
+
+A tier with no budget (``budget: null``, e.g. a deep tier) and the untagged tier (``tag: null``, the prompt
+asked as is) pay the task's plain verdict: the default mode stays in the training mix at the reward the
+earlier stages trained it with (Thinkless trains both modes in every batch).
 """
 
 from __future__ import annotations
@@ -48,13 +52,17 @@ class TaskReward:
         if problem.tier is None:
             return correct
         budget = self._by_tag[problem.tier].budget
+        if budget is None:
+            return correct
         if self.mode == "penalty":
             return correct if tokens <= budget else -self.penalty
         return correct * budget_factor(tokens, budget, self.mode)
 
     def assign_tiers(self, problems: Sequence[Problem], rng: random.Random) -> list[Problem]:
-        """Each problem asked at a tier drawn by the tiers' weights (unchanged when there are no tiers)."""
+        """Each problem asked at a tier drawn by the tiers' weights (unchanged when there are no tiers); a draw
+        of the untagged tier leaves the problem as it is (``problem.tier`` None)."""
         if not self.tiers:
             return list(problems)
         weights = [t.weight for t in self.tiers]
-        return [self.task.with_tier(p, rng.choices(self.tiers, weights)[0].tag) for p in problems]
+        tags = [rng.choices(self.tiers, weights)[0].tag for _ in problems]
+        return [p if tag is None else self.task.with_tier(p, tag) for p, tag in zip(problems, tags, strict=True)]

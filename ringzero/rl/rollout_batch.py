@@ -100,13 +100,15 @@ def collect(client: RolloutClient, task: Task, tokenizer: Tokenizer, problems: S
     ``seeds``: one sampling seed per problem (overrides ``params.seed``), so prompts never share a
     random stream while the whole batch stays reproducible. ``routed_experts``: ask the engine for each
     token's experts (routing replay) and keep them. ``opening``: the last ``opening.samples`` of each
-    problem's samples start from a forced prefix (``ringzero.rl.openings``; ``forced`` marks them).
+    problem's samples start from a forced prefix (``ringzero.rl.openings``; ``forced`` marks them), of the
+    problems it applies to (``Opening.applies``); the others' samples are all the policy's.
     """
     per_request = [params] * len(problems) if seeds is None else [replace(params, seed=s) for s in seeds]
     requests = [GenerateRequest(encode_prompt(tokenizer, p), sp, rid=p.id, return_routed_experts=routed_experts)
                 for p, sp in zip(problems, per_request, strict=True)]
-    groups = [[req] if opening is None else [own_request(req, opening), *forced_requests(req, opening)]
-              for req in requests]
+    groups = [[own_request(req, opening), *forced_requests(req, opening)]
+              if opening is not None and opening.applies(p) else [req]
+              for p, req in zip(problems, requests, strict=True)]
     flat_requests = [r for g in groups for r in g]
     results = client.generate(flat_requests)
     flat: list[tuple[Problem, list[int], list[int], list[float], Completion, bool]] = []

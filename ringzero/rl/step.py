@@ -4,7 +4,11 @@ push the new weights to the rollout engine; returns every metric of the step.
 Per tier and difficulty bucket (``tier/<tier>/...``, ``difficulty/<bucket>/...``): ``rl.tier_metrics``.
 
 Timings: ``time/generate`` (sampling, decoding and rewards), ``time/train`` (all minibatch updates,
-numerator and reference log-probs included), ``time/sync`` (the weight push), ``time/step``.
+numerator and reference log-probs included), ``time/sync`` (the weight push), ``time/step``; with an
+accuracy anchor, ``time/anchor`` (the frozen reference's samples, ``rl.anchor``).
+
+With ``anchor``, the prompts of its tiers take the reference's mean reward on them as their baseline
+(``advantage.anchored_advantages``: ``R_i - R_ref(x)``) instead of their group's mean.
 
 With mismatch corrections (``loss.corrections``), the trainer scores the batch once before the advantages
 (``PolicyTrainer.correct``, counted in ``time/train``): the responses it drops stay out of their group's
@@ -21,7 +25,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ringzero.rl.advantage import group_advantages
+from ringzero.rl.advantage import anchored_advantages, group_advantages
+from ringzero.rl.anchor import Anchor
 from ringzero.rl.openings import Opening
 from ringzero.rl.rewards import TaskReward
 from ringzero.rl.rollout_batch import RolloutBatch, collect, sampling_params
@@ -49,10 +54,10 @@ class RLStep:
 
     def __init__(self, *, client, trainer: PolicyTrainer, task: Task, tokenizer: Tokenizer, reward: TaskReward,
                  sampling, shape: StepShape, seed: int, push: Callable[[int], object],
-                 seeded_sampling: bool = True, opening: Opening | None = None):
+                 seeded_sampling: bool = True, opening: Opening | None = None, anchor: Anchor | None = None):
         self.client, self.trainer, self.task, self.tokenizer = client, trainer, task, tokenizer
         self.reward, self.sampling, self.shape, self.seed = reward, sampling, shape, seed
-        self.push, self.seeded_sampling, self.opening = push, seeded_sampling, opening
+        self.push, self.seeded_sampling, self.opening, self.anchor = push, seeded_sampling, opening, anchor
         self.last_batch: RolloutBatch | None = None
 
     def generate(self, step: int) -> RolloutBatch:
@@ -69,10 +74,18 @@ class RLStep:
         t0 = time.perf_counter()
         batch = self.last_batch = self.generate(step)
         t1 = time.perf_counter()
+        anchored = None if self.anchor is None else self.anchor.measure(
+            batch, task=self.task, tokenizer=self.tokenizer, reward=self.reward, seed=self.seed, step=step,
+            params=sampling_params(self.sampling, self.task, self.tokenizer, self.anchor.samples, seed=None))
+        t_anchor = time.perf_counter()
         correction = self.trainer.correct(batch)
         keep_N = None if correction is None else correction.keep_N
-        advantages_N = group_advantages(batch.rewards_N, self.shape.samples, use_std=self.shape.advantage_std,
-                                        keep_N=keep_N)
+        if anchored is None:
+            advantages_N = group_advantages(batch.rewards_N, self.shape.samples, use_std=self.shape.advantage_std,
+                                            keep_N=keep_N)
+        else:
+            advantages_N = anchored_advantages(batch.rewards_N, anchored.baseline_N, self.shape.samples,
+                                               use_std=self.shape.advantage_std, keep_N=keep_N)
         metrics = self.trainer.train(batch, advantages_N, seed=derive_seed(self.seed, "rl-minibatches", step),
                                      correction=correction)
         t2 = time.perf_counter()
@@ -83,11 +96,13 @@ class RLStep:
         metrics.update(tiered)
         metrics.update(depth_contrast(tiered, self.reward.tiers))
         metrics.update(opening_metrics(batch))
+        if anchored is not None:
+            metrics.update({**anchored.metrics, "time/anchor": t_anchor - t1})
         if correction is not None:
             metrics.update(correction.metrics)
         if hasattr(self.client, "pop_metrics"):  # e.g. rollout/stale_samples of remote servers (every rank calls it)
             metrics.update(self.client.pop_metrics())
-        metrics.update({"time/generate": t1 - t0, "time/train": t2 - t1, "time/sync": t3 - t2, "time/step": t3 - t0,
+        metrics.update({"time/generate": t1 - t0, "time/train": t2 - t_anchor, "time/sync": t3 - t2, "time/step": t3 - t0,
                         "throughput/tokens_per_s": sum(batch.lengths) / (t3 - t0)})
         return metrics
 
@@ -104,8 +119,9 @@ def opening_metrics(batch: RolloutBatch) -> dict[str, float]:
     rewards = batch.rewards_N.tolist()
     forced = [r for r, f in zip(rewards, batch.forced, strict=True) if f]
     own = [r for r, f in zip(rewards, batch.forced, strict=True) if not f]
+    # with forced_opening.tiers a batch may hold no prompt of those tiers: no forced mean then
     return {"opening/forced_frac": len(forced) / len(rewards),
-            "opening/forced_reward_mean": sum(forced) / len(forced),
+            "opening/forced_reward_mean": sum(forced) / len(forced) if forced else float("nan"),
             "opening/own_reward_mean": sum(own) / len(own) if own else float("nan")}
 
 

@@ -10,13 +10,20 @@ is left out, never reported as 0.
 
 RL steps report them under ``tier/`` and ``difficulty/``; the eval stage under ``eval/`` for both.
 
-``depth_contrast``: the tier with the largest budget against the one with the smallest, overall and per
-bucket, ``<tiered>/contrast/[<bucket>/]accuracy_gap`` (deep minus fast) and ``len_ratio`` (deep over
-fast): what tier RL must earn is a large gap and ratio on hard items and a ratio near 1 on easy ones.
+Responses are grouped by the tag their prompt carries. The untagged tier (``tag: null``) claims the
+responses asked as is, so they appear under ``<tiered>/<name>/`` (accuracy, length, per bucket; no
+within-budget share without a budget) and, as untiered responses always do, under ``<untiered>/<bucket>/``:
+``difficulty/`` stays the measure of prompts asked as is, comparable with the stages before tier RL.
+
+``depth_contrast``: the tagged tier with the largest budget (no budget counts as the largest) against the
+tagged one with the smallest, overall and per bucket, ``<tiered>/contrast/[<bucket>/]accuracy_gap`` (deep
+minus fast) and ``len_ratio`` (deep over fast): what tier RL must earn is a large gap and ratio on hard
+items and a ratio near 1 on easy ones. The untagged tier never enters it: no depth was asked for.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from ringzero.rl.rollout_batch import RolloutBatch
@@ -44,11 +51,12 @@ def tier_metrics(task: Task, batch: RolloutBatch, tiers: Sequence, tiered: str =
     for i in range(len(batch.problems)) if rows is None else rows:
         groups.setdefault(batch.problems[i].tier, []).append(i)
     out: dict[str, float] = {}
-    for tag, head, budget in [(t.tag, f"{tiered}/{t.name}", t.budget) for t in tiers] + [(None, untiered, None)]:
+    heads = [(t.tag, f"{tiered}/{t.name}", t.budget, True) for t in tiers] + [(None, untiered, None, False)]
+    for tag, head, budget, overall in heads:
         rows = groups.get(tag, [])
         if not rows:
             continue
-        if tag is not None:
+        if overall:
             out.update({f"{head}/{k}": v for k, v in _measures(rows, batch, budget).items()})
         for bucket in DIFFICULTY_BUCKETS:
             mine = [i for i in rows if buckets[i] == bucket]
@@ -57,12 +65,27 @@ def tier_metrics(task: Task, batch: RolloutBatch, tiers: Sequence, tiered: str =
     return out
 
 
+def _depth(tier) -> float:
+    return math.inf if tier.budget is None else tier.budget
+
+
+def contrast_tiers(tiers: Sequence):
+    """``(fast, deep)``: the tagged tiers with the smallest and the largest budget (None budget: the largest);
+    None without two tagged tiers of different budgets."""
+    tagged = [t for t in tiers if t.tag is not None]
+    if len(tagged) < 2:
+        return None
+    fast, deep = min(tagged, key=_depth), max(tagged, key=_depth)
+    return None if fast is deep else (fast, deep)
+
+
 def depth_contrast(values: dict[str, float], tiers: Sequence, tiered: str = "tier") -> dict[str, float]:
-    """The deepest tier against the fastest (by budget) from ``tier_metrics`` values; {} with fewer than two
-    tiers. A bucket either tier lacks is left out; a zero fast length gives no ratio."""
-    if len(tiers) < 2:
+    """The deepest tier against the fastest (``contrast_tiers``) from ``tier_metrics`` values; {} without
+    such a pair. A bucket either tier lacks is left out; a zero fast length gives no ratio."""
+    pair = contrast_tiers(tiers)
+    if pair is None:
         return {}
-    fast, deep = min(tiers, key=lambda t: t.budget), max(tiers, key=lambda t: t.budget)
+    fast, deep = pair
     out: dict[str, float] = {}
     for part in ["", *(f"{b}/" for b in DIFFICULTY_BUCKETS)]:
         acc = [values.get(f"{tiered}/{t.name}/{part}accuracy") for t in (fast, deep)]

@@ -8,6 +8,7 @@ from pydantic import Field, field_validator, model_serializer, model_validator
 
 from ringzero.config.base import Slug, StrictModel
 from ringzero.config.gates import ThresholdExpr
+from ringzero.model.config import PRESETS
 from ringzero.rl.corrections.config import Correction
 from ringzero.tasks.base import DIFFICULTY_BUCKETS
 from ringzero.tasks.base import TIER_CONTRAST as CONTRAST
@@ -83,9 +84,15 @@ class LossSettings(StrictModel):
 
 
 class Tier(StrictModel):
+    """One reasoning tier of tier RL. An untagged tier (``tag: null``) keeps the default mode, the prompt as
+    is, in the training mix (Thinkless trains both modes in every batch; AdaptThink and L1/LCPO keep the
+    full mode beside the budgeted ones), so tier RL does not leave untagged prompts untrained."""
+
     name: Slug
-    tag: str = Field(..., min_length=1, description="text put in the prompt to request this tier")
-    budget: int = Field(..., ge=1, description="token budget of the response")
+    tag: str | None = Field(..., min_length=1, description="text put in the prompt to request this tier; null = "
+                            "the prompt asked as is (the untagged default mode, at most one such tier a stage)")
+    budget: int | None = Field(..., ge=1, description="token budget of the response; null = no budget "
+                               "penalty, the task's plain verdict (e.g. a deep tier, or the untagged one)")
     weight: float = Field(1.0, gt=0, description="sampling weight among tiers")
 
     @field_validator("name")
@@ -110,17 +117,36 @@ class ForcedOpening(StrictModel):
     answer: Literal["policy", "guess"] = Field(
         "policy", description="policy: the policy writes the rest of a forced sample; guess: the rest is an "
         "answer drawn uniformly from the task's answers, then its stop (scored, not sampled)")
+    tiers: list[Slug] | None = Field(
+        None, min_length=1, description="names of the stage's tiers whose prompts get forced samples (the "
+        "untagged tier by its name too); prompts of other tiers get every sample from the policy. null = every "
+        "prompt")
 
     @model_serializer(mode="wrap")
     def _policy_unsaid(self, handler):
-        """``answer: policy`` stays out of the dump: openings configured before it keep their identity."""
+        """``answer: policy`` and ``tiers: null`` stay out of the dump: openings configured before them keep
+        their identity."""
         data = handler(self)
         if isinstance(data, dict) and data.get("answer") == "policy":
             del data["answer"]
+        if isinstance(data, dict) and data.get("tiers", ...) is None:
+            del data["tiers"]
         return data
 
     def samples(self, n: int) -> int:
         return round(self.fraction * n)
+
+
+class AnchorSettings(StrictModel):
+    """AdaptThink's accuracy constraint (Zhang et al., 2025): the policy may trade depth for length only while
+    its accuracy stays at least the reference model's. For prompts of ``tiers`` the advantage baseline is the
+    frozen reference's mean reward on that very prompt, ``A_i = R_i - R_ref(x)`` (no group-std division), in
+    place of the group mean (ringzero.rl.anchor)."""
+
+    tiers: list[Slug] = Field(..., min_length=1, description="names of the stage's tiers whose prompts are "
+                              "anchored (e.g. the untagged one and deep)")
+    samples: int = Field(4, ge=1, description="responses the frozen reference gives each anchored prompt per "
+                         "step; their mean reward is the prompt's baseline R_ref(x)")
 
 
 Remedy = Literal["skip_batch", "lower_lr", "raise_precision"]
@@ -180,13 +206,17 @@ class RLStage(StageBase):
         None, description="restore the last good step when a step's metrics cross a threshold or turn non-finite, "
         "then retry with a remedy (ringzero.stages.rollback); null = off"
     )
+    anchor: AnchorSettings | None = Field(
+        None, description="for prompts of these tiers, the advantage baseline is the frozen reference's accuracy "
+        "on the prompt, sampled every step (AdaptThink's R - R_ref; ringzero.rl.anchor); null = the group mean"
+    )
 
     @model_serializer(mode="wrap")
     def _rollback_off_unsaid(self, handler):
-        """Off, ``rollback`` and ``forced_opening`` stay out of the dump, so stages without them keep the
-        identity they had before them."""
+        """Off, ``rollback``, ``forced_opening`` and ``anchor`` stay out of the dump, so stages without them
+        keep the identity they had before them."""
         data = handler(self)
-        for key in ("rollback", "forced_opening", "tier_penalty"):
+        for key in ("rollback", "forced_opening", "tier_penalty", "anchor"):
             if isinstance(data, dict) and data.get(key, ...) is None:
                 del data[key]
         return data
@@ -222,7 +252,21 @@ class RLStage(StageBase):
         names = [t.name for t in v]
         if len(set(names)) != len(names):
             raise ValueError(f"tier names must be unique (got {names})")
+        untagged = [t.name for t in v if t.tag is None]
+        if len(untagged) > 1:  # a response is told to its tier by the tag its prompt carries
+            raise ValueError(f"tiers.tag: at most one tier may be untagged (tag null), got {untagged}")
         return v
+
+    @model_validator(mode="after")
+    def _named_tiers_exist(self) -> RLStage:
+        names = [t.name for t in self.tiers]
+        listed = [("forced_opening.tiers", None if self.forced_opening is None else self.forced_opening.tiers),
+                  ("anchor.tiers", None if self.anchor is None else self.anchor.tiers)]
+        for field, wanted in listed:
+            unknown = [n for n in wanted or () if n not in names]
+            if unknown:
+                raise ValueError(f"{field}: {unknown} name no tier of this stage (its tiers: {names or 'none'})")
+        return self
 
 
 class DistillStage(StageBase):
@@ -250,6 +294,22 @@ class EvalStage(StageBase):
     k: int = Field(4, ge=1, description="samples per prompt for pass@k and reproducibility")
     sampling: SamplingSettings = SamplingSettings(temperature=1.0)
     compare: list[str] = Field(default_factory=list, description="stage names whose checkpoints join the table")
+    gap_policies: list[str] = Field(
+        default_factory=lambda: ["bf16", "fp32-islands"],
+        description="rollout precision presets whose gap to the trainer is measured on each checkpoint's own "
+        "samples (ringzero.stages.eval_gap); [] = off")
+    gap_max_responses: int | None = Field(
+        256, ge=3, description="score at most this many sampled responses for the gap (every k-th one, "
+        "k = ceil(responses / this)); null = all")
+
+    @field_validator("gap_policies")
+    @classmethod
+    def _known_policies(cls, v: list[str]) -> list[str]:
+        if unknown := [p for p in v if p not in PRESETS]:
+            raise ValueError(f"gap_policies: unknown precision preset(s) {unknown}; choose from {sorted(PRESETS)}")
+        if len(set(v)) != len(v):
+            raise ValueError(f"gap_policies: each preset may be listed once (got {v}): its metrics are per preset")
+        return v
 
 
 StageConfig = Annotated[PretrainStage | RLStage | DistillStage | EvalStage, Field(discriminator="kind")]

@@ -98,7 +98,7 @@ def run(ctx: StageContext, stage: DistillStage, inputs: StageInputs) -> StageOut
                 ctx.metrics.log(step + 1, {"distill/loss": sum(losses) / len(losses), "train/lr": report.lr,
                                            "grad/norm": report.grad_norm, "distill/epoch": epoch})
                 losses = []
-            advance(f"loss {value:.3f}")
+            advance(value, tokens=ids_BS[:, 1:].numel())
             saved = (step + 1) % steps_per_epoch == 0 and step + 1 < total
             if saved:
                 save_resume_point(ctx.store, ctx.checkpoint_prefix, step + 1, model, optimizer)
@@ -111,7 +111,8 @@ def run(ctx: StageContext, stage: DistillStage, inputs: StageInputs) -> StageOut
     model.eval()
     uri = save_final(ctx.store, ctx.checkpoint_prefix, model, optimizer.master_state_dict(),
                      {"stage": stage.name, "steps": total, "examples": len(examples)}, tokenizer=tokenizer)
-    after = heldout(cfg, setup.served(), task, tokenizer, stage, rt, serves=uri)
+    with step_progress("distill", phase="heldout after"):
+        after = heldout(cfg, setup.served(), task, tokenizer, stage, rt, serves=uri)
     ctx.metrics.log(total, {k: after[v] for k, v in HELDOUT_KEYS.items() if v in after})
     summary = finite_only({**plan["stats"], **compression(plan["before"], after), **after,
                          **{k: after[v] for k, v in HELDOUT_KEYS.items() if v in after},
@@ -131,14 +132,16 @@ def distill_set(ctx: StageContext, stage: DistillStage, policy_uri: str, task, t
     cfg = ctx.cfg
     rt = ctx.runtime
     policy = start_model(cfg, ctx.store, policy_uri, cfg.precision.train).to(rt.device).eval()
-    before = heldout(cfg, policy, task, tokenizer, stage, rt, serves=policy_uri)
-    engine = rollout_client(cfg, policy, tokenizer, rt, max_batch=ENGINE_BATCH,
-                            seed=seeded(cfg.run.seed, "distill-engine"), serves=policy_uri)
-    problems = task.prompts("train", stage.prompts, seeded(cfg.run.seed, "distill-prompts"))
-    params = sampling_params(stage.sampling, task, tokenizer, stage.samples_per_prompt,
-                             seeded(cfg.run.seed, "distill-samples"))
-    batch = collect(engine, task, tokenizer, problems, samples=stage.samples_per_prompt, params=params,
-                    reward=TaskReward(task))
+    with step_progress("distill", phase="heldout before") as progress:
+        before = heldout(cfg, policy, task, tokenizer, stage, rt, serves=policy_uri)
+        progress.phase = "sample"
+        engine = rollout_client(cfg, policy, tokenizer, rt, max_batch=ENGINE_BATCH,
+                                seed=seeded(cfg.run.seed, "distill-engine"), serves=policy_uri)
+        problems = task.prompts("train", stage.prompts, seeded(cfg.run.seed, "distill-prompts"))
+        params = sampling_params(stage.sampling, task, tokenizer, stage.samples_per_prompt,
+                                 seeded(cfg.run.seed, "distill-samples"))
+        batch = collect(engine, task, tokenizer, problems, samples=stage.samples_per_prompt, params=params,
+                        reward=TaskReward(task))
     examples = select_traces(batch, task, stage.length_budget)
     kept_lengths = [len(e["output_ids"]) for e in examples]
     stats = finite_only({

@@ -10,7 +10,8 @@ Per checkpoint (the stage's input and each ``compare`` stage's output, in run or
 - the ratio tail on those sampled responses: the training path (``score_sequences`` under the train
   precision) against the log-probs the rollout engine reported, as in an RL step;
 - per tier of the run's tier-RL stages: the prompt asked with the tier's tag, accuracy, length and the
-  share of responses within the tier's budget;
+  share of responses within the tier's budget (a tier without one: no share). The untagged tier asks
+  the prompt as is, which the untiered measures above already sample: it is not sampled again;
 - with a mixed-length task (``task.min_digits``): accuracy and length per difficulty bucket, untiered
   and per tier (``rl.tier_metrics``); the report plots length and accuracy against difficulty.
 
@@ -34,12 +35,13 @@ from ringzero.parallel.runtime import single
 from ringzero.rl.rewards import TaskReward
 from ringzero.rl.rollout_batch import RolloutBatch, collect, sampling_params
 from ringzero.rl.seeds import derive_seed
-from ringzero.rl.tier_metrics import depth_contrast, tier_metrics
+from ringzero.rl.tier_metrics import contrast_tiers, depth_contrast, tier_metrics
 from ringzero.rollout.factory import rollout_client
 from ringzero.rollout.gap import gap_stats
 from ringzero.rollout.scoring import score_sequences
 from ringzero.stages.base import StageContext, StageInputs, StageOutcome
 from ringzero.stages.config import EvalStage, Tier
+from ringzero.stages.eval_gap import policy_gaps
 from ringzero.stages.eval_metrics import (
     comprehensibility,
     efficiency,
@@ -47,6 +49,7 @@ from ringzero.stages.eval_metrics import (
     mean_pass_at_k,
     reproducibility,
 )
+from ringzero.stages.progress import step_progress
 from ringzero.stages.setup import apply_threads, seeded, start_model, task_and_tokenizer
 from ringzero.stages.summary_values import finite_only
 from ringzero.tasks.base import DIFFICULTY_BUCKETS
@@ -71,19 +74,22 @@ def run(ctx: StageContext, stage: EvalStage, inputs: StageInputs) -> StageOutcom
     tiers = run_tiers(cfg)
     problems = task.prompts("eval", stage.prompts)
     rows = []
-    for step, (label, uri) in enumerate(checkpoints):
-        key = f"{ctx.checkpoint_prefix}/rows/{label}.json"
-        stored = None if ctx.fresh else ctx.store.get_json(key)
-        if stored is not None and stored["uri"] == uri:
-            values = stored["values"]
-            log.info("eval.row_reused", checkpoint=label)
-        else:
-            values = measure_checkpoint(cfg, ctx.store, uri, stage, task, tokenizer, problems, tiers, ctx.runtime)
-            ctx.store.put_json(key, {"uri": uri, "values": values})
-        ctx.metrics.log(step, values)
-        rows.append({"checkpoint": label, "uri": uri, "values": values})
-        log.info("eval.row", checkpoint=label, accuracy=values.get("eval/accuracy"),
-                 len_mean=values.get("eval/len_mean"))
+    with step_progress("eval", len(checkpoints), metric="accuracy") as advance:
+        for step, (label, uri) in enumerate(checkpoints):
+            advance.phase = label
+            key = f"{ctx.checkpoint_prefix}/rows/{label}.json"
+            stored = None if ctx.fresh else ctx.store.get_json(key)
+            if stored is not None and stored["uri"] == uri:
+                values = stored["values"]
+                log.info("eval.row_reused", checkpoint=label)
+            else:
+                values = measure_checkpoint(cfg, ctx.store, uri, stage, task, tokenizer, problems, tiers, ctx.runtime)
+                ctx.store.put_json(key, {"uri": uri, "values": values})
+            ctx.metrics.log(step, values)
+            rows.append({"checkpoint": label, "uri": uri, "values": values})
+            log.info("eval.row", checkpoint=label, accuracy=values.get("eval/accuracy"),
+                     len_mean=values.get("eval/len_mean"))
+            advance(values.get("eval/accuracy"))
     summary = dict(rows[-1]["values"])  # the input checkpoint is measured last
     summary.update({alias: summary[key] for alias, key in SUMMARY_ALIASES.items() if key in summary})
     for row in rows[:-1]:
@@ -107,11 +113,13 @@ def checkpoints_to_measure(inputs: StageInputs) -> list[tuple[str, str]]:
 
 
 def run_tiers(cfg) -> list[Tier]:
-    """The tiers of the run's tier-RL stages, first definition of each name wins."""
+    """The tagged tiers of the run's tier-RL stages, first definition of each name wins. The untagged tier
+    (``tag: null``) is the eval's untiered measurement (``eval/accuracy``, ``eval/<bucket>/...``)."""
     tiers: dict[str, Tier] = {}
     for stage in cfg.stages:
         for tier in getattr(stage, "tiers", []):
-            tiers.setdefault(tier.name, tier)
+            if tier.tag is not None:
+                tiers.setdefault(tier.name, tier)
     return list(tiers.values())
 
 
@@ -125,13 +133,14 @@ def comparison_columns(k: int, tiers: list[Tier], buckets: tuple[str, ...] = ())
         ("eval/efficiency", "correct / 1k tok"), ("eval/ratio/p99", "ratio p99"), ("eval/ratio/max", "ratio max"),
     ]
     for t in tiers:
-        columns += [(f"eval/{t.name}/accuracy", f"{t.name} acc"), (f"eval/{t.name}/len_mean", f"{t.name} len"),
-                    (f"eval/{t.name}/within_budget", f"{t.name} within {t.budget}")]
+        columns += [(f"eval/{t.name}/accuracy", f"{t.name} acc"), (f"eval/{t.name}/len_mean", f"{t.name} len")]
+        if t.budget is not None:
+            columns += [(f"eval/{t.name}/within_budget", f"{t.name} within {t.budget}")]
     for head, label in [("eval", ""), *((f"eval/{t.name}", f"{t.name} ") for t in tiers)]:
         for b in buckets:
             columns += [(f"{head}/{b}/accuracy", f"{label}{b} acc"), (f"{head}/{b}/len_mean", f"{label}{b} len")]
-    if len(tiers) >= 2:
-        fast, deep = min(tiers, key=lambda t: t.budget).name, max(tiers, key=lambda t: t.budget).name
+    if (pair := contrast_tiers(tiers)) is not None:
+        fast, deep = (t.name for t in pair)
         for part in ["", *(f"{b}/" for b in buckets)]:
             where = part.rstrip("/") or "all"
             columns += [(f"eval/contrast/{part}accuracy_gap", f"{deep}-{fast} acc ({where})"),
@@ -160,8 +169,9 @@ def measure_checkpoint(cfg, store, uri: str, stage: EvalStage, task, tokenizer, 
     values = {"eval/greedy_accuracy": _mean(greedy.correct), "eval/greedy_len_mean": _mean(greedy.lengths)}
     values.update(sampled_qualities(sampled, task, stage.k))
     values.update(ratio_tail(model, sampled, stage.sampling.temperature, cfg.precision.deterministic))
+    values.update(policy_gaps(model, sampled, stage))  # the same samples under bf16 / fp32-islands rollouts
     values.update(tier_metrics(task, sampled, [], untiered="eval"))  # per difficulty bucket, if the task has them
-    for tier in tiers:
+    for tier in [t for t in tiers if t.tag is not None]:  # the untagged tier is the untiered sample above
         batch = sample([task.with_tier(p, tier.tag) for p in problems], stage.k)
         values.update(tier_metrics(task, batch, [tier], tiered="eval"))
     values.update(depth_contrast(values, tiers, tiered="eval"))

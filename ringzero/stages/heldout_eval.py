@@ -6,7 +6,8 @@
 - forced trace (the prompt ends with ``<think>``, temperature 1): ``eval/forced_trace_accuracy``, how
   reliable the trace mode is whether or not the policy chooses it — the quantity that decides whether
   RL can find reward by reasoning;
-- per tier (tier RL): ``eval/<tier>/accuracy`` and ``eval/<tier>/len_mean`` with the tier's tag.
+- per tier (tier RL): ``eval/<tier>/accuracy`` and ``eval/<tier>/len_mean`` with the tier's tag; the
+  untagged tier asks the prompts as is, which the sampled measures above are.
 
 The held-out set is fixed (``task.prompts("eval", n)``), so every stage is measured on the same prompts.
 """
@@ -69,7 +70,7 @@ def evaluate_heldout(client, task: Task, tokenizer: Tokenizer, *, prompts: int, 
         # The response continues after the forced opener; the task scores the whole worked response.
         batch = run(forced, 1, 1.0, lambda p, text, n, cut: task.reward(p, THINK_OPEN + text))
         out["eval/forced_trace_accuracy"] = _mean(r >= 1.0 for r in batch.rewards_N.tolist())
-    for tier in tiers:
+    for tier in [t for t in tiers if t.tag is not None]:
         batch = run([task.with_tier(p, tier.tag) for p in problems], samples, 1.0)
         out[f"eval/{tier.name}/accuracy"] = _mean(batch.correct)
         out[f"eval/{tier.name}/len_mean"] = _mean(batch.lengths)

@@ -4,7 +4,10 @@ Each step samples, rewards, updates and pushes weights (``ringzero.rl.step``); i
 stage's JSONL and a live console table. A resume point is committed every ``checkpoint_every``
 steps. After ``min_steps`` the stop conditions are checked (``ringzero.stages.stop_conditions``);
 the reason the stage ended is its ``stop_reason``. The summary, which gates read, is the mean of the
-last ``SUMMARY_STEPS`` steps' key metrics plus the held-out evaluation of the final policy.
+last ``SUMMARY_STEPS`` steps' key metrics plus the held-out evaluation of the final policy, and
+``ratio/p99_median``, the median over all the stage's steps of the step's ``ratio/p99`` (how far the policy
+moves within a step, comparable across stages; the list of values travels in the resume points, whose
+history holds only the last steps).
 
 With ``rollback`` set, a step whose metrics trip it is undone: the last good state comes back from an
 in-memory snapshot, the remedy is applied and the step runs again (``ringzero.stages.rollback``); the
@@ -26,7 +29,7 @@ from ringzero.stages.progress import step_progress
 from ringzero.stages.rl_session import build_session
 from ringzero.stages.rollback import guard_for
 from ringzero.stages.stop_conditions import StopConditions
-from ringzero.stages.summary_values import finite_only, mean_of_last
+from ringzero.stages.summary_values import finite_only, mean_of_last, median_of
 from ringzero.stages.train_state import save_final, save_resume_point
 
 log = structlog.get_logger(__name__)
@@ -38,6 +41,7 @@ SUMMARY_KEYS = (
     "logratio/p99", "ratio/above_clip_frac", "gap/ratio/mean", "gap/ratio/p99", "gap/ratio/p99.9", "gap/ratio/max",
     "gap/logratio/p99", "gap/mismatch/kl_k3", "mismatch/kl_k3", "grad/coverage", "grad/ppo_coverage", "entropy/mean",
     "kl/mean", "loss/skipped", "time/generate", "time/train", "time/sync", "time/step",
+    "anchor/ref_accuracy", "anchor/accuracy", "anchor/gap", "time/anchor",
 )
 EVAL_SAMPLES = 4
 
@@ -48,31 +52,36 @@ def run(ctx: StageContext, stage: RLStage, inputs: StageInputs) -> StageOutcome:
     guard = guard_for(stage.rollback, rl)  # None: rollback off
     stop = StopConditions(stage, rl.resumed.get("stop"))
     history, wall_before = list(rl.resumed.get("history", [])), float(rl.resumed.get("wall_s", 0.0))
+    p99s = list(rl.resumed.get("ratio_p99", []))  # every step's ratio/p99 (a resume point of before: none)
     table, step, reason = LiveTable(f"rl {stage.name}"), rl.first_step, "steps"
-    with step_progress(f"rl {stage.name}", stage.steps, step) as advance, preemption.preemptible():
+    with step_progress(f"rl {stage.name}", stage.steps, step, metric="reward") as advance, \
+            preemption.preemptible():
         while step < stage.steps:
             if guard is not None:
                 if guard.due(step, stage.checkpoint_every):
-                    guard.snapshot(step, rl.optimizer, {"stop": stop.state(), "history": history})
+                    guard.snapshot(step, rl.optimizer, {"stop": stop.state(), "history": history,
+                                                        "ratio_p99": list(p99s)})
                 rl.stepper.seed = guard.step_seed(step)
             metrics = rl.stepper.run(step)
             if guard is not None and (triggered := guard.check(step, metrics, rl.runtime)):
                 snap = guard.roll_back(step, triggered, rl)
                 ctx.metrics.log(step + 1, guard.metrics())
                 step, stop, history = snap.step, StopConditions(stage, snap.loop["stop"]), list(snap.loop["history"])
+                p99s = list(snap.loop["ratio_p99"])  # the undone steps' tails leave the median
                 continue
             step += 1
             ctx.metrics.log(step, metrics)
             table.add(step - 1, metrics)
-            advance(f"reward {metrics['reward/mean']:.3f} len {metrics['len/mean']:.0f}")
+            advance(metrics["reward/mean"], tokens=sum(rl.stepper.last_batch.lengths))
             history = (history + [finite_only({k: metrics[k] for k in SUMMARY_KEYS if k in metrics})])[-SUMMARY_STEPS:]
+            p99s += list(finite_only({"ratio/p99": metrics.get("ratio/p99")}).values())
             wall_s = wall_before + time.time() - started
             why = stop.check(step, metrics, wall_s / 60)
             saved = why is None and step % stage.checkpoint_every == 0 and step < stage.steps
             preempted = why is None and preemption.due(rl.runtime)
             if saved or preempted:
                 save_resume_point(ctx.store, ctx.checkpoint_prefix, step, rl.model, rl.optimizer,
-                                  {"stop": stop.state(), "history": history, "wall_s": wall_s,
+                                  {"stop": stop.state(), "history": history, "wall_s": wall_s, "ratio_p99": p99s,
                                    **({} if guard is None else {"rollback": guard.state()})})
             if preempted:
                 log.info("rl.preempted", step=step)
@@ -83,13 +92,15 @@ def run(ctx: StageContext, stage: RLStage, inputs: StageInputs) -> StageOutcome:
     rolled = {} if guard is None else {"rollback/count": float(guard.count)}
     uri = save_final(ctx.store, ctx.checkpoint_prefix, rl.model, rl.optimizer.master_state_dict(),
                      {"stage": stage.name, "steps": step, "stop_reason": reason, **rolled}, tokenizer=rl.tokenizer)
-    summary = {**mean_of_last(history, SUMMARY_KEYS, SUMMARY_STEPS), **heldout(ctx.cfg, rl, stage), **rolled}
+    summary = {**mean_of_last(history, SUMMARY_KEYS, SUMMARY_STEPS), **median_of(p99s, "ratio/p99_median"),
+               **heldout(ctx.cfg, rl, stage), **rolled}
     extra = {} if guard is None else {"rollbacks": guard.events}
     return StageOutcome(uri, finite_only(summary), reason, step, wall_s=time.time() - started, extra=extra)
 
 
 def heldout(cfg, rl, stage: RLStage) -> dict[str, float]:
     """The final policy, as the rollout engine serves it, on the task's held-out prompts (per tier too)."""
-    return evaluate_heldout(rl.client, rl.task, rl.tokenizer, prompts=getattr(cfg.task, "eval_prompts", 128),
-                            samples=EVAL_SAMPLES, max_new_tokens=stage.sampling.max_new_tokens, tiers=stage.tiers,
-                            seeded=cfg.engines.rollout.kind == "embedded")
+    with step_progress(f"rl {stage.name}", phase="heldout"):
+        return evaluate_heldout(rl.client, rl.task, rl.tokenizer, prompts=getattr(cfg.task, "eval_prompts", 128),
+                                samples=EVAL_SAMPLES, max_new_tokens=stage.sampling.max_new_tokens,
+                                tiers=stage.tiers, seeded=cfg.engines.rollout.kind == "embedded")

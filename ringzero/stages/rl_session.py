@@ -3,7 +3,8 @@
 Start weights are the stage's init checkpoint, or the last committed resume point of this exact stage
 (weights, optimizer state, step, stop tracking and summary history); the rollout engine then receives
 those weights before the first step, so a resumed stage samples from where it stopped. The KL
-reference is a frozen copy of ``inputs.reference_uri`` (the init when unset), loaded only when used.
+reference is a frozen copy of ``inputs.reference_uri`` (the init when unset), loaded only when used; the
+accuracy anchor (``stage.anchor``) samples the same weights with an embedded engine of its own.
 """
 
 from __future__ import annotations
@@ -17,15 +18,18 @@ from ringzero.engines import training_engine
 from ringzero.engines.training import EngineOptimizer, TrainingSetup
 from ringzero.errors import RingzeroError
 from ringzero.model.config import PrecisionPolicy
+from ringzero.model.hybrid import HybridLM
 from ringzero.model.precision import body_dtype
 from ringzero.parallel.runtime import Runtime, single
+from ringzero.rl.anchor import Anchor
 from ringzero.rl.openings import Opening
 from ringzero.rl.rewards import TaskReward
+from ringzero.rl.seeds import derive_seed
 from ringzero.rl.step import RLStep, StepShape
 from ringzero.rl.sync import push_weights, weight_version
 from ringzero.rl.trainer import PolicyTrainer
 from ringzero.rollout.factory import rollout_client as build_rollout_client
-from ringzero.stages.setup import apply_threads, task_and_tokenizer
+from ringzero.stages.setup import apply_threads, start_model, task_and_tokenizer
 from ringzero.stages.train_state import load_resume_point
 from ringzero.tokenizer.base import Tokenizer
 
@@ -89,9 +93,9 @@ def build_session(ctx, stage, inputs) -> RLSession:
         point = load_resume_point(ctx.store, resume, optimizer)
         first, resumed = point.step, point.meta
         log.info("rl.resume", uri=resume, step=first)
-    reference = None
+    reference, reference_uri = None, inputs.reference_uri or inputs.init_uri
     if stage.loss.kl_coef > 0:
-        reference = engine.frozen(cfg, ctx.store, inputs.reference_uri or inputs.init_uri, cfg.precision.train, rt)
+        reference = engine.frozen(cfg, ctx.store, reference_uri, cfg.precision.train, rt)
     client = rollout_client(cfg, setup.served(), tokenizer, rt)
 
     remote = cfg.engines.rollout
@@ -114,7 +118,8 @@ def build_session(ctx, stage, inputs) -> RLSession:
                      reward=TaskReward(task, stage.tiers, stage.tier_reward, stage.tier_penalty), sampling=stage.sampling,
                      shape=StepShape(stage.prompts_per_step, stage.samples_per_prompt, stage.loss.advantage_std),
                      seed=cfg.run.seed, push=push, seeded_sampling=cfg.engines.rollout.kind == "embedded",
-                     opening=_opening(stage, task, tokenizer))
+                     opening=_opening(stage, task, tokenizer),
+                     anchor=_anchor(cfg, ctx.store, stage, reference_uri, reference, tokenizer, rt))
     session.stepper = stepper
     push(first - 1)  # the engine serves the start (or resumed) weights, as the trainer holds them
     return session
@@ -131,7 +136,23 @@ def _opening(stage, task, tokenizer: Tokenizer) -> Opening | None:
             raise RingzeroError(f"stages.{stage.name}.forced_opening.answer guess: the task has no finite answer "
                                 "space to draw a guess from")
         guesses = tuple(tuple(tokenizer.encode(a + task.stop[0])) for a in answers)
-    return Opening(tuple(tokenizer.encode(fo.text)), fo.samples(stage.samples_per_prompt), guesses)
+    tags = None if fo.tiers is None else frozenset(t.tag for t in stage.tiers if t.name in fo.tiers)
+    return Opening(tuple(tokenizer.encode(fo.text)), fo.samples(stage.samples_per_prompt), guesses, tags)
+
+
+def _anchor(cfg, store, stage, uri: str | None, reference, tokenizer: Tokenizer, runtime: Runtime) -> Anchor | None:
+    """An embedded engine over the frozen reference's weights, whatever engine serves the policy: the KL
+    reference's copy when it is a ``HybridLM`` (the engine copies it under the rollout policy), else the
+    checkpoint loaded once more (the megatron engine's reference is no ``HybridLM``; no KL term, none loaded)."""
+    if stage.anchor is None:
+        return None
+    if not isinstance(reference, HybridLM):
+        reference = start_model(cfg, store, uri, cfg.precision.rollout).to(runtime.device).eval()
+    client = build_rollout_client(cfg, reference, tokenizer, runtime, deterministic=cfg.precision.deterministic,
+                                  max_batch=ROLLOUT_MAX_BATCH, seed=derive_seed(cfg.run.seed, "anchor-engine"),
+                                  local=True)
+    tags = frozenset(t.tag for t in stage.tiers if t.name in stage.anchor.tiers)
+    return Anchor(client, tags, stage.anchor.samples)
 
 
 def _check_rollback(cfg, stage) -> None:

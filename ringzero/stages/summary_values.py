@@ -20,3 +20,12 @@ def mean_of_last(history: Sequence[Mapping[str, float]], keys: Sequence[str], la
         if values:
             out[key] = sum(values) / len(values)
     return out
+
+
+def median_of(values: Sequence[float], key: str) -> dict[str, float]:
+    """``{key: median of the finite values}``, {} when there are none (a summary leaves unmeasured keys out)."""
+    finite = sorted(float(v) for v in values if v is not None and math.isfinite(float(v)))
+    if not finite:
+        return {}
+    mid = len(finite) // 2
+    return {key: finite[mid] if len(finite) % 2 else (finite[mid - 1] + finite[mid]) / 2}

@@ -12,10 +12,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ringzero.errors import ConfigError
 from ringzero.config import parse_config
+from ringzero.errors import ConfigError
 from ringzero.tasks.arithmetic import SyntheticArithmetic
-from ringzero.tasks.base import StepCheck, split_trace
+from ringzero.tasks.base import StepCheck
 from ringzero.tasks.config import ArithmeticTask
 from ringzero.tasks.corpus import CorpusGenerator
 from ringzero.tasks.running_sum import WorkedPlan, digitsum
