@@ -18,7 +18,7 @@ log = structlog.get_logger(__name__)
 # The metric columns of the stage table, in order: the numbers a person compares across stages. The engine
 # gap (gap/*: the first minibatch, which the shipped gates read) next to the whole batch's tail (ratio/*: staleness too).
 TABLE_METRICS = ["reward/mean", "eval/accuracy", "eval/pass@k", "trace/rate", "len/mean", "gap/ratio/p99",
-                 "gap/ratio/max", "ratio/p99", "ratio/max"]
+                 "gap/ratio/max", "ratio/p99", "ratio/p99_median", "ratio/max"]
 STAGE_COLUMNS = ["stage", "kind", "status", "stop", "steps", "wall s"]
 METRIC_LABELS = {
     "reward/mean": "reward",
@@ -29,6 +29,7 @@ METRIC_LABELS = {
     "gap/ratio/p99": "gap p99",
     "gap/ratio/max": "gap max",
     "ratio/p99": "ratio p99",
+    "ratio/p99_median": "ratio p99 median",
     "ratio/max": "ratio max",
 }
 CONSOLE_WIDTH_PIPED = 200

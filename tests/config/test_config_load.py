@@ -84,7 +84,7 @@ def test_three_mistakes_are_all_reported_with_paths():
         (lambda d: d["stages"][1]["loss"].update(kind="dpo"), "stages[1].loss.kind: Input should be 'sg_clip_is' or"),
         (lambda d: d["stages"][2].update(init="nowhere"), "stages[2].init: 'nowhere' is neither a URI nor an earlier"),
         (lambda d: d["stages"][3].update(name="stage1"), "stages[3].name: 'stage1' is used by an earlier stage"),
-        (lambda d: d["stages"][4]["tiers"][1].update(name="fast"), "tier names must be unique"),
+        (lambda d: d["stages"][4]["tiers"][2].update(name="fast"), "tier names must be unique"),
         (lambda d: d["stages"][5].update(compare=["tier", "later"]), "stages[5].compare[1]: 'later' is neither"),
         (lambda d: d.pop("run"), "run: required field is missing"),
         (lambda d: d.update(extra_section={}), "extra_section: unknown key"),

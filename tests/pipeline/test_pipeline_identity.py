@@ -1,31 +1,57 @@
 """Stage identities stay put when the config schema grows: a knob added later enters the hash only when
-it is set, so the tiny config's committed base (pretrained once, reused by every later run) keeps its
-hash; setting the knob gives a new identity."""
+it is set, so a store's committed base (pretrained once, reused by every later run) keeps its hash;
+setting the knob gives a new identity."""
 
 from pathlib import Path
 
+import pytest
+import yaml
+
 from ringzero.config import load_config
+from ringzero.config.loader import parse_config
 from ringzero.pipeline.identity import ADDED_TASK_FIELDS, stage_hash
 from ringzero.stages.base import StageInputs
 
 TINY = Path(__file__).resolve().parents[2] / "configs" / "tiny-cpu.yaml"
-PRE_DIAL_HASH = "9a664153b334968c"  # the 8-digit base of every store made before the depth-dial knobs existed
-TINY_BASE_HASH = "fcfb778546943dcb"  # the tiny config's base since it mixes 2 to 8 digits
-PRE_DIAL = "task.min_digits=null"
+TINY_BASE_HASH = "4ec0b0d413cc249b"  # the tiny config's base since its corpus has checked traces
+KNOB_VALUES = {"min_digits": 4, "short_fraction": 0.2, "verbosity": "step", "check_weights": [0.5, 0.5],
+               "slip_rate": 0.1, "slip_from": 2}
 
 
-def base_hash(*overrides: str) -> str:
-    cfg = load_config(TINY, list(overrides))
+def base_hash(data: dict) -> str:
+    cfg = parse_config(data)
     return stage_hash(cfg, cfg.stage("base"), StageInputs())[:16]
 
 
+def without_added_knobs() -> dict:
+    """The tiny config as a config written before the added task knobs: none of them present."""
+    data = yaml.safe_load(TINY.read_text())
+    for key in ADDED_TASK_FIELDS:
+        data["task"].pop(key, None)
+    return data
+
+
 def test_the_tiny_base_keeps_its_identity():
-    assert base_hash() == TINY_BASE_HASH
-    assert base_hash(PRE_DIAL) == PRE_DIAL_HASH  # without the dial: the base earlier stores committed
+    cfg = load_config(TINY)
+    assert stage_hash(cfg, cfg.stage("base"), StageInputs())[:16] == TINY_BASE_HASH
 
 
-def test_each_added_knob_changes_the_identity_once_set():
-    assert set(ADDED_TASK_FIELDS) == {"min_digits", "short_fraction"}
-    assert base_hash(PRE_DIAL, "task.min_digits=4") != PRE_DIAL_HASH
-    assert base_hash(PRE_DIAL, "task.short_fraction=0.2") != PRE_DIAL_HASH
-    assert base_hash(PRE_DIAL, "task.short_fraction=0.0") == PRE_DIAL_HASH  # the default, written out
+def test_the_added_knobs_are_the_ones_pinned_here():
+    assert set(ADDED_TASK_FIELDS) == set(KNOB_VALUES)
+
+
+@pytest.mark.parametrize("knob", sorted(ADDED_TASK_FIELDS))
+def test_an_added_knob_enters_the_identity_only_once_set(knob):
+    before = base_hash(without_added_knobs())
+    written_out = without_added_knobs()
+    written_out["task"][knob] = ADDED_TASK_FIELDS[knob]  # the default that reproduces the earlier behaviour
+    assert base_hash(written_out) == before
+    changed = without_added_knobs()
+    changed["task"][knob] = KNOB_VALUES[knob]
+    if knob == "slip_from":  # only read with slips on: set both, against slips on from step 1
+        changed["task"]["slip_rate"] = 0.1
+        reference = without_added_knobs()
+        reference["task"]["slip_rate"] = 0.1
+        assert base_hash(changed) != base_hash(reference)
+    else:
+        assert base_hash(changed) != before
