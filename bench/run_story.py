@@ -97,7 +97,7 @@ def buckets_table(rows: dict) -> str:
             cwb = [r.get(f"{prefix}{b}/correct_within_budget") for b in BUCKETS]
             if all(v is None for v in acc):
                 continue
-            out.append([n, label, *(f"{cell(a)} / {cell(length_, 3)}" for a, length_ in zip(acc, length)),
+            out.append([n, label, *(f"{cell(a)} / {cell(length_, 3)}" for a, length_ in zip(acc, length, strict=True)),
                         " / ".join(cell(c) for c in cwb) if any(c is not None for c in cwb) else "-"])
     return table(["checkpoint", "prompts", *(f"{b}: pass@1 / length" for b in BUCKETS),
                   "correct within budget (easy / medium / hard)"], out)
