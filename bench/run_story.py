@@ -43,7 +43,9 @@ def eval_rows(manifest: dict) -> dict[str, dict[str, float]]:
     compare = stage["inputs"].get("compare") or {}
     input_name = next((n for n, uri in compare.items() if uri == stage["inputs"]["init_uri"]), "input")
     rows[input_name] = {k.removeprefix("eval/"): v for k, v in summary.items() if k.startswith("eval/")}
-    return rows
+    stage_order = [s["name"] for s in manifest["stages"]]  # the run's order (the manifest sorts its keys)
+    order = [*(n for n in stage_order if n in rows), *(n for n in rows if n not in stage_order)]
+    return {n: rows[n] for n in order if n in rows}
 
 
 def cell(v, digits: int = 3) -> str:
