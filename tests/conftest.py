@@ -5,10 +5,18 @@ import re
 
 import pytest
 from ci_require import CI_PROVIDED, MISSING, on_ci
+from hypothesis import settings
 
 # Two cores are shared by two pytest workers: one intra-op thread each avoids oversubscription.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("MKL_NUM_THREADS", "1")
+
+# Hypothesis: no per-example deadline anywhere (two shared cores make any wall-clock limit a flake, and no
+# test here asserts speed). On CI (ci_require.on_ci: CI=true, 1 or yes) Hypothesis's own ci profile:
+# derandomized, so a failure reproduces from the log, no example database, the too-slow check off.
+# HYPOTHESIS_PROFILE=dev|ci picks one by hand.
+settings.register_profile("dev", deadline=None)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if on_ci() else "dev"))
 
 _IMPORTORSKIP = re.compile(r"could not import '([\w.]+)'")
 

@@ -3,7 +3,7 @@
 Checkov pins versions of its dependencies that conflict with the project's (packaging, boto3), so it lives in
 a tool environment of its own: ``RINGZERO_CHECKOV``, else ``checkov`` on PATH, else ``.cache/checkov/``
 (``tests/servers/checkov-start.sh`` installs it there; ``make test`` runs it). Without it the scan
-is skipped, except under CI=true, where a missing scanner fails the suite.
+is skipped, except under CI (``ci_require.on_ci``: CI=true, 1 or yes), where a missing scanner fails the suite.
 
 A failed check fails the test unless it is in SKIPS, the one list of accepted findings; each entry is also
 listed, with the same justification, in helm/ringzero/README.md.
@@ -18,6 +18,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from ci_require import require_tool
 from cluster_helm_cli import REPO
 from cluster_kit import CHART, NAMESPACE, render_text
 
@@ -54,9 +55,7 @@ def checkov():
         message = os.environ.get("RINGZERO_CHECKOV_ERROR") or (
             "no Checkov policy scanner: set RINGZERO_CHECKOV, put checkov on PATH, or run "
             "tests/servers/checkov-start.sh (a virtualenv of its own under .cache/checkov)")
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(message)
-        pytest.skip(message)
+        require_tool("checkov", message)  # a skip here, a failure under CI (CI=true, 1 or yes)
     return found
 
 

@@ -103,8 +103,10 @@ def test_disk_without_a_claim_is_refused_even_without_the_schema(helm_bin):
 
 def test_mount_paths_the_launcher_accepts_pass_the_schema(helm_bin):
     for mount in ("/shared-weights", "/mnt/weights", "/models-shared", "/tmp2"):
-        RolloutSettings.model_validate({"shared_weights_mount": mount})
-        render(helm_bin, [], (f"cluster.rollout.sharedWeightsMount={mount}",))
+        assert RolloutSettings.model_validate({"shared_weights_mount": mount}).shared_weights_mount == mount
+        # the schema let it through and the chart carried it to the launcher's settings unchanged
+        assert rollout_yaml(render(helm_bin, [], (f"cluster.rollout.sharedWeightsMount={mount}",)))[
+            "shared_weights_mount"] == mount
 
 
 # --- the network policies against the pods the launcher renders ------------------------------------------

@@ -248,6 +248,7 @@ def test_the_trainer_scores_logp_old_once_and_a_dropped_response_never_reaches_t
     after = []
     for dropped_advantage in (5.0, -5.0):  # what a dropped response carries must change nothing
         model, trainer, batch = _trainer_and_batch([TISCorrection(cap=2.0), VetoCorrection(floor=1e-3)])
+        before = {k: v.clone() for k, v in model.state_dict().items()}
         corr = trainer.correct(batch)
         adv = group_advantages(batch.rewards_N, 2, keep_N=corr.keep_N)
         assert adv.tolist() == pytest.approx([0.5 ** 0.5, -(0.5 ** 0.5), 0.0, 0.0], abs=1e-5)  # group 1: one kept
@@ -255,6 +256,10 @@ def test_the_trainer_scores_logp_old_once_and_a_dropped_response_never_reaches_t
         metrics = trainer.train(batch, adv, seed=0, correction=corr)
         assert metrics["loss/skipped"] == 0 and math.isfinite(metrics["loss/total"])
         after.append({k: v.clone() for k, v in model.state_dict().items()})
+        # the kept responses did train: equal weights below then mean the dropped one had no say, not that
+        # nothing moved
+        moved = max(float((after[-1][k] - before[k]).abs().max()) for k in before)
+        assert moved > 1e-4, f"training changed no weight (largest change {moved:.3g})"
     assert all(torch.equal(after[0][k], after[1][k]) for k in after[0])
 
 
