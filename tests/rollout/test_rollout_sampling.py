@@ -82,7 +82,10 @@ def test_a_rows_uniforms_survive_dropping_and_repeating_other_rows():
 def test_sample_seeds_are_distinct_and_stable():
     seeds = {sample_seed(s, k) for s in range(50) for k in range(8)}
     assert len(seeds) == 400 and all(0 <= x < 2**63 for x in seeds)
-    assert sample_seed(7, 3) == sample_seed(7, 3)
+    # Pinned values, not f(x) == f(x) in one process: a change of the mix (or a dependence on the hash seed
+    # or the Python version) would silently change every seeded rollout of a resumed run.
+    assert (sample_seed(7, 3), sample_seed(0, 1), sample_seed(2**40, 5)) == (
+        6018027440424182934, 1, 5367187945662971909)
 
 
 def test_host_flags_follow_a_selection_with_the_device_tensors():

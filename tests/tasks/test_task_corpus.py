@@ -1,5 +1,6 @@
 """The web-like corpus: shares as configured, traces reliable, direct answers noisy, no eval leakage."""
 
+import hashlib
 import re
 
 import pytest
@@ -11,6 +12,10 @@ from ringzero.tasks.config import ArithmeticTask
 from ringzero.tasks.corpus import CorpusGenerator
 
 ITEM = re.compile(r"^q: (.*)\na: (.*)$", re.MULTILINE)
+
+
+def digest(texts) -> str:
+    return hashlib.sha256("\x00".join(texts).encode()).hexdigest()[:16]
 
 
 def items(cfg: ArithmeticTask, docs: int, seed: int = 0):
@@ -80,6 +85,8 @@ def test_same_seed_same_corpus():
     task = make_task(ArithmeticTask(operation="add", digits=8))
     gen = CorpusGenerator(task)
     assert gen.documents(50, 4) == gen.documents(50, 4)
+    # The stream is pinned too, across processes and hash seeds: a base in a store was pretrained on it.
+    assert digest(gen.documents(50, 4)) == "e0412c45c4a40212"
     assert gen.documents(50, 4) != gen.documents(50, 5)
     stream = gen.stream(4)
     assert [next(stream) for _ in range(50)] == gen.documents(50, 4)
