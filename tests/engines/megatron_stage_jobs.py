@@ -101,6 +101,7 @@ context parallelism on zigzag shards (the record adds ``cp_calls``: the strategi
         sctx = StageContext(cfg=cfg, store=store, stage_hash=f"engine-{kind}-{tp}-{'0' * 16}", stage_dir=stage_dir,
                             metrics=MemoryMetricWriter(), runtime=rt)
         session = build_session(sctx, rl_stage, StageInputs())
+        rl_init = {k: v.clone() for k, v in session.optimizer.master_state_dict().items()}  # RL's own start
         session.stepper.reward = VaryingReward(task)
         steps = []
         for step in range(rl_stage.steps):
@@ -125,8 +126,8 @@ context parallelism on zigzag shards (the record adds ``cp_calls``: the strategi
     ledger = getattr(session.model, "ledger", None)
     calls = sorted({(c.layer_type, c.strategy) for c in ledger.calls}) if ledger is not None else None
     return {"moment_elements": counts, "resumed": resumed, "expert_shards": shards, "cp_calls": calls,
-            "pretrain_losses": losses, "pretrained": pretrained, "rl_steps": steps, "rl_weights": rl_weights,
-            "optim_keys": sorted(tensors), "optim_meta": meta, "trained": type(session.model).__name__,
+            "pretrain_losses": losses, "pretrained": pretrained, "rl_steps": steps, "rl_init": rl_init,
+            "rl_weights": rl_weights, "optim_keys": sorted(tensors), "optim_meta": meta, "trained": type(session.model).__name__,
             "tp_shard": tuple(session.model.word_embeddings.weight.shape)}
 
 

@@ -6,16 +6,15 @@ model's names, the MoE routing biases included)."""
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 
 pytest.importorskip("megatron.core")
 
+from layout_compare import MIN_RL_MOVE, rl_moved  # noqa: E402
+from layout_compare import assert_same as shared_assert_same  # noqa: E402
 from megatron_stage_jobs import assert_state_sharded, run_engine  # noqa: E402
 
-from ringzero.model.tolerances import compare  # noqa: E402
 from ringzero.parallel.launch import RankPool  # noqa: E402
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow, pytest.mark.xdist_group("megatron-stage")]
@@ -39,28 +38,13 @@ def torch_moe_run(pools, tmp_path_factory):
 
 
 def assert_same(ref: dict, got: dict, label: str) -> None:
-    for step, (a, b) in enumerate(zip(ref["pretrain_losses"], got["pretrain_losses"], strict=True)):
-        assert math.isclose(a, b, rel_tol=1e-5, abs_tol=1e-6), f"{label}: pretrain loss at step {step}: {a} vs {b}"
-    assert ref["pretrained"].keys() == got["pretrained"].keys()
-    for name, value in ref["pretrained"].items():
-        check = compare(got["pretrained"][name], value, torch.float32)
-        assert check["ok"], f"{label}: pretrained {name}: {check}"
-    for step, (a, b) in enumerate(zip(ref["rl_steps"], got["rl_steps"], strict=True)):
-        assert a["output_ids"] == b["output_ids"], f"{label}: RL step {step} sampled different tokens"
-        for key in STEP_KEYS:
-            x, y = a["metrics"][key], b["metrics"][key]
-            assert math.isclose(x, y, rel_tol=1e-4, abs_tol=1e-5), f"{label}: RL step {step} {key}: {x} vs {y}"
-    for name, value in ref["rl_weights"].items():
-        check = compare(got["rl_weights"][name], value, torch.float32)
-        assert check["ok"], f"{label}: RL weights {name}: {check}"
+    shared_assert_same(ref, got, label, STEP_KEYS)
 
 
 @pytest.mark.parametrize("tp", [1, 2])
 def test_megatron_trains_like_the_torch_engine(torch_run, pools, tmp_path, tp):
     assert torch_run["rl_steps"][0]["metrics"]["loss/total"] != 0.0  # the comparison has something to compare
-    moved = max(float((torch_run["rl_weights"][k] - torch_run["pretrained"][k]).abs().max())
-                for k in torch_run["rl_weights"])
-    assert moved > 0
+    assert rl_moved(torch_run) > MIN_RL_MOVE  # RL really updated, measured from RL's own start
     got = pools[tp].run(run_engine, "megatron", tp, f"file://{tmp_path}/store")[0]
     assert (torch_run["trained"], got["trained"]) == ("HybridLM", "MegatronLM")
     assert got["tp_shard"] == (64 // tp, 32)  # each rank holds its share of the vocabulary rows

@@ -98,6 +98,7 @@ def _run_layout(ctx, dp, cp, store_root, normalization, kl_coef) -> dict:
         sctx = StageContext(cfg=cfg, store=store, stage_hash=f"layout-{dp}x{cp}-{'0' * 16}",
                             stage_dir=stage_dir, metrics=MemoryMetricWriter(), runtime=rt)
         session = build_session(sctx, rl_stage, StageInputs())
+        rl_init = {k: v.detach().clone() for k, v in session.model.state_dict().items()}  # RL's own start
         session.stepper.reward = VaryingReward(task)
         steps = []
         for step in range(rl_stage.steps):
@@ -107,4 +108,5 @@ def _run_layout(ctx, dp, cp, store_root, normalization, kl_coef) -> dict:
         rl_weights = {k: v.detach().clone() for k, v in session.model.state_dict().items()}
     if not rt.is_main:
         return None
-    return {"pretrain_losses": pretrain_losses, "pretrained": pretrained, "rl_steps": steps, "rl_weights": rl_weights}
+    return {"pretrain_losses": pretrain_losses, "pretrained": pretrained, "rl_steps": steps, "rl_init": rl_init,
+            "rl_weights": rl_weights}

@@ -7,13 +7,10 @@ weights, within the fp32 tolerance helper (the layouts differ only in summation 
 
 from __future__ import annotations
 
-import math
-
 import pytest
-import torch
+from layout_compare import MIN_RL_MOVE, assert_same, rl_moved
 from layout_jobs import run_layout
 
-from ringzero.model.tolerances import compare
 from ringzero.parallel.launch import RankPool
 
 pytestmark = pytest.mark.xdist_group("layouts")
@@ -36,29 +33,14 @@ def pools():
 
 
 def _assert_same(ref: dict, got: dict, label: str) -> None:
-    for step, (a, b) in enumerate(zip(ref["pretrain_losses"], got["pretrain_losses"], strict=True)):
-        assert math.isclose(a, b, rel_tol=1e-5, abs_tol=1e-6), f"{label}: pretrain loss at step {step}: {a} vs {b}"
-    for name, value in ref["pretrained"].items():
-        check = compare(got["pretrained"][name], value, torch.float32)
-        assert check["ok"], f"{label}: pretrained {name}: {check}"
-    for step, (a, b) in enumerate(zip(ref["rl_steps"], got["rl_steps"], strict=True)):
-        assert a["output_ids"] == b["output_ids"], f"{label}: RL step {step} sampled different tokens"
-        for key in STEP_KEYS:
-            if key in a["metrics"]:
-                x, y = a["metrics"][key], b["metrics"][key]
-                assert math.isclose(x, y, rel_tol=1e-4, abs_tol=1e-5), f"{label}: RL step {step} {key}: {x} vs {y}"
-    for name, value in ref["rl_weights"].items():
-        check = compare(got["rl_weights"][name], value, torch.float32)
-        assert check["ok"], f"{label}: RL weights {name}: {check}"
+    assert_same(ref, got, label, STEP_KEYS)
 
 
 @pytest.mark.parametrize("normalization,kl_coef", [("token_sum", 0.0), ("sample_mean", 0.05)])
 def test_every_layout_trains_like_one_process(normalization, kl_coef, tmp_path, pools):
     ref = _run(1, 1, tmp_path, pools, normalization=normalization, kl_coef=kl_coef)
     assert ref["rl_steps"][0]["metrics"]["loss/total"] != 0.0  # the comparison has something to compare
-    moved = max(float((ref["rl_weights"][k] - ref["pretrained"][k]).abs().max()) for k in ref["rl_weights"]
-                if k in ref["pretrained"])
-    assert moved > 0  # RL really updated (its weights start from a fresh init, so this is a lower bound)
+    assert rl_moved(ref) > MIN_RL_MOVE  # RL really updated, measured from RL's own start
     for dp, cp in LAYOUTS:
         got = _run(dp, cp, tmp_path, pools, normalization=normalization, kl_coef=kl_coef)
         _assert_same(ref, got, f"dp={dp} cp={cp} {normalization}")
