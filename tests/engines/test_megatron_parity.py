@@ -71,10 +71,10 @@ def test_tp1_bf16_body_within_bf16_tolerance(one_rank):
     from megatron_kit import random_hybrid, weighted_logprob_loss
 
     from ringzero.engines.megatron import cpu_shim
-    from ringzero.engines.megatron.convert import load_hybrid_state_
+    from ringzero.engines.megatron.convert import hybrid_grads, load_hybrid_state_
     from ringzero.engines.megatron.model import MegatronLM
     from ringzero.model.config import PrecisionPolicy
-    from ringzero.model.tolerances import compare
+    from ringzero.model.tolerances import compare, tolerance
 
     cpu_shim.apply()
     model_parallel_cuda_manual_seed(0)
@@ -86,9 +86,20 @@ def test_tp1_bf16_body_within_bf16_tolerance(one_rank):
     assert mlm.decoder.layers[0].self_attention.query_key_value.weight.dtype == torch.bfloat16
     gen = torch.Generator().manual_seed(1)
     ids, weights = torch.randint(0, cfg.vocab_size, (2, 9), generator=gen), torch.randn(2, 9, generator=gen)
-    lp_ref, _ = weighted_logprob_loss(ref, ids, weights)
+    lp_ref, loss_ref = weighted_logprob_loss(ref, ids, weights)
     lp_mlm, loss = weighted_logprob_loss(mlm, ids, weights)
+    loss_ref.backward()
     loss.backward()
     assert lp_mlm.dtype == torch.float32
     report = compare(lp_mlm, lp_ref, torch.bfloat16)
     assert report["ok"], report
+    # Every parameter's gradient, under megatron's names mapped back. A bf16 gradient sums many
+    # bf16-rounded products, so its error scales with the tensor's largest entries, not with each entry:
+    # the test is the bf16 rtol on the max-norm (max |a - b| over max |b|). A zero or missing gradient,
+    # or one of the wrong sign, is far outside it.
+    grads, expected = hybrid_grads(mlm), {n: p.grad for n, p in ref.named_parameters()}
+    assert not (missing := sorted(set(expected) - set(grads))), f"no megatron gradient for {missing}"
+    assert all(g is not None and g.abs().max() > 0 for g in expected.values())  # the reference did backward
+    rtol = tolerance(torch.bfloat16).rtol
+    rel = {n: compare(grads[n].to(g.dtype), g, torch.bfloat16)["max_rel"] for n, g in expected.items()}
+    assert max(rel.values()) <= rtol, {n: r for n, r in rel.items() if r > rtol}
