@@ -28,6 +28,19 @@ def assert_survived(t: faults.Trial) -> None:
     assert t.equal, f"the resumed run did not end where an uninterrupted run ends: {where}"
 
 
+def assert_killed(ref: faults.Reference, t: faults.Trial, fault: str | None) -> None:
+    """The kill happened: a named write point the reference run passed at least that often ends the run
+    by SIGKILL (an unreached point would let the trial exit 0 and prove nothing); a kill at a random
+    moment may lose the race to a short run, and then says so."""
+    if fault is None:
+        assert t.exit_code == -9 or t.note == "finished before the kill", t
+        return
+    point, n = fault.split(":")
+    passed = ref.counts.get({"outcome-after": "outcome"}.get(point, point), 0)
+    assert passed >= int(n), f"{ref.kind}: the reference passed {point} {passed} times, so {fault} never fires"
+    assert t.exit_code == -9, f"{ref.kind} {fault}: the run was not killed at its write point: {t}"
+
+
 @pytest.fixture(scope="module")
 def work(tmp_path_factory):
     return tmp_path_factory.mktemp("faults")
@@ -40,7 +53,7 @@ def test_pretrain_survives_kills_sigterm_a_full_disk_and_refuses_a_corrupt_shard
     assert ref.counts["shard"] >= 2 and ref.counts["commit"] >= 2  # the points below were passed
     for i, fault in enumerate([None, "shard:2", "commit:2", "outcome:1"]):
         t = faults.kill_trial(ref, work, i, rng, fault)
-        assert t.exit_code == -9 or (fault is None and t.note), t  # SIGKILL (or the run beat the timer)
+        assert_killed(ref, t, fault)
         assert_survived(t)
     term = faults.sigterm_trial(ref, work, 0, rng, delay_s=0.0)
     assert term.exit_code == 143 and term.extra["saved_on_signal"] and term.extra["within_grace"], term
@@ -58,7 +71,9 @@ def test_rl_survives_kills_sigterm_and_a_killed_rank(work):
     rng = random.Random(2)
     ref = faults.reference("rl", work)
     for i, fault in enumerate([None, "commit:3", "manifest:2"]):
-        assert_survived(faults.kill_trial(ref, work, i, rng, fault))
+        t = faults.kill_trial(ref, work, i, rng, fault)
+        assert_killed(ref, t, fault)
+        assert_survived(t)
     term = faults.sigterm_trial(ref, work, 0, rng, delay_s=0.0)
     assert term.exit_code == 143 and term.extra["saved_on_signal"] and term.extra["within_grace"], term
     assert_survived(term)
@@ -74,7 +89,9 @@ def test_distill_and_eval_survive_kills(work):
     for kind, trials in (("distill", [None, "shard:2", "outcome-after:1"]), ("eval", [None, "outcome:1"])):
         ref = faults.reference(kind, work)
         for i, fault in enumerate(trials):
-            assert_survived(faults.kill_trial(ref, work, i, rng, fault))
+            t = faults.kill_trial(ref, work, i, rng, fault)
+            assert_killed(ref, t, fault)
+            assert_survived(t)
 
 
 @pytest.mark.xdist_group("faults-pretrain")

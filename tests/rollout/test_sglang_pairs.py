@@ -60,9 +60,9 @@ UPDATE_WEIGHTS_FROM_DISTRIBUTED = {
 # io_struct.py, PauseGenerationReqInput and ContinueGenerationReqInput.
 PAUSE_GENERATION = {"rid": str | None, "mode": typing.Literal["abort", "retract", "in_place"]}
 CONTINUE_GENERATION = {"rid": str | None, "torch_empty_cache": bool}
-# BeginWeightUpdateReqInput / EndWeightUpdateReqInput are newer than the io_struct.py above; their
-# fields as SGLang's RL users send them: radixark/miles miles/backends/sglang_utils/sglang_api_client.py
-# (begin_weight_update: {"selector": "all"}, end_weight_update: {}).
+# io_struct.py, BeginWeightUpdateReqInput and EndWeightUpdateReqInput (as SGLang's RL users send them:
+# radixark/miles miles/backends/sglang_utils/sglang_api_client.py, {"selector": "all"} and {}).
+# tests/rollout/test_sglang_structs.py checks every struct above against SGLang's own source.
 BEGIN_WEIGHT_UPDATE = {"selector": str}
 END_WEIGHT_UPDATE: dict = {}
 
