@@ -18,4 +18,5 @@ for start in tests/servers/*-start.sh; do
 done
 
 "$BIN"/ruff check ringzero tests bench components pipelines
-"$BIN"/python -m pytest -n "${PYTEST_WORKERS:-2}" --dist loadgroup "$@"
+# the 25 slowest tests after every run, so the next slowdown is seen
+"$BIN"/python -m pytest -n "${PYTEST_WORKERS:-2}" --dist loadgroup --durations=25 "$@"

@@ -18,6 +18,8 @@ fail() {
   printf 'export RINGZERO_CHECKOV_ERROR=%q\n' "Checkov is not available: $*"
   exit 1
 }
+# shellcheck source=start_kit.sh
+. tests/servers/start_kit.sh
 
 if ! "$ENV_DIR/bin/checkov" --version 2>/dev/null | grep -qx "$VERSION"; then
   log "installing checkov $VERSION into $ENV_DIR"

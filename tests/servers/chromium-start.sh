@@ -14,6 +14,8 @@ fail() {
   printf 'export RINGZERO_CHROMIUM_ERROR=%q\n' "chromium is not available: $*"
   exit 1
 }
+# shellcheck source=start_kit.sh
+. "$(dirname "$0")/start_kit.sh"
 
 find_browser() {
   for name in chromium chromium-browser; do
@@ -23,11 +25,7 @@ find_browser() {
 }
 
 if ! BROWSER=$(find_browser); then
-  command -v apt-get >/dev/null || fail "chromium is missing and apt-get is not available"
-  log "installing chromium"
-  apt-get update -qq >&2 || fail "apt-get update failed"
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >&2 \
-    || fail "apt-get install chromium failed"
+  need_packages chromium
   BROWSER=$(find_browser) || fail "chromium installed but no chromium binary on PATH"
 fi
 

@@ -20,19 +20,8 @@ fail() {
   printf 'export RINGZERO_RGW_ERROR=%q\n' "Ceph RADOS Gateway did not start: $*"
   exit 1
 }
-
-install_if_missing() {
-  local missing=()
-  for pkg in radosgw ceph-mon ceph-osd; do
-    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
-  done
-  [ ${#missing[@]} -eq 0 ] && return 0
-  command -v apt-get >/dev/null || fail "packages ${missing[*]} are missing and apt-get is not available"
-  log "installing ${missing[*]}"
-  apt-get update -qq >&2 || fail "apt-get update failed"
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2 \
-    || fail "apt-get install ${missing[*]} failed"
-}
+# shellcheck source=start_kit.sh
+. "$(dirname "$0")/start_kit.sh"
 
 free_port() {
   python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
@@ -48,7 +37,8 @@ wait_for() {
   done
 }
 
-install_if_missing
+# curl probes the gateway, uuidgen (uuid-runtime) names the cluster
+need_packages radosgw ceph-mon ceph-osd curl uuid-runtime
 T0=$SECONDS
 
 STATE=$(mktemp -d "${TMPDIR:-/tmp}/ringzero-rgw.XXXXXX")
