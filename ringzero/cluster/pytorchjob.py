@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import copy
 
-from ringzero.cluster import pods
+import ringzero.cluster.pods as pods
 from ringzero.cluster.job import TORCHRUN, StageJob, torchrun_args
 from ringzero.cluster.labels import metadata
 from ringzero.config.cluster import ClusterSettings

@@ -26,7 +26,7 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass
 
-from ringzero.cluster import pods
+import ringzero.cluster.pods as pods
 from ringzero.cluster.job import StageJob
 from ringzero.cluster.labels import metadata
 from ringzero.config.cluster import ClusterSettings

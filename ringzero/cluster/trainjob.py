@@ -16,7 +16,7 @@ kubelet expands from those variables. The runtime must therefore be one of the t
 
 from __future__ import annotations
 
-from ringzero.cluster import pods
+import ringzero.cluster.pods as pods
 from ringzero.cluster.job import TORCHRUN, StageJob, torchrun_args
 from ringzero.cluster.labels import metadata
 from ringzero.config.cluster import ClusterSettings

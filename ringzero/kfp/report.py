@@ -14,7 +14,7 @@ from ringzero.pipeline.execute import ExecutedStage, metrics_key, outcome_key
 from ringzero.pipeline.gates import GateResult
 from ringzero.pipeline.local import PipelineResult
 from ringzero.pipeline.report import render_report
-from ringzero.pipeline.summary import target_label
+from ringzero.pipeline.table_columns import target_label
 from ringzero.pipeline.targets import TargetResult, run_targets
 from ringzero.stages.base import StageInputs, StageOutcome
 

@@ -19,7 +19,7 @@ from ringzero.config.loader import config_hash
 from ringzero.pipeline.local import PipelineResult
 from ringzero.pipeline.report_plots import PALETTE, Line, Segment, category_plot, line_plot, plottable, series
 from ringzero.pipeline.report_template import legend, page, table
-from ringzero.pipeline.summary import METRIC_LABELS, STAGE_COLUMNS, TABLE_METRICS, fmt, target_label
+from ringzero.pipeline.table_columns import METRIC_LABELS, STAGE_COLUMNS, TABLE_METRICS, fmt, target_label
 
 REPORT_NAME = "report.html"
 

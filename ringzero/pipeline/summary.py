@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import sys
 from pathlib import Path
 
@@ -12,36 +11,13 @@ from rich.markup import escape
 from rich.table import Table
 
 from ringzero.pipeline.local import PipelineResult
+from ringzero.pipeline.report import write_report
+from ringzero.pipeline.table_columns import METRIC_LABELS, STAGE_COLUMNS, TABLE_METRICS, fmt, target_label
 
 log = structlog.get_logger(__name__)
 
-# The metric columns of the stage table, in order: the numbers a person compares across stages. The engine
-# gap (gap/*: the first minibatch, which the shipped gates read) next to the whole batch's tail (ratio/*: staleness too).
-TABLE_METRICS = ["reward/mean", "eval/accuracy", "eval/pass@k", "trace/rate", "len/mean", "gap/ratio/p99",
-                 "gap/ratio/max", "ratio/p99", "ratio/p99_median", "ratio/max"]
-STAGE_COLUMNS = ["stage", "kind", "status", "stop", "steps", "wall s"]
-METRIC_LABELS = {
-    "reward/mean": "reward",
-    "eval/accuracy": "accuracy",
-    "eval/pass@k": "pass@k",
-    "trace/rate": "trace rate",
-    "len/mean": "length",
-    "gap/ratio/p99": "gap p99",
-    "gap/ratio/max": "gap max",
-    "ratio/p99": "ratio p99",
-    "ratio/p99_median": "ratio p99 median",
-    "ratio/max": "ratio max",
-}
 CONSOLE_WIDTH_PIPED = 200
 """Rich assumes 80 columns when stdout is not a terminal, which folds the stage table into ellipses."""
-
-
-def fmt(v) -> str:
-    if v is None or isinstance(v, bool) or not isinstance(v, int | float):
-        return "-"
-    if not math.isfinite(v) or abs(v) >= 1e300:  # the metric writer stores inf as 1e308
-        return "inf" if v > 0 else ("-inf" if v < 0 else "nan")
-    return f"{v:.4g}"
 
 
 def stage_table(result: PipelineResult) -> Table:
@@ -79,11 +55,6 @@ def comparison_tables(result: PipelineResult) -> list[Table]:
 TARGET_STYLES = {"met": "green", "missed": "bold red", "missing": "yellow"}
 
 
-def target_label(t) -> str:
-    """A target's name, with its expression when it was named."""
-    return t.expr if t.name == t.expr else f"{t.name}: {t.expr}"
-
-
 def targets_table(result: PipelineResult) -> Table | None:
     """Each target with both sides' values (scale and offset applied) and its verdict; None without targets."""
     if not result.targets:
@@ -114,8 +85,6 @@ def print_summary(result: PipelineResult) -> None:
 
 def write_outputs(cfg, result: PipelineResult, run_dir: Path) -> Path:
     """Write ``<run_dir>/report.html`` (the manifest is already written by the runner); returns its path."""
-    from ringzero.pipeline.report import write_report
-
     path = write_report(cfg, result, Path(run_dir))
     log.info("report.written", path=str(path))
     return path

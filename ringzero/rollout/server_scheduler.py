@@ -37,32 +37,15 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, InvalidStateError
-from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
 
+from ringzero.rollout.server_continuous import ContinuousLoop
+from ringzero.rollout.server_jobs import _STOP, _Call, _Generate
 from ringzero.rollout.types import Completion, GenerateRequest
 
 log = structlog.get_logger(__name__)
-
-
-@dataclass(eq=False)
-class _Generate:
-    requests: list[GenerateRequest]
-    future: Future = field(default_factory=Future)
-    aborted: set[int] = field(default_factory=set)  # indices into ``requests``
-    messages: dict[int, str] = field(default_factory=dict)  # the client's abort message, by index
-    started: bool = False  # taken into an engine batch (under the scheduler's lock)
-
-
-@dataclass
-class _Call:
-    fn: Callable[[Any], Any]
-    future: Future = field(default_factory=Future)
-
-
-_STOP = object()
 
 
 class EngineScheduler:
@@ -161,8 +144,6 @@ class EngineScheduler:
 
     def _run(self) -> None:
         if self.continuous:
-            from ringzero.rollout.server_continuous import ContinuousLoop
-
             ContinuousLoop(self).run()
             return
         while True:
