@@ -4,7 +4,7 @@ The model is configs/tiny-cpu.yaml's (random weights, fp32, its 512-token contex
 ``--batch`` prompts of ``--prompt-len`` tokens decodes ``--new-tokens`` tokens each (no stop ids, so every
 row runs to its cap), T = 1, seeded; throughput is generated tokens per wall-clock second, the median of
 ``--repeats`` runs, modes interleaved. Normal mode decodes all rows together from caches; deterministic mode
-runs, per row and token, one batch-invariant forward over the whole context (``ringzero.rollout.bitwise``).
+runs, per row and token, one batch-invariant forward over the whole context (``ringzero.rollout.engine.bitwise``).
 
 Also printed: the trainer side's scoring time of the same finished sequences, batched (``batch_invariant``
 off) vs batch-invariant (what a deterministic run's trainer calls), and the largest |logp_train -
@@ -25,8 +25,8 @@ import yaml
 
 from ringzero.model.config import ModelConfig, PrecisionPolicy
 from ringzero.model.hybrid import HybridLM
-from ringzero.rollout.engine import EmbeddedEngine
-from ringzero.rollout.scoring import score_sequences
+from ringzero.rollout.engine.embedded import EmbeddedEngine
+from ringzero.rollout.engine.scoring import score_sequences
 from ringzero.rollout.types import GenerateRequest, SamplingParams
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "tiny-cpu.yaml"

@@ -52,7 +52,7 @@ from rollout_throughput import TINY, fixed_prompts, tiny_model  # noqa: E402
 from ringzero.config.loader import load_config  # noqa: E402
 from ringzero.model.hybrid import HybridLM  # noqa: E402
 from ringzero.parallel.runtime import single  # noqa: E402
-from ringzero.rollout.engine import EmbeddedEngine  # noqa: E402
+from ringzero.rollout.engine.embedded import EmbeddedEngine  # noqa: E402
 from ringzero.stages.corpus_windows import CorpusWindows  # noqa: E402
 from ringzero.stages.lm_step import lm_step  # noqa: E402
 from ringzero.stages.optimizer import TrainOptimizer  # noqa: E402

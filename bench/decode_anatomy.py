@@ -33,9 +33,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from mdsection import write_section  # noqa: E402
 from rollout_throughput import fixed_prompts, tiny_model  # noqa: E402
 
-import ringzero.rollout.engine as engine_mod  # noqa: E402
-import ringzero.rollout.rows as rows_mod  # noqa: E402
-from ringzero.rollout.engine import EmbeddedEngine  # noqa: E402
+import ringzero.rollout.engine.embedded as engine_mod  # noqa: E402
+import ringzero.rollout.engine.rows as rows_mod  # noqa: E402
+from ringzero.rollout.engine.embedded import EmbeddedEngine  # noqa: E402
 
 
 class Timed:

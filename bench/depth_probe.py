@@ -34,7 +34,7 @@ from ringzero.config.loader import load_config
 from ringzero.model.checkpoint import load_model
 from ringzero.rl.rollout_batch import encode_prompt, stop_settings
 from ringzero.rl.seeds import derive_seed
-from ringzero.rollout.engine import EmbeddedEngine
+from ringzero.rollout.engine.embedded import EmbeddedEngine
 from ringzero.rollout.types import GenerateRequest, SamplingParams
 from ringzero.stages.setup import task_and_tokenizer
 from ringzero.store import open_store

@@ -26,7 +26,7 @@ from zero_rl_tiny import trace_roles  # noqa: E402
 
 from ringzero.config.loader import load_config  # noqa: E402
 from ringzero.parallel.runtime import single  # noqa: E402
-from ringzero.rollout.engine import EmbeddedEngine  # noqa: E402
+from ringzero.rollout.engine.embedded import EmbeddedEngine  # noqa: E402
 from ringzero.stages.corpus_windows import CorpusWindows  # noqa: E402
 from ringzero.stages.heldout_eval import evaluate_heldout  # noqa: E402
 from ringzero.stages.lm_step import lm_step  # noqa: E402

@@ -30,7 +30,7 @@ from ringzero.rl.rewards import TaskReward
 from ringzero.rl.step import RLStep, StepShape
 from ringzero.rl.sync import push_weights
 from ringzero.rl.trainer import PolicyTrainer
-from ringzero.rollout.engine import EmbeddedEngine
+from ringzero.rollout.engine.embedded import EmbeddedEngine
 from ringzero.stages.config import LossSettings, OptimSettings, SamplingSettings
 from ringzero.stages.optimizer import TrainOptimizer
 from ringzero.tasks.arithmetic import SyntheticArithmetic

@@ -24,7 +24,7 @@ from ringzero.model.hybrid import HybridLM
 from ringzero.model.routing import capture_routing
 from ringzero.rl.rollout_batch import RolloutBatch, pad_rows
 from ringzero.rl.trainer import PolicyTrainer
-from ringzero.rollout.engine import EmbeddedEngine
+from ringzero.rollout.engine.embedded import EmbeddedEngine
 from ringzero.rollout.types import GenerateRequest, SamplingParams
 from ringzero.stages.config import LossSettings
 

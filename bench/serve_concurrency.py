@@ -34,8 +34,8 @@ from ringzero.config.loader import load_config
 from ringzero.model.config import PrecisionPolicy
 from ringzero.model.decode_check import random_weights_
 from ringzero.model.hybrid import HybridLM
-from ringzero.rollout.engine import EmbeddedEngine
-from ringzero.rollout.server import RolloutServer, ServerThread
+from ringzero.rollout.engine.embedded import EmbeddedEngine
+from ringzero.rollout.server.app import RolloutServer, ServerThread
 from ringzero.tokenizer import CharTokenizer
 
 CONFIG = Path(__file__).resolve().parent.parent / "configs" / "tiny-cpu.yaml"

@@ -63,7 +63,7 @@ def bench_lightning(repeats: int) -> float:
 
 
 def bench_decode(repeats: int, new_tokens: int) -> float:
-    from ringzero.rollout.engine import EmbeddedEngine
+    from ringzero.rollout.engine.embedded import EmbeddedEngine
     from ringzero.rollout.types import GenerateRequest, SamplingParams
 
     m = model("fp32-islands", vocab_size=4096)
@@ -73,7 +73,7 @@ def bench_decode(repeats: int, new_tokens: int) -> float:
 
 
 def bench_stop(repeats: int, length: int) -> float:
-    from ringzero.rollout.rows import DecodingRows, RowSpec
+    from ringzero.rollout.engine.rows import DecodingRows, RowSpec
     from ringzero.rollout.types import SamplingParams
     from ringzero.tokenizer import CharTokenizer
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from kfp import dsl
 
 from components.gate import gate
-from components.stages import distill_stage, eval_stage, pretrain_stage, rl_stage
+from components.stages import eval_stage, lm_stage, rl_stage
 from components.status import record_status
 
 
@@ -24,13 +24,9 @@ def make_components(base_image: str) -> Components:
     def build(func):
         return dsl.component(func, base_image=base_image, install_kfp_package=False)
 
+    lm = build(lm_stage)
     return Components(
-        stages={
-            "pretrain": build(pretrain_stage),
-            "rl": build(rl_stage),
-            "distill": build(distill_stage),
-            "eval": build(eval_stage),
-        },
+        stages={"pretrain": lm, "rl": build(rl_stage), "distill": lm, "eval": build(eval_stage)},
         gate=build(gate),
         record_status=build(record_status),
     )

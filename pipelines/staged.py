@@ -52,6 +52,8 @@ def _add_stages(cfg: RunConfig, settings: KfpSettings, comps: Components, run_co
             args = {"run_config": run_config, "stage_name": stage.name, "mode": settings.mode, "run_id": run_id}
             init = _ref(stage, "init", stage.init, checkpoints) if stage.init else latest
             args.update(init_uri=init, base_uri=base)
+            if stage.kind in ("pretrain", "distill"):
+                args["stage_kind"] = stage.kind  # one component runs both (components.stages.lm_stage)
             if stage.kind == "rl":
                 args["reference_uri"] = _ref(stage, "reference", stage.reference, checkpoints) or init
             if stage.kind == "eval":

@@ -43,7 +43,7 @@ def register(sub) -> None:
                         "decodes until its longest row ends while newcomers wait")
     p.add_argument("--batch-window-ms", type=float, default=5.0,
                    help="how long the scheduler waits for more requests once one arrives")
-    from ringzero.rollout.server_schema import ServerLimits  # no torch behind it
+    from ringzero.rollout.server.schema import ServerLimits  # no torch behind it
 
     limits = ServerLimits()
     p.add_argument("--max-body-bytes", type=int, default=limits.max_body_bytes,
@@ -98,7 +98,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     if args.init == "random" and args.config is None:  # before torch loads: fail fast
         raise RingzeroError("serve --init random needs --config with a model section")
-    from ringzero.rollout.server_schema import ServerLimits
+    from ringzero.rollout.server.schema import ServerLimits
 
     limits = ServerLimits(max_body_bytes=args.max_body_bytes, max_request_sequences=args.max_request_sequences,
                           max_request_tokens=args.max_request_tokens, max_new_tokens=args.max_new_tokens)
@@ -106,8 +106,8 @@ def _serve(args: argparse.Namespace) -> int:
     import structlog
 
     from ringzero.model.config import PrecisionPolicy
-    from ringzero.rollout.engine import EmbeddedEngine
-    from ringzero.rollout.server import RolloutServer, serve
+    from ringzero.rollout.engine.embedded import EmbeddedEngine
+    from ringzero.rollout.server.app import RolloutServer, serve
 
     log = structlog.get_logger("ringzero.serve")
     conf = _from_config(args.config)

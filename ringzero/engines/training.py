@@ -53,7 +53,7 @@ class TrainingSetup:
     def served(self) -> HybridLM:
         """``serving`` holding the current weights (a collective when the engine shards them)."""
         if self.serving is not self.model:
-            from ringzero.rollout.weights import load_weights_
+            from ringzero.rollout.engine.weights import load_weights_
 
             load_weights_(self.serving, self.optimizer.master_state_dict(), source="the training engine")
         return self.serving

@@ -5,7 +5,7 @@
 - SGLang over a torch.distributed group (``weight_sync: distributed``): the replica set broadcasts the
   tensors under the checkpoint's names, cast to the rollout dtype.
 - SGLang through a shared volume (``weight_sync: disk``): rank 0 writes a Ling 2.5 folder under
-  ``weights_dir`` and every replica loads that path (``ringzero.rollout.folder_push``).
+  ``weights_dir`` and every replica loads that path (``ringzero.rollout.replicas.folder_push``).
 - ``ringzero serve`` (``weight_sync: store``): commit a weights checkpoint to the store and ask the server
   to ``update_weights_from_disk`` its URI.
 The step is the ``weight_version`` in every case.
@@ -33,7 +33,7 @@ def push_weights(client, state_dict: dict[str, torch.Tensor], version: str, *, s
     if model_cfg is None:
         raise ValueError("a rollout client without in-process weight updates needs model_cfg")
     if weights_dir is not None:
-        from ringzero.rollout.folder_push import push_folder
+        from ringzero.rollout.replicas.folder_push import push_folder
 
         return push_folder(client, state_dict, version, model_cfg=model_cfg, weights_dir=weights_dir,
                            runtime=runtime, tokenizer=tokenizer, dtype=dtype)

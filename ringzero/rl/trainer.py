@@ -54,7 +54,7 @@ from ringzero.rl.losses.normalization import Normalization
 from ringzero.rl.mismatch_metrics import mismatch_metrics
 from ringzero.rl.rollout_batch import RolloutBatch
 from ringzero.rl.tail_metrics import entropy_summary, kl_summary, ratio_tail
-from ringzero.rollout.scoring import score_tokens
+from ringzero.rollout.engine.scoring import score_tokens
 
 DEFAULT_MICRO_BATCH = 16
 

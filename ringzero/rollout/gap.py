@@ -19,10 +19,10 @@ from ringzero.errors import RingzeroError
 from ringzero.metrics import distribution
 from ringzero.model.config import PrecisionPolicy
 from ringzero.model.hybrid import HybridLM
-from ringzero.rollout.engine import EmbeddedEngine
-from ringzero.rollout.scoring import score_sequences
+from ringzero.rollout.engine.embedded import EmbeddedEngine
+from ringzero.rollout.engine.scoring import score_sequences
+from ringzero.rollout.engine.weights import copy_under_policy
 from ringzero.rollout.types import Completion, GenerateRequest, SamplingParams
-from ringzero.rollout.weights import copy_under_policy
 from ringzero.tokenizer.base import Tokenizer
 
 DEFAULT_LENGTH_EDGES = (256, 1024, 4096)

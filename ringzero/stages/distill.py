@@ -30,7 +30,7 @@ from ringzero.engines import training_engine
 from ringzero.errors import RingzeroError
 from ringzero.rl.rewards import TaskReward
 from ringzero.rl.rollout_batch import collect, sampling_params
-from ringzero.rollout.factory import rollout_client
+from ringzero.rollout.clients.factory import rollout_client
 from ringzero.stages import preemption
 from ringzero.stages.base import StageContext, StageInputs, StageOutcome
 from ringzero.stages.config import DistillStage

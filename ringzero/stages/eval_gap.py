@@ -33,8 +33,8 @@ import torch
 
 from ringzero.model.config import PrecisionPolicy
 from ringzero.rl.rollout_batch import RolloutBatch
-from ringzero.rollout.scoring import score_sequences
-from ringzero.rollout.weights import copy_under_policy
+from ringzero.rollout.engine.scoring import score_sequences
+from ringzero.rollout.engine.weights import copy_under_policy
 from ringzero.stages.config import EvalStage
 
 THIRDS = ("short", "mid", "long")

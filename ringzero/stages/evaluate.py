@@ -36,9 +36,9 @@ from ringzero.rl.rewards import TaskReward
 from ringzero.rl.rollout_batch import RolloutBatch, collect, sampling_params
 from ringzero.rl.seeds import derive_seed
 from ringzero.rl.tier_metrics import contrast_tiers, depth_contrast, tier_metrics
-from ringzero.rollout.factory import rollout_client
+from ringzero.rollout.clients.factory import rollout_client
+from ringzero.rollout.engine.scoring import score_sequences
 from ringzero.rollout.gap import gap_stats
-from ringzero.rollout.scoring import score_sequences
 from ringzero.stages.base import StageContext, StageInputs, StageOutcome
 from ringzero.stages.config import EvalStage, Tier
 from ringzero.stages.eval_gap import policy_gaps

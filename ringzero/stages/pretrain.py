@@ -17,7 +17,7 @@ import structlog
 import torch
 
 from ringzero.engines import training_engine
-from ringzero.rollout.factory import rollout_client
+from ringzero.rollout.clients.factory import rollout_client
 from ringzero.stages import preemption
 from ringzero.stages.base import StageContext, StageInputs, StageOutcome
 from ringzero.stages.config import PretrainStage

@@ -28,7 +28,7 @@ from ringzero.rl.seeds import derive_seed
 from ringzero.rl.step import RLStep, StepShape
 from ringzero.rl.sync import push_weights, weight_version
 from ringzero.rl.trainer import PolicyTrainer
-from ringzero.rollout.factory import rollout_client as build_rollout_client
+from ringzero.rollout.clients.factory import rollout_client as build_rollout_client
 from ringzero.stages.setup import apply_threads, start_model, task_and_tokenizer
 from ringzero.stages.train_state import load_resume_point
 from ringzero.tokenizer.base import Tokenizer

@@ -39,7 +39,8 @@ STAGE_OUTPUTS = {
                                       ("summary", "system.Markdown"))},
 }
 STAGE_INPUTS = {"init_uri", "base_uri", "mode", "run_config", "run_id", "stage_name"}
-KIND_INPUTS = {"rl": {"reference_uri"}, "eval": {"compare_uris"}}
+KIND_INPUTS = {"rl": {"reference_uri"}, "eval": {"compare_uris"}, "pretrain": {"stage_kind"}, "distill": {"stage_kind"}}
+COMPONENT = {"pretrain": "lm", "distill": "lm", "rl": "rl", "eval": "eval"}  # one next-token component for two kinds
 MAKES_CHECKPOINT = ("pretrain", "rl", "distill")
 
 
@@ -104,14 +105,16 @@ def check_pipeline(spec: dict, cfg, kfp) -> None:
     for stage in cfg.stages:
         dag, key, task = tasks[stage.name]
         component = spec["components"][task["componentRef"]["name"]]
-        assert task["componentRef"]["name"].startswith(f"comp-{stage.kind}-stage"), stage.name
+        assert task["componentRef"]["name"].startswith(f"comp-{COMPONENT[stage.kind]}-stage"), stage.name
+        if stage.kind in ("pretrain", "distill"):  # the shared component is told which kind it runs
+            assert task["inputs"]["parameters"]["stage_kind"]["runtimeValue"]["constant"] == stage.kind
         assert task["inputs"]["parameters"]["stage_name"]["runtimeValue"]["constant"] == stage.name
         assert task["inputs"]["parameters"]["mode"]["runtimeValue"]["constant"] == kfp.mode
         # The component's interface: what each stage takes and what it hands on.
         assert set(component["inputDefinitions"]["parameters"]) == STAGE_INPUTS | KIND_INPUTS.get(stage.kind, set())
         assert component["outputDefinitions"] == STAGE_OUTPUTS, stage.name
         container = executors[component["executorLabel"]]["container"]
-        assert container["args"][container["args"].index("--function_to_execute") + 1] == f"{stage.kind}_stage"
+        assert container["args"][container["args"].index("--function_to_execute") + 1] == f"{COMPONENT[stage.kind]}_stage"
         assert container["image"] == kfp.base_image
         pod = kfp.stage_pod
         if kfp.mode == "in-process" and (pod.cpu or pod.memory or pod.gpus):

@@ -64,7 +64,7 @@ def test_a_failing_gate_stops_the_run_with_nothing_downstream(tmp_path):
     gate = manifest["stages"][1]["gate"]
     assert gate["passed"] is False
     assert gate["reasons"] == ["FAIL: reward/mean = 0.5 violates reward/mean >= 0.9"]
-    assert outputs_of(tmp_path, "distill-stage") == [] and outputs_of(tmp_path, "eval-stage") == []
+    assert outputs_of(tmp_path, "lm-stage-2") == [] and outputs_of(tmp_path, "eval-stage") == []
     assert "FAIL" in "".join(p.read_text() for p in outputs_of(tmp_path, "gate"))
     (final,) = [p.read_text() for p in outputs_of(tmp_path, "record-status") if p.name == "report"]
     assert "The gate after stage <code>stage1</code> failed" in final and final.count("not run") == 2

@@ -13,7 +13,7 @@ from torch.profiler._memory_profiler import MemoryProfileTimeline
 from ringzero.errors import RingzeroError
 from ringzero.model.hybrid import HybridLM
 from ringzero.model.logprobs import chunked_token_logprobs, entropy, token_logprobs
-from ringzero.rollout import scoring
+from ringzero.rollout.engine import scoring
 
 F64, F32 = torch.float64, torch.float32
 

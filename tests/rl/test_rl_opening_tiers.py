@@ -14,7 +14,7 @@ from ringzero.rl.openings import Opening
 from ringzero.rl.rewards import TaskReward
 from ringzero.rl.rollout_batch import collect
 from ringzero.rl.step import opening_metrics, own_rows
-from ringzero.rollout.engine import EmbeddedEngine
+from ringzero.rollout.engine.embedded import EmbeddedEngine
 from ringzero.rollout.types import SamplingParams
 from ringzero.stages.config import RLStage, Tier
 from ringzero.stages.rl_session import _opening

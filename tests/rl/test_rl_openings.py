@@ -16,8 +16,8 @@ from ringzero.rl.openings import Opening
 from ringzero.rl.rewards import TaskReward
 from ringzero.rl.rollout_batch import collect
 from ringzero.rl.step import opening_metrics, own_rows
-from ringzero.rollout.engine import EmbeddedEngine
-from ringzero.rollout.scoring import score_tokens
+from ringzero.rollout.engine.embedded import EmbeddedEngine
+from ringzero.rollout.engine.scoring import score_tokens
 from ringzero.rollout.types import SamplingParams
 from ringzero.stages.config import RLStage, Tier
 from ringzero.tasks.arithmetic import SyntheticArithmetic

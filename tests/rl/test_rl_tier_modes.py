@@ -133,7 +133,7 @@ def test_the_eval_measures_tagged_tiers_only_and_keeps_its_keys():
 def test_the_heldout_eval_samples_the_untagged_tier_once_as_the_untiered_prompts():
     from ringzero.model.config import ModelConfig, PrecisionPolicy
     from ringzero.model.hybrid import HybridLM
-    from ringzero.rollout.engine import EmbeddedEngine
+    from ringzero.rollout.engine.embedded import EmbeddedEngine
     from ringzero.stages.heldout_eval import evaluate_heldout
     from ringzero.tokenizer.char import CharTokenizer
 

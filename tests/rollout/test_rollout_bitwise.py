@@ -12,18 +12,18 @@ import pytest
 import torch
 from rollout_kit import policy, prompts, tiny_model
 
-import ringzero.rollout.engine as engine_module
-from ringzero.rollout.engine import EmbeddedEngine
-from ringzero.rollout.sampling import (
+import ringzero.rollout.engine.embedded as engine_module
+from ringzero.rollout.engine.embedded import EmbeddedEngine
+from ringzero.rollout.engine.sampling import (
     RowSettings,
     UniformStream,
     sample_from_logprobs,
     sample_seed,
     scaled_logprobs,
 )
-from ringzero.rollout.scoring import score_sequences, score_tokens
+from ringzero.rollout.engine.scoring import score_sequences, score_tokens
+from ringzero.rollout.engine.weights import copy_under_policy
 from ringzero.rollout.types import GenerateRequest, LogprobRequest, SamplingParams
-from ringzero.rollout.weights import copy_under_policy
 
 VOCAB = 64
 

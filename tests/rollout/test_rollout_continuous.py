@@ -7,8 +7,8 @@ import torch
 from rollout_kit import assert_close, prompts, tiny_model
 
 from ringzero.errors import RingzeroError
-from ringzero.rollout.engine import EmbeddedEngine
-from ringzero.rollout.sampling import UNIFORM_BLOCK, UniformStream
+from ringzero.rollout.engine.embedded import EmbeddedEngine
+from ringzero.rollout.engine.sampling import UNIFORM_BLOCK, UniformStream
 from ringzero.rollout.types import GenerateRequest, LogprobRequest, SamplingParams
 
 STOP_ID = 29  # some rows hit it early, so rows leave at different steps

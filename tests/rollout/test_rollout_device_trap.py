@@ -8,9 +8,9 @@ import torch
 from device_trap import device_trap
 from rollout_kit import assert_close, prompts, requests, tiny_model
 
-import ringzero.rollout.engine as engine_module
+import ringzero.rollout.engine.embedded as engine_module
 from ringzero.errors import RingzeroError
-from ringzero.rollout.engine import EmbeddedEngine
+from ringzero.rollout.engine.embedded import EmbeddedEngine
 from ringzero.rollout.types import GenerateRequest, SamplingParams
 from ringzero.tokenizer import CharTokenizer
 

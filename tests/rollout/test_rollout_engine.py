@@ -8,7 +8,7 @@ from rollout_kit import assert_close, policy, prompts, requests, tiny_model
 
 from ringzero.errors import RingzeroError
 from ringzero.model.logprobs import token_logprobs
-from ringzero.rollout.engine import EmbeddedEngine, InProcessClient
+from ringzero.rollout.engine.embedded import EmbeddedEngine, InProcessClient
 from ringzero.rollout.types import GenerateRequest, RolloutClient, SamplingParams
 from ringzero.tokenizer import CharTokenizer
 

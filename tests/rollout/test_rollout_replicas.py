@@ -172,7 +172,7 @@ def fakes(request):
 
 
 def replica_set(fakes_, **kwargs):
-    from ringzero.rollout.replicas import ReplicaSet
+    from ringzero.rollout.replicas.replica_set import ReplicaSet
 
     return ReplicaSet([f.url for f in fakes_], retries=0, **kwargs)
 
@@ -292,7 +292,7 @@ def test_a_sample_spanning_two_versions_is_stale(fakes):
 def test_endpoints_come_from_the_environment_the_list_dns_or_the_endpoint():
     from ringzero.config.run import RolloutEngine
     from ringzero.errors import RingzeroError
-    from ringzero.rollout.replicas import resolve_endpoints
+    from ringzero.rollout.replicas.replica_set import resolve_endpoints
 
     engine = RolloutEngine(kind="sglang", endpoint="http://svc:30000", replica_dns="r-pods.ml.svc:30000", replicas=2)
     env = {"RINGZERO_ROLLOUT_ENDPOINTS": "http://a:1, http://b:2"}
@@ -331,8 +331,8 @@ def load_tiny(*overrides: str):
 
 
 def test_the_factory_builds_todays_embedded_engine(monkeypatch):
-    import ringzero.rollout.engine as engine_module
-    from ringzero.rollout.factory import rollout_client
+    import ringzero.rollout.engine.embedded as engine_module
+    from ringzero.rollout.clients.factory import rollout_client
 
     made = []
 
@@ -351,8 +351,8 @@ def test_the_factory_builds_todays_embedded_engine(monkeypatch):
 
 def test_the_factory_builds_one_replica_set_per_server_set_and_serves_the_stage_checkpoint(fakes):
     from ringzero.errors import RingzeroError
-    from ringzero.rollout.factory import close_remote_clients, rollout_client
-    from ringzero.rollout.replicas import ReplicaSet
+    from ringzero.rollout.clients.factory import close_remote_clients, rollout_client
+    from ringzero.rollout.replicas.replica_set import ReplicaSet
 
     replicas = fakes(2)
     urls = ",".join(f.url for f in replicas)
@@ -393,7 +393,7 @@ class FakeRuntime:
 
 
 def test_spread_pushes_once_from_rank_zero_and_the_others_expect_the_version(fakes):
-    from ringzero.rollout.spread import spread
+    from ringzero.rollout.clients.spread import spread
 
     replicas = fakes(2)
     main, other = spread(replica_set(replicas), FakeRuntime(0)), spread(replica_set(replicas), FakeRuntime(1))
@@ -423,8 +423,8 @@ class ReplicaProcess:
 
 
 def test_distributed_pushes_reach_every_replica_through_the_weight_group():
-    from ringzero.rollout.replicas import DistributedReplicaSet
-    from ringzero.rollout.spread import spread
+    from ringzero.rollout.clients.spread import spread
+    from ringzero.rollout.replicas.replica_set import DistributedReplicaSet
 
     procs = [ReplicaProcess(sessions=True), ReplicaProcess(sessions=False)]
     try:
@@ -466,7 +466,7 @@ class StuckGroup:
 
 def test_a_replica_refusing_a_distributed_push_fails_it_at_once_and_retires_the_group(fakes):
     from ringzero.errors import RingzeroError
-    from ringzero.rollout.replicas import DistributedReplicaSet
+    from ringzero.rollout.replicas.replica_set import DistributedReplicaSet
 
     good, bad = fakes(1)[0], fakes(1, refuse="/update_weights_from_distributed")[0]
     client = DistributedReplicaSet([good.url, bad.url], retries=0, backend="gloo", sync_timeout_s=5)
@@ -480,8 +480,8 @@ def test_a_replica_refusing_a_distributed_push_fails_it_at_once_and_retires_the_
 
 
 def test_distributed_bodies_name_the_group_and_each_replicas_ranks():
-    from ringzero.rollout.http_client import init_group_body
-    from ringzero.rollout.weight_group import rank_offsets
+    from ringzero.rollout.clients.http_client import init_group_body
+    from ringzero.rollout.replicas.weight_group import rank_offsets
 
     offsets = rank_offsets(3, 4)
     assert offsets == [1, 5, 9]

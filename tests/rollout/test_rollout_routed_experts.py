@@ -21,7 +21,7 @@ from ringzero.model.config import ModelConfig
 from ringzero.model.decode_check import random_weights_
 from ringzero.model.hybrid import HybridLM
 from ringzero.model.routing import capture_routing
-from ringzero.rollout.engine import EmbeddedEngine
+from ringzero.rollout.engine.embedded import EmbeddedEngine
 from ringzero.rollout.types import GenerateRequest, LogprobRequest, SamplingParams
 
 MOE = dict(vocab_size=64, hidden_size=32, num_hidden_layers=4, num_attention_heads=2, layer_group_size=2, head_dim=8,

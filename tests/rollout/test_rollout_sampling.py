@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ringzero.rollout.sampling import (
+from ringzero.rollout.engine.sampling import (
     UNIFORM_BLOCK,
     RowSettings,
     UniformStream,

@@ -8,10 +8,10 @@ from rollout_kit import assert_close, policy, prompts, requests, tiny_model
 
 from ringzero.errors import RingzeroError
 from ringzero.model.logprobs import token_logprobs
-from ringzero.rollout.engine import EmbeddedEngine
-from ringzero.rollout.scoring import score_sequences
+from ringzero.rollout.engine.embedded import EmbeddedEngine
+from ringzero.rollout.engine.scoring import score_sequences
+from ringzero.rollout.engine.weights import copy_under_policy
 from ringzero.rollout.types import GenerateRequest, SamplingParams
-from ringzero.rollout.weights import copy_under_policy
 
 
 def _sequences(seed=0):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rollout_kit import prompts, requests, tiny_model
 
-from ringzero.rollout.engine import EmbeddedEngine
+from ringzero.rollout.engine.embedded import EmbeddedEngine
 from ringzero.tokenizer import CharTokenizer
 
 TOK = CharTokenizer()

@@ -8,7 +8,7 @@ from rollout_kit import policy, prompts, requests, tiny_model
 
 from ringzero.errors import RingzeroError
 from ringzero.model.checkpoint import save_model
-from ringzero.rollout.engine import EmbeddedEngine
+from ringzero.rollout.engine.embedded import EmbeddedEngine
 from ringzero.store import open_store
 
 BATCH = requests(prompts([5, 8]), max_new_tokens=12, temperature=0)

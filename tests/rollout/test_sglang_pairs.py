@@ -17,8 +17,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from ringzero.errors import RingzeroError
-from ringzero.rollout.http_client import HttpRolloutClient, distributed_update_body, init_group_body
-from ringzero.rollout.replicas import ReplicaSet
+from ringzero.rollout.clients.http_client import HttpRolloutClient, distributed_update_body, init_group_body
+from ringzero.rollout.replicas.replica_set import ReplicaSet
 from ringzero.rollout.types import GenerateRequest, SamplingParams
 
 # --- SGLang's request structs: field -> type --------------------------------------------------------

@@ -8,8 +8,8 @@ import pytest
 import torch
 from server_kit import POLICY, FakeEngine, tiny_model
 
-from ringzero.rollout.engine import EmbeddedEngine
-from ringzero.rollout.server import RolloutServer, ServerThread
+from ringzero.rollout.engine.embedded import EmbeddedEngine
+from ringzero.rollout.server.app import RolloutServer, ServerThread
 from ringzero.tokenizer import CharTokenizer
 
 torch.set_num_threads(1)

@@ -13,7 +13,7 @@ import pytest
 import requests
 from server_kit import REFUSED_CHAR, FakeEngine, wait_until
 
-from ringzero.rollout.server_scheduler import EngineScheduler
+from ringzero.rollout.server.scheduler import EngineScheduler
 from ringzero.rollout.types import GenerateRequest, SamplingParams
 from ringzero.tokenizer import CharTokenizer
 

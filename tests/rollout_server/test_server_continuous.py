@@ -16,9 +16,9 @@ from server_kit import POLICY, tiny_model, wait_until
 
 from ringzero.model.checkpoint import save_model
 from ringzero.model.tolerances import tolerance
-from ringzero.rollout.continuous import ContinuousBatch
-from ringzero.rollout.engine import EmbeddedEngine
-from ringzero.rollout.server import RolloutServer, ServerThread
+from ringzero.rollout.engine.continuous import ContinuousBatch
+from ringzero.rollout.engine.embedded import EmbeddedEngine
+from ringzero.rollout.server.app import RolloutServer, ServerThread
 from ringzero.rollout.types import GenerateRequest, SamplingParams
 from ringzero.store import open_store
 from ringzero.tokenizer import CharTokenizer

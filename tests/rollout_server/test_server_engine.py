@@ -9,8 +9,8 @@ from server_kit import POLICY, same_samples, tiny_model
 
 from ringzero.model.checkpoint import save_model
 from ringzero.model.tolerances import compare
-from ringzero.rollout.engine import EmbeddedEngine
-from ringzero.rollout.http_client import HttpRolloutClient
+from ringzero.rollout.clients.http_client import HttpRolloutClient
+from ringzero.rollout.engine.embedded import EmbeddedEngine
 from ringzero.rollout.types import GenerateRequest, SamplingParams
 from ringzero.store import open_store
 from ringzero.tokenizer import CharTokenizer

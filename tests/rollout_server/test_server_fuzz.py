@@ -12,9 +12,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from server_kit import POLICY, tiny_model
 
-from ringzero.rollout.engine import EmbeddedEngine
-from ringzero.rollout.server import RolloutServer, ServerThread
-from ringzero.rollout.server_schema import ServerLimits
+from ringzero.rollout.engine.embedded import EmbeddedEngine
+from ringzero.rollout.server.app import RolloutServer, ServerThread
+from ringzero.rollout.server.schema import ServerLimits
 from ringzero.tokenizer import CharTokenizer
 
 pytestmark = pytest.mark.xdist_group("rollout_server")

@@ -8,7 +8,7 @@ import pytest
 from server_kit import CRASH_CHAR, REFUSED_CHAR, FakeEngine, same_samples
 
 from ringzero.errors import RingzeroError
-from ringzero.rollout.http_client import HttpRolloutClient, sampling_params_body
+from ringzero.rollout.clients.http_client import HttpRolloutClient, sampling_params_body
 from ringzero.rollout.types import GenerateRequest, SamplingParams
 from ringzero.tokenizer import CharTokenizer
 

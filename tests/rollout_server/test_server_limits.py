@@ -13,8 +13,8 @@ from server_kit import FakeEngine, same_samples
 
 from ringzero.cli.main import main
 from ringzero.errors import RingzeroError
-from ringzero.rollout.server import RolloutServer, ServerThread
-from ringzero.rollout.server_schema import ServerLimits
+from ringzero.rollout.server.app import RolloutServer, ServerThread
+from ringzero.rollout.server.schema import ServerLimits
 from ringzero.tokenizer import CharTokenizer
 
 pytestmark = pytest.mark.xdist_group("rollout_server")
@@ -163,8 +163,8 @@ def test_serve_refuses_a_bad_limit_flag_with_exit_2(capsys):
 def test_the_http_client_splits_a_large_batch_under_the_servers_limit(url, monkeypatch):
     """A stage's batch larger than one request may hold goes out as several POSTs, each within the limit
     (here 2 prompts x n = 2 per POST against a server that takes at most LIMITS.max_request_sequences)."""
-    from ringzero.rollout import http_client
-    from ringzero.rollout.http_client import HttpRolloutClient
+    from ringzero.rollout.clients import http_client
+    from ringzero.rollout.clients.http_client import HttpRolloutClient
     from ringzero.rollout.types import GenerateRequest, SamplingParams
 
     tok = CharTokenizer()

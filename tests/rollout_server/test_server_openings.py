@@ -12,8 +12,8 @@ from server_kit import POLICY, tiny_model
 from ringzero.rl.openings import Opening
 from ringzero.rl.rewards import TaskReward
 from ringzero.rl.rollout_batch import collect
-from ringzero.rollout.engine import EmbeddedEngine
-from ringzero.rollout.http_client import HttpRolloutClient
+from ringzero.rollout.clients.http_client import HttpRolloutClient
+from ringzero.rollout.engine.embedded import EmbeddedEngine
 from ringzero.rollout.types import SamplingParams
 from ringzero.tasks.arithmetic import SyntheticArithmetic
 from ringzero.tasks.config import ArithmeticTask

@@ -30,9 +30,9 @@ from ringzero.model.config import ModelConfig, PrecisionPolicy
 from ringzero.model.decode_check import random_weights_
 from ringzero.model.hybrid import HybridLM
 from ringzero.model.routing import capture_routing
-from ringzero.rollout.engine import EmbeddedEngine
-from ringzero.rollout.http_client import HttpRolloutClient, generate_body, sampling_params_body
-from ringzero.rollout.server import RolloutServer, ServerThread
+from ringzero.rollout.clients.http_client import HttpRolloutClient, generate_body, sampling_params_body
+from ringzero.rollout.engine.embedded import EmbeddedEngine
+from ringzero.rollout.server.app import RolloutServer, ServerThread
 from ringzero.rollout.types import GenerateRequest, LogprobRequest, SamplingParams
 from ringzero.tokenizer import CharTokenizer
 

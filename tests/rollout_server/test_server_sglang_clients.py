@@ -19,8 +19,8 @@ import torch
 from server_kit import POLICY, tiny_model, wait_until
 
 from ringzero.model.checkpoint import save_model
-from ringzero.rollout.engine import EmbeddedEngine
-from ringzero.rollout.server import RolloutServer, ServerThread
+from ringzero.rollout.engine.embedded import EmbeddedEngine
+from ringzero.rollout.server.app import RolloutServer, ServerThread
 from ringzero.store import open_store
 from ringzero.tokenizer import CharTokenizer
 

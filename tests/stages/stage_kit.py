@@ -73,7 +73,7 @@ def rl_parts(*, task=None, minibatches=2, prompts=4, samples=4, max_new_tokens=6
     from ringzero.rl.step import RLStep, StepShape
     from ringzero.rl.sync import push_weights, weight_version
     from ringzero.rl.trainer import PolicyTrainer
-    from ringzero.rollout.engine import EmbeddedEngine
+    from ringzero.rollout.engine.embedded import EmbeddedEngine
     from ringzero.stages.config import LossSettings, OptimSettings, SamplingSettings
     from ringzero.stages.optimizer import TrainOptimizer
     from ringzero.tokenizer import CharTokenizer

@@ -20,7 +20,7 @@ from ringzero.parallel.runtime import single
 from ringzero.rl.rewards import TaskReward
 from ringzero.rl.step import RLStep, StepShape
 from ringzero.rl.trainer import PolicyTrainer
-from ringzero.rollout.engine import EmbeddedEngine
+from ringzero.rollout.engine.embedded import EmbeddedEngine
 from ringzero.stages.optimizer import StepReport
 from ringzero.stages.setup import task_and_tokenizer
 

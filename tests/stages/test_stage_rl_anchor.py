@@ -15,7 +15,7 @@ from ringzero.rl.advantage import group_advantages
 from ringzero.rl.anchor import Anchor
 from ringzero.rl.rewards import TaskReward
 from ringzero.rl.step import RLStep
-from ringzero.rollout.engine import EmbeddedEngine
+from ringzero.rollout.engine.embedded import EmbeddedEngine
 from ringzero.rollout.types import Completion, GenerateRequest, SamplingParams
 from ringzero.stages import rl as rl_stage
 from ringzero.stages import rl_session

@@ -6,7 +6,7 @@ from stage_kit import micro_model, state_equal
 from ringzero.model.checkpoint import load_model
 from ringzero.model.config import PrecisionPolicy
 from ringzero.rl.sync import push_weights
-from ringzero.rollout.engine import EmbeddedEngine
+from ringzero.rollout.engine.embedded import EmbeddedEngine
 from ringzero.store import open_store
 
 

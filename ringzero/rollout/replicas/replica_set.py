@@ -45,9 +45,15 @@ import structlog
 import torch
 
 from ringzero.errors import RingzeroError
-from ringzero.rollout.http_client import HttpRolloutClient, distributed_update_body, init_group_body
+from ringzero.rollout.clients.http_client import HttpRolloutClient, distributed_update_body, init_group_body
+from ringzero.rollout.replicas.weight_group import (
+    WeightGroup,
+    free_port,
+    open_group,
+    own_address,
+    rank_offsets,
+)
 from ringzero.rollout.types import Completion, GenerateRequest
-from ringzero.rollout.weight_group import WeightGroup, free_port, open_group, own_address, rank_offsets
 
 log = structlog.get_logger(__name__)
 

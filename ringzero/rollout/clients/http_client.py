@@ -31,7 +31,7 @@ Every body is built by one function here, named after the SGLang request it matc
 (``python/sglang/srt/managers/io_struct.py``): ``GenerateReqInput``, ``UpdateWeightFromDiskReqInput``,
 ``InitWeightsUpdateGroupReqInput``, ``UpdateWeightsFromDistributedReqInput``, ``PauseGenerationReqInput``.
 ``tests/rollout/test_sglang_pairs.py`` checks them against SGLang's own fields. This client talks to one
-server; ``ringzero.rollout.replicas.ReplicaSet`` drives several and orders a weight push
+server; ``ringzero.rollout.replicas.replica_set.ReplicaSet`` drives several and orders a weight push
 (pause, update, continue) across them.
 """
 

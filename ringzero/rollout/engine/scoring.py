@@ -21,7 +21,7 @@ turns that into the ratio's tail. Deterministic mode removes every difference in
 - the rollout engine in deterministic mode decodes *through this forward*: at each step it runs
   ``bitwise_hidden`` on the sequence so far and samples from ``bitwise_next_logprobs``, the same LM-head
   chunk and log-softmax ``chunked_token_logprobs`` computes here, so the distribution it samples from is
-  the one whose log-prob it reports and the one the trainer computes later (``ringzero.rollout.bitwise``);
+  the one whose log-prob it reports and the one the trainer computes later (``ringzero.rollout.engine.bitwise``);
 - same dtype: the engine's policy must equal the trainer's, so both hold bitwise-equal weight tensors
   (``ringzero.rollout.gap`` refuses a deterministic pair of different policies).
 

@@ -23,7 +23,7 @@ from dataclasses import replace
 
 import torch
 
-from ringzero.rollout.server_schema import TextOptions
+from ringzero.rollout.server.schema import TextOptions
 from ringzero.rollout.types import Completion, LogprobRequest
 
 

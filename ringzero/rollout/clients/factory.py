@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from ringzero.errors import RingzeroError
 from ringzero.model.precision import body_dtype
-from ringzero.rollout.replicas import DistributedReplicaSet, ReplicaSet, resolve_endpoints
-from ringzero.rollout.spread import spread
+from ringzero.rollout.clients.spread import spread
+from ringzero.rollout.replicas.replica_set import DistributedReplicaSet, ReplicaSet, resolve_endpoints
 
 _REMOTE: dict[str, ReplicaSet] = {}
 _SERVING: dict[int, str | None] = {}  # id(replica set) -> checkpoint its servers hold, when known
@@ -30,7 +30,7 @@ def rollout_client(cfg, model, tokenizer, runtime=None, *, seed: int, max_batch:
     """The rollout client a stage samples with; ``runtime`` spreads it over the job's ranks (None: as is)."""
     engine = cfg.engines.rollout
     if engine.kind == "embedded" or local:
-        from ringzero.rollout.engine import EmbeddedEngine
+        from ringzero.rollout.engine.embedded import EmbeddedEngine
 
         client = EmbeddedEngine(model, tokenizer, cfg.precision.rollout, deterministic=deterministic,
                                 max_batch=max_batch, seed=seed)
@@ -88,7 +88,7 @@ def _serve(client, remote: ReplicaSet, engine, model, uri: str, runtime, tokeniz
             f"from the checkpoint the servers started with (engines.rollout.served_uri = {engine.served_uri!r})"
         )
     else:
-        from ringzero.rollout.folder_push import push_folder
+        from ringzero.rollout.replicas.folder_push import push_folder
 
         push_folder(client, model.state_dict(), uri, model_cfg=model.cfg, weights_dir=engine.weights_dir,
                     runtime=runtime, tokenizer=tokenizer, dtype=body_dtype(policy))

@@ -13,7 +13,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from ringzero.rollout.server_format import (
+from ringzero.rollout.server.format import (
     TokenText,
     checked_logprobs,
     completion_text,
@@ -21,7 +21,7 @@ from ringzero.rollout.server_format import (
     json_float,
     prompt_range,
 )
-from ringzero.rollout.server_schema import (
+from ringzero.rollout.server.schema import (
     BadRequest,
     ServerLimits,
     TextOptions,

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from importlib import metadata
 from typing import Any
 
-from ringzero.rollout.server_schema import BadRequest, _bool, _object_or_null, show
+from ringzero.rollout.server.schema import BadRequest, _bool, _object_or_null, show
 
 
 @dataclass

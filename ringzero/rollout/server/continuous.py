@@ -14,7 +14,7 @@ from collections import deque
 
 import structlog
 
-from ringzero.rollout.server_jobs import _STOP, _Call, _Generate
+from ringzero.rollout.server.jobs import _STOP, _Call, _Generate
 
 log = structlog.get_logger(__name__)
 

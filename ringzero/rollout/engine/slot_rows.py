@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import torch
 
-from ringzero.rollout.rows import DecodingRows, Finished, RowSpec, row_end
-from ringzero.rollout.sampling import RowSettings, UniformStream
-from ringzero.rollout.stopping import StopStrings, StopTable
+from ringzero.rollout.engine.rows import DecodingRows, Finished, RowSpec, row_end
+from ringzero.rollout.engine.sampling import RowSettings, UniformStream
+from ringzero.rollout.engine.stopping import StopStrings, StopTable
 from ringzero.tokenizer.base import Tokenizer
 
 

@@ -45,7 +45,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from ringzero.errors import RingzeroError
-from ringzero.rollout.server_control import (
+from ringzero.rollout.server.control import (
     GenerationGate,
     parse_abort,
     parse_continue,
@@ -53,10 +53,10 @@ from ringzero.rollout.server_control import (
     parse_weight_update,
     server_info,
 )
-from ringzero.rollout.server_format import EngineCrash, generate_item, sample_ids
-from ringzero.rollout.server_openai import openai_completion, parse_completion
-from ringzero.rollout.server_scheduler import EngineScheduler
-from ringzero.rollout.server_schema import (
+from ringzero.rollout.server.format import EngineCrash, generate_item, sample_ids
+from ringzero.rollout.server.openai import openai_completion, parse_completion
+from ringzero.rollout.server.scheduler import EngineScheduler
+from ringzero.rollout.server.schema import (
     BadRequest,
     BodyTooLarge,
     ServerLimits,

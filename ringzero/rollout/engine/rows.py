@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ringzero.rollout.sampling import RowSettings, UniformStream
-from ringzero.rollout.stopping import LENGTH, STOP, StopStrings, StopTable
+from ringzero.rollout.engine.sampling import RowSettings, UniformStream
+from ringzero.rollout.engine.stopping import LENGTH, STOP, StopStrings, StopTable
 from ringzero.rollout.types import SamplingParams
 from ringzero.tokenizer.base import Tokenizer
 

@@ -13,9 +13,9 @@ How a ``generate`` call runs:
 4. each completion carries its token ids, the log-prob of each token (``log_softmax(logits / T)`` before
    top-k/top-p, SGLang's convention) and a finish reason; and when its request asks
    (``GenerateRequest.logprobs``), the top-k alternatives of each step and the prompt's log-probs
-   (see ``ringzero.rollout.logprob_extras``).
+   (see ``ringzero.rollout.engine.logprob_extras``).
 
-``open_batch()`` is the other way in: a ``ContinuousBatch`` (``ringzero.rollout.continuous``) that requests
+``open_batch()`` is the other way in: a ``ContinuousBatch`` (``ringzero.rollout.engine.continuous``) that requests
 join and leave between decoding steps, for servers whose requests arrive while others decode. It shares
 the row setup, prefill, sampling and stop rules with ``generate``, so a seeded or greedy request gets the
 same tokens either way.
@@ -29,13 +29,13 @@ aborted, before each group's prefill and once per decoding step; their rows stop
 The engine owns a copy of the weights cast to *its* precision policy, whatever the caller's model runs
 under: the rollout side of the train/rollout gap.
 
-``deterministic=True`` decodes through the trainer's forward instead of the cache (``ringzero.rollout.bitwise``):
+``deterministic=True`` decodes through the trainer's forward instead of the cache (``ringzero.rollout.engine.bitwise``):
 each row alone, each step one batch-invariant forward of the sequence so far at the model's full context
 width, the forward ``score_sequences(..., batch_invariant=True)`` runs for the trainer. The token is sampled
 (temperature / top-k / top-p, per-request seeded, as in normal mode) from that forward's
 ``log_softmax(logits / T)``, and that same entry is the reported log-prob: the sampled distribution, the
 reported one and the trainer's are one computation, so the importance ratio is exactly 1 when the trainer
-runs the same policy (dense models; MoE layers agree to rounding, see ``ringzero.rollout.scoring``). Nothing
+runs the same policy (dense models; MoE layers agree to rounding, see ``ringzero.rollout.engine.scoring``). Nothing
 is rescored after the fact. The choice and its cost: the cached step cannot be made bitwise equal to the
 parallel form here (other shapes, other last bits), and neither can the parallel forward at the prefix's
 own length (a matmul's blocking follows its row count); the fixed width can. It costs one full-context,
@@ -51,7 +51,7 @@ request gives the same tokens on every run and in every batch on one device type
 
 ``return_routed_experts`` (MoE models only): each asking row's ``Completion.routed_experts`` holds the experts
 every fed token went to in the forwards that produced its tokens: the prefill's, then each decoding step's
-(see ``ringzero.rollout.routing_track``); under ``deterministic`` those of the batch-invariant forward that
+(see ``ringzero.rollout.engine.routing_track``); under ``deterministic`` those of the batch-invariant forward that
 fed each token (the prompt's: the first step's; each sampled token: the next step's). A prefill-only request gets those of a prefill of its prompt. A row
 aborted before its prefill, or whose request did not ask, gets None.
 
@@ -71,16 +71,16 @@ from ringzero.model.cache import left_padded
 from ringzero.model.config import PrecisionPolicy
 from ringzero.model.hybrid import HybridLM
 from ringzero.model.routing import moe_layers
-from ringzero.rollout import bitwise
-from ringzero.rollout.continuous import ContinuousBatch
-from ringzero.rollout.logprob_extras import TopKTrack, prompt_logprobs
-from ringzero.rollout.outcomes import ABORT, ABORTED, ABORTED_BEFORE_PREFILL, Done, completions, cut
-from ringzero.rollout.routing_track import GroupRouting, routing_shape, to_host
-from ringzero.rollout.rows import DecodingRows, Finished, RowSpec
-from ringzero.rollout.sampling import sample_next, sample_next_with_top, sample_seed
-from ringzero.rollout.stopping import LENGTH, StopStrings
+from ringzero.rollout.engine import bitwise
+from ringzero.rollout.engine.continuous import ContinuousBatch
+from ringzero.rollout.engine.logprob_extras import TopKTrack, prompt_logprobs
+from ringzero.rollout.engine.outcomes import ABORT, ABORTED, ABORTED_BEFORE_PREFILL, Done, completions, cut
+from ringzero.rollout.engine.routing_track import GroupRouting, routing_shape, to_host
+from ringzero.rollout.engine.rows import DecodingRows, Finished, RowSpec
+from ringzero.rollout.engine.sampling import sample_next, sample_next_with_top, sample_seed
+from ringzero.rollout.engine.stopping import LENGTH, StopStrings
+from ringzero.rollout.engine.weights import copy_under_policy, load_weights_
 from ringzero.rollout.types import Completion, GenerateRequest
-from ringzero.rollout.weights import copy_under_policy, load_weights_
 from ringzero.tokenizer.base import Tokenizer
 
 DEFAULT_MAX_BATCH = 64

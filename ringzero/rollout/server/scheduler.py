@@ -41,8 +41,8 @@ from typing import Any
 
 import structlog
 
-from ringzero.rollout.server_continuous import ContinuousLoop
-from ringzero.rollout.server_jobs import _STOP, _Call, _Generate
+from ringzero.rollout.server.continuous import ContinuousLoop
+from ringzero.rollout.server.jobs import _STOP, _Call, _Generate
 from ringzero.rollout.types import Completion, GenerateRequest
 
 log = structlog.get_logger(__name__)

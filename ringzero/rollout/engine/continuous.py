@@ -29,12 +29,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ringzero.rollout.logprob_extras import prompt_logprobs
-from ringzero.rollout.outcomes import ABORTED, Done, completions, cut
-from ringzero.rollout.rows import Finished, RowSpec
-from ringzero.rollout.sampling import sample_next
-from ringzero.rollout.slot_rows import SlotRows
-from ringzero.rollout.stopping import LENGTH
+from ringzero.rollout.engine.logprob_extras import prompt_logprobs
+from ringzero.rollout.engine.outcomes import ABORTED, Done, completions, cut
+from ringzero.rollout.engine.rows import Finished, RowSpec
+from ringzero.rollout.engine.sampling import sample_next
+from ringzero.rollout.engine.slot_rows import SlotRows
+from ringzero.rollout.engine.stopping import LENGTH
 from ringzero.rollout.types import Completion, GenerateRequest
 
 

@@ -1,7 +1,7 @@
 """What a decoded row comes back as, and how rows become a request's ``Completion``s.
 
 Shared by the static groups of ``EmbeddedEngine.generate`` and the continuous batch
-(``ringzero.rollout.continuous``), so both answer alike.
+(``ringzero.rollout.engine.continuous``), so both answer alike.
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from dataclasses import dataclass
 
 import torch
 
-from ringzero.rollout.logprob_extras import PromptLogprobs, TopK
-from ringzero.rollout.rows import Finished, RowSpec
-from ringzero.rollout.stopping import LENGTH
+from ringzero.rollout.engine.logprob_extras import PromptLogprobs, TopK
+from ringzero.rollout.engine.rows import Finished, RowSpec
+from ringzero.rollout.engine.stopping import LENGTH
 from ringzero.rollout.types import Completion, GenerateRequest
 
 ABORT = "abort"

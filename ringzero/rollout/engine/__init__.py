@@ -1,0 +1,1 @@
+"""The embedded rollout engine: batched decoding with caches (``embedded``), continuous batching, sampling, stop rules, log-prob extras, routed-expert tracking, bitwise mode and teacher-forced scoring."""
