@@ -502,16 +502,18 @@ class MotoS3:
 
 
 def s3_restart_trial(ref: Reference, work: Path, index: int, rng: random.Random, s3: MotoS3,
-                     down_s: float) -> Trial:
+                     down_s: float, backoff: dict | None = None) -> Trial:
     """The S3 server stopped for ``down_s`` seconds while the stage runs, then started again (its data
     kept): the run must retry and finish, or fail with a clear error; either way nothing half-written
-    may be visible, and a rerun ends where an uninterrupted run ends."""
+    may be visible, and a rerun ends where an uninterrupted run ends. ``backoff`` overrides the store's
+    retry settings (``storage.s3``: ``max_retries``, ``backoff_base_s``, ``backoff_max_s``): a shorter
+    budget lets a shorter outage prove the same thing."""
     root = work / f"{ref.kind}-s3-{index:03d}"
     root.mkdir(parents=True)
     bucket = f"faults-{ref.kind}-{index}"
     s3.upload(ref.prefix, bucket, "runs")
     store = f"s3://{bucket}/runs"
-    settings = {"endpoint": s3.endpoint, "secure": False}
+    settings = {"endpoint": s3.endpoint, "secure": False, **(backoff or {})}
     trial = Trial(ref.kind, f"s3-down-{down_s:g}s")
     cfg = config(root, ref.kind, store=store)
     data = yaml.safe_load(cfg.read_text())
