@@ -97,7 +97,7 @@ def test_rl_survives_kills_sigterm_and_a_killed_rank(work, references):
     assert_survived(rank)
 
 
-@pytest.mark.xdist_group("faults-rl")
+@pytest.mark.xdist_group("faults-distill-eval")  # its own references: free to run beside the RL trials
 def test_distill_and_eval_survive_kills(work, references):
     rng = random.Random(3)
     for kind, trials in (("distill", [None, "shard:2", "outcome-after:1"]), ("eval", [None, "outcome:1"])):
