@@ -72,8 +72,15 @@ def stages_table(manifest: dict) -> str:
 
 
 def tiers_of(rows: dict) -> list[str]:
-    return sorted({k.split("/")[0] for r in rows.values() for k in r if k.endswith("/within_budget")
-                   or k.split("/")[0] in ("deep", "fast")} - {"gap", "contrast"})
+    """The tagged tiers the eval measured: the heads of ``<tier>/accuracy`` and ``<tier>/<bucket>/accuracy``
+    keys that are not difficulty buckets themselves."""
+    heads = set()
+    for r in rows.values():
+        for key in r:
+            parts = key.split("/")
+            if parts[-1] == "accuracy" and (len(parts) == 2 or (len(parts) == 3 and parts[1] in BUCKETS)):
+                heads.add(parts[0])
+    return sorted(heads - set(BUCKETS))
 
 
 def checkpoints_table(rows: dict) -> str:
@@ -99,7 +106,7 @@ def buckets_table(rows: dict) -> str:
             cwb = [r.get(f"{prefix}{b}/correct_within_budget") for b in BUCKETS]
             if all(v is None for v in acc):
                 continue
-            out.append([n, label, *(f"{cell(a)} / {cell(length_, 3)}" for a, length_ in zip(acc, length, strict=True)),
+            out.append([n, label, *(f"{cell(a)} / {cell(length_)}" for a, length_ in zip(acc, length, strict=True)),
                         " / ".join(cell(c) for c in cwb) if any(c is not None for c in cwb) else "-"])
     return table(["checkpoint", "prompts", *(f"{b}: pass@1 / length" for b in BUCKETS),
                   "correct within budget (easy / medium / hard)"], out)
