@@ -244,8 +244,9 @@ def test_threads_racing_to_acquire_exactly_one_wins(store, atomic_moto, racers):
 
 
 CHILD = textwrap.dedent("""
-    import json, os, signal, sys, types
+    import faulthandler, json, os, signal, sys, types
     import structlog
+    faulthandler.register(signal.SIGUSR1)  # the test asks for every thread's stack when a child hangs
     structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))  # stdout talks to the test
     spec = json.loads(sys.argv[1])
     from ringzero.store.lease import LeaseHeld, StageLease
@@ -292,6 +293,29 @@ def child(store, mode: str, holder: str, ttl_s: float = 600.0) -> subprocess.Pop
     )
     assert proc.stdout.readline().strip() == "ready", f"{holder} did not start (exit {proc.poll()})"
     return proc
+
+
+def retry_budget_s() -> float:
+    """The longest one store call of a child may take: every attempt waits out its timeout."""
+    attempts = FAST_RETRIES["max_retries"] + 1
+    return attempts * (FAST_RETRIES["timeout_s"] + FAST_RETRIES["backoff_max_s"])
+
+
+def exit_status(proc: subprocess.Popen, store) -> int:
+    """The child's exit status, waiting as long as a release (a read and a delete) may take with the
+    child's retries. A child that outlives that is stuck: its stacks and the gateway's log say where."""
+    try:
+        return proc.wait(2 * retry_budget_s() + 10)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGUSR1)  # faulthandler: every thread's stack to stderr (captured below)
+        time.sleep(1)
+        proc.kill()
+        proc.wait()
+        gateway_log = ""
+        if store.child_spec.get("endpoint") == os.environ.get("RINGZERO_RGW_ENDPOINT") and os.environ.get("RINGZERO_RGW_DIR"):
+            logs = sorted(Path(os.environ["RINGZERO_RGW_DIR"], "log").glob("client.rgw*.log"))
+            gateway_log = "\n".join(logs[-1].read_text(errors="replace").splitlines()[-40:]) if logs else ""
+        pytest.fail(f"the child did not exit (its stacks are in the captured stderr); gateway log tail:\n{gateway_log}")
 
 
 def say(proc: subprocess.Popen, line: str = "go") -> None:
@@ -379,7 +403,7 @@ def test_sigterm_turned_into_system_exit_releases_the_lease(store):
         assert holder.stdout.readline().strip() == "holding"
         assert stored(store).holder == "job-terminated"
         holder.send_signal(signal.SIGTERM)
-        assert holder.wait(60) == 143
+        assert exit_status(holder, store) == 143
     finally:
         holder.kill()
         holder.wait()
