@@ -38,6 +38,7 @@ def open_run(args):
 
     from ringzero.config import load_config
     from ringzero.logs import attach_run_log, quiet_for_rank
+    from ringzero.model.vector_math import set_threads
     from ringzero.parallel.runtime import from_env
     from ringzero.stages import preemption
     from ringzero.store import open_store
@@ -51,7 +52,7 @@ def open_run(args):
     quiet_for_rank(runtime.rank)
     attach_run_log(run_dir, rank=runtime.rank)
     if cfg.run.threads:
-        torch.set_num_threads(cfg.run.threads)
+        set_threads(cfg.run.threads)
     torch.manual_seed(cfg.run.seed)
     return cfg, open_store(cfg.storage.root, cfg.storage.s3), run_dir, runtime
 

@@ -143,8 +143,10 @@ def _open_store(cfg: RunConfig):
 def _seed(cfg: RunConfig) -> None:
     import torch
 
+    from ringzero.model.vector_math import set_threads
+
     if cfg.run.threads:
-        torch.set_num_threads(cfg.run.threads)
+        set_threads(cfg.run.threads)
     torch.manual_seed(cfg.run.seed)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from ringzero.model import vector_math  # noqa: F401  (initialises torch's vector math: see the module)
 from ringzero.model.config import PrecisionPolicy
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float64": torch.float64}

@@ -21,6 +21,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from ringzero.errors import RingzeroError
+from ringzero.model.vector_math import set_threads
 from ringzero.parallel.dims import ParallelDims, ParallelGroups, build_groups
 
 
@@ -49,7 +50,7 @@ def _owner_alive(pid: int) -> bool:
 def _worker(rank: int, world_size: int, port: int, threads: int, jobs, results, owner_pid: int) -> None:
     # Loopback only: gloo otherwise picks the interface of the host name, which may not route.
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    torch.set_num_threads(threads)
+    set_threads(threads)
     store = dist.TCPStore("127.0.0.1", port, world_size + 1, is_master=False)
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size)
     ctx = RankContext(rank, world_size)

@@ -7,6 +7,7 @@ import torch
 from ringzero.errors import RingzeroError
 from ringzero.model.config import PrecisionPolicy
 from ringzero.model.hybrid import HybridLM
+from ringzero.model.vector_math import set_threads
 from ringzero.parallel.parallelize import parallelize
 from ringzero.parallel.runtime import Runtime
 from ringzero.rl.seeds import derive_seed as seeded
@@ -18,7 +19,7 @@ from ringzero.tokenizer.base import Tokenizer
 
 def apply_threads(cfg) -> None:
     if cfg.run.threads:
-        torch.set_num_threads(cfg.run.threads)
+        set_threads(cfg.run.threads)
 
 
 def task_and_tokenizer(cfg) -> tuple[Task, Tokenizer]:
