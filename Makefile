@@ -30,7 +30,8 @@ $(STAMP): pyproject.toml Makefile images/rollout/Dockerfile
 run: setup
 	$(BIN)/ringzero run $(CONFIG)
 
-test: setup
+# tests/run_all.sh runs `make setup` itself, while the test servers start beside it
+test:
 	bash tests/run_all.sh
 
 lint: setup

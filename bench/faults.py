@@ -502,19 +502,23 @@ class MotoS3:
 
 
 def s3_restart_trial(ref: Reference, work: Path, index: int, rng: random.Random, s3: MotoS3,
-                     down_s: float, backoff: dict | None = None) -> Trial:
+                     down_s: float | None, backoff: dict | None = None) -> Trial:
     """The S3 server stopped for ``down_s`` seconds while the stage runs, then started again (its data
     kept): the run must retry and finish, or fail with a clear error; either way nothing half-written
     may be visible, and a rerun ends where an uninterrupted run ends. ``backoff`` overrides the store's
     retry settings (``storage.s3``: ``max_retries``, ``backoff_base_s``, ``backoff_max_s``): a shorter
-    budget lets a shorter outage prove the same thing."""
+    budget lets a shorter outage prove the same thing.
+
+    ``down_s=None`` keeps the server down until the run exits: an outage longer than the retry budget
+    whatever the run was doing when it began. (A fixed outage only a little longer than the budget is
+    ridden out when the run spends part of it computing without touching the store.)"""
     root = work / f"{ref.kind}-s3-{index:03d}"
     root.mkdir(parents=True)
     bucket = f"faults-{ref.kind}-{index}"
     s3.upload(ref.prefix, bucket, "runs")
     store = f"s3://{bucket}/runs"
     settings = {"endpoint": s3.endpoint, "secure": False, **(backoff or {})}
-    trial = Trial(ref.kind, f"s3-down-{down_s:g}s")
+    trial = Trial(ref.kind, "s3-down-until-exit" if down_s is None else f"s3-down-{down_s:g}s")
     cfg = config(root, ref.kind, store=store)
     data = yaml.safe_load(cfg.read_text())
     data["storage"]["s3"] = settings
@@ -525,9 +529,13 @@ def s3_restart_trial(ref: Reference, work: Path, index: int, rng: random.Random,
     lo, hi = ref.stage_s
     time.sleep(rng.uniform(lo, lo + 0.6 * (hi - lo)))
     s3.stop()
-    time.sleep(down_s)
-    s3.start()
-    rc, out = finish(proc)
+    if down_s is None:
+        rc, out = finish(proc)
+        s3.start()
+    else:
+        time.sleep(down_s)
+        s3.start()
+        rc, out = finish(proc)
     trial.exit_code = rc
     trial.extra["finished"] = rc == 0
     lines = [line for line in out.splitlines() if line.startswith("error:")]

@@ -114,8 +114,9 @@ def test_pretrain_rides_out_a_short_s3_outage_and_fails_cleanly_in_a_long_one(wo
     budget is ridden out (the run finishes), a longer one is not (a clear error, nothing half-written
     visible); the rerun of either ends where an uninterrupted run ends. The trials shrink the budget
     (waits of 0.1-0.2 s doubling, five retries: 3.1-6.2 s in all, against 7.75-15.5 s by default) so that
-    outages of 0.5 s and 10 s prove what 3 s and 60 s prove at the default budget (bench/faults.py runs
-    those); the server's own restart adds to each outage."""
+    an outage of 0.5 s proves what 3 s proves at the default budget (bench/faults.py runs 3 s and 60 s);
+    the long outage lasts until the run gives up, so a run that computes through part of it cannot
+    outlast it (a fixed 10 s outage was once ridden out that way on loaded cores)."""
     rng = random.Random(4)
     s3 = faults.MotoS3()
     ref = references("pretrain")
@@ -123,7 +124,7 @@ def test_pretrain_rides_out_a_short_s3_outage_and_fails_cleanly_in_a_long_one(wo
     short = faults.s3_restart_trial(ref, work, 0, rng, s3, 0.5, backoff)
     assert short.extra == {"finished": True, "clean_error": True}, short
     assert_survived(short)
-    long = faults.s3_restart_trial(ref, work, 1, rng, s3, 10.0, backoff)
+    long = faults.s3_restart_trial(ref, work, 1, rng, s3, None, backoff)
     assert long.extra == {"finished": False, "clean_error": True} and "still failing after" in long.note, long
     assert_survived(long)
 
