@@ -48,6 +48,11 @@ class ArithmeticTask(StrictModel):
         None, description="shares of corpus traces followed by 0, 1, 2, ... check passes (a check works the sum "
         "again from the start and its answer is the trace's); null = no checks; digitsum and parity only",
     )
+    check_order: Literal["forward", "reverse"] = Field(
+        "forward", description="forward: a check pass reads the digits in the first pass's order; reverse: from "
+        "the last to the first, so its running states differ from the first pass's and must be worked out, not "
+        "copied (the same final sum); digitsum and parity only",
+    )
     slip_rate: float = Field(
         0.0, ge=0.0, lt=1.0, description="chance that a terse first-pass step from slip_from on writes a wrong "
         "state (the pass carries on from it, so only a check catches it); digitsum and parity only",
@@ -87,9 +92,10 @@ class ArithmeticTask(StrictModel):
         if self.operation == "add" and self.lookup_fraction > 0:
             problems.append("lookup_fraction: 'add' has no labelled digits to look up (set it to 0)")
         labelled = self.operation != "add"
-        if not labelled and (self.verbosity != "trace" or self.check_weights is not None or self.slip_rate > 0):
+        if not labelled and (self.verbosity != "trace" or self.check_weights is not None or self.slip_rate > 0
+                             or self.check_order != "forward"):
             problems.append("verbosity: 'add' has no per-step verbosity, check passes or slips (leave verbosity "
-                            "'trace', check_weights null and slip_rate 0)")
+                            "'trace', check_weights null, check_order 'forward' and slip_rate 0)")
         if self.check_weights is not None:
             w = self.check_weights
             if not w or any(x < 0 for x in w) or abs(sum(w) - 1.0) > 1e-6:

@@ -7,7 +7,10 @@ Short trace:   ``ab=73>0 cd=91>0`` (two digits per step: half the steps of the t
 digits to the state at once, the harder step; an odd last digit is a terse step).
 
 Checked trace: ``a=7>7 b=3>2 c=9>1 d=1>2 check a=7>7 b=3>0 c=9>9 d=1>0`` (a first pass, then a check
-pass that works the sum again from the start; the answer is the last pass's). A first pass may *slip*:
+pass that works the sum again from the start; the answer is the last pass's). With ``check_order:
+reverse`` a check reads the digits from the last to the first, ``check d=1>1 c=9>0 b=3>3 a=7>0``: its
+running states are not the first pass's, so a model cannot copy them (slip included) from the pass it
+checks and has to work them out, and its final state is the same sum. A first pass may *slip*:
 a terse step writes a wrong state (``b=3>2``) and the pass carries on from it, so an unchecked slip gives
 a wrong answer and a check finds and fixes it. Verbose steps, which write the arithmetic out, never
 slip. The corpus decides per step (``WorkedPlan``): verbose or terse, slip or not; and per trace how
@@ -41,6 +44,7 @@ _ARITH = re.compile(r"(\d)\+(\d)=(\d+)>(\d)")
 DRILL_FACTS_PER_LINE = (6, 14)
 CHECK = "check"
 """The word that opens a check pass inside a trace body."""
+CHECK_ORDERS = ("forward", "reverse")
 
 
 @dataclass(frozen=True)
@@ -68,10 +72,14 @@ class WorkedPlan:
 class RunningSum(Operation):
     """Sum of ``digits`` base-``modulus`` digits mod ``modulus``: digitsum (10) or parity (2)."""
 
-    def __init__(self, name: str, digits: int, modulus: int, header: str, min_digits: int | None = None):
+    def __init__(self, name: str, digits: int, modulus: int, header: str, min_digits: int | None = None,
+                 check_order: str = "forward"):
         if digits > len(LABELS):
             raise ValueError(f"digits: at most {len(LABELS)} labelled digits (got {digits})")
+        if check_order not in CHECK_ORDERS:
+            raise ValueError(f"check_order: one of {', '.join(CHECK_ORDERS)} (got {check_order!r})")
         self.name, self.digits, self.modulus, self.header = name, digits, modulus, header
+        self.check_order = check_order
         self.min_digits = digits if min_digits is None else min_digits
         if not 1 <= self.min_digits <= digits:
             raise ValueError(f"min_digits: between 1 and digits ({digits}), got {self.min_digits}")
@@ -101,15 +109,18 @@ class RunningSum(Operation):
         return steps
 
     def pass_steps(self, instance: Instance, verbose: tuple[bool, ...], slips: Mapping[int, int] | None = None,
-                   ) -> tuple[list[str], int]:
-        """One pass over the digits, ``verbose`` per step, with ``slips`` (step -> offset of the written
-        state); the pass carries on from whatever state it wrote. Returns the steps and the final state."""
+                   reverse: bool = False) -> tuple[list[str], int]:
+        """One pass over the digits (last to first if ``reverse``), ``verbose`` per step, with ``slips``
+        (step -> offset of the written state); the pass carries on from whatever state it wrote. Returns
+        the steps and the final state."""
         steps, state = [], 0
-        for i, d in enumerate(instance):
+        order = range(len(instance) - 1, -1, -1) if reverse else range(len(instance))
+        for k, i in enumerate(order):
+            d = instance[i]
             new = (state + d) % self.modulus
-            if slips and i in slips:
-                new = (new + slips[i]) % self.modulus
-            arith = f" {state}+{d}={state + d}" if verbose[i] else ""
+            if slips and k in slips:
+                new = (new + slips[k]) % self.modulus
+            arith = f" {state}+{d}={state + d}" if verbose[k] else ""
             steps.append(f"{LABELS[i]}={d}{arith}>{new}")
             state = new
         return steps, state
@@ -118,7 +129,8 @@ class RunningSum(Operation):
         """``(trace body, answer)`` of a trace written by ``plan``: the answer is the last pass's state."""
         parts, state = [], 0
         for k, verbose in enumerate(plan.passes):
-            steps, state = self.pass_steps(instance, verbose, plan.slips if k == 0 else None)
+            steps, state = self.pass_steps(instance, verbose, plan.slips if k == 0 else None,
+                                           reverse=k > 0 and self.check_order == "reverse")
             parts.append(" ".join(steps) if k == 0 else f"{CHECK} {' '.join(steps)}")
         return " ".join(parts), str(state)
 
@@ -188,7 +200,11 @@ class RunningSum(Operation):
         return passes if any(passes) else []
 
     def _check_pass(self, tokens: list[str], instance: Instance | None) -> tuple[int, int, int | None]:
-        """``(steps, correct steps, claimed final state)`` of one pass."""
+        """``(steps, correct steps, claimed final state)`` of one pass. A pass that opens on a label other
+        than ``a`` reads the digits backwards from it (a reverse check: ``d=1>1 c=9>0 b=3>3 a=7>0``)."""
+        first = _HEAD.match(tokens[0]) if tokens else None
+        if first is not None and first[1] != LABELS[0] and not _PAIR.fullmatch(tokens[0]):
+            return self._check_reverse_pass(tokens, instance, LABELS.index(first[1]))
         steps = correct = 0
         pos = 0  # the next input digit a step should read (a short step reads two)
         state = 0  # each step is checked against the state the previous step claimed, so errors do not cascade
@@ -222,6 +238,30 @@ class RunningSum(Operation):
             state = claimed
         return steps, correct, state
 
+    def _check_reverse_pass(self, tokens: list[str], instance: Instance | None, top: int,
+                            ) -> tuple[int, int, int | None]:
+        """A pass from label ``top`` down to ``a``: with the instance, ``top`` must be its last digit."""
+        steps = correct = 0
+        pos, state, i = top, 0, 0
+        while i < len(tokens):
+            parsed, i = self._parse_step(tokens, i)
+            steps += 1
+            if parsed is None:
+                pos -= 1
+                continue
+            label, digit, arith, claimed = parsed
+            ok = 0 <= pos and label == LABELS[pos]
+            if instance is not None:
+                ok = ok and top == len(instance) - 1 and pos < len(instance) and digit == instance[pos]
+            if arith is not None:
+                prev, d2, total = arith
+                ok = ok and prev == state and d2 == digit and total == prev + digit and claimed == total % self.modulus
+            ok = ok and digit < self.modulus and claimed == (state + digit) % self.modulus
+            correct += ok
+            pos -= 1
+            state = claimed
+        return steps, correct, state
+
     @staticmethod
     def _parse_step(tokens: list[str], i: int):
         """``((label, digit, arith|None, state), next_i)``, or ``(None, i + 1)`` for a fragment that is no step."""
@@ -234,9 +274,10 @@ class RunningSum(Operation):
         return None, i + 1
 
 
-def digitsum(digits: int, min_digits: int | None = None) -> RunningSum:
-    return RunningSum("digitsum", digits, modulus=10, header="sum mod 10", min_digits=min_digits)
+def digitsum(digits: int, min_digits: int | None = None, check_order: str = "forward") -> RunningSum:
+    return RunningSum("digitsum", digits, modulus=10, header="sum mod 10", min_digits=min_digits,
+                      check_order=check_order)
 
 
-def parity(digits: int, min_digits: int | None = None) -> RunningSum:
-    return RunningSum("parity", digits, modulus=2, header="parity", min_digits=min_digits)
+def parity(digits: int, min_digits: int | None = None, check_order: str = "forward") -> RunningSum:
+    return RunningSum("parity", digits, modulus=2, header="parity", min_digits=min_digits, check_order=check_order)

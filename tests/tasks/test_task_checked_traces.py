@@ -129,11 +129,65 @@ def test_any_plan_renders_a_trace_the_checker_accounts_for(inst, data):
     assert op.final_pass_holds(body, inst, answer) == (len(passes) > 1 or not slips)
 
 
+def test_a_reverse_check_reads_the_digits_backwards_and_fixes_a_slip():
+    op = digitsum(4, check_order="reverse")
+    plan = WorkedPlan(passes=((False,) * 4, (False, True, False, False)), slips={1: 2})
+    body, answer = op.planned_body(INST, plan)
+    assert body == "a=7>7 b=3>2 c=9>1 d=1>2 check d=1>1 c=9 1+9=10>0 b=3>3 a=7>0"
+    assert answer == "0" == op.answer(INST)
+    assert op.check_steps(body, INST) == StepCheck(8, 7)
+    assert op.final_pass_holds(body, INST, answer)
+    assert [r[2] for r in op.pass_results(body, INST)] == [2, 0]
+    # no state of the check is the first pass's state at the same label: it cannot be copied
+    first = dict(step.split(">") for step in body.split(" check ")[0].split())
+    assert all(first.get(step.split(">")[0]) != step.split(">")[1] for step in ["d=1>1", "b=3>3"])
+
+
+def test_a_reverse_check_must_start_at_the_last_digit_and_cover_every_one():
+    op = digitsum(4, check_order="reverse")
+    first = "a=7>7 b=3>0 c=9>9 d=1>0"
+    assert op.final_pass_holds(f"{first} check d=1>1 c=9>0 b=3>3 a=7>0", INST, "0")
+    assert not op.final_pass_holds(f"{first} check c=9>9 b=3>2 a=7>9", INST, "9")  # d left out
+    assert not op.final_pass_holds(f"{first} check d=1>1 c=9>0 b=3>3", INST, "3")  # a left out
+    assert not op.final_pass_holds(f"{first} check d=1>1 c=9>0 b=3>4 a=7>1", INST, "1")  # a wrong state
+    assert not op.final_pass_holds(f"{first} check d=1>1 b=3>4 c=9>3 a=7>0", INST, "0")  # labels out of order
+
+
+@given(inst=st.lists(st.integers(0, 9), min_size=2, max_size=12).map(tuple), data=st.data())
+def test_any_plan_with_reverse_checks_renders_a_trace_the_checker_accounts_for(inst, data):
+    op = digitsum(len(inst), check_order="reverse")
+    n = len(inst)
+    passes = tuple(tuple(data.draw(st.lists(st.booleans(), min_size=n, max_size=n))) for _ in range(data.draw(st.integers(1, 3))))
+    slips = {i: data.draw(st.integers(1, 9)) for i in range(n) if not passes[0][i] and data.draw(st.booleans())}
+    body, answer = op.planned_body(inst, WorkedPlan(passes, slips))
+    checked = op.check_steps(body, inst)
+    assert checked.steps == n * len(passes) and checked.correct == checked.steps - len(slips)
+    assert op.final_pass_holds(body, inst, answer) == (len(passes) > 1 or not slips)
+    if len(passes) > 1:
+        assert answer == op.answer(inst)
+
+
+def test_reverse_checked_corpus_traces_are_right_and_the_order_enters_the_identity_only_when_set():
+    from ringzero.pipeline.identity import _task_fields
+
+    t = task(check_order="reverse")
+    checked = [(p, text) for p, text in corpus_traces(t, 1500, seed=2) if " check " in text]
+    assert checked and all(t.reward(p, text) == 1.0 and t.verified(text, p) for p, text in checked)
+    assert any(text.split(" check ")[1].split()[0] != "a=" + text.split("a=")[1][0] for _, text in checked)
+    base = {"run": {"name": "r"}, "stages": [{"name": "base", "kind": "pretrain", "steps": 1}]}
+    fields = _task_fields(parse_config({**base, "task": {"kind": "arithmetic", "check_order": "forward"}}))
+    assert "check_order" not in fields
+    fields = _task_fields(parse_config({**base, "task": {"kind": "arithmetic", "check_order": "reverse"}}))
+    assert fields["check_order"] == "reverse"
+
+
 @pytest.mark.parametrize("bad,field", [
     ({"check_weights": [0.5, 0.4]}, "check_weights"),
     ({"check_weights": [1.2, -0.2]}, "check_weights"),
     ({"slip_rate": 0.1, "slip_from": 9}, "slip_from"),
     ({"operation": "add", "min_digits": None, "verbosity": "step"}, "verbosity"),
+    ({"operation": "add", "min_digits": None, "check_order": "reverse"}, "verbosity"),
+    ({"check_order": "backwards"}, "check_order"),
 ])
 def test_bad_knobs_are_refused_naming_the_field(bad, field):
     cfg = {"kind": "arithmetic", "operation": "digitsum", "digits": 8, **bad}
