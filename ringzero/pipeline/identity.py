@@ -14,7 +14,8 @@ from ringzero.stages.base import StageInputs
 IDENTITY_VERSION = 1  # bump when a stage's semantics change in a way the config cannot show
 
 ADDED_TASK_FIELDS = {"min_digits": None, "short_fraction": 0.0, "verbosity": "trace", "check_weights": None,
-                     "slip_rate": 0.0, "slip_from": 1, "check_order": "forward"}
+                     "slip_rate": 0.0, "slip_from": 1, "check_order": "forward", "check_verbosity": "drawn",
+                     "terse_form": "restated"}
 """Task knobs added after identity version 1, with the values that reproduce the earlier behaviour: they
 enter the hash only when set otherwise, so a store's committed stages (the one-time base) stay valid."""
 

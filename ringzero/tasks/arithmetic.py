@@ -59,9 +59,9 @@ MAX_DRAWS_PER_PROBLEM = 1000
 
 def make_operation(cfg: ArithmeticTask) -> Operation:
     if cfg.operation == "digitsum":
-        return digitsum(cfg.digits, cfg.min_digits, cfg.check_order)
+        return digitsum(cfg.digits, cfg.min_digits, cfg.check_order, cfg.terse_form)
     if cfg.operation == "parity":
-        return parity(cfg.digits, cfg.min_digits, cfg.check_order)
+        return parity(cfg.digits, cfg.min_digits, cfg.check_order, cfg.terse_form)
     return LongAddition(cfg.digits, cfg.operands)
 
 

@@ -53,6 +53,15 @@ class ArithmeticTask(StrictModel):
         "the last to the first, so its running states differ from the first pass's and must be worked out, not "
         "copied (the same final sum); digitsum and parity only",
     )
+    check_verbosity: Literal["drawn", "verbose"] = Field(
+        "drawn", description="drawn: a check pass's steps are verbose or terse like a first pass's; verbose: every "
+        "check step writes its arithmetic out (a check is the careful pass); digitsum and parity only",
+    )
+    terse_form: Literal["restated", "implicit"] = Field(
+        "restated", description="restated: a terse step writes the digit it reads (`c=9>6`); implicit: only its "
+        "label and the new state (`c>6`), so the lookup and the addition happen in one token; digitsum and "
+        "parity only",
+    )
     slip_rate: float = Field(
         0.0, ge=0.0, lt=1.0, description="chance that a terse first-pass step from slip_from on writes a wrong "
         "state (the pass carries on from it, so only a check catches it); digitsum and parity only",
@@ -93,9 +102,11 @@ class ArithmeticTask(StrictModel):
             problems.append("lookup_fraction: 'add' has no labelled digits to look up (set it to 0)")
         labelled = self.operation != "add"
         if not labelled and (self.verbosity != "trace" or self.check_weights is not None or self.slip_rate > 0
-                             or self.check_order != "forward"):
+                             or self.check_order != "forward" or self.check_verbosity != "drawn"
+                             or self.terse_form != "restated"):
             problems.append("verbosity: 'add' has no per-step verbosity, check passes or slips (leave verbosity "
-                            "'trace', check_weights null, check_order 'forward' and slip_rate 0)")
+                            "'trace', check_weights null, check_order 'forward', check_verbosity 'drawn', terse_form "
+                            "'restated' and slip_rate 0)")
         if self.check_weights is not None:
             w = self.check_weights
             if not w or any(x < 0 for x in w) or abs(sum(w) - 1.0) > 1e-6:

@@ -89,6 +89,8 @@ class CorpusGenerator:
         slips = {i: rng.randrange(1, self.task.op.modulus) for i in range(cfg.slip_from - 1, steps)
                  if not first[i] and rng.random() < cfg.slip_rate} if cfg.slip_rate > 0 else {}
         checks = rng.choices(range(len(cfg.check_weights)), cfg.check_weights)[0] if cfg.check_weights else 0
+        if cfg.check_verbosity == "verbose":  # the careful pass: no draw, so the first pass's stream is kept
+            return WorkedPlan((first, *((True,) * steps for _ in range(checks))), slips)
         return WorkedPlan((first, *(verbosity() for _ in range(checks))), slips)
 
     def question_document(self, rng: random.Random) -> str:

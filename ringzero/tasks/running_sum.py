@@ -3,6 +3,8 @@
 Question (digitsum, n=4): ``sum mod 10: a=7 b=3 c=9 d=1``; answer ``0``.
 Terse trace:   ``a=7>7 b=3>0 c=9>9 d=1>0`` (each step: label=digit>new state).
 Verbose trace: ``a=7 0+7=7>7 b=3 7+3=10>0 ...`` (adds the step's arithmetic: previous state + digit).
+Implicit terse trace (``terse_form: implicit``): ``a>7 b>0 c>9 d>0`` (each step reads its digit by its
+label without writing it: the lookup and the addition in one token, the harder step).
 Short trace:   ``ab=73>0 cd=91>0`` (two digits per step: half the steps of the terse form, each adding two
 digits to the state at once, the harder step; an odd last digit is a terse step).
 
@@ -40,11 +42,14 @@ LABELS = string.ascii_lowercase
 _TERSE = re.compile(r"([a-z])=(\d)>(\d)")
 _PAIR = re.compile(r"([a-z])([a-z])=(\d)(\d)>(\d)")
 _HEAD = re.compile(r"([a-z])=(\d)")
+_IMPLICIT = re.compile(r"([a-z])>(\d)")
+_LABEL_START = re.compile(r"([a-z])[=>]")
 _ARITH = re.compile(r"(\d)\+(\d)=(\d+)>(\d)")
 DRILL_FACTS_PER_LINE = (6, 14)
 CHECK = "check"
 """The word that opens a check pass inside a trace body."""
 CHECK_ORDERS = ("forward", "reverse")
+TERSE_FORMS = ("restated", "implicit")
 
 
 @dataclass(frozen=True)
@@ -73,11 +78,14 @@ class RunningSum(Operation):
     """Sum of ``digits`` base-``modulus`` digits mod ``modulus``: digitsum (10) or parity (2)."""
 
     def __init__(self, name: str, digits: int, modulus: int, header: str, min_digits: int | None = None,
-                 check_order: str = "forward"):
+                 check_order: str = "forward", terse_form: str = "restated"):
         if digits > len(LABELS):
             raise ValueError(f"digits: at most {len(LABELS)} labelled digits (got {digits})")
         if check_order not in CHECK_ORDERS:
             raise ValueError(f"check_order: one of {', '.join(CHECK_ORDERS)} (got {check_order!r})")
+        if terse_form not in TERSE_FORMS:
+            raise ValueError(f"terse_form: one of {', '.join(TERSE_FORMS)} (got {terse_form!r})")
+        self.terse_form = terse_form
         self.name, self.digits, self.modulus, self.header = name, digits, modulus, header
         self.check_order = check_order
         self.min_digits = digits if min_digits is None else min_digits
@@ -100,13 +108,12 @@ class RunningSum(Operation):
         return str(sum(instance) % self.modulus)
 
     def trace_steps(self, instance: Instance, verbose: bool) -> list[str]:
-        steps, state = [], 0
-        for i, d in enumerate(instance):
-            new = (state + d) % self.modulus
-            arith = f" {state}+{d}={state + d}" if verbose else ""
-            steps.append(f"{LABELS[i]}={d}{arith}>{new}")
-            state = new
-        return steps
+        return self.pass_steps(instance, (verbose,) * len(instance))[0]
+
+    def _step(self, i: int, d: int, state: int, new: int, verbose: bool) -> str:
+        if verbose:
+            return f"{LABELS[i]}={d} {state}+{d}={state + d}>{new}"
+        return f"{LABELS[i]}>{new}" if self.terse_form == "implicit" else f"{LABELS[i]}={d}>{new}"
 
     def pass_steps(self, instance: Instance, verbose: tuple[bool, ...], slips: Mapping[int, int] | None = None,
                    reverse: bool = False) -> tuple[list[str], int]:
@@ -120,8 +127,7 @@ class RunningSum(Operation):
             new = (state + d) % self.modulus
             if slips and k in slips:
                 new = (new + slips[k]) % self.modulus
-            arith = f" {state}+{d}={state + d}" if verbose[k] else ""
-            steps.append(f"{LABELS[i]}={d}{arith}>{new}")
+            steps.append(self._step(i, d, state, new, verbose[k]))
             state = new
         return steps, state
 
@@ -201,16 +207,19 @@ class RunningSum(Operation):
 
     def _check_pass(self, tokens: list[str], instance: Instance | None) -> tuple[int, int, int | None]:
         """``(steps, correct steps, claimed final state)`` of one pass. A pass that opens on a label other
-        than ``a`` reads the digits backwards from it (a reverse check: ``d=1>1 c=9>0 b=3>3 a=7>0``)."""
-        first = _HEAD.match(tokens[0]) if tokens else None
-        if first is not None and first[1] != LABELS[0] and not _PAIR.fullmatch(tokens[0]):
-            return self._check_reverse_pass(tokens, instance, LABELS.index(first[1]))
+        than ``a`` reads the digits backwards from it (a reverse check: ``d=1>1 c=9>0 b=3>3 a=7>0``); with
+        the problem given, it must open on the last digit's label."""
+        first = _LABEL_START.match(tokens[0]) if tokens else None
+        reverse = first is not None and first[1] != LABELS[0] and not _PAIR.fullmatch(tokens[0])
+        top = LABELS.index(first[1]) if reverse else 0
+        whole = not reverse or instance is None or top == len(instance) - 1
+        direction = -1 if reverse else 1
         steps = correct = 0
-        pos = 0  # the next input digit a step should read (a short step reads two)
+        pos = top  # the next input digit a step should read (a short step reads two)
         state = 0  # each step is checked against the state the previous step claimed, so errors do not cascade
         i = 0
         while i < len(tokens):
-            if m := _PAIR.fullmatch(tokens[i]):
+            if not reverse and (m := _PAIR.fullmatch(tokens[i])):
                 labels, pair, claimed = m[1] + m[2], (int(m[3]), int(m[4])), int(m[5])
                 ok = labels == LABELS[pos:pos + 2] and all(d < self.modulus for d in pair)
                 if instance is not None:
@@ -220,53 +229,38 @@ class RunningSum(Operation):
                 correct += ok
                 continue
             parsed, i = self._parse_step(tokens, i)
-            if parsed is None:
-                steps += 1
-                pos += 1
-                continue
-            label, digit, arith, claimed = parsed
-            ok = label == LABELS[pos] if pos < len(LABELS) else False
-            if instance is not None:
-                ok = ok and pos < len(instance) and digit == instance[pos]
-            if arith is not None:
-                prev, d2, total = arith
-                ok = ok and prev == state and d2 == digit and total == prev + digit and claimed == total % self.modulus
-            ok = ok and digit < self.modulus and claimed == (state + digit) % self.modulus
             steps += 1
-            pos += 1
-            correct += ok
-            state = claimed
+            if parsed is not None:
+                correct += whole and self._step_holds(parsed, pos, state, instance)
+                state = parsed[3]
+            pos += direction
         return steps, correct, state
 
-    def _check_reverse_pass(self, tokens: list[str], instance: Instance | None, top: int,
-                            ) -> tuple[int, int, int | None]:
-        """A pass from label ``top`` down to ``a``: with the instance, ``top`` must be its last digit."""
-        steps = correct = 0
-        pos, state, i = top, 0, 0
-        while i < len(tokens):
-            parsed, i = self._parse_step(tokens, i)
-            steps += 1
-            if parsed is None:
-                pos -= 1
-                continue
-            label, digit, arith, claimed = parsed
-            ok = 0 <= pos and label == LABELS[pos]
-            if instance is not None:
-                ok = ok and top == len(instance) - 1 and pos < len(instance) and digit == instance[pos]
-            if arith is not None:
-                prev, d2, total = arith
-                ok = ok and prev == state and d2 == digit and total == prev + digit and claimed == total % self.modulus
-            ok = ok and digit < self.modulus and claimed == (state + digit) % self.modulus
-            correct += ok
-            pos -= 1
-            state = claimed
-        return steps, correct, state
+    def _step_holds(self, parsed, pos: int, state: int, instance: Instance | None) -> bool:
+        """Whether one step reads the digit at ``pos`` (by its label) and adds it to ``state`` rightly."""
+        label, digit, arith, claimed = parsed
+        if not 0 <= pos < len(LABELS) or label != LABELS[pos]:
+            return False
+        if instance is not None:
+            if pos >= len(instance) or digit not in (None, instance[pos]):
+                return False
+            digit = instance[pos]  # an implicit terse step reads its digit without writing it
+        elif digit is None:
+            return True  # without the problem an implicit step's digit is unknown: only its label is judged
+        if arith is not None:
+            prev, d2, total = arith
+            if not (prev == state and d2 == digit and total == prev + digit and claimed == total % self.modulus):
+                return False
+        return digit < self.modulus and claimed == (state + digit) % self.modulus
 
     @staticmethod
     def _parse_step(tokens: list[str], i: int):
-        """``((label, digit, arith|None, state), next_i)``, or ``(None, i + 1)`` for a fragment that is no step."""
+        """``((label, digit|None, arith|None, state), next_i)``, or ``(None, i + 1)`` for a fragment that is
+        no step; an implicit terse step (``c>9``) has no written digit."""
         if m := _TERSE.fullmatch(tokens[i]):
             return (m[1], int(m[2]), None, int(m[3])), i + 1
+        if m := _IMPLICIT.fullmatch(tokens[i]):
+            return (m[1], None, None, int(m[2])), i + 1
         head = _HEAD.fullmatch(tokens[i])
         arith = _ARITH.fullmatch(tokens[i + 1]) if head and i + 1 < len(tokens) else None
         if head and arith:
@@ -274,10 +268,13 @@ class RunningSum(Operation):
         return None, i + 1
 
 
-def digitsum(digits: int, min_digits: int | None = None, check_order: str = "forward") -> RunningSum:
+def digitsum(digits: int, min_digits: int | None = None, check_order: str = "forward",
+             terse_form: str = "restated") -> RunningSum:
     return RunningSum("digitsum", digits, modulus=10, header="sum mod 10", min_digits=min_digits,
-                      check_order=check_order)
+                      check_order=check_order, terse_form=terse_form)
 
 
-def parity(digits: int, min_digits: int | None = None, check_order: str = "forward") -> RunningSum:
-    return RunningSum("parity", digits, modulus=2, header="parity", min_digits=min_digits, check_order=check_order)
+def parity(digits: int, min_digits: int | None = None, check_order: str = "forward",
+           terse_form: str = "restated") -> RunningSum:
+    return RunningSum("parity", digits, modulus=2, header="parity", min_digits=min_digits, check_order=check_order,
+                      terse_form=terse_form)
