@@ -181,6 +181,36 @@ def test_reverse_checked_corpus_traces_are_right_and_the_order_enters_the_identi
     assert fields["check_order"] == "reverse"
 
 
+def test_an_implicit_terse_step_reads_its_digit_without_writing_it_and_is_judged_against_the_problem():
+    op = digitsum(4, terse_form="implicit")
+    assert op.trace_steps(INST, verbose=False) == ["a>7", "b>0", "c>9", "d>0"]
+    assert op.trace_steps(INST, verbose=True) == digitsum(4).trace_steps(INST, verbose=True)  # verbose unchanged
+    plan = WorkedPlan(passes=((False, True, False, False),), slips={2: 3})
+    body, answer = op.planned_body(INST, plan)
+    assert body == "a>7 b=3 7+3=10>0 c>2 d>3"
+    assert op.check_steps(body, INST) == StepCheck(4, 3)  # c>2: 0 + 9 is 9, not 2
+    assert not op.final_pass_holds(body, INST, answer)
+    assert op.final_pass_holds("a>7 b>0 c>9 d>0", INST, "0")
+    assert not op.final_pass_holds("a>7 b>0 c>9 d>1", INST, "1")
+    assert not op.final_pass_holds("a>7 c>0 b>9 d>0", INST, "0")  # labels out of order
+    assert op.check_steps("a>7 b>0 c>9 d>0", None) == StepCheck(4, 4)  # without the problem: labels only
+
+
+def test_verbose_checks_write_every_step_out_and_leave_the_first_pass_stream_alone():
+    t = task(check_verbosity="verbose", check_order="reverse", terse_form="implicit")
+    gen, rng = CorpusGenerator(t), random.Random(0)
+    plans = [gen.plan(6, rng) for _ in range(2000)]
+    assert any(p.checks for p in plans)
+    assert all(all(all(step) for step in p.passes[1:]) for p in plans)
+    assert sum(v for p in plans for v in p.passes[0]) < 0.5 * 6 * 2000  # first passes keep their draw
+    drawn = [g.plan(6, r) for g, r in [(CorpusGenerator(task(check_order="reverse")), random.Random(0))] for _ in range(1)]
+    assert drawn[0].passes[0] == plans[0].passes[0] and drawn[0].slips == plans[0].slips
+    for p, text in corpus_traces(t, 800, seed=4):
+        assert t.reward(p, text) == 1.0 or " check " not in text
+        if " check " in text:
+            assert t.verified(text, p) and all("+" in step for step in text.split(" check ")[1].split("</think>")[0].split(">")[:-1])
+
+
 @pytest.mark.parametrize("bad,field", [
     ({"check_weights": [0.5, 0.4]}, "check_weights"),
     ({"check_weights": [1.2, -0.2]}, "check_weights"),
@@ -188,6 +218,9 @@ def test_reverse_checked_corpus_traces_are_right_and_the_order_enters_the_identi
     ({"operation": "add", "min_digits": None, "verbosity": "step"}, "verbosity"),
     ({"operation": "add", "min_digits": None, "check_order": "reverse"}, "verbosity"),
     ({"check_order": "backwards"}, "check_order"),
+    ({"operation": "add", "min_digits": None, "terse_form": "implicit"}, "verbosity"),
+    ({"terse_form": "hidden"}, "terse_form"),
+    ({"check_verbosity": "loud"}, "check_verbosity"),
 ])
 def test_bad_knobs_are_refused_naming_the_field(bad, field):
     cfg = {"kind": "arithmetic", "operation": "digitsum", "digits": 8, **bad}
