@@ -166,7 +166,12 @@ class RunningSum(Operation):
         if rng.random() < 0.5:  # in trace order half the time; shuffled, only the label can find the digit
             rng.shuffle(order)
         items = " ".join(f"{LABELS[i]}={instance[i]}" for i in order)
-        return f"{self.question(instance)}\nread back: {items}"
+        text = f"{self.question(instance)}\nread back: {items}"
+        if self.check_order == "reverse":
+            # then backwards, the lookups a reverse check makes, as far from the question as a check is
+            back = " ".join(f"{LABELS[i]}={instance[i]}" for i in reversed(range(len(instance))))
+            text += f"\nand back: {back}"
+        return text
 
     def meta(self, instance: Instance) -> Mapping[str, Any]:
         return {"operation": self.name, "inputs": instance}
