@@ -94,7 +94,21 @@ def child_env(fault: str | None = None, count: Path | None = None, extra_path: b
     return env
 
 
-def start(cfg: Path, env: dict, *extra: str) -> subprocess.Popen:
+def forking() -> bool:
+    return os.environ.get("RINGZERO_FAULTS_FORK", "1") != "0"
+
+
+def _server():
+    from fork_runs import fork_server
+
+    return fork_server(ROOT, child_env())
+
+
+def start(cfg: Path, env: dict, *extra: str):
+    """A ``ringzero run`` in a session of its own: forked from a warm helper (``fork_runs``), or started as a
+    fresh interpreter with ``RINGZERO_FAULTS_FORK=0``. Either way a separate process that a kill ends."""
+    if forking():
+        return _server().start(["run", str(cfg), *extra], env, ROOT)
     return subprocess.Popen([sys.executable, "-m", "ringzero.cli.main", "run", str(cfg), *extra], env=env, cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
 
@@ -219,6 +233,8 @@ def reference(kind: str, work: Path, dp: int = 1) -> Reference:
     ref = work / f"{kind}-dp{dp}-reference"
     shutil.copytree(prefix / "store", ref / "store")
     counts_path = ref / "counts.json"
+    if forking():
+        _server()  # started before the clock: the stage's window is measured from the run's own start
     t0 = time.time()
     rc, out = finish(start(config(ref, kind, dp=dp), child_env(count=counts_path), *nproc))
     if rc != 0:
@@ -524,8 +540,7 @@ def s3_restart_trial(ref: Reference, work: Path, index: int, rng: random.Random,
     data["storage"]["s3"] = settings
     cfg.write_text(yaml.safe_dump(data, sort_keys=False))
     env = {**child_env(extra_path=False), **s3.keys}
-    proc = subprocess.Popen([sys.executable, "-m", "ringzero.cli.main", "run", str(cfg)], env=env, cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = start(cfg, env)
     lo, hi = ref.stage_s
     time.sleep(rng.uniform(lo, lo + 0.6 * (hi - lo)))
     s3.stop()
@@ -561,8 +576,7 @@ def s3_restart_trial(ref: Reference, work: Path, index: int, rng: random.Random,
                 steps.append(int(uri.rstrip("/").split("-")[-1]))
     trial.torn, trial.newest_step = torn, max(steps, default=0)
     events_before = len(events(root))
-    rc2, out2 = finish(subprocess.Popen([sys.executable, "-m", "ringzero.cli.main", "run", str(cfg)], env=env,
-                                        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    rc2, out2 = finish(start(cfg, env))
     trial.rerun_exit, trial.resumed = rc2, rc2 == 0
     if rc2 == 0:
         new = events(root)[events_before:]
