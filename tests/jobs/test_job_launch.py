@@ -154,8 +154,14 @@ def test_a_second_job_on_the_same_stage_is_refused_and_the_first_finishes(tmp_pa
     first = start(tmp_path, *long_base)
     lease = lambda: next(iter((tmp_path / "store").glob("stages/*/lease.json")), None)  # noqa: E731
     wait_for(lease, 120, "the first job's stage lease", first)
-    second = start(tmp_path, *long_base, "--set", f"run.run_dir={tmp_path}/second")
-    status, out = finish(second)
+    # Held mid-stage while the second job starts: it meets a live holder however fast the first would have
+    # finished (a first job that finished before the second looked made the second a cache hit, exit 0).
+    os.killpg(first.pid, signal.SIGSTOP)
+    try:
+        second = start(tmp_path, *long_base, "--set", f"run.run_dir={tmp_path}/second")
+        status, out = finish(second)
+    finally:
+        os.killpg(first.pid, signal.SIGCONT)
     assert status == 2
     assert "is being run by another job" in out
     status, out = finish(first, timeout=400)
