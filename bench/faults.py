@@ -220,16 +220,21 @@ class Trial:
 
 
 def reference(kind: str, work: Path, dp: int = 1) -> Reference:
-    """The uninterrupted run (``dp`` ranks) from a prefix store computed once."""
+    """The uninterrupted run (``dp`` ranks) from a prefix store computed once per kind.
+
+    The prefix (the stages before the target) runs on one process whatever ``dp``: a stage's identity does
+    not include the layout, and every layout trains like one process (tests/parallel), so a ``dp`` run
+    reuses it as committed."""
     nproc = ("--nproc", str(dp)) if dp > 1 else ()
-    prefix = work / f"{kind}-dp{dp}-prefix"
-    prefix.mkdir(parents=True)
-    if kind != "pretrain":
-        rc, out = finish(start(config(prefix, kind, with_target=False, dp=dp), child_env(extra_path=False), *nproc))
-        if rc != 0:
-            raise SystemExit(f"{kind}: the prefix run failed:\n{out[-3000:]}")
-    else:
-        (prefix / "store").mkdir()
+    prefix = work / f"{kind}-prefix"
+    if not prefix.exists():
+        prefix.mkdir(parents=True)
+        if kind != "pretrain":
+            rc, out = finish(start(config(prefix, kind, with_target=False), child_env(extra_path=False)))
+            if rc != 0:
+                raise SystemExit(f"{kind}: the prefix run failed:\n{out[-3000:]}")
+        else:
+            (prefix / "store").mkdir()
     ref = work / f"{kind}-dp{dp}-reference"
     shutil.copytree(prefix / "store", ref / "store")
     counts_path = ref / "counts.json"
