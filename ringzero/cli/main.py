@@ -22,6 +22,7 @@ COMMAND_MODULES = [
     "ringzero.cli.gap_cmd",
     "ringzero.cli.cp_cmd",
     "ringzero.cli.kfp_cmd",
+    "ringzero.cli.cluster_cmd",
     "ringzero.cli.serve_cmd",
     "ringzero.cli.model_cmd",
 ]

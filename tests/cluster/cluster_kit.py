@@ -24,6 +24,7 @@ COMBINATIONS: dict[str, list[str]] = {
     "defaults": [],
     "cpu": ["values-cpu.yaml"],
     "gpu": ["values-gpu.yaml"],
+    "gpu-2node": ["values-gpu.yaml", "values-gpu-2node.yaml"],
     "external-s3": ["values-external-s3.yaml"],
     "cpu-external-s3": ["values-cpu.yaml", "values-external-s3.yaml"],
     "pytorchjob": ["values-pytorchjob.yaml"],

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import yaml
 from cluster_helm_cli import REPO
@@ -75,10 +77,10 @@ def test_cluster_settings_load_into_the_launcher_model(rendered, name):
 def test_gpu_profile_settings(rendered):
     text = the(rendered["gpu"], "ConfigMap", "-cluster")["data"]["cluster.yaml"]
     settings = ClusterSettings.model_validate(yaml.safe_load(text))
-    assert (settings.device, settings.num_nodes, settings.gpus_per_node) == ("gpu", 1, 8)
+    assert (settings.device, settings.num_nodes, settings.gpus_per_node) == ("gpu", 1, 4)
     assert settings.node_selector == {"nvidia.com/gpu.product": "NVIDIA-H200"}
     assert settings.tolerations[0].key == "nvidia.com/gpu"
-    assert settings.rollout.tp_size == 4
+    assert (settings.rollout.replicas, settings.rollout.tp_size) == (1, 4)  # 4 + 4 on one 8-GPU node
 
 
 def test_cpu_profile_runs_the_cpu_image_without_gpus(rendered):
@@ -102,10 +104,15 @@ def test_smoke_job_follows_the_backend(rendered, helm_bin):
 
 
 def shipped_run_config(objs):
-    """The run config the release's pipeline runs: pipeline.runConfig, read from the run-config ConfigMap."""
+    """The run config the release's pipeline runs: pipeline.runConfig, read from the run-config ConfigMap,
+    with the profile's overrides as the upload Job passes them (`--set 'PATH=VALUE'`)."""
+    from ringzero.config.loader import apply_overrides
+
     upload = the(objs, "Job", "-pipeline-upload")["spec"]["template"]["spec"]["containers"][0]
     name = next(e["value"] for e in upload["env"] if e["name"] == "RUN_CONFIG")
-    return parse_config(yaml.safe_load(the(objs, "ConfigMap", "-runs")["data"][name]), name)
+    data = yaml.safe_load(the(objs, "ConfigMap", "-runs")["data"][name])
+    apply_overrides(data, re.findall(r"--set '([^']*)'", upload["args"][0]))
+    return parse_config(data, name)
 
 
 GPU_COMBINATIONS = sorted(n for n, files in COMBINATIONS.items() if "values-cpu.yaml" not in files)
@@ -148,7 +155,7 @@ def test_gpu_values_launch_the_shipped_run_config(rendered):
                    config_yaml="", dp=cfg.parallel.dp, cp=cfg.parallel.cp)
     trainer = render_stage(settings, job)[-1]["spec"]["trainer"]
     assert trainer["command"] == ["torchrun"]
-    assert trainer["args"][:2] == ["--nnodes=1", "--nproc-per-node=8"]
+    assert trainer["args"][:2] == ["--nnodes=1", "--nproc-per-node=4"]
 
 
 def test_run_config_map_ships_the_cluster_config(rendered):

@@ -57,7 +57,7 @@ def test_disk_sync_carries_the_claim_and_mount(helm_bin):
     assert settings.namespace == NAMESPACE
     assert (settings.rollout.weight_sync, settings.rollout.shared_weights_pvc,
             settings.rollout.shared_weights_mount) == ("disk", "rz-weights", "/weights")
-    assert (settings.rollout.replicas, settings.rollout.tp_size) == (2, 4)  # the profile's values are kept
+    assert (settings.rollout.replicas, settings.rollout.tp_size) == (1, 4)  # the profile's values are kept
 
 
 def test_a_claim_with_distributed_sync_is_carried(helm_bin):
@@ -129,7 +129,7 @@ def template_labels(obj: dict) -> list[dict]:
 def launched_pods(settings: ClusterSettings) -> dict[str, dict]:
     """{trainer, rollout}: the pod labels of a sampling stage's job and servers, as the launcher renders them."""
     job = StageJob(run="cluster-h200", stage="rl", name="cluster-h200-rl-0a1b2c3d", namespace=NAMESPACE,
-                   config_yaml="", dp=2, cp=4)
+                   config_yaml="", dp=settings.world_size() // 2, cp=2)
     spec = RolloutSpec("s3://ringzero/runs/cluster-h200/base", S3Settings(endpoint="minio.ml.svc:9000"),
                        lm_head_fp32=True, deterministic=False, seed=7)
     objs = render_stage(settings, job, spec)
@@ -202,10 +202,14 @@ def weight_sync_policies(objs):
     return [o for o in objs if o["kind"] == "NetworkPolicy" and o["metadata"]["name"].endswith("-weight-sync")]
 
 
-@pytest.mark.parametrize("files", [["values-gpu.yaml"], ["values-gpu.yaml", "values-pytorchjob.yaml"]],
+TWO_SERVERS = ["values-gpu.yaml", "values-gpu-2node.yaml"]
+
+
+@pytest.mark.parametrize("files", [TWO_SERVERS, [*TWO_SERVERS, "values-pytorchjob.yaml"]],
                          ids=["trainjob", "pytorchjob"])
 def test_distributed_sync_opens_trainer_and_servers_to_each_other_and_nothing_else(helm_bin, files):
-    """GPU profile (2 servers): trainer <-> server and server <-> server on every port, between launched pods."""
+    """Two-node GPU profile (2 servers): trainer <-> server and server <-> server on every port, between
+    launched pods."""
     distributed = render(helm_bin, files)
     disk = render(helm_bin, files, DISK)
     for obj in weight_sync_policies(distributed):
@@ -256,7 +260,7 @@ def test_the_policy_selectors_are_the_launcher_labels(rendered):
                 COMPONENT_LABEL: component}
 
     policies = {p["metadata"]["name"].removeprefix(f"{RELEASE}-ringzero-"): p["spec"]
-                for p in weight_sync_policies(rendered["gpu"])}
+                for p in weight_sync_policies(rendered["gpu-2node"])}
     assert set(policies) == {"rollout-weight-sync", "trainer-weight-sync"}
     rollout, trainer = policies["rollout-weight-sync"], policies["trainer-weight-sync"]
     assert rollout["podSelector"] == {"matchLabels": launched("rollout")}
