@@ -27,7 +27,8 @@ def register(sub) -> None:
 
 
 def _plan(args) -> int:
-    from ringzero.cluster.plan import Node, as_json, as_text, plan_run, quantity
+    from ringzero.cluster.capacity import Node, quantity
+    from ringzero.cluster.plan import as_json, as_text, plan_run
     from ringzero.cluster.values import load_values, pipeline_overrides, settings_from_values
     from ringzero.config import load_config
 

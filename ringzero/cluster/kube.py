@@ -65,6 +65,17 @@ class KubernetesApi:
     def log_tail(self, namespace: str, pod: str, container: str, lines: int) -> str:
         return self._core.read_namespaced_pod_log(pod, namespace, container=container, tail_lines=lines)
 
+    def list_nodes(self, label_selector: str) -> list[dict] | None:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            nodes = self._core.list_node(label_selector=label_selector or None)
+        except ApiException as exc:
+            if exc.status in (401, 403):  # the chart grants it only with rbac.readNodes
+                return None
+            raise
+        return [self._client.sanitize_for_serialization(n) for n in nodes.items]
+
 
 def current_namespace(default: str = "default") -> str:
     """The namespace this pod runs in (its service account's), else ``default`` outside a cluster."""

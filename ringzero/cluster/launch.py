@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 
 from ringzero.cluster.api import ClusterApi, ObjectRef
+from ringzero.cluster.capacity import check_capacity
 from ringzero.cluster.job import StageJob, render_config_map
 from ringzero.cluster.labels import LAUNCH_LABEL, selector
 from ringzero.cluster.pytorchjob import render_pytorchjob
@@ -88,6 +89,7 @@ def launch_stage(api: ClusterApi, settings: ClusterSettings, job: StageJob, roll
                  *, clock: Callable[[], float] = time.monotonic) -> dict:
     """Run the stage; returns the finished job object. Raises ``StageFailed``/``StageTimeout`` with log tails."""
     objects = render_stage(settings, job, rollout)
+    check_capacity(api, settings, objects, job.stage)
     *support, training = objects
     _, job_verdict = BACKENDS[settings.backend]
     created: list[ObjectRef] = []

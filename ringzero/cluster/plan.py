@@ -4,65 +4,25 @@
 ConfigMap, for a sampling stage the SGLang Deployment and its two Services, then the TrainJob or
 PyTorchJob), reads each pod group's requests from the rendered objects, and packs one stage's pods
 (they run at the same time: the servers stay up while the job trains) onto the given nodes, largest GPU
-request first. ``fits`` is false when some pod finds no node with room; ``short`` then says what is
-missing. The launcher runs the same packing against the cluster's allocatable resources before it
-creates anything (``check_capacity``).
+request first (``capacity``). ``fits`` is false when some pod finds no node with room; ``short`` then
+says what is missing. The launcher runs the same packing against the cluster's nodes before it creates
+anything (``capacity.check_capacity``).
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import asdict, dataclass, field
 
 import yaml
 
+from ringzero.cluster.capacity import Node, PodGroup, describe, gib, pack, pod_groups
 from ringzero.cluster.job import StageJob, check_world
 from ringzero.cluster.labels import launch_name
 from ringzero.cluster.launch import render_stage
-from ringzero.cluster.pods import GPU_RESOURCE
 from ringzero.cluster.rollout import RolloutSpec
 from ringzero.cluster.step import SAMPLING_KINDS
 from ringzero.config.cluster import ClusterSettings
 from ringzero.errors import RingzeroError
-
-_QUANTITY = re.compile(r"^([0-9.]+)([a-zA-Z]*)$")
-_SUFFIX = {"": 1, "m": 1e-3, "k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15,
-           "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50}
-
-
-def quantity(value: str | int | float) -> float:
-    """A Kubernetes quantity as a number (``"500m"`` -> 0.5, ``"64Gi"`` -> 68719476736)."""
-    m = _QUANTITY.match(str(value).strip())
-    if not m or m[2] not in _SUFFIX:
-        raise RingzeroError(f"not a Kubernetes quantity: {value!r}")
-    return float(m[1]) * _SUFFIX[m[2]]
-
-
-def gib(n: float) -> str:
-    return f"{n / 2**30:g}Gi"
-
-
-@dataclass(frozen=True)
-class Node:
-    """What one node offers the run's pods."""
-
-    gpus: int
-    cpu: float | None = None  # cores; None = not checked
-    memory: float | None = None  # bytes; None = not checked
-    name: str = ""
-
-
-@dataclass
-class PodGroup:
-    """``count`` identical pods of one object."""
-
-    kind: str  # the object: TrainJob, PyTorchJob, Deployment
-    name: str
-    role: str  # trainer or rollout
-    count: int
-    gpus: int
-    cpu: float
-    memory: float
 
 
 @dataclass
@@ -78,82 +38,6 @@ class StagePlan:
     def totals(self) -> dict:
         return {"gpus": sum(p.count * p.gpus for p in self.pods), "cpu": sum(p.count * p.cpu for p in self.pods),
                 "memory": sum(p.count * p.memory for p in self.pods)}
-
-
-def pod_requests(pod_spec: dict) -> tuple[int, float, float]:
-    """(GPUs, CPU cores, memory bytes) one pod asks for: its containers' sum, or its largest init container."""
-    def of(containers):
-        rows = [c.get("resources", {}).get("requests", {}) for c in containers]
-        return [(int(quantity(r.get(GPU_RESOURCE, 0))), quantity(r.get("cpu", 0)), quantity(r.get("memory", 0)))
-                for r in rows]
-    main, init = of(pod_spec.get("containers", [])), of(pod_spec.get("initContainers", []))
-    total = tuple(sum(x[i] for x in main) for i in range(3))
-    return tuple(max([total[i], *(x[i] for x in init)]) for i in range(3))  # type: ignore[return-value]
-
-
-def pod_groups(obj: dict) -> list[PodGroup]:
-    kind, name = obj["kind"], obj["metadata"]["name"]
-    if kind == "Deployment":
-        gpus, cpu, memory = pod_requests(obj["spec"]["template"]["spec"])
-        return [PodGroup(kind, name, "rollout", obj["spec"]["replicas"], gpus, cpu, memory)]
-    if kind == "TrainJob":
-        trainer = obj["spec"]["trainer"]
-        gpus, cpu, memory = pod_requests({"containers": [{"resources": trainer["resourcesPerNode"]}]})
-        return [PodGroup(kind, name, "trainer", trainer["numNodes"], gpus, cpu, memory)]
-    if kind == "PyTorchJob":
-        out = []
-        for role, spec in obj["spec"]["pytorchReplicaSpecs"].items():
-            gpus, cpu, memory = pod_requests(spec["template"]["spec"])
-            out.append(PodGroup(kind, f"{name}/{role.lower()}", "trainer", spec["replicas"], gpus, cpu, memory))
-        return out
-    return []
-
-
-def pack(pods: list[PodGroup], nodes: list[Node]) -> tuple[bool, str]:
-    """First fit, largest GPU request first; ``(fits, what is short)``."""
-    free = [[n.gpus, n.cpu, n.memory] for n in nodes]
-    unplaced: list[tuple[str, str]] = []
-    for group in sorted(pods, key=lambda p: (p.gpus, p.memory, p.cpu), reverse=True):
-        for _ in range(group.count):
-            for room in free:
-                if room[0] >= group.gpus and (room[1] is None or room[1] >= group.cpu) and (
-                        room[2] is None or room[2] >= group.memory):
-                    room[0] -= group.gpus
-                    if room[1] is not None:
-                        room[1] -= group.cpu
-                    if room[2] is not None:
-                        room[2] -= group.memory
-                    break
-            else:
-                unplaced.append((group.role, f"{group.gpus} GPUs, {group.cpu:g} CPU, {gib(group.memory)}"))
-    if not unplaced:
-        return True, ""
-    need = sum(p.count * p.gpus for p in pods)
-    have = sum(n.gpus for n in nodes)
-    parts = [f"needs {need} GPUs at once ({_breakdown(pods)}) on {_describe(nodes)}"]
-    if need > have:
-        parts.append(f"{need - have} GPUs short")
-    parts.append("no node has room for " + ", ".join(_dedupe(unplaced)))
-    return False, "; ".join(parts)
-
-
-def _breakdown(pods: list[PodGroup]) -> str:
-    return " + ".join(f"{p.role} {p.count} x {p.gpus}" for p in pods if p.gpus) or "no GPUs"
-
-
-def _describe(nodes: list[Node]) -> str:
-    gpus = {n.gpus for n in nodes}
-    if len(gpus) == 1:
-        return f"{len(nodes)} node{'s' if len(nodes) != 1 else ''} x {gpus.pop()} GPUs"
-    return f"{len(nodes)} nodes with {', '.join(str(n.gpus) for n in nodes)} GPUs"
-
-
-def _dedupe(items: list[tuple[str, str]]) -> list[str]:
-    """``[(role, requests), ...]`` as "a rollout pod (...)" or "2 rollout pods (... each)"."""
-    seen: dict[tuple[str, str], int] = {}
-    for item in items:
-        seen[item] = seen.get(item, 0) + 1
-    return [f"a {role} pod ({req})" if n == 1 else f"{n} {role} pods ({req} each)" for (role, req), n in seen.items()]
 
 
 def plan_stage(cfg, settings: ClusterSettings, stage, nodes: list[Node], release: str = "plan") -> StagePlan:
@@ -199,7 +83,7 @@ def as_json(plans: list[StagePlan], nodes: list[Node]) -> dict:
 
 
 def as_text(plans: list[StagePlan], nodes: list[Node]) -> str:
-    lines = [f"capacity: {_describe(nodes)}" + (
+    lines = [f"capacity: {describe(nodes)}" + (
         "" if nodes[0].cpu is None else f", {nodes[0].cpu:g} CPU" ) + (
         "" if nodes[0].memory is None else f", {gib(nodes[0].memory)} each")]
     for p in plans:
@@ -221,3 +105,5 @@ def as_text(plans: list[StagePlan], nodes: list[Node]) -> str:
         if p.short:
             lines.append(f"  short: {p.short}")
     return "\n".join(lines)
+
+

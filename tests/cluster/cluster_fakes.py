@@ -35,7 +35,10 @@ class FakeApi:
     """Per kind: a list of watch streams; each stream is a list of status patches, "DELETED", or a callable
     (run when reached: raise KeyboardInterrupt, send a signal...). ``get`` returns the latest state."""
 
-    def __init__(self, streams: dict[str, list[list]], pods=(), logs=None, fail_create=(), fail_delete=()):
+    def __init__(self, streams: dict[str, list[list]], pods=(), logs=None, fail_create=(), fail_delete=(),
+                 nodes=None):
+        self.nodes_listed = nodes  # node objects; None: the account may not list nodes
+        self.node_selectors: list[str] = []
         self.streams = {k: list(v) for k, v in streams.items()}
         self.state: dict[ObjectRef, dict] = {}
         self.created: list[str] = []
@@ -83,6 +86,17 @@ class FakeApi:
 
     def log_tail(self, namespace, pod, container, lines):
         return "\n".join(self.logs.get((pod, container), "").splitlines()[-lines:])
+
+    def list_nodes(self, label_selector):
+        self.node_selectors.append(label_selector)
+        return self.nodes_listed
+
+
+def node(name, gpus, cpu="112", memory="2000Gi", unschedulable=False, taints=()):
+    """A node object as the API returns it: allocatable resources, cordon flag and taints."""
+    alloc = {"cpu": cpu, "memory": memory, **({"nvidia.com/gpu": str(gpus)} if gpus else {})}
+    return {"metadata": {"name": name}, "spec": {"unschedulable": unschedulable, "taints": list(taints)},
+            "status": {"allocatable": alloc}}
 
 
 def pod(name, phase, containers=("node",)):

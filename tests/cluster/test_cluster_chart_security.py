@@ -108,3 +108,19 @@ def test_validators_reject_typos(rendered):
     deployment["spec"]["template"]["spec"]["containers"][0]["imagePullPolicyy"] = "Always"
     with pytest.raises(AssertionError):
         validate(deployment)
+
+
+def test_reading_nodes_is_the_one_opt_in_cluster_grant(helm_bin):
+    from cluster_kit import render
+
+    objs = render(helm_bin, [], ("rbac.readNodes=true",))
+    (role,) = [o for o in objs if o["kind"] == "ClusterRole"]
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list"]}]
+    (binding,) = [o for o in objs if o["kind"] == "ClusterRoleBinding"]
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                                  "name": role["metadata"]["name"]}
+    (account,) = [o for o in objs if o["kind"] == "ServiceAccount" and o["metadata"]["name"] == "rz-ringzero"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account["metadata"]["name"],
+                                    "namespace": "ml"}]
+    # two releases in two namespaces get two cluster-scoped names
+    assert role["metadata"]["name"] == "ml-rz-ringzero-nodes"

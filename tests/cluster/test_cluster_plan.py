@@ -12,7 +12,8 @@ import pytest
 import yaml
 from cluster_kit import CHART, COMBINATIONS, NAMESPACE, RELEASE, render
 
-from ringzero.cluster.plan import Node, PodGroup, pack, plan_run, quantity
+from ringzero.cluster.capacity import Node, PodGroup, pack, quantity
+from ringzero.cluster.plan import plan_run
 from ringzero.cluster.values import load_values, pipeline_overrides, settings_dict, settings_from_values
 from ringzero.config import load_config
 from ringzero.errors import RingzeroError
