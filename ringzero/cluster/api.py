@@ -52,5 +52,8 @@ class ClusterApi(Protocol):
     def log_tail(self, namespace: str, pod: str, container: str, lines: int) -> str:
         """The last ``lines`` lines of one container's log."""
 
+    def list_events(self, namespace: str, object_name: str) -> list[dict]:
+        """Events about one object (a pod), oldest first, as plain dicts."""
+
     def list_nodes(self, label_selector: str) -> list[dict] | None:
         """Nodes matching the selector, as plain dicts; None when this account may not read nodes."""

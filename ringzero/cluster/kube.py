@@ -65,6 +65,11 @@ class KubernetesApi:
     def log_tail(self, namespace: str, pod: str, container: str, lines: int) -> str:
         return self._core.read_namespaced_pod_log(pod, namespace, container=container, tail_lines=lines)
 
+    def list_events(self, namespace: str, object_name: str) -> list[dict]:
+        events = self._core.list_namespaced_event(namespace, field_selector=f"involvedObject.name={object_name}")
+        out = [self._client.sanitize_for_serialization(e) for e in events.items]
+        return sorted(out, key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "")
+
     def list_nodes(self, label_selector: str) -> list[dict] | None:
         from kubernetes.client.exceptions import ApiException
 

@@ -31,6 +31,7 @@ from ringzero.cluster.rollout import (
     weights_dir,
     with_shared_weights,
 )
+from ringzero.cluster.stuck import StuckPods
 from ringzero.cluster.trainjob import render_trainjob
 from ringzero.cluster.wait import (
     StageFailed,
@@ -118,10 +119,11 @@ def _create(api: ClusterApi, created: list[ObjectRef], obj: dict) -> None:
 def _wait(api, settings, job, obj, verdict, timeout_s, clock) -> dict:
     ref = ObjectRef.of(obj)
     component = obj["metadata"]["labels"]["app.kubernetes.io/component"]
+    pods = selector({LAUNCH_LABEL: job.name, "app.kubernetes.io/component": component})
+    stuck = StuckPods(api, settings, job.namespace, pods, clock)
     try:
-        return wait_for(api, ref, verdict, timeout_s, clock)
+        return wait_for(api, ref, verdict, timeout_s, clock, stuck=stuck.check)
     except StageFailed as exc:
-        pods = selector({LAUNCH_LABEL: job.name, "app.kubernetes.io/component": component})
         logs = failure_logs(api, job.namespace, pods, settings.log_lines)
         raise type(exc)(f"stage {job.stage!r} of run {job.run!r}: {exc}\n{logs}") from exc
 

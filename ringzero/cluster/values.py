@@ -102,12 +102,11 @@ def settings_dict(values: dict, release: str = "ringzero", namespace: str = "def
         "run_user": values["runAsUser"],
         "rollout": rollout,
         "job_timeout_s": c["jobTimeoutSeconds"],
+        "pending_timeout_s": c["pendingTimeoutSeconds"],
+        "image_pull_timeout_s": c["imagePullTimeoutSeconds"],
+        "crash_loop_restarts": c["crashLoopRestarts"],
         "log_lines": c["logLines"],
     }
-    # Keys the template passes through only when the values set them (newer settings).
-    for key, field in (("pendingTimeoutSeconds", "pending_timeout_s"), ("ipcLock", "ipc_lock")):
-        if key in c:
-            out[field] = c[key]
     return out
 
 

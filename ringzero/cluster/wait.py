@@ -68,9 +68,15 @@ def deployment_verdict(obj: dict) -> Verdict:
     return RUNNING
 
 
+POLL_S = 15.0
+"""How often a wait wakes up to look at the launch's pods (``stuck``) while nothing changes."""
+
+
 def wait_for(api: ClusterApi, ref: ObjectRef, verdict: Callable[[dict], Verdict], timeout_s: float,
-             clock: Callable[[], float] = time.monotonic) -> dict:
-    """Block until ``verdict`` says succeeded (returns the object) or failed / timed out (raises)."""
+             clock: Callable[[], float] = time.monotonic, stuck: Callable[[], str | None] | None = None,
+             poll_s: float = POLL_S) -> dict:
+    """Block until ``verdict`` says succeeded (returns the object) or failed / timed out (raises). With
+    ``stuck``, also fail as soon as it names a reason (pods that will never run: ``stuck.StuckPods``)."""
     deadline = clock() + timeout_s
     obj = api.get(ref)
     while True:
@@ -81,22 +87,26 @@ def wait_for(api: ClusterApi, ref: ObjectRef, verdict: Callable[[dict], Verdict]
             return obj
         if v.state == "failed":
             raise StageFailed(f"{ref} failed: {v.reason}")
+        if stuck is not None and (reason := stuck()):
+            raise StageFailed(f"{ref} cannot run: {reason}")
         remaining = deadline - clock()
         if remaining <= 0:
             raise StageTimeout(f"{ref} did not finish within {timeout_s:.0f} s")
-        obj = _next_change(api, ref, remaining, verdict, deadline, clock)
+        # With pods to look at, the watch's own server-side timeout wakes the wait up when nothing changes.
+        obj = _next_change(api, ref, remaining if stuck is None else min(remaining, poll_s), verdict, deadline,
+                           clock)
 
 
-def _next_change(api, ref, remaining, verdict, deadline, clock) -> dict | None:
+def _next_change(api, ref, watch_s, verdict, deadline, clock) -> dict | None:
     """Watch until a decisive change or the deadline; then (or when the stream ends) return the latest state."""
     latest = None
-    for event in api.watch(ref, timeout_s=remaining):
+    for event in api.watch(ref, timeout_s=watch_s):
         if event.type == "DELETED":
             return None
         latest = event.object
         if verdict(latest).state != "running" or clock() >= deadline:
             return latest
-    # The stream ended (server-side timeout or a dropped connection): read the state afresh.
+    # The stream ended (server-side timeout, e.g. the poll interval, or a dropped connection): read afresh.
     return api.get(ref)
 
 

@@ -154,7 +154,16 @@ class ClusterSettings(StrictModel):
     s3_secret: S3SecretRef
     run_user: int = Field(10001, ge=1, description="non-root uid (and gid) every pod runs as; matches the images")
     rollout: RolloutSettings = RolloutSettings()
-    job_timeout_s: float = Field(7 * 24 * 3600.0, gt=0, description="fail a stage job that runs longer than this")
+    job_timeout_s: float = Field(
+        2 * 24 * 3600.0, gt=0, description="fail a stage job that runs longer than this (its pods running or not)")
+    pending_timeout_s: float = Field(
+        600.0, gt=0, description="fail a stage when one of its pods stays unschedulable this long (no node with "
+        "the GPUs, CPU or memory it asks for, a node selector or taint nothing matches, a quota)")
+    image_pull_timeout_s: float = Field(
+        300.0, gt=0, description="fail a stage when a container's image has not been pulled this long after the "
+        "first failed pull (an image name that cannot be pulled fails at once)")
+    crash_loop_restarts: int = Field(
+        3, ge=1, description="fail a stage when a container has restarted this often (CrashLoopBackOff)")
     log_lines: int = Field(50, ge=1, le=5000, description="last log lines of each failed pod put in the error")
 
     @field_validator("service_account", "runtime")

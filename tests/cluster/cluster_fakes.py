@@ -36,8 +36,9 @@ class FakeApi:
     (run when reached: raise KeyboardInterrupt, send a signal...). ``get`` returns the latest state."""
 
     def __init__(self, streams: dict[str, list[list]], pods=(), logs=None, fail_create=(), fail_delete=(),
-                 nodes=None):
+                 nodes=None, events=None):
         self.nodes_listed = nodes  # node objects; None: the account may not list nodes
+        self.events = dict(events or {})  # pod name -> its events
         self.node_selectors: list[str] = []
         self.streams = {k: list(v) for k, v in streams.items()}
         self.state: dict[ObjectRef, dict] = {}
@@ -86,6 +87,9 @@ class FakeApi:
 
     def log_tail(self, namespace, pod, container, lines):
         return "\n".join(self.logs.get((pod, container), "").splitlines()[-lines:])
+
+    def list_events(self, namespace, object_name):
+        return list(self.events.get(object_name, []))
 
     def list_nodes(self, label_selector):
         self.node_selectors.append(label_selector)
