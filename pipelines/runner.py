@@ -55,7 +55,8 @@ def submit(cfg: RunConfig, settings: KfpSettings, host: str, experiment: str | N
     try:
         client = kfp.Client(host=host, namespace=namespace)
         result = client.create_run_from_pipeline_func(
-            build_pipeline(cfg, settings), arguments={}, experiment_name=experiment, namespace=namespace
+            build_pipeline(cfg, settings), arguments={}, experiment_name=experiment, namespace=namespace,
+            service_account=settings.service_account,
         )
     except Exception as exc:  # the client raises urllib3, ApiException and ValueError alike
         raise RingzeroError(f"KFP at {host}: could not submit run {cfg.run.name!r}: {exc}") from exc

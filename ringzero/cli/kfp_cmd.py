@@ -22,6 +22,7 @@ def register(sub) -> None:
     c = ksub.add_parser("compile", help="write the compiled pipeline YAML")
     add_config_args(c)
     c.add_argument("--output", type=Path, default=None, help="output file (default: RUN_NAME.yaml here)")
+    _add_install_args(c)
     c.set_defaults(handler=_compile)
 
     r = ksub.add_parser("run-local", help="run the pipeline with the KFP local subprocess runner")
@@ -32,10 +33,23 @@ def register(sub) -> None:
 
     s = ksub.add_parser("submit", help="submit a run to a KFP endpoint")
     add_config_args(s)
-    s.add_argument("--host", required=True, help="KFP API URL, e.g. http://ml-pipeline-ui.kubeflow")
+    s.add_argument("--host", default=None, help="KFP API URL, e.g. http://localhost:8080 through a port-forward "
+                   "(default with --release: the release's pipeline.kfpHost, reachable from inside the cluster)")
     s.add_argument("--experiment", default=None, help="experiment name (default: the endpoint's default)")
     s.add_argument("--namespace", default=None, help="namespace of a multi-user KFP install")
+    _add_install_args(s)
     s.set_defaults(handler=_submit)
+
+
+def _add_install_args(p) -> None:
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--release", default=None, metavar="NAME",
+                       help="take the store, images, service account and cluster settings from this Helm release "
+                       "(its ConfigMaps, through the kubeconfig); CONFIG may then name one of its run configs")
+    where.add_argument("--install", type=Path, default=None, metavar="DIR",
+                       help="the same from the release's cluster ConfigMap mounted at DIR (the upload Job)")
+    p.add_argument("--release-namespace", default=None, metavar="NS",
+                   help="namespace of --release (default: the kubeconfig context's)")
 
 
 def pipelines_module(name: str):
@@ -55,14 +69,33 @@ def pipelines_module(name: str):
     return importlib.import_module(f"pipelines.{name}")
 
 
-def _load(args):
+def _install(args):
+    from ringzero.kfp import install
+
+    if args.install is not None:
+        return install.from_dir(args.install)
+    if args.release is not None:
+        return install.from_release(args.release, args.release_namespace)
+    if args.release_namespace is not None:
+        raise RingzeroError("--release-namespace goes with --release")
+    return None
+
+
+def _load(args, installed=None):
+    """The run config and its kfp settings; with a release's settings, as that release's pipeline runs it."""
+    import tempfile
+
     from ringzero.kfp.settings import load_kfp_config
 
-    return load_kfp_config(args.config, args.overrides)
+    if installed is None:
+        return load_kfp_config(args.config, args.overrides)
+    with tempfile.TemporaryDirectory(prefix="ringzero-run-config-") as scratch:
+        path = installed.config_path(args.config, Path(scratch))
+        return load_kfp_config(path, [*installed.overrides(Path(args.config).name), *args.overrides])
 
 
 def _compile(args) -> int:
-    cfg, settings = _load(args)
+    cfg, settings = _load(args, _install(args))
     out = args.output or Path(f"{cfg.run.name}.yaml")
     pipelines_module("runner").compile_pipeline(cfg, settings, out)
     print(f"wrote {out}: pipeline {cfg.run.name!r}, {len(cfg.stages)} stages, mode {settings.mode}")
@@ -82,7 +115,12 @@ def _run_local(args) -> int:
 
 
 def _submit(args) -> int:
-    cfg, settings = _load(args)
-    run_id = pipelines_module("runner").submit(cfg, settings, args.host, args.experiment, args.namespace)
-    print(f"submitted run {cfg.run.name!r} to {args.host}: run id {run_id}")
+    installed = _install(args)
+    cfg, settings = _load(args, installed)
+    host = args.host or (installed.kfp_host if installed else None)
+    if host is None:
+        raise RingzeroError("--host: the KFP API URL to submit to (or --release, whose pipeline.kfpHost is taken)")
+    run_id = pipelines_module("runner").submit(cfg, settings, host, args.experiment, args.namespace)
+    account = f" as service account {settings.service_account}" if settings.service_account else ""
+    print(f"submitted run {cfg.run.name!r} to {host}{account}: run id {run_id}")
     return 0

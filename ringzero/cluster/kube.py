@@ -65,6 +65,10 @@ class KubernetesApi:
     def log_tail(self, namespace: str, pod: str, container: str, lines: int) -> str:
         return self._core.read_namespaced_pod_log(pod, namespace, container=container, tail_lines=lines)
 
+    def list_config_maps(self, namespace: str, label_selector: str) -> list[dict]:
+        maps = self._core.list_namespaced_config_map(namespace, label_selector=label_selector)
+        return [self._client.sanitize_for_serialization(m) for m in maps.items]
+
     def list_events(self, namespace: str, object_name: str) -> list[dict]:
         events = self._core.list_namespaced_event(namespace, field_selector=f"involvedObject.name={object_name}")
         out = [self._client.sanitize_for_serialization(e) for e in events.items]

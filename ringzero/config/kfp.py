@@ -64,6 +64,17 @@ class KfpSettings(StrictModel):
         None, description="Secret with the s3:// store's keys, given to steps as RINGZERO_S3_*; null = none mounted"
     )
     stage_pod: StagePod = Field(StagePod(), description="pods of in-process stage steps")
+    service_account: str | None = Field(
+        None, description="service account of the run's pods (a submitted run is created with it); in cluster "
+        "mode the release's launcher account, which may create the stage jobs; null = the KFP default",
+    )
+
+    @field_validator("service_account")
+    @classmethod
+    def _account(cls, v: str | None) -> str | None:
+        if v is not None and not re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", v):
+            raise ValueError(f"must be a Kubernetes service account name (got {v!r})")
+        return v
 
     @model_validator(mode="after")
     def _stage_pod_only_in_process(self) -> KfpSettings:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import re
-
 import pytest
 import yaml
 from cluster_helm_cli import REPO
@@ -105,13 +103,13 @@ def test_smoke_job_follows_the_backend(rendered, helm_bin):
 
 def shipped_run_config(objs):
     """The run config the release's pipeline runs: pipeline.runConfig, read from the run-config ConfigMap,
-    with the profile's overrides as the upload Job passes them (`--set 'PATH=VALUE'`)."""
+    with the profile's pipeline overrides (from the cluster ConfigMap, as the upload Job reads them)."""
     from ringzero.config.loader import apply_overrides
 
     upload = the(objs, "Job", "-pipeline-upload")["spec"]["template"]["spec"]["containers"][0]
     name = next(e["value"] for e in upload["env"] if e["name"] == "RUN_CONFIG")
     data = yaml.safe_load(the(objs, "ConfigMap", "-runs")["data"][name])
-    apply_overrides(data, re.findall(r"--set '([^']*)'", upload["args"][0]))
+    apply_overrides(data, yaml.safe_load(the(objs, "ConfigMap", "-cluster")["data"]["pipeline-overrides.yaml"]) or [])
     return parse_config(data, name)
 
 
@@ -189,9 +187,10 @@ def test_upload_job_compiles_with_this_release_settings(rendered):
     container = the(rendered["multiuser"], "Job", "-pipeline-upload")["spec"]["template"]["spec"]["containers"][0]
     script = container["args"][0]
     assert "ringzero kfp compile" in script and "python -m ringzero.cluster.kfp_upload" in script
-    assert '--set "storage.s3.endpoint=${S3_ENDPOINT}"' in script
-    assert '--set "cluster=$(cat /etc/ringzero/cluster/cluster.yaml)"' in script
-    assert "--set kfp.mode=cluster" in script
+    # the release's settings come from its cluster ConfigMap, mounted where --install reads it
+    assert "--install /etc/ringzero/cluster" in script
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    assert mounts["cluster"] == "/etc/ringzero/cluster"
     volumes = the(rendered["multiuser"], "Job", "-pipeline-upload")["spec"]["template"]["spec"]["volumes"]
     (token,) = [v for v in volumes if v["name"] == "kfp-token"]
     assert token["projected"]["sources"][0]["serviceAccountToken"]["audience"] == "pipelines.kubeflow.org"
@@ -206,7 +205,9 @@ def test_upload_script_overrides_load_with_the_real_config_loader(rendered, tmp_
     import os
     import subprocess
     import sys
+    from pathlib import Path
 
+    from ringzero.kfp.install import from_dir
     from ringzero.kfp.settings import load_kfp_config
 
     objs = rendered["external-s3"]
@@ -237,15 +238,15 @@ def test_upload_script_overrides_load_with_the_real_config_loader(rendered, tmp_
 
     argv = json.loads((tmp_path / "ringzero.json").read_text())
     assert argv[:2] == ["kfp", "compile"] and argv[argv.index("--output") + 1] == "/tmp/pipeline.yaml"
-    overrides = [argv[i + 1] for i, a in enumerate(argv) if a == "--set"]
-    cluster = [o for o in overrides if o.startswith("cluster=")]
-    ClusterSettings.model_validate(yaml.safe_load(cluster[0].removeprefix("cluster=")))
-    # `cluster` is not a RunConfig field yet; everything else must load as ringzero kfp compile loads it.
-    cfg, kfp = load_kfp_config(argv[2], [o for o in overrides if not o.startswith("cluster=")])
+    # What `ringzero kfp compile --install DIR` makes of the mounted ConfigMap, through the real loader.
+    installed = from_dir(argv[argv.index("--install") + 1])
+    cfg, kfp = load_kfp_config(argv[2], installed.overrides(Path(argv[2]).name))
     assert cfg.storage.root == "s3://my-ringzero-runs/runs/cluster-h200"
     assert (cfg.storage.s3.endpoint, cfg.storage.s3.secure, cfg.storage.s3.region) == (
         "s3.us-east-1.amazonaws.com", True, "us-east-1")
     assert (kfp.mode, kfp.base_image, kfp.s3_secret.name) == ("cluster", "ringzero/cpu:0.1.0", "ringzero-s3")
+    assert kfp.service_account == "rz-ringzero" and cfg.cluster.service_account == "rz-ringzero"
+    assert cfg.cluster.images.trainer.repository == "ringzero/trainer"
     upload = json.loads((tmp_path / "python.json").read_text())
     assert upload[:3] == ["-m", "ringzero.cluster.kfp_upload", "/tmp/pipeline.yaml"]
     assert upload[upload.index("--name") + 1] == "ringzero" and "--token-file" not in upload

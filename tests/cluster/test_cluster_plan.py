@@ -114,12 +114,13 @@ def test_the_settings_read_from_values_are_the_ones_the_chart_installs(helm_bin,
     assert settings_dict(load_values([CHART / f for f in files]), release=RELEASE, namespace=NAMESPACE) == installed
 
 
-def test_the_pipeline_upload_passes_the_profile_s_overrides(helm_bin):
-    [job] = [o for o in render(helm_bin, COMBINATIONS["gpu-2node"]) if o["kind"] == "Job"
-             and o["metadata"]["name"].endswith("pipeline-upload")]
-    script = job["spec"]["template"]["spec"]["containers"][0]["args"][0]
-    assert "--set 'parallel.cp=4'" in script
+def test_the_release_carries_the_profile_s_overrides_to_its_pipeline(helm_bin):
+    from ringzero.kfp.install import Install
+
+    for combo, expected in (("gpu-2node", ["parallel.cp=4"]), ("gpu", [])):
+        [cm] = [o for o in render(helm_bin, COMBINATIONS[combo]) if o["kind"] == "ConfigMap"
+                and o["metadata"]["name"].endswith("-cluster")]
+        assert (yaml.safe_load(cm["data"]["pipeline-overrides.yaml"]) or []) == expected
+        overrides = Install(cm["data"], "test").overrides("cluster-h200.yaml")
+        assert overrides[-len(expected):] == expected if expected else not any("parallel" in o for o in overrides)
     assert pipeline_overrides(load_values([CHART / "values-gpu-2node.yaml"])) == ["parallel.cp=4"]
-    [job] = [o for o in render(helm_bin, COMBINATIONS["gpu"]) if o["kind"] == "Job"
-             and o["metadata"]["name"].endswith("pipeline-upload")]
-    assert "parallel.cp" not in job["spec"]["template"]["spec"]["containers"][0]["args"][0]
