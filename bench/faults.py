@@ -271,8 +271,8 @@ def rerun_and_score(trial: Trial, ref: Reference, root: Path, before: dict) -> T
         return trial
     new = events(root)[events_before:]
     trial.resumed_from, trial.lost, cached = resume_of(new, ref.kind, before["newest_step"])
-    if cached:
-        trial.note = "outcome reused"
+    if cached:  # appended: a kill that lost the race says so, and its rerun reusing the outcome too
+        trial.note = "; ".join(n for n in (trial.note, "outcome reused") if n)
     h = target_hash(new)
     trial.equal = final_digest(f"file://{root / 'store'}", h, ref.kind) == ref.digest
     return trial
