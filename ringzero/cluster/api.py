@@ -57,3 +57,7 @@ class ClusterApi(Protocol):
 
     def list_nodes(self, label_selector: str) -> list[dict] | None:
         """Nodes matching the selector, as plain dicts; None when this account may not read nodes."""
+
+    def get_crd(self, name: str) -> dict | None:
+        """A CustomResourceDefinition by name, None when it is not installed; raises ``CrdUnreadable``
+        (ringzero.cluster.versions) when this account may not read CRDs."""

@@ -173,7 +173,7 @@ def check_capacity(api, settings: ClusterSettings, objects: list[dict], stage: s
     schedulable nodes. Skipped (with a log line) when the account may not read nodes."""
     found = api.list_nodes(selector(settings.node_selector))
     if found is None:
-        log.info("capacity not checked: the launcher may not list nodes (the chart's rbac.readNodes grants it)")
+        log.info("capacity not checked: the launcher may not list nodes (the chart's rbac.readCluster grants it)")
         return
     pods = [g for obj in objects for g in pod_groups(obj)]
     nodes = schedulable_nodes(found, settings)

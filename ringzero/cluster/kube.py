@@ -80,10 +80,27 @@ class KubernetesApi:
         try:
             nodes = self._core.list_node(label_selector=label_selector or None)
         except ApiException as exc:
-            if exc.status in (401, 403):  # the chart grants it only with rbac.readNodes
+            if exc.status in (401, 403):  # the chart grants it only with rbac.readCluster
                 return None
             raise
         return [self._client.sanitize_for_serialization(n) for n in nodes.items]
+
+
+    def get_crd(self, name: str) -> dict | None:
+        from kubernetes import client
+        from kubernetes.client.exceptions import ApiException
+
+        from ringzero.cluster.versions import CrdUnreadable
+
+        try:
+            crd = client.ApiextensionsV1Api(self._client).read_custom_resource_definition(name)
+        except ApiException as exc:
+            if exc.status in (401, 403):  # the chart grants it only with rbac.readCluster
+                raise CrdUnreadable(name) from None
+            if exc.status == 404:
+                return None
+            raise
+        return self._client.sanitize_for_serialization(crd)
 
 
 def current_namespace(default: str = "default") -> str:

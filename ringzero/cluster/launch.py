@@ -33,6 +33,7 @@ from ringzero.cluster.rollout import (
 )
 from ringzero.cluster.stuck import StuckPods
 from ringzero.cluster.trainjob import render_trainjob
+from ringzero.cluster.versions import check_job_crd
 from ringzero.cluster.wait import (
     StageFailed,
     deployment_verdict,
@@ -90,6 +91,7 @@ def launch_stage(api: ClusterApi, settings: ClusterSettings, job: StageJob, roll
                  *, clock: Callable[[], float] = time.monotonic) -> dict:
     """Run the stage; returns the finished job object. Raises ``StageFailed``/``StageTimeout`` with log tails."""
     objects = render_stage(settings, job, rollout)
+    check_job_crd(api, settings.backend)
     check_capacity(api, settings, objects, job.stage)
     *support, training = objects
     _, job_verdict = BACKENDS[settings.backend]

@@ -50,7 +50,7 @@ def plan_stage(cfg, settings: ClusterSettings, stage, nodes: list[Node], release
     )
     rollout = None
     if cfg.engines.rollout.kind == "sglang" and stage.kind in SAMPLING_KINDS:
-        rollout = RolloutSpec.from_run_config(cfg, f"<the checkpoint {stage.name} starts from>")
+        rollout = RolloutSpec.from_run_config(cfg, f"<the checkpoint {stage.name} starts from>", stage)
     try:
         check_world(settings, job)
         objects = render_stage(settings, job, rollout)

@@ -31,12 +31,15 @@ def pod_security(settings: ClusterSettings) -> dict:
     }
 
 
-def container_security() -> dict:
+def container_security(ipc_lock: bool = False) -> dict:
+    """The restricted profile's container context. ``ipc_lock`` (``cluster.ipc_lock``) adds back IPC_LOCK
+    to the processes that register GPU memory with InfiniBand (NCCL over RDMA pins pages); that one
+    capability takes the pod outside the restricted profile, which allows only NET_BIND_SERVICE."""
     return {
         "allowPrivilegeEscalation": False,
         "readOnlyRootFilesystem": True,
         "runAsNonRoot": True,
-        "capabilities": {"drop": ["ALL"]},
+        "capabilities": {"drop": ["ALL"], **({"add": ["IPC_LOCK"]} if ipc_lock else {})},
         "seccompProfile": {"type": "RuntimeDefault"},
     }
 
@@ -99,7 +102,7 @@ def resources(node: NodeResources, gpus: int) -> dict:
 
 
 def container(name: str, image: str, pull_policy: str, command: list[str], args: list[str], *,
-              env: list[dict], resources: dict, mounts: list[dict], **extra) -> dict:
+              env: list[dict], resources: dict, mounts: list[dict], ipc_lock: bool = False, **extra) -> dict:
     """One container with the hardened security context; ``extra`` adds ports and probes."""
     return {
         "name": name,
@@ -109,7 +112,7 @@ def container(name: str, image: str, pull_policy: str, command: list[str], args:
         "args": list(args),
         "env": list(env),
         "resources": resources,
-        "securityContext": container_security(),
+        "securityContext": container_security(ipc_lock),
         "volumeMounts": list(mounts),
         **extra,
     }

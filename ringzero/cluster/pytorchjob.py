@@ -37,6 +37,7 @@ def render_pytorchjob(settings: ClusterSettings, job: StageJob, extra_args: tupl
         env=[*job.plain_env(), *pods.writable_home_env(), *pods.s3_credential_env()],
         resources=pods.resources(settings.node_resources, settings.gpus_per_node),
         mounts=[*pods.scratch_mounts(), pods.run_config_mount(), pods.s3_credential_mount()],
+        ipc_lock=settings.ipc_lock,
         ports=[{"name": PORT_NAME, "containerPort": PORT, "protocol": "TCP"}],
     )
     template = {

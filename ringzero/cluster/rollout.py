@@ -9,7 +9,9 @@ SGLang serves it. Its numerics follow the run's rollout precision policy (flag n
   body runs only on the embedded engine);
 - ``--enable-fp32-lm-head`` when the policy keeps the LM head in FP32;
 - ``--enable-deterministic-inference`` when the run asks for deterministic rollouts; ``--random-seed`` is
-  always the run's seed.
+  always the run's seed;
+- ``--enable-return-routed-experts`` when the stage replays the rollout's MoE routing in training
+  (``loss.routing_replay``): without it SGLang refuses ``return_routed_experts`` on every request.
 
 The attention-softmax island (``attention_softmax_fp32``) has no counterpart: SGLang has no server flag
 for the precision of the attention softmax. Its attention kernels choose it themselves; the policy
@@ -48,13 +50,17 @@ class RolloutSpec:
     deterministic: bool
     seed: int
     body: str = "bfloat16"  # the rollout policy's body dtype
+    routed_experts: bool = False  # the stage replays the rollout's MoE routing
 
     @classmethod
-    def from_run_config(cls, cfg, model_uri: str) -> RolloutSpec:
-        """Take precision, determinism and seed from a ``RunConfig`` so rollout matches the run."""
+    def from_run_config(cls, cfg, model_uri: str, stage=None) -> RolloutSpec:
+        """Take precision, determinism and seed from a ``RunConfig`` so rollout matches the run, and
+        from the stage whether its servers must return routed experts."""
         policy = cfg.precision.rollout
+        routed = bool(getattr(getattr(stage, "loss", None), "routing_replay", False))
         return cls(model_uri=model_uri, s3=cfg.storage.s3, lm_head_fp32=policy.lm_head_fp32,
-                   deterministic=cfg.precision.deterministic, seed=cfg.run.seed, body=policy.body)
+                   deterministic=cfg.precision.deterministic, seed=cfg.run.seed, body=policy.body,
+                   routed_experts=routed)
 
 
 def sglang_args(settings: ClusterSettings, spec: RolloutSpec) -> list[str]:
@@ -70,6 +76,8 @@ def sglang_args(settings: ClusterSettings, spec: RolloutSpec) -> list[str]:
         args.append("--enable-fp32-lm-head")
     if spec.deterministic:
         args.append("--enable-deterministic-inference")
+    if spec.routed_experts:
+        args.append("--enable-return-routed-experts")
     # No flag for attention_softmax_fp32: SGLang has none (see the module docstring).
     return args
 
@@ -130,7 +138,7 @@ def render_rollout(settings: ClusterSettings, job: StageJob, spec: RolloutSpec) 
         "sglang", image.ref(), image.pull_policy, ["python3", "-m", "sglang.launch_server"],
         sglang_args(settings, spec), env=[*job.plain_env(), *pods.writable_home_env()],
         resources=pods.resources(settings.rollout.resources, settings.rollout.tp_size),
-        mounts=mounts,
+        mounts=mounts, ipc_lock=settings.ipc_lock,
         ports=[{"name": "http", "containerPort": PORT, "protocol": "TCP"}],
         startupProbe=_probe(10, startup_failures),
         readinessProbe=_probe(10, 3),

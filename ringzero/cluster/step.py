@@ -31,7 +31,7 @@ def rollout_for(cfg, settings: ClusterSettings, stage, inputs) -> RolloutSpec | 
         return None
     if not inputs.init_uri:
         raise RingzeroError(f"stage {stage.name!r} samples with SGLang but has no input checkpoint to serve")
-    return RolloutSpec.from_run_config(cfg, inputs.init_uri)
+    return RolloutSpec.from_run_config(cfg, inputs.init_uri, stage)
 
 
 def execute_stage_on_cluster(cfg, store, stage, inputs, run_dir: Path, *, settings: ClusterSettings | None = None,

@@ -40,7 +40,7 @@ def render_trainjob(settings: ClusterSettings, job: StageJob, extra_args: tuple[
                     pods.s3_credential_volume(settings.s3_secret)],
         "containers": [{
             "name": RUNTIME_CONTAINER,
-            "securityContext": pods.container_security(),
+            "securityContext": pods.container_security(settings.ipc_lock),
             "volumeMounts": [*pods.scratch_mounts(), pods.run_config_mount(), pods.s3_credential_mount()],
         }],
     }

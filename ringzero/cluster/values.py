@@ -106,6 +106,7 @@ def settings_dict(values: dict, release: str = "ringzero", namespace: str = "def
         "image_pull_timeout_s": c["imagePullTimeoutSeconds"],
         "crash_loop_restarts": c["crashLoopRestarts"],
         "log_lines": c["logLines"],
+        "ipc_lock": c["ipcLock"],
     }
     return out
 

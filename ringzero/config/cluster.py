@@ -165,6 +165,9 @@ class ClusterSettings(StrictModel):
     crash_loop_restarts: int = Field(
         3, ge=1, description="fail a stage when a container has restarted this often (CrashLoopBackOff)")
     log_lines: int = Field(50, ge=1, le=5000, description="last log lines of each failed pod put in the error")
+    ipc_lock: bool = Field(
+        False, description="add the IPC_LOCK capability to trainer and SGLang containers, for NCCL over "
+        "InfiniBand (memory registration pins pages); relaxes the restricted Pod Security profile")
 
     @field_validator("service_account", "runtime")
     @classmethod
@@ -182,6 +185,9 @@ class ClusterSettings(StrictModel):
             raise ValueError(f"gpus_per_node must be 0 when device is cpu (got {self.gpus_per_node})")
         if self.device == "gpu" and not self.gpus_per_node:
             raise ValueError("gpus_per_node must be at least 1 when device is gpu")
+        if self.device == "cpu" and self.ipc_lock:
+            raise ValueError("ipc_lock is for NCCL over InfiniBand on GPU nodes; with device cpu it would only "
+                             "relax the pods' security profile")
         return self
 
     def job_image(self) -> ImageRef:

@@ -36,7 +36,8 @@ class FakeApi:
     (run when reached: raise KeyboardInterrupt, send a signal...). ``get`` returns the latest state."""
 
     def __init__(self, streams: dict[str, list[list]], pods=(), logs=None, fail_create=(), fail_delete=(),
-                 nodes=None, events=None):
+                 nodes=None, events=None, crds=None):
+        self.crds = crds  # name -> CRD object; None: the account may not read CRDs
         self.nodes_listed = nodes  # node objects; None: the account may not list nodes
         self.events = dict(events or {})  # pod name -> its events
         self.node_selectors: list[str] = []
@@ -94,6 +95,13 @@ class FakeApi:
     def list_nodes(self, label_selector):
         self.node_selectors.append(label_selector)
         return self.nodes_listed
+
+    def get_crd(self, name):
+        from ringzero.cluster.versions import CrdUnreadable
+
+        if self.crds is None:
+            raise CrdUnreadable(name)
+        return self.crds.get(name)
 
 
 def node(name, gpus, cpu="112", memory="2000Gi", unschedulable=False, taints=()):

@@ -31,7 +31,12 @@ def test_every_pod_is_restricted(rendered, name):
 def test_rbac_is_namespaced_and_explicit(rendered, name):
     objs = rendered[name]
     kinds = {o["kind"] for o in objs}
-    assert not kinds & {"ClusterRole", "ClusterRoleBinding", "ClusterTrainingRuntime"}
+    assert "ClusterTrainingRuntime" not in kinds
+    # the one cluster-scoped grant is rbac.readCluster's read-only role (off in a profile namespace)
+    cluster_roles = [o for o in objs if o["kind"] == "ClusterRole"]
+    assert len(cluster_roles) == (0 if name == "multiuser" else 1)
+    for role in cluster_roles:
+        assert {v for rule in role["rules"] for v in rule["verbs"]} <= {"get", "list"}
     (role,) = [o for o in objs if o["kind"] == "Role"]
     for rule in role["rules"]:
         for field in ("apiGroups", "resources", "verbs"):
@@ -110,12 +115,20 @@ def test_validators_reject_typos(rendered):
         validate(deployment)
 
 
-def test_reading_nodes_is_the_one_opt_in_cluster_grant(helm_bin):
+def test_reading_nodes_and_the_job_crds_is_the_one_cluster_grant_and_can_be_turned_off(helm_bin):
     from cluster_kit import render
 
-    objs = render(helm_bin, [], ("rbac.readNodes=true",))
+    objs = render(helm_bin, [], ())
     (role,) = [o for o in objs if o["kind"] == "ClusterRole"]
-    assert role["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list"]}]
+    assert role["rules"] == [
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list"]},
+        {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"],
+         "resourceNames": ["trainjobs.trainer.kubeflow.org", "pytorchjobs.kubeflow.org"], "verbs": ["get"]},
+    ]
+    # the CRD names granted are the ones the launcher's version check reads
+    from ringzero.cluster.versions import CRDS
+
+    assert set(role["rules"][1]["resourceNames"]) == {c.name for c in CRDS.values()}
     (binding,) = [o for o in objs if o["kind"] == "ClusterRoleBinding"]
     assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
                                   "name": role["metadata"]["name"]}
@@ -123,4 +136,25 @@ def test_reading_nodes_is_the_one_opt_in_cluster_grant(helm_bin):
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account["metadata"]["name"],
                                     "namespace": "ml"}]
     # two releases in two namespaces get two cluster-scoped names
-    assert role["metadata"]["name"] == "ml-rz-ringzero-nodes"
+    assert role["metadata"]["name"] == "ml-rz-ringzero-read-cluster"
+    off = render(helm_bin, [], ("rbac.readCluster=false",))
+    assert not {o["kind"] for o in off} & {"ClusterRole", "ClusterRoleBinding"}
+
+
+def test_ipc_lock_reaches_the_smoke_job_s_nccl_container_only_when_asked(helm_bin):
+    from cluster_kit import pod_specs, render
+
+    def added(values):
+        objs = render(helm_bin, ["values-gpu.yaml"], values)
+        out = {}
+        for obj in objs:
+            for _, pod in pod_specs(obj):
+                for c in [*pod.get("containers", []), *pod.get("initContainers", [])]:
+                    caps = (c.get("securityContext") or {}).get("capabilities") or {}
+                    out[(obj["kind"], c["name"])] = caps.get("add", [])
+        return out
+
+    default, locked = added(()), added(("cluster.ipcLock=true",))
+    assert not any(default.values())
+    assert {k for k, v in locked.items() if v} == {("TrainJob", "node")}
+    assert locked[("TrainJob", "node")] == ["IPC_LOCK"]

@@ -64,6 +64,44 @@ def test_launched_pods_are_restricted(backend):
     assert not [v for where, pod in pods for v in restricted_violations(where, pod)]
 
 
+@pytest.mark.parametrize("backend", ["trainjob", "pytorchjob"])
+def test_ipc_lock_is_added_to_the_nccl_containers_only_and_is_the_one_relaxation(backend):
+    """cluster.ipc_lock gives IPC_LOCK back to the trainer and SGLang containers (NCCL over InfiniBand
+    registers memory), not to the fetch-model init container; the restricted-profile check names it."""
+    objs = render_stage(settings(backend=backend, ipc_lock=True), job(), rollout())
+    added = {}
+    for where, pod in (p for o in objs for p in pod_specs(o)):
+        for c in [*pod.get("containers", []), *pod.get("initContainers", [])]:
+            caps = (c.get("securityContext") or {}).get("capabilities") or {}
+            if pod.get("containers") == [] and not caps:
+                continue  # a TrainJob patch names the container, its context is in the patch
+            added[c["name"]] = caps.get("add", [])
+            assert caps.get("drop") == ["ALL"], (where, c["name"])
+    assert added == {"node" if backend == "trainjob" else "pytorch": ["IPC_LOCK"], "sglang": ["IPC_LOCK"],
+                     "fetch-model": []}
+    violations = [v for where, pod in (p for o in objs for p in pod_specs(o)) for v in restricted_violations(where, pod)]
+    assert violations and all(v.endswith("adds capabilities") for v in violations)
+    with pytest.raises(ValidationError, match="ipc_lock is for NCCL over InfiniBand"):
+        settings(device="cpu", gpus_per_node=0, ipc_lock=True)
+
+
+@pytest.mark.parametrize("backend", ["trainjob", "pytorchjob"])
+def test_trainer_and_sglang_containers_have_a_memory_backed_dev_shm(backend):
+    """NCCL (cross-pod weight sync, the trainer's collectives) and SGLang's TP workers exchange through
+    /dev/shm, which is 64Mi unless the pod mounts its own."""
+    objs = render_stage(settings(backend=backend), job(), rollout())
+    seen = set()
+    for _, pod in (p for o in objs for p in pod_specs(o)):
+        volumes = {v["name"]: v for v in pod.get("volumes", [])}
+        for c in pod.get("containers", []):
+            shm = [m for m in c.get("volumeMounts", []) if m["mountPath"] == "/dev/shm"]
+            assert len(shm) == 1, c["name"]
+            empty = volumes[shm[0]["name"]]["emptyDir"]
+            assert empty["medium"] == "Memory" and empty["sizeLimit"]
+            seen.add(c["name"])
+    assert seen >= {"sglang", "node" if backend == "trainjob" else "pytorch"}
+
+
 STAGE = ["-m", "ringzero.cli.main", "stage", "run", "/etc/ringzero/run/config.yaml", "--stage", "stage1",
          "--init", "s3://ringzero/runs/h200/base"]
 

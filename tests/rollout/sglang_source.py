@@ -46,3 +46,14 @@ def struct_fields(relative: str) -> dict[str, list[str]]:
         return inherited + [f for f in own if f not in inherited]
 
     return {name: fields(name) for name in classes}
+
+
+@cache
+def server_flags() -> set[str]:
+    """The command-line flags of ``sglang.launch_server``: one ``--x-y`` per ServerArgs field ``x_y``
+    (its ``arg_groups/field_order.py`` lists the built-in fields, ``_field_to_cli_name`` spells them)."""
+    path = Path(distribution().locate_file("sglang/srt/arg_groups/field_order.py"))
+    tree = ast.parse(path.read_text(), filename=str(path))
+    (order,) = [n.value for n in tree.body if isinstance(n, ast.Assign)
+                and any(isinstance(t, ast.Name) and t.id == "POSITIONAL_FIELD_ORDER" for t in n.targets)]
+    return {"--" + ast.literal_eval(e).replace("_", "-") for e in order.elts}

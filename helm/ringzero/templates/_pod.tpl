@@ -28,6 +28,20 @@ seccompProfile:
   type: RuntimeDefault
 {{- end -}}
 
+{{/* A container that joins NCCL across pods: with cluster.ipcLock it gets IPC_LOCK back (InfiniBand). */}}
+{{- define "ringzero.ncclContainerSecurityContext" -}}
+allowPrivilegeEscalation: false
+readOnlyRootFilesystem: true
+runAsNonRoot: true
+capabilities:
+  drop: [ALL]
+  {{- if .Values.cluster.ipcLock }}
+  add: [IPC_LOCK]
+  {{- end }}
+seccompProfile:
+  type: RuntimeDefault
+{{- end -}}
+
 {{- define "ringzero.podSpec" -}}
 {{- $root := .root -}}
 {{- $hardened := fromYaml (include "ringzero.containerSecurityContext" $root) -}}
