@@ -209,7 +209,7 @@ class RunConfig(StrictModel):
                                 "rollout engine route every token as the trainer does")
         if self.engines.rollout.kind == "sglang" and self.cluster is not None:
             # The launcher starts real SGLang servers (an SGLang-compatible `ringzero serve` takes any layout).
-            from ringzero.model.hf_format import sglang_problems
+            from ringzero.model.sglang_loader import sglang_problems
 
             problems += [f"model: the cluster's SGLang servers cannot serve it: {p}" for p in sglang_problems(self.model)]
         if problems:

@@ -47,6 +47,8 @@ def hf_config(cfg: ModelConfig, dtype: torch.dtype, special_tokens: Mapping[str,
     doc.update(cfg.model_dump(mode="json", include=set(LING_FIELDS)))
     if cfg.num_experts is None:
         doc.update(num_experts=1, first_k_dense_replace=cfg.num_hidden_layers)
+    elif cfg.num_shared_experts is None:  # the same (none), written so SGLang's `> 0` test can read it
+        doc["num_shared_experts"] = 0
     doc.update(
         num_key_value_heads=cfg.num_attention_heads, hidden_act="silu", linear_silu=False,
         num_nextn_predict_layers=0, full_attention_type="mla", scoring_func=cfg.score_function,
@@ -145,24 +147,3 @@ def _mtp_layer(name: str, num_hidden_layers: int) -> bool:
     parts = name.split(".")
     return len(parts) > 2 and parts[:2] == ["model", "layers"] and parts[2].isdigit() \
         and int(parts[2]) >= num_hidden_layers
-
-
-# SGLang maps an MLA layer's `attention.dense` to its `o_proj` only for these layer indices (its
-# hf_to_sglang_mapper in models/bailing_moe_linear.py); at any other index the weight is skipped without
-# an error and the layer runs with an uninitialized output projection.
-SGLANG_MLA_DENSE_LAYERS = tuple(range(7, 80, 8))
-
-
-def sglang_problems(cfg: ModelConfig) -> list[str]:
-    """Why SGLang's ``BailingMoeV2_5ForCausalLM`` would not serve this model correctly (empty: it would)."""
-    problems = []
-    if not cfg.reference_layout():
-        problems.append(f"layout {cfg.layout!r} is not built from layer_group_size")
-    if cfg.num_hidden_layers % cfg.layer_group_size:
-        problems.append(f"num_hidden_layers ({cfg.num_hidden_layers}) must be a multiple of layer_group_size "
-                        f"({cfg.layer_group_size}): SGLang asserts it")
-    bad = [i for i, t in enumerate(cfg.layer_types()) if t == "mla" and i not in SGLANG_MLA_DENSE_LAYERS]
-    if bad:
-        problems.append(f"MLA layers {bad} are outside {list(SGLANG_MLA_DENSE_LAYERS)}, the only indices whose "
-                        f"attention.dense SGLang loads (layer_group_size must be 8, at most 80 layers)")
-    return problems

@@ -160,10 +160,34 @@ def test_cli_export_import_serve_folder_round_trip(tmp_path, capsys):
 
 
 def test_sglang_servability_is_checked_against_its_loader():
-    from ringzero.model.hf_format import sglang_problems
+    from ringzero.model.sglang_loader import SGLANG_VERSION, sglang_problems
 
     assert sglang_problems(ModelConfig(num_hidden_layers=16, layer_group_size=8, head_dim=32)) == []
-    tiny = sglang_problems(ModelConfig(num_hidden_layers=4, layer_group_size=2))
-    assert len(tiny) == 1 and "MLA layers [1, 3] are outside" in tiny[0]
+    # MLA at layers 1 and 3 loads in SGLang 0.5.23 (its load_weights maps .dense. to .o_proj. at every layer)
+    assert sglang_problems(ModelConfig(num_hidden_layers=4, layer_group_size=2)) == []
     assert any("must be a multiple of layer_group_size" in p
                for p in sglang_problems(ModelConfig(num_hidden_layers=10, layer_group_size=8)))
+    (tied,) = sglang_problems(ModelConfig(num_hidden_layers=4, layer_group_size=2, tie_word_embeddings=True))
+    assert tied.startswith("tie_word_embeddings: true") and "AttributeError" in tied
+    (other,) = sglang_problems(ModelConfig(), version="0.6.0")
+    assert f"read from SGLang {SGLANG_VERSION}'s loader" in other
+
+
+def test_null_shared_experts_are_written_as_zero_and_load_back_the_same_model(tmp_path):
+    """SGLang 0.5.23 tests ``num_shared_experts > 0``: a null would raise there, 0 means the same."""
+    from ringzero.model.hf_format import hf_config, model_config_from_hf
+
+    moe = dict(num_hidden_layers=4, layer_group_size=2, num_experts=4, num_experts_per_tok=2, n_group=2,
+               topk_group=1, moe_intermediate_size=32)
+    doc = hf_config(ModelConfig(**moe, num_shared_experts=None), torch.float32)
+    assert doc["num_shared_experts"] == 0
+    back = model_config_from_hf(doc, "config.json")
+    assert (back.num_shared_experts or 0) == 0 and back.num_experts == 4
+    torch.manual_seed(0)
+    fp32 = PrecisionPolicy.preset("fp32")
+    a = randomize(HybridLM(ModelConfig(**moe, num_shared_experts=None), fp32))
+    b = HybridLM(back, fp32)
+    b.load_state_dict(a.state_dict())
+    ids = torch.randint(0, a.cfg.vocab_size, (1, 6))
+    assert torch.equal(a(ids), b(ids))
+    assert hf_config(ModelConfig(**moe, num_shared_experts=2), torch.float32)["num_shared_experts"] == 2

@@ -50,3 +50,37 @@ def test_a_routing_replay_stage_asks_its_servers_for_routed_experts():
         assert RolloutSpec.from_run_config(cfg, "s3://b/c", stage).routed_experts
     for stage in others:
         assert not RolloutSpec.from_run_config(cfg, "s3://b/c", stage).routed_experts
+
+
+def test_the_loadability_rules_follow_the_pinned_sglang_and_its_loader_still_says_what_they_rest_on():
+    """``ringzero.model.sglang_loader`` was read from the SGLang release the rollout image pins; when the pin
+    moves, this fails until the rules are reread. Each rule's ground is checked in that release's source."""
+    from pathlib import Path
+
+    from ringzero.model.sglang_loader import SGLANG_VERSION
+
+    assert SGLANG_VERSION == image_version()
+    source = Path(distribution().locate_file("sglang/srt/models/bailing_moe_linear.py")).read_text()
+    compact = " ".join(source.split())
+    # tied embeddings: the causal-LM class reads an attribute only its inner model has
+    assert "self.lm_head = ( self.word_embeddings if config.tie_word_embeddings" in compact
+    # null shared experts: compared with 0 as read (hf_config writes 0)
+    assert 'self.num_shared_experts = getattr(config, "num_shared_experts", 0)' in compact
+    assert "if self.num_shared_experts > 0:" in compact
+    # every MLA layer's dense loads: renamed to o_proj when its name is not a parameter
+    assert 'name = name.replace(".dense.", ".o_proj.")' in compact
+    # the group-size assert
+    assert "assert self.num_layers % self.layer_group_size == 0" in compact
+
+
+def test_a_cluster_run_on_sglang_with_tied_embeddings_is_refused_at_load():
+    from ringzero.errors import ConfigError
+
+    data = yaml.safe_load((ROOT / "configs" / "cluster-h200.yaml").read_text())
+    data["model"]["tie_word_embeddings"] = True
+    data["cluster"] = SETTINGS.model_dump(mode="json")  # what the chart's pipeline upload fills in
+    data["cluster"]["gpus_per_node"] = 4
+    with pytest.raises(ConfigError, match="the cluster's SGLang servers cannot serve it: tie_word_embeddings"):
+        parse_config(data, "cluster-h200.yaml")
+    data["engines"]["rollout"] = {"kind": "embedded"}  # the embedded server ties them fine
+    parse_config(data, "cluster-h200.yaml")
