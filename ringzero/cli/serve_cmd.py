@@ -92,24 +92,37 @@ def _tokenizer(flag: str | None, section):
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from ringzero.errors import RingzeroError
 
     if args.init == "random" and args.config is None:  # before torch loads: fail fast
         raise RingzeroError("serve --init random needs --config with a model section")
+    import structlog
+
+    from ringzero.rollout.server.app import serve
+
+    server = build_server(args)
+    engine = server.scheduler.engine
+    structlog.get_logger("ringzero.serve").info(
+        "serve.start", url=f"http://{args.host}:{args.port}", model_path=server.model_path,
+        precision=engine.policy.name(), deterministic=engine.deterministic)
+    serve(server, args.host, args.port, log_level=args.log_level)
+    return 0
+
+
+def build_server(args: argparse.Namespace):
+    """The ``RolloutServer`` ``ringzero serve`` runs for these arguments: the weights, tokenizer, engine and
+    limits they name (the tokenizer of a ``--model-path`` folder is its own ``tokenizer.json``)."""
+    from pathlib import Path
+
+    from ringzero.errors import RingzeroError
     from ringzero.rollout.server.schema import ServerLimits
 
     limits = ServerLimits(max_body_bytes=args.max_body_bytes, max_request_sequences=args.max_request_sequences,
                           max_request_tokens=args.max_request_tokens, max_new_tokens=args.max_new_tokens)
-
-    import structlog
-
     from ringzero.model.config import PrecisionPolicy
     from ringzero.rollout.engine.embedded import EmbeddedEngine
-    from ringzero.rollout.server.app import RolloutServer, serve
+    from ringzero.rollout.server.app import RolloutServer
 
-    log = structlog.get_logger("ringzero.serve")
     conf = _from_config(args.config)
     policy = PrecisionPolicy.preset(args.precision) if args.precision else (conf.precision or PrecisionPolicy())
     if args.tokenizer is None and args.model_path and (Path(args.model_path) / "tokenizer.json").is_file():
@@ -122,9 +135,5 @@ def _serve(args: argparse.Namespace) -> int:
         model, tokenizer, policy, deterministic=bool(args.deterministic or conf.deterministic),
         max_batch=args.max_batch, weight_version=args.weight_version, seed=args.seed, s3=conf.s3,
     )
-    server = RolloutServer(engine, tokenizer, model_path=model_path, tokenizer_path=tokenizer_path,
-                           window_s=args.batch_window_ms / 1000.0, limits=limits, batching=args.batching)
-    log.info("serve.start", url=f"http://{args.host}:{args.port}", model_path=model_path,
-             precision=policy.name(), deterministic=engine.deterministic)
-    serve(server, args.host, args.port, log_level=args.log_level)
-    return 0
+    return RolloutServer(engine, tokenizer, model_path=model_path, tokenizer_path=tokenizer_path,
+                         window_s=args.batch_window_ms / 1000.0, limits=limits, batching=args.batching)

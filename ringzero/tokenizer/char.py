@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ringzero.errors import RingzeroError
-from ringzero.tokenizer.base import Tokenizer
+from ringzero.tokenizer.base import Tokenizer, UnencodableText
 
 SPECIALS = ("<pad>", "<bos>", "<eos>")  # ids 0, 1, 2
 DEFAULT_ALPHABET = (
@@ -37,11 +37,10 @@ class CharTokenizer(Tokenizer):
 
     def encode(self, text: str, add_bos: bool = False, add_eos: bool = False) -> list[int]:
         ids = [self.bos_id] if add_bos else []
-        for pos, ch in enumerate(text):
-            tid = self._ids.get(ch)
-            if tid is None:
-                raise RingzeroError(f"char tokenizer: {ch!r} at position {pos} of {text[:40]!r} is not in the alphabet")
-            ids.append(tid)
+        ids += [self._ids.get(ch) for ch in text]
+        if None in ids:
+            raise UnencodableText([(pos, ch) for pos, ch in enumerate(text) if ch not in self._ids],
+                                  "the char tokenizer's alphabet")
         if add_eos:
             ids.append(self.eos_id)
         return ids

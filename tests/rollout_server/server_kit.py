@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
+import requests
 import torch
 
 from ringzero.errors import RingzeroError
@@ -118,3 +119,22 @@ def wait_until(predicate, what: str, limit_s: float = 30.0) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"never happened: {what}")
         time.sleep(0.005)
+
+
+def assert_clean(resp: requests.Response) -> None:
+    """2xx, or a 4xx with SGLang's error object whose message starts with the field it names (and the same
+    message under ``error``, the shape SGLang's ``/generate`` answers a refused input with)."""
+    assert resp.status_code < 500, resp.text
+    if resp.status_code < 300:
+        if resp.content:
+            resp.json()
+        return
+    assert 400 <= resp.status_code < 500
+    err = resp.json()
+    if "success" in err:  # a weight update that failed to load: SGLang's {success: false, message}
+        assert err["success"] is False and err["message"]
+        return
+    assert err["object"] == "error" and err["code"] == resp.status_code and err["message"], err
+    assert err["error"]["message"] == err["message"], err
+    if err["param"] is not None:
+        assert err["message"].startswith(err["param"] + ":"), err

@@ -84,6 +84,16 @@ def test_exported_folder_is_served_with_its_own_tokenizer(tmp_path):
         out = requests.post(url + "/generate", json={"text": "q: 1+2 ", "sampling_params": {
             "max_new_tokens": 4, "temperature": 0}, "return_logprob": True}, timeout=60).json()
         assert out["meta_info"]["prompt_tokens"] == 7 and len(out["output_ids"]) == 4
+        # SGLang's own test prompt: the exported vocabulary has no capitals and no unknown token
+        refused = requests.post(url + "/generate", json={"text": "The capital of France is", "sampling_params": {
+            "max_new_tokens": 8, "temperature": 0}}, timeout=60)
+        assert refused.status_code == 400, refused.text
+        assert refused.json()["error"]["message"] == ("text: 'T' at position 0 and 'F' at position 15 are not in "
+                                                      "the tokenizer's vocabulary, which has no unknown token")
+        info = requests.get(url + "/get_server_info", timeout=10).json()
+        # configs/tiny-cpu.yaml: 512 positions; serve's default --max-batch: 64 rows
+        assert (info["max_total_num_tokens"], info["max_running_requests"], info["context_length"]) == (
+            64 * 512, 64, 512)
     finally:
         proc.terminate()
         proc.wait(30)

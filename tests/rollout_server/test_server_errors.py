@@ -1,10 +1,14 @@
-"""Bad bodies get HTTP 400 with SGLang's ErrorResponse whose message and ``param`` name the field."""
+"""Bad bodies get HTTP 400 with SGLang's error shapes (its ErrorResponse and ``{"error": {"message"}}`` at once)
+whose message and ``param`` name the field; an unexpected failure is a 500 naming the exception."""
 
 from __future__ import annotations
 
 import pytest
 import requests
-from server_kit import CRASH_CHAR, REFUSED_CHAR
+from server_kit import CRASH_CHAR, REFUSED_CHAR, FakeEngine
+
+from ringzero.rollout.server.app import RolloutServer, ServerThread
+from ringzero.tokenizer import CharTokenizer
 
 pytestmark = pytest.mark.xdist_group("rollout_server")
 
@@ -114,3 +118,79 @@ def test_engine_crash_is_a_500_naming_the_error(fake_shared):
     assert resp.json()["message"] == "ValueError: engine crashed"
     ok = requests.post(fake_shared.url + "/generate", json={"text": "a", "sampling_params": ONE})
     assert ok.status_code == 200  # the scheduler survived
+
+
+# --- SGLang's error shapes ---------------------------------------------------------------------------
+
+# Recorded from sgl-project/sglang python/sglang/srt/entrypoints/http_server.py: validation_exception_handler
+# answers a body GenerateReqInput cannot validate with an ErrorResponse (openai/protocol.py) ...
+SGLANG_INVALID = {"object": "error", "message": "1 validation error for GenerateReqInput ...", "type": "Bad Request",
+                  "param": None, "code": 400}
+# ... generate_request answers a ValueError of the tokenizer manager through _create_error_response (the
+# message: tokenizer_manager.py's check of the prompt's length) ...
+SGLANG_VALUE_ERROR = {"error": {"message": "The input (60 tokens) is longer than the model's context length "
+                                          "(48 tokens)."}}
+# ... and openai/serving_base.py create_error_response answers a refused /v1/completions body.
+SGLANG_OPENAI_ERROR = {"object": "error", "message": "...", "type": "BadRequestError", "param": None, "code": 400}
+
+
+def shaped_like(answer, recorded, where: str = "body") -> None:
+    """Every key of the recorded answer, with a value of the same JSON type (a null may be a string)."""
+    assert isinstance(answer, dict), (where, answer)
+    for key, want in recorded.items():
+        assert key in answer, f"{where}: no {key!r} in {answer}"
+        got = answer[key]
+        if isinstance(want, dict):
+            shaped_like(got, want, f"{where}.{key}")
+        elif want is None:
+            assert got is None or isinstance(got, str), (where, key, got)
+        else:
+            assert type(got) is type(want), (where, key, got)
+
+
+@pytest.mark.parametrize("path, body, status", [
+    ("/generate", {"text": "a", "sampling_params": {"temprature": 0.5}}, 400),  # a field SGLang does not have
+    ("/generate", {"text": "The capital of France is"}, 400),  # text the tokenizer cannot encode
+    ("/generate", {"text": f"a{REFUSED_CHAR}", "sampling_params": ONE}, 400),  # the engine refused it
+    ("/generate", {"text": f"a{CRASH_CHAR}", "sampling_params": ONE}, 500),  # the engine crashed
+    ("/generate", "{not json", 400),
+    ("/v1/completions", {"prompt": "a", "best_of": 3}, 400),
+    ("/v1/completions", {"prompt": ["a", "Paris"]}, 400),
+    ("/abort_request", {"rid": 3}, 400),
+])
+def test_refusals_carry_every_sglang_error_shape(fake_shared, path, body, status):
+    kwargs = {"data": body} if isinstance(body, str) else {"json": body}
+    resp = requests.post(fake_shared.url + path, timeout=30, **kwargs)
+    assert resp.status_code == status, resp.text
+    answer = resp.json()
+    for recorded in (SGLANG_INVALID, SGLANG_VALUE_ERROR, SGLANG_OPENAI_ERROR):
+        shaped_like(answer, recorded)
+    # one message in both places, naming the field when there is one
+    assert answer["error"]["message"] == answer["message"] and answer["code"] == status
+    if answer["param"] is not None:
+        assert answer["message"].startswith(answer["param"] + ": ")
+
+
+def test_unencodable_text_names_each_character_and_its_position(fake_shared):
+    resp = requests.post(fake_shared.url + "/generate", json={"text": ["ab", "The capital of France is"]})
+    assert resp.status_code == 400
+    assert resp.json()["error"]["message"] == (
+        "text[1]: 'T' at position 0 and 'F' at position 15 are not in the char tokenizer's alphabet")
+
+
+class BrokenDecoder(CharTokenizer):
+    """Decodes nothing: an answer cannot be written, which no handler expects."""
+
+    def decode(self, ids, skip_special=True):
+        raise RuntimeError("decoder broke")
+
+
+def test_an_unexpected_failure_is_a_named_500_and_the_server_serves_on():
+    server = RolloutServer(FakeEngine(), BrokenDecoder(), model_path="fake://salt/0")
+    with ServerThread(server.app) as thread:
+        resp = requests.post(thread.url + "/generate", json={"text": "ab", "sampling_params": ONE}, timeout=30)
+        assert resp.status_code == 500
+        assert resp.json()["error"]["message"] == resp.json()["message"] == "RuntimeError: decoder broke"
+        assert requests.get(thread.url + "/health", timeout=30).status_code == 200
+        ids = requests.post(thread.url + "/generate", json={"input_ids": [13], "sampling_params": ONE}, timeout=30)
+        assert ids.status_code == 500 and ids.json()["code"] == 500  # every answer decodes its text

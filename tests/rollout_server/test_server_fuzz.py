@@ -10,7 +10,7 @@ import pytest
 import requests
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from server_kit import POLICY, tiny_model
+from server_kit import POLICY, assert_clean, tiny_model
 
 from ringzero.rollout.engine.embedded import EmbeddedEngine
 from ringzero.rollout.server.app import RolloutServer, ServerThread
@@ -116,7 +116,8 @@ def encoded(bodies):
         st.integers(1, 5000).map(lambda n: b"[" * n + b"]" * n),  # deep nesting
         st.integers(1, 5000).map(lambda n: b'{"text":' * n + b'"a"' + b"}" * n),
         st.sampled_from([b"", b"   ", b"null", b"\xff\xfe{}", b'{"text": "a"', b"NaN", b'{"text": "\\ud800"}',
-                         b'{"input_ids": [' + b"9" * 5000 + b"]}"]),
+                         b'{"input_ids": [' + b"9" * 5000 + b"]}", b'{"text": "a", "rid": "\\udc00"}',
+                         b'{"\\ud800": 1}', b'{"prompt": "a", "model": "\\ud800"}']),
     )
     return st.one_of(as_json, as_json, broken)
 
@@ -127,23 +128,6 @@ CONTENT_TYPES = st.sampled_from(["application/json", "text/plain", "application/
 def post(url: str, path: str, raw: bytes, content_type: str | None) -> requests.Response:
     headers = {} if content_type is None else {"Content-Type": content_type}
     return requests.post(url + path, data=raw, headers=headers, timeout=TIMEOUT_S)
-
-
-def assert_clean(resp: requests.Response) -> None:
-    """2xx, or a 4xx with SGLang's error object whose message starts with the field it names."""
-    assert resp.status_code < 500, resp.text
-    if resp.status_code < 300:
-        if resp.content:
-            resp.json()
-        return
-    assert 400 <= resp.status_code < 500
-    err = resp.json()
-    if "success" in err:  # a weight update that failed to load: SGLang's {success: false, message}
-        assert err["success"] is False and err["message"]
-        return
-    assert err["object"] == "error" and err["code"] == resp.status_code and err["message"], err
-    if err["param"] is not None:
-        assert err["message"].startswith(err["param"] + ":"), err
 
 
 # --- the properties --------------------------------------------------------------------------------

@@ -244,6 +244,12 @@ class EmbeddedEngine:
         return self.model.cfg.max_position_embeddings
 
     @property
+    def max_total_num_tokens(self) -> int:
+        """Tokens the engine holds at once (SGLang's name for its KV pool size): ``max_batch`` rows of
+        ``context_length`` positions each, the most one decoding batch's cache can hold."""
+        return self.max_batch * self.context_length
+
+    @property
     def routing_shape(self) -> tuple[int, int] | None:
         """``(num_hidden_layers, num_experts_per_tok)`` of ``routed_experts``; None: a dense model, no experts."""
         return routing_shape(self.model)

@@ -17,8 +17,16 @@ Native endpoints (SGLang's names and shapes, so a real SGLang server is a drop-i
   ``GET|POST /flush_cache``.
 * ``POST /v1/completions`` - OpenAI legacy completions with ``logprobs`` (top-k dicts) and ``echo``.
 
-Bad bodies get HTTP 400 ``{"object": "error", "message", "type", "param", "code"}`` (SGLang's
-``ErrorResponse``) whose message and ``param`` name the field.
+Bad bodies get HTTP 400 whose message and ``param`` name the field, in both of SGLang's error shapes at
+once: ``{"object": "error", "message", "type", "param", "code"}`` (its ``ErrorResponse``, what it answers a
+body it cannot validate and what its OpenAI endpoints answer) plus ``"error": {"message", "type", "param",
+"code"}`` (what its ``/generate`` answers a ``ValueError`` with, ``{"error": {"message"}}``, and OpenAI's
+own shape). Text the tokenizer cannot encode is such a 400, naming the characters and their positions
+(``text: 'T' at position 0 and 'F' at position 15 are not in the tokenizer's vocabulary, which has no
+unknown token``): neither ringzero's char tokenizer nor its export has an unknown token, so the engine is
+never handed a prompt that is not the client's. Anything that fails unexpectedly while answering is a 500
+naming the exception (``ValueError: ...``), logged with its frames (never their local variables, see
+``ringzero/logs.py``); the server serves on.
 
 Limits (``ServerLimits`` in ``server_schema.py``; ``ringzero serve`` flags of the same names):
 ``max_body_bytes`` (default 64 MiB) refuses a larger body with HTTP 413 from its Content-Length, or as
@@ -35,6 +43,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import socket
 import threading
 import time
@@ -61,20 +70,57 @@ from ringzero.rollout.server.schema import (
     BodyTooLarge,
     ServerLimits,
     check_depth,
+    check_unicode,
     parse_generate,
 )
 
 log = structlog.get_logger(__name__)
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 
 BATCHING = ("continuous", "static")
 HEALTH_TIMEOUT_S = 20.0  # SGLang's default health-check patience
 
 
+class _AsciiJSON(JSONResponse):
+    """JSON with non-ASCII characters escaped: an error may quote client text, which may hold anything."""
+
+    def render(self, content) -> bytes:
+        return json.dumps(content, ensure_ascii=True, allow_nan=False, separators=(",", ":")).encode("ascii")
+
+
 def _error(status: int, message: str, param: str | None = None) -> JSONResponse:
     phrase = {400: "Bad Request", 413: "Content Too Large", 500: "Internal Server Error",
               503: "Service Unavailable"}.get(status, "Error")
-    return JSONResponse({"object": "error", "message": message, "type": phrase, "param": param, "code": status},
-                        status_code=status)
+    error = {"message": message, "type": phrase, "param": param, "code": status}
+    return _AsciiJSON({"object": "error", **error, "error": error}, status_code=status)
+
+
+class _Unhandled:
+    """ASGI middleware: an exception no handler took becomes a 500 naming it, logged with its frames (no
+    locals), instead of reaching uvicorn as an unhandled error. Raised after the answer started, it is
+    re-raised (nothing else can be sent)."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        started = False
+
+        async def watched(message):
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, watched)
+        except Exception as exc:
+            if started:
+                raise
+            message = f"{type(exc).__name__}: {exc}"
+            log.error("rollout.request_failed", path=scope.get("path"), error=message, exc_info=exc)
+            await _error(500, message)(scope, receive, send)
 
 
 async def _body(request: Request, limit: int, *, optional: bool = False):
@@ -98,6 +144,8 @@ async def _body(request: Request, limit: int, *, optional: bool = False):
     except ValueError as exc:  # UnicodeDecodeError and JSONDecodeError alike
         raise BadRequest("body", f"is not valid JSON ({exc})") from None
     check_depth(body)
+    if _SURROGATE_ESCAPE.search(raw):  # only a \uD8xx-\uDFxx escape can put a surrogate in a string
+        check_unicode(body)
     return body
 
 
@@ -153,6 +201,7 @@ class RolloutServer:
                 self.scheduler.stop()
 
         app = FastAPI(title="ringzero rollout server", lifespan=lifespan)
+        app.add_middleware(_Unhandled)
 
         @app.exception_handler(BadRequest)
         async def _bad_request(_request: Request, exc: BadRequest):
@@ -228,7 +277,9 @@ class RolloutServer:
         try:
             await self._engine(self.scheduler.call(load))
         except Exception as exc:  # noqa: BLE001 - any failed load is the client's 400, as in SGLang
-            log.warning("rollout.weight_update_failed", model_path=update.model_path, error=str(exc))
+            # An unexpected failure (not a refusal) keeps its frames in the log; never their locals.
+            log.warning("rollout.weight_update_failed", model_path=update.model_path, error=str(exc),
+                        exc_info=None if isinstance(exc, RingzeroError) else exc.__cause__ or exc)
             return JSONResponse({"success": False, "message": f"Failed to update weights: {exc}",
                                  "num_paused_requests": 0}, status_code=400)
         self.weight_version, self.model_path = version, update.model_path

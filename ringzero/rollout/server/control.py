@@ -12,7 +12,11 @@
   that rid (each prompt of a batch has its own, ``<rid>_<i>``; its ``n`` samples share it) or all of them;
   an unknown or already answered rid is a no-op, as in SGLang.
 * ``GET /get_server_info`` (and ``/server_info``): server settings under SGLang's names, only those this
-  server has, plus ``internal_states`` and ``version`` (ringzero's).
+  server has, plus ``internal_states`` and ``version`` (ringzero's). The capacity fields clients size their
+  batches by are the engine's: ``max_total_num_tokens`` (tokens it holds at once: rows decoded together
+  times the context's positions), ``max_running_requests`` (rows decoded together; SGLang counts each of
+  a request's ``n`` samples as one request), ``context_length`` and ``max_req_input_len`` (the longest
+  prompt that leaves room to continue: ``context_length - 1``).
 """
 
 from __future__ import annotations
@@ -171,6 +175,11 @@ def _version() -> str:
         return "unknown"
 
 
+def _int_attr(engine, name: str) -> int | None:
+    value = getattr(engine, name, None)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
 def server_info(server) -> dict:
     """SGLang's ``/get_server_info`` keys that describe this server; the rest are left out, not faked."""
     engine, scheduler = server.scheduler.engine, server.scheduler
@@ -184,7 +193,7 @@ def server_info(server) -> dict:
         "is_embedding": False,
         "skip_tokenizer_init": False,
         "tp_size": 1, "dp_size": 1, "pp_size": 1, "ep_size": 1, "nnodes": 1, "node_rank": 0,
-        "max_running_requests": scheduler.max_batch_requests,
+        "max_running_requests": _int_attr(engine, "max_batch") or scheduler.max_batch_requests,
         "disaggregation_mode": "null",
         "enable_lora": False,
     }
@@ -196,6 +205,12 @@ def server_info(server) -> dict:
         value = getattr(engine, attr, None)
         if value is not None:
             info[key] = value
+    context, rows = _int_attr(engine, "context_length"), _int_attr(engine, "max_batch")
+    capacity = _int_attr(engine, "max_total_num_tokens") or (rows * context if rows and context else None)
+    if capacity is not None:
+        info["max_total_num_tokens"] = capacity
+    if context is not None:
+        info["max_req_input_len"] = min(context, capacity or context) - 1
     info["internal_states"] = [{
         "last_gen_throughput": scheduler.last_gen_throughput,
         "engine_paused": server.gate.paused,

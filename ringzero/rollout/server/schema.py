@@ -11,6 +11,7 @@ while one that relies on a feature we lack hears so instead of getting silently 
 from __future__ import annotations
 
 import math
+import re
 import reprlib
 from dataclasses import dataclass, fields
 from typing import Any
@@ -87,6 +88,36 @@ def check_depth(body: Any) -> None:
         if depth > MAX_JSON_DEPTH:
             raise BadRequest("body", f"nests deeper than {MAX_JSON_DEPTH} levels")
         stack.extend((child, depth + 1) for child in children)
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _lone_surrogate(text: str) -> int | None:
+    """Position of the first lone surrogate (a UTF-16 half, which no UTF-8 text can hold), else None."""
+    found = _SURROGATE.search(text)
+    return found.start() if found else None
+
+
+def check_unicode(body: Any) -> None:
+    """Refuse a body whose strings are not Unicode text: JSON's ``\\ud800`` escapes decode to lone surrogates,
+    which no tokenizer can encode and no answer that quotes them (a ``rid``, a field name) can be sent as
+    UTF-8. The refusal names the field and the position (iteratively: no recursion on client data)."""
+    stack: list[tuple[Any, str]] = [(body, "body")]
+    while stack:
+        value, field = stack.pop()
+        if isinstance(value, str):
+            at = _lone_surrogate(value)
+            if at is not None:
+                raise BadRequest(field, f"{value[at]!r} at position {at} is a lone surrogate, not Unicode text")
+        elif isinstance(value, dict):
+            for key, child in value.items():
+                name = key if field == "body" else f"{field}.{key}"
+                if _lone_surrogate(key) is not None:
+                    raise BadRequest(field, f"field name {key!r} holds a lone surrogate, not Unicode text")
+                stack.append((child, name))
+        elif isinstance(value, list):
+            stack.extend((child, f"{field}[{i}]") for i, child in enumerate(value))
 
 
 def check_limits(requests: list[GenerateRequest], limits: ServerLimits, *, prompt_field: str, n_field: str,
