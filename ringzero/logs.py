@@ -2,6 +2,12 @@
 
 Console: human-readable structlog lines on stderr. Run folder: the same events as JSON lines in
 ``<run_dir>/log.jsonl`` once ``attach_run_log`` is called by a runner that knows its folder.
+
+Tracebacks show frames (file, line, function, source line), never local variables: a failing call whose
+frame holds a credential, a presigned URL or a request body would otherwise write it to the console
+(``kubectl logs``, the pipeline UI's log pane) and to ``log.jsonl``. structlog's renderers print locals
+by default (``RichTracebackFormatter`` and ``ExceptionDictTransformer`` both have ``show_locals=True``);
+here they do only under an explicit ``--log-level debug``.
 """
 
 from __future__ import annotations
@@ -11,11 +17,24 @@ import sys
 from pathlib import Path
 
 import structlog
+from structlog.tracebacks import ExceptionDictTransformer
 
 _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
+_state = {"show_locals": False}  # set by setup_logging: True only at --log-level debug
+
+
+def _console_tracebacks(show_locals: bool):
+    if structlog.dev.rich is None:  # without rich: Python's own traceback text, which has no locals
+        return structlog.dev.plain_traceback
+    return structlog.dev.RichTracebackFormatter(show_locals=show_locals)
+
+
+def _json_tracebacks(show_locals: bool) -> structlog.processors.ExceptionRenderer:
+    return structlog.processors.ExceptionRenderer(ExceptionDictTransformer(show_locals=show_locals))
 
 
 def setup_logging(level: str = "info", run_dir: str | Path | None = None) -> None:
+    _state["show_locals"] = level == "debug"
     shared = [
         structlog.contextvars.merge_contextvars,
         structlog.stdlib.add_log_level,
@@ -34,7 +53,8 @@ def setup_logging(level: str = "info", run_dir: str | Path | None = None) -> Non
             foreign_pre_chain=shared,
             processors=[
                 structlog.stdlib.ProcessorFormatter.remove_processors_meta,
-                structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty()),
+                structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty(),
+                                              exception_formatter=_console_tracebacks(_state["show_locals"])),
             ],
         )
     )
@@ -76,7 +96,7 @@ def attach_run_log(run_dir: str | Path, rank: int = 0) -> Path:
             ],
             processors=[
                 structlog.stdlib.ProcessorFormatter.remove_processors_meta,
-                structlog.processors.dict_tracebacks,
+                _json_tracebacks(_state["show_locals"]),
                 structlog.processors.JSONRenderer(),
             ],
         )

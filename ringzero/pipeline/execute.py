@@ -104,7 +104,11 @@ def execute_stage(
             with (MetricWriter(metrics_path) if main else MemoryMetricWriter()) as writer:
                 ctx = StageContext(cfg=cfg, store=store, stage_hash=h, stage_dir=stage_dir, metrics=writer,
                                    fresh=force, runtime=runtime)
-                outcome = get_runner(stage.kind)(ctx, stage, inputs)
+                try:
+                    outcome = get_runner(stage.kind)(ctx, stage, inputs)
+                except Exception as exc:
+                    _log_failure(stage, exc)
+                    raise
             outcome.wall_s = runtime.broadcast(time.time() - started)
             if lease is not None:
                 lease.check()  # never publish an outcome under a lease another job has taken
@@ -116,6 +120,15 @@ def execute_stage(
         log.info("stage.done", stage=stage.name, stop=outcome.stop_reason, wall_s=round(outcome.wall_s, 1))
     gate = evaluate_gate(stage.gate, outcome.summary)
     return ExecutedStage(stage.name, stage.kind, h, inputs, outcome, gate, skipped, metrics)
+
+
+def _log_failure(stage, exc: Exception) -> None:
+    """Put a failed stage in the run log: a refusal (``RingzeroError``) by its message, as the CLI prints it;
+    anything else with its traceback's frames too (``ringzero/logs.py`` renders no local variables)."""
+    if isinstance(exc, RingzeroError):
+        log.error("stage.failed", stage=stage.name, error=str(exc))
+    else:
+        log.error("stage.failed", stage=stage.name, error=f"{type(exc).__name__}: {exc}", exc_info=exc)
 
 
 def _parse_jsonl(data: bytes) -> list[dict]:

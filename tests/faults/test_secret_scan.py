@@ -3,7 +3,9 @@ S3 server with known, distinctive credentials, and every byte the project writes
 for them (plain, base64 and URL-encoded): the run's console output, every file of its run folder (log
 lines, metric records, manifest, HTML report), every object it put in the bucket (checkpoints, their
 manifests, outcomes, metrics, the run manifest), the compiled Kubeflow pipeline of the same config, and
-the Helm chart rendered for it. The scan itself is checked on a document that does hold the key."""
+the Helm chart rendered for it. ``ringzero serve`` with the same credentials is scanned too: its log and
+answers after requests that fail, weight updates the store client cannot load among them. The scan itself
+is checked on a document that does hold the key."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import secrets
 import socket
 import subprocess
 import sys
+import time
 import urllib.parse
 from pathlib import Path
 
@@ -71,8 +74,13 @@ def test_the_scan_finds_a_key_in_any_of_its_forms():
     assert not leaks(b"nothing here", [key])
 
 
-def test_no_credential_appears_in_anything_the_run_writes_or_prints(s3, tmp_path):
-    keys = list(s3["keys"].values())
+def credentials_env(s3) -> dict[str, str]:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "RINGZERO_S3_ACCESS_KEY": s3["keys"]["access"],
+            "RINGZERO_S3_SECRET_KEY": s3["keys"]["secret"]}
+
+
+def scan_config(tmp_path, s3):
+    """A micro run (pretrain, RL, eval) whose store is the module's S3 bucket."""
     config = tmp_path / "scan.yaml"
     config.write_text(yaml.safe_dump({
         "run": {"name": "scan", "seed": 0, "run_dir": str(tmp_path / "run"), "threads": 1},
@@ -89,8 +97,13 @@ def test_no_credential_appears_in_anything_the_run_writes_or_prints(s3, tmp_path
              "compare": ["base", "stage1"]},
         ],
     }, sort_keys=False))
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "RINGZERO_S3_ACCESS_KEY": s3["keys"]["access"],
-           "RINGZERO_S3_SECRET_KEY": s3["keys"]["secret"]}
+    return config
+
+
+def test_no_credential_appears_in_anything_the_run_writes_or_prints(s3, tmp_path):
+    keys = list(s3["keys"].values())
+    config = scan_config(tmp_path, s3)
+    env = credentials_env(s3)
     run = subprocess.run([sys.executable, "-m", "ringzero.cli.main", "run", str(config)], cwd=ROOT, env=env,
                          capture_output=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:].decode(errors="replace")
@@ -134,4 +147,50 @@ def test_no_credential_appears_in_anything_the_run_writes_or_prints(s3, tmp_path
     assert b"RINGZERO_S3_SECRET_KEY_FILE" in chart.stdout
     scan("rendered chart", chart.stdout + chart.stderr)
 
+    assert not found, f"credentials found in: {found}"
+
+
+def test_no_credential_appears_in_the_logs_of_failed_requests(s3, tmp_path):
+    """``ringzero serve`` with the run's S3 settings and credentials, asked what it must refuse or fail: weight
+    updates the store client cannot load (no such checkpoint, no such bucket), text the tokenizer cannot
+    encode, a prompt longer than the context, broken bodies. Its console log and every answer are scanned."""
+    import requests
+
+    keys = list(s3["keys"].values())
+    port, log = free_port(), tmp_path / "serve.log"
+    with log.open("w") as stderr:
+        proc = subprocess.Popen([sys.executable, "-m", "ringzero.cli.main", "serve", "--init", "random", "--config",
+                                 str(scan_config(tmp_path, s3)), "--port", str(port), "--precision", "fp32"],
+                                cwd=ROOT, env=credentials_env(s3), stdout=stderr, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    failing = [
+        ("/update_weights_from_disk", {"model_path": "s3://scan/runs/no-such-checkpoint"}),
+        ("/update_weights_from_disk", {"model_path": "s3://no-such-bucket/checkpoints/step-1"}),
+        ("/generate", {"text": "The capital of France is", "sampling_params": {"max_new_tokens": 4}}),
+        ("/v1/completions", {"prompt": "Paris", "max_tokens": 4}),
+        ("/generate", {"input_ids": [5] * (MICRO_MODEL["max_position_embeddings"] + 4)}),
+        ("/generate", "{not json"),
+        ("/generate", '{"text": "a\\ud800", "rid": "x"}'),
+    ]
+    answers = []
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            try:
+                if requests.get(url + "/health", timeout=5).status_code == 200:
+                    break
+            except requests.ConnectionError:
+                time.sleep(0.2)
+        for path, body in failing:
+            kwargs = {"data": body} if isinstance(body, str) else {"json": body}
+            resp = requests.post(url + path, timeout=120, **kwargs)
+            assert resp.status_code == 400, (path, body, resp.text)
+            answers.append(resp.content)
+        assert b"rollout.weight_update_failed" in log.read_bytes()
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    found = {where: hit for where, blob in (("serve console", log.read_bytes()), ("answers", b"".join(answers)))
+             if (hit := leaks(blob, keys))}
     assert not found, f"credentials found in: {found}"
