@@ -38,6 +38,9 @@ from ringzero.store.config import S3Settings
 PORT = 30000
 MODEL_DIR = "/models/policy"
 SHARED_WEIGHTS = "shared-weights"
+RINGZERO_SITE = "/opt/ringzero"
+"""Where the rollout image installs ringzero and its pinned packages (images/rollout/Dockerfile), apart from
+SGLang's environment: on the fetch-model container's PYTHONPATH only."""
 SGLANG_DTYPES = {"bfloat16": "bfloat16", "float32": "float32"}
 """The rollout body dtypes SGLang serves, as its ``--dtype`` spells them."""
 
@@ -128,7 +131,7 @@ def render_rollout(settings: ClusterSettings, job: StageJob, spec: RolloutSpec) 
     creds = pods.s3_credential_env()
     fetch = pods.container(
         "fetch-model", image.ref(), image.pull_policy, ["python3", "-m", "ringzero.cluster.fetch_model"],
-        fetch_args(spec), env=[*pods.writable_home_env(), *creds],
+        fetch_args(spec), env=[*pods.writable_home_env(), *creds, {"name": "PYTHONPATH", "value": RINGZERO_SITE}],
         resources=pods.resources(settings.rollout.resources, 0),
         mounts=[pods.scratch_mounts()[0], models_mount, pods.s3_credential_mount()],
     )
