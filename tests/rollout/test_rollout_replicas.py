@@ -29,15 +29,18 @@ class FakeSGLang:
     """One SGLang replica: ``/generate`` reports ``weight_version``; weight pushes change it (unless ``sticky``)."""
 
     def __init__(self, name: str, *, sessions: bool = True, refuse: str | None = None, sticky: bool = False,
-                 spans: bool = False, pause: bool = True):
+                 spans: bool = False, pause: bool = True, port: int = 0, delay_s: float = 0.0):
         self.name, self.sessions, self.refuse, self.sticky, self.spans, self.pause = \
             name, sessions, refuse, sticky, spans, pause
+        self.delay_s = delay_s  # each /generate takes this long (a kill can land mid-request)
         self.version = "default"
+        self.claimed = "default"  # what /model_info reports: the last version pushed, even when sticky
         self.calls: list[tuple[str, dict]] = []
         self.generated: list[list[list[int]]] = []
         self.group = None
         self.received: dict[str, torch.Tensor] = {}
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        ThreadingHTTPServer.allow_reuse_address = True
+        self.server = ThreadingHTTPServer(("127.0.0.1", port), self._handler())
         self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
         self.thread.start()
 
@@ -73,6 +76,10 @@ class FakeSGLang:
             def do_GET(self):
                 if self.path == "/health":
                     self._send(200, {})
+                elif self.path == "/model_info":
+                    self._send(200, {"model_path": "/models/policy", "weight_version": fake.claimed})
+                elif self.path == "/calls":
+                    self._send(200, fake.paths())
                 elif self.path == "/received":
                     self._send(200, {k: [str(v.dtype), v.float().flatten().tolist()] for k, v in fake.received.items()})
                 else:
@@ -102,6 +109,7 @@ class FakeSGLang:
             return 400, {"success": False, "message": f"{self.name} cannot load that"}
         if path == "/update_weights_from_disk":
             self.version = self.version if self.sticky else body["weight_version"]
+            self.claimed = body["weight_version"]
             return 200, {**ok, "num_paused_requests": 0}
         if path == "/init_weights_update_group":
             self.group = join_group(body)
@@ -111,11 +119,14 @@ class FakeSGLang:
                 t = torch.empty(shape, dtype=getattr(torch, dtype))
                 torch.distributed.broadcast(t, src=0, group=self.group)
                 self.received[name] = t
-            self.version = body["weight_version"]
+            self.version = self.claimed = body["weight_version"]
             return 200, ok
         return 404, {"detail": "Not Found"}
 
     def generate(self, body: dict) -> list[dict]:
+        import time
+
+        time.sleep(self.delay_s)
         prompts, params = body["input_ids"], body["sampling_params"]
         self.generated.append(prompts)
         out = []
@@ -409,13 +420,20 @@ def test_spread_pushes_once_from_rank_zero_and_the_others_expect_the_version(fak
 
 
 class ReplicaProcess:
-    def __init__(self, sessions: bool):
-        self.proc = subprocess.Popen([sys.executable, __file__, "serve", "1" if sessions else "0"],
-                                     stdout=subprocess.PIPE, text=True)
+    def __init__(self, sessions: bool, port: int = 0, delay_s: float = 0.0):
+        self.proc = subprocess.Popen([sys.executable, __file__, "serve", "1" if sessions else "0", str(port),
+                                      str(delay_s)], stdout=subprocess.PIPE, text=True)
         self.url = self.proc.stdout.readline().strip()
+
+    @property
+    def port(self) -> int:
+        return int(self.url.rsplit(":", 1)[1])
 
     def received(self) -> dict:
         return requests.get(self.url + "/received", timeout=30).json()
+
+    def calls(self) -> list[str]:
+        return requests.get(self.url + "/calls", timeout=30).json()
 
     def close(self):
         self.proc.kill()
@@ -464,19 +482,29 @@ class StuckGroup:
         return [self.Work() for _ in tensors]
 
 
-def test_a_replica_refusing_a_distributed_push_fails_it_at_once_and_retires_the_group(fakes):
+def test_a_replica_refusing_a_distributed_push_fails_it_at_once_and_the_next_push_opens_a_new_group(fakes):
     from ringzero.errors import RingzeroError
     from ringzero.rollout.replicas.replica_set import DistributedReplicaSet
 
     good, bad = fakes(1)[0], fakes(1, refuse="/update_weights_from_distributed")[0]
     client = DistributedReplicaSet([good.url, bad.url], retries=0, backend="gloo", sync_timeout_s=5)
-    client.group = StuckGroup()
+    opened = []
+
+    def open_group(clients):
+        opened.append([c.endpoint for c in clients])
+        return StuckGroup()
+
+    client._open_group = open_group
     good.answer = lambda path, body: (200, {"success": True, "message": ""})  # answers without receiving
     with pytest.raises(RingzeroError, match=rf"{bad.url} refused the weight push 'step-1'.*r1 cannot load that"):
         client.update_weights({"w": torch.zeros(2)}, "step-1")
-    assert bad.paths()[-1] == "/continue_generation" and good.paths()[-1] == "/continue_generation"
-    with pytest.raises(RingzeroError, match="unusable after a failed push"):
+    assert bad.paths()[-1] == "/continue_generation"
+    assert client.broken and client.weight_version is None
+    with pytest.raises(RingzeroError, match="refused the weight push 'step-2'"):
         client.update_weights({"w": torch.zeros(2)}, "step-2")
+    # the broken group is left and a new one opened under a new name with the same members
+    assert opened == [[good.url, bad.url]] * 2 and client.current_group == "ringzero-weights-2"
+    assert bad.body("/destroy_weights_update_group") == {"group_name": "ringzero-weights"}
 
 
 def test_distributed_bodies_name_the_group_and_each_replicas_ranks():
@@ -490,11 +518,135 @@ def test_distributed_bodies_name_the_group_and_each_replicas_ranks():
         "group_name": "ringzero-weights", "backend": "nccl"}
 
 
-def serve_replica(sessions: bool) -> None:
-    fake = FakeSGLang("proc", sessions=sessions)
+def serve_replica(sessions: bool, port: int, delay_s: float) -> None:
+    fake = FakeSGLang("proc", sessions=sessions, port=port, delay_s=delay_s)
     print(fake.url, flush=True)
     fake.thread.join()
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["serve"]:
-    serve_replica(sys.argv[2] == "1")
+    serve_replica(sys.argv[2] == "1", int(sys.argv[3]), float(sys.argv[4]))
+
+
+# --- a lost replica ---
+
+
+def _wait_healthy(url: str, timeout_s: float = 60.0) -> None:
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if requests.get(url + "/health", timeout=2).status_code == 200:
+                return
+        except requests.RequestException:
+            pass
+        time.sleep(0.1)
+    raise AssertionError(f"{url} did not come back")
+
+
+def _kill_during_generate(replica: ReplicaProcess, after_s: float):
+    """Kill ``replica`` once its /generate is in flight (``after_s`` into the call), in a thread."""
+    import time
+
+    def kill():
+        deadline = time.monotonic() + 30
+        while "/generate" not in replica.calls() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        time.sleep(after_s)
+        replica.proc.kill()
+        replica.proc.wait(timeout=30)
+
+    thread = threading.Thread(target=kill)
+    thread.start()
+    return thread
+
+
+def test_a_replica_killed_mid_rollout_loses_no_sample_and_rejoins_on_the_current_weights():
+    """Two replica processes; one is killed while its share is being sampled and restarted at the same
+    address with its starting weights. The share is sampled again on the live replica, every sample
+    carries the pushed version, and the restarted replica is given the last push and checked before it
+    serves again."""
+    from ringzero.rollout.replicas.replica_set import ReplicaSet
+
+    a, b = ReplicaProcess(sessions=True, delay_s=0.5), ReplicaProcess(sessions=True, delay_s=0.5)
+    restarted = None
+    try:
+        client = ReplicaSet([a.url, b.url], retries=0, timeout_s=20, recheck_s=0.0)
+        client.update_weights_from_disk("/w/step-1", "step-1")
+        killer = _kill_during_generate(b, after_s=0.1)
+        out = client.generate(reqs(8))
+        killer.join()
+        assert len(out) == 8 and all(c.weight_version == "step-1" for g in out for c in g)
+        assert list(client.down) == [b.url]
+        restarted = ReplicaProcess(sessions=True, port=b.port)  # same address, starting weights
+        _wait_healthy(restarted.url)
+        out = client.generate(reqs(8))
+        assert all(c.weight_version == "step-1" for g in out for c in g)
+        assert client.down == {} and client.rejoined == 1
+        calls = restarted.calls()
+        # caught up (paused, loaded the last folder, continued) before it sampled
+        assert calls[:3] == ["/pause_generation", "/update_weights_from_disk", "/continue_generation"]
+        assert "/generate" in calls[3:]
+        client.update_weights_from_disk("/w/step-2", "step-2")  # later pushes reach it as before
+        assert all(c.weight_version == "step-2" for g in client.generate(reqs(4)) for c in g)
+    finally:
+        for p in (a, b, restarted):
+            if p is not None:
+                p.close()
+
+
+def test_a_restarted_replica_that_failed_no_request_is_caught_up_when_its_samples_give_it_away(fakes):
+    """A replica restarted between calls answers with its starting weights: its share is dropped, it is
+    caught up, and nothing stale reaches the caller."""
+    from ringzero.rollout.replicas.replica_set import ReplicaSet
+
+    a, b = fakes(2)
+    client = replica_set([a, b])
+    client.update_weights_from_disk("/w/step-3", "step-3")
+    b.version = b.claimed = "default"  # what a restart leaves
+    out = client.generate(reqs(6))
+    assert all(c.weight_version == "step-3" for g in out for c in g)
+    assert client.rejoined == 1 and b.paths().count("/update_weights_from_disk") == 2
+    assert isinstance(client, ReplicaSet) and client.down == {}
+
+
+def test_a_push_skips_a_dead_replica_and_no_replica_left_is_an_error(fakes):
+    from ringzero.errors import RingzeroError
+
+    a, b = fakes(2)
+    client = replica_set([a, b], rejoin_wait_s=0.0)
+    b.close()
+    client.update_weights_from_disk("/w/step-1", "step-1")
+    assert list(client.down) == [b.url] and a.paths().count("/update_weights_from_disk") == 1
+    a.close()
+    with pytest.raises(RingzeroError, match="every replica is down"):
+        client.generate(reqs(2))
+
+
+def test_a_distributed_group_is_rebuilt_when_a_killed_member_returns():
+    """The weight group cannot go on without a member: when the killed replica is back, a new group (new
+    name and port) is opened with every live replica and the last tensors are sent again."""
+    from ringzero.rollout.replicas.replica_set import DistributedReplicaSet
+
+    a, b = ReplicaProcess(sessions=True), ReplicaProcess(sessions=False)
+    restarted = None
+    try:
+        client = DistributedReplicaSet([a.url, b.url], retries=0, timeout_s=20, backend="gloo",
+                                       master_address="127.0.0.1", sync_timeout_s=60)
+        state = {"word_embeddings.weight": torch.arange(6.0).reshape(2, 3)}
+        client.update_weights(state, "step-1")
+        b.close()
+        restarted = ReplicaProcess(sessions=False, port=b.port)
+        _wait_healthy(restarted.url)
+        # b answers with its starting weights: its share is sampled again on a, and b rejoins via a new group
+        out = client.generate(reqs(6))
+        assert all(c.weight_version == "step-1" for g in out for c in g)
+        assert client.down == {} and client.current_group == "ringzero-weights-2"
+        assert restarted.received()["model.word_embeddings.weight"][1] == list(range(6))
+        client.update_weights({"word_embeddings.weight": torch.ones(2, 3)}, "step-2")
+        assert all(p.received()["model.word_embeddings.weight"][1] == [1.0] * 6 for p in (a, restarted))
+    finally:
+        for p in (a, b, restarted):
+            if p is not None:
+                p.close()

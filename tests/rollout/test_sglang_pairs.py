@@ -163,10 +163,16 @@ class Replay:
             def log_message(self, *args):
                 pass
 
+            def do_GET(self):  # SGLang's /health answers 200 with an empty body while it serves
+                self._answer(replay.answers.get(self.path, (200, {}) if self.path == "/health" else MISSING))
+
             def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"null")
                 replay.seen.append((self.path, body))
-                status, answer = replay.answers.get(self.path, MISSING)
+                self._answer(replay.answers.get(self.path, MISSING))
+
+            def _answer(self, recorded):
+                status, answer = recorded
                 data = json.dumps(answer).encode()
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")

@@ -49,8 +49,10 @@ def remote_client(engine, policy=None, routing_shape=None) -> ReplicaSet:
     key = engine.model_dump_json()
     if key not in _REMOTE:
         endpoints = resolve_endpoints(engine)
+        # Found again after a loss: whatever resolves now (a replaced pod may not be ready yet).
         common = dict(stale=engine.stale, weights_dir=engine.weights_dir, timeout_s=engine.timeout_s,
-                      accept_store_uris=engine.weight_sync == "store")
+                      accept_store_uris=engine.weight_sync == "store",
+                      resolver=lambda: resolve_endpoints(engine, want=1, timeout_s=0.0))
         if engine.weight_sync == "distributed":
             d = engine.distributed
             remote = DistributedReplicaSet(endpoints, tp_size=engine.tp_size, backend=d.backend,

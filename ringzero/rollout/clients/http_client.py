@@ -209,6 +209,11 @@ def _completion(item: dict, req: GenerateRequest, where: str, routing_shape: tup
     )
 
 
+class ServerUnreachable(RingzeroError):
+    """The server did not answer (refused or reset connection, timeout) or answered 5xx after every retry:
+    a replica that is gone or restarting, as opposed to one that refused a request."""
+
+
 class HttpRolloutClient:
     """``RolloutClient`` against ``endpoint`` (``http://host:port`` of ringzero serve or SGLang).
 
@@ -246,7 +251,7 @@ class HttpRolloutClient:
             if resp.status_code < 500:
                 return resp
             problem = f"HTTP {resp.status_code}: {_message(resp)}"
-        raise RingzeroError(f"{method} {url}: {problem} (after {attempts} attempt(s))")
+        raise ServerUnreachable(f"{method} {url}: {problem} (after {attempts} attempt(s))")
 
     def _json(self, method: str, path: str, body: dict | None = None):
         resp = self._request(method, path, body)
@@ -358,10 +363,35 @@ class HttpRolloutClient:
         except RingzeroError:
             return False
 
+    def reachable(self) -> bool:
+        """The server answers at all (any status below 500 on ``/health``): not gone or restarting."""
+        try:
+            self._request("GET", "/health", timeout_s=30.0, retries=0)
+        except ServerUnreachable:
+            return False
+        return True
+
     # --- the rest of the native API the RL loop may want ---
 
     def model_info(self) -> dict:
         return self._json("GET", "/get_model_info")
+
+    def served_weight_version(self) -> str:
+        """The weight version the server holds now: ``/model_info`` (SGLang 0.5.23), else ``/get_model_info``
+        (older SGLang, ``ringzero serve``)."""
+        resp = self._request("GET", "/model_info", timeout_s=30.0, retries=0)
+        if resp.status_code == 404:
+            resp = self._request("GET", "/get_model_info", timeout_s=30.0, retries=0)
+        if resp.status_code != 200:
+            raise RingzeroError(f"GET {self.endpoint}/model_info: HTTP {resp.status_code}: {_message(resp)}")
+        try:
+            return str(resp.json()["weight_version"])
+        except (ValueError, KeyError, TypeError):
+            raise RingzeroError(f"GET {self.endpoint}/model_info: no weight_version in {resp.text[:200]!r}") from None
+
+    def destroy_weights_update_group(self, group_name: str) -> bool:
+        """Leave a weight group (SGLang's ``/destroy_weights_update_group``); ``False`` where there is none."""
+        return self._control("/destroy_weights_update_group", {"group_name": group_name})
 
     def flush_cache(self) -> None:
         resp = self._request("POST", "/flush_cache")

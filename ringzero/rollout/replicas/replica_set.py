@@ -3,14 +3,16 @@
 Where the replicas are: an explicit list (``engines.rollout.endpoints``, or ``RINGZERO_ROLLOUT_ENDPOINTS``,
 comma-separated, which wins so a test or an operator can point a run elsewhere), the DNS A records of a
 headless Service (``engines.rollout.replica_dns``; only ready pods are published, and resolution waits
-until ``replicas`` of them are), or one ``endpoint``. They are resolved once, when the client is built.
+until ``replicas`` of them are), or one ``endpoint``. They are resolved when the client is built, and again
+after a replica is lost (see below).
 
 Sampling: the requests are cut into contiguous shares of about equal sample counts, one per replica
 (a request and its ``n`` samples stay on one replica), sent concurrently, and put back in order.
 
 Weight pushes reach every replica, in phases run concurrently across replicas: ``/pause_generation``
 on all, then the update on all, then ``/continue_generation`` on all (also after a failure, on the
-replicas that paused). A replica that refuses fails the push with an error naming it. Servers without
+replicas that paused). A replica that refuses fails the push with an error naming it (one that does not
+answer is skipped, see below). Servers without
 pause (``ringzero serve``) or without weight-update sessions (SGLang before mid-2026) answer 404 there,
 and that phase is skipped for them.
 
@@ -23,6 +25,18 @@ and that phase is skipped for them.
   each push then posts ``/update_weights_from_distributed`` to every replica and broadcasts the tensors
   from rank 0 while those calls wait, inside ``/begin_weight_update`` .. ``/end_weight_update`` on servers
   that have such sessions.
+
+Lost replicas: a replica that does not answer (``ServerUnreachable``: refused or reset connection, timeout,
+5xx after the client's retries) is marked down and its share of a ``generate`` is sent again to the live
+replicas. Then the replicas are found again (``resolver``: the DNS records of the headless Service, or the
+explicit list), and every down or new replica that answers ``/health`` is brought to the current weights
+before it serves again: the last push replayed to it (disk and store pushes: the same folder or URI;
+distributed: the weight group rebuilt with every live replica under a new name and port, and the last
+tensors sent again), then its ``weight_version`` read back and required to be the last pushed one. A
+replica whose samples carry another version is asked which version it holds: one that lost its weights
+(restarted between calls) is caught up the same way and its share resampled; one that holds the current
+version but returned older tokens is stale as below. A push skips replicas that are down (they are
+caught up when they return) and fails only when no replica is left.
 
 Versions: each completion's ``meta_info.weight_version`` (and, on SGLang versions that report them, every
 span of ``meta_info.weight_versions``) must be the version last pushed. A stale batch is refused
@@ -45,7 +59,12 @@ import structlog
 import torch
 
 from ringzero.errors import RingzeroError
-from ringzero.rollout.clients.http_client import HttpRolloutClient, distributed_update_body, init_group_body
+from ringzero.rollout.clients.http_client import (
+    HttpRolloutClient,
+    ServerUnreachable,
+    distributed_update_body,
+    init_group_body,
+)
 from ringzero.rollout.replicas.weight_group import (
     WeightGroup,
     free_port,
@@ -63,8 +82,11 @@ _POLL_S = 0.02
 
 
 def resolve_endpoints(engine, environ=os.environ, *, resolver=socket.getaddrinfo, sleep=time.sleep,
-                      clock=time.monotonic) -> list[str]:
-    """Every replica's ``http://host:port``, from the environment, the config's list, its DNS name or endpoint."""
+                      clock=time.monotonic, want: int | None = None, timeout_s: float | None = None) -> list[str]:
+    """Every replica's ``http://host:port``, from the environment, the config's list, its DNS name or endpoint.
+
+    A DNS name is resolved until it has ``want`` records (default ``engines.rollout.replicas``) or
+    ``timeout_s`` (default the engine's) passes; finding replicas again after a loss asks for one."""
     if environ.get(ENDPOINTS_ENV, "").strip():
         urls = [u.strip() for u in environ[ENDPOINTS_ENV].split(",") if u.strip()]
         bad = [u for u in urls if not u.startswith(("http://", "https://"))]
@@ -75,8 +97,10 @@ def resolve_endpoints(engine, environ=os.environ, *, resolver=socket.getaddrinfo
         return list(engine.endpoints)
     if engine.replica_dns:
         host, _, port = engine.replica_dns.rpartition(":")
-        return [f"http://{_url_host(ip)}:{port}" for ip in _resolve(host, int(port), engine.replicas or 1,
-                                                                    engine.timeout_s, resolver, sleep, clock)]
+        want = want or engine.replicas or 1
+        wait_s = engine.timeout_s if timeout_s is None else timeout_s
+        return [f"http://{_url_host(ip)}:{port}" for ip in _resolve(host, int(port), want, wait_s, resolver, sleep,
+                                                                    clock)]
     if engine.endpoint:
         return [engine.endpoint]
     raise RingzeroError("engines.rollout names no server: set endpoint, endpoints or replica_dns")
@@ -106,18 +130,29 @@ class ReplicaSet:
 
     def __init__(self, endpoints: Sequence[str], *, stale: str = "refuse", weights_dir: str | None = None,
                  accept_store_uris: bool = False, timeout_s: float = 600.0, retries: int = 2,
-                 backoff_s: float = 0.5):
+                 backoff_s: float = 0.5, resolver: Callable[[], list[str]] | None = None,
+                 recoveries: int = 3, rejoin_wait_s: float = 30.0, recheck_s: float = 30.0):
         if not endpoints:
             raise RingzeroError("a replica set needs at least one endpoint")
         if stale not in ("refuse", "count"):
             raise RingzeroError(f"stale must be 'refuse' or 'count' (got {stale!r})")
-        self.clients = [HttpRolloutClient(e, timeout_s=timeout_s, retries=retries, backoff_s=backoff_s)
-                        for e in endpoints]
+        self._client_args = dict(timeout_s=timeout_s, retries=retries, backoff_s=backoff_s)
+        self.clients = [HttpRolloutClient(e, **self._client_args) for e in endpoints]
         self.stale, self.weights_dir, self.accept_store_uris = stale, weights_dir, accept_store_uris
         self.timeout_s = timeout_s
         self.weight_version: str | None = None
         self.stale_samples = 0  # since the last pop_metrics
         self.stale_total = 0
+        # Lost replicas: where to find the replicas again, how often a call recovers, how long it waits
+        # for a lost replica to come back when none is left.
+        self.resolver = resolver or (lambda: [c.endpoint for c in self.clients])
+        self.recoveries, self.rejoin_wait_s = recoveries, rejoin_wait_s
+        # A down replica is looked for again at the start of a call at most this often (a dead address
+        # can take a connect timeout to answer).
+        self.recheck_s, self._recovered_at = recheck_s, float("-inf")
+        self.down: dict[str, str] = {}  # endpoint -> why it is out of service
+        self._replay: Callable[[HttpRolloutClient], None] | None = None  # the last push, for one replica
+        self.rejoined = 0  # replicas brought back to the current weights (a counter for logs and tests)
 
     @property
     def endpoints(self) -> list[str]:
@@ -132,22 +167,141 @@ class ReplicaSet:
     def health(self) -> bool:
         return all(self._each(lambda c: c.health()))
 
+    def live(self) -> list[HttpRolloutClient]:
+        return [c for c in self.clients if c.endpoint not in self.down]
+
     def generate(self, requests: Sequence[GenerateRequest]) -> list[list[Completion]]:
+        """Each request sampled on one live replica; a share lost with its replica is sampled again."""
         requests = list(requests)
-        shares = _shares([r.params.n for r in requests], len(self.clients))
-        jobs = [(i, s) for i, s in enumerate(shares) if s.stop > s.start]
-        outs = self._each(lambda c, s: c.generate(requests[s]), [(self.clients[i], s) for i, s in jobs],
-                          what="generate")
-        results: list[list[Completion]] = []
-        for (i, _), out in zip(jobs, outs, strict=True):
-            self._check_versions(self.clients[i].endpoint, [c for group in out for c in group])
-            results.extend(out)
-        return results
+        if self.down and time.monotonic() - self._recovered_at >= self.recheck_s:
+            self.recover()  # a lost replica that answers again is caught up and serves this call
+        results: list[list[Completion] | None] = [None] * len(requests)
+        todo = list(range(len(requests)))
+        for round_ in range(1 + self.recoveries):
+            live = self._live_or_wait()
+            shares = _shares([requests[i].params.n for i in todo], len(live))
+            jobs = [(live[k], todo[s]) for k, s in enumerate(shares) if s.stop > s.start]
+            answers = self._attempt(lambda c, idx: c.generate([requests[i] for i in idx]), jobs, what="generate")
+            again: list[int] = []
+            for (client, idx), out in zip(jobs, answers, strict=True):
+                if isinstance(out, _Failed):
+                    if not isinstance(out.exc, ServerUnreachable):
+                        raise out.exc
+                    self._lose(client, out.exc)
+                    again += idx
+                elif self._lost_its_weights(client, [c for group in out for c in group]):
+                    again += idx
+                else:
+                    self._check_versions(client.endpoint, [c for group in out for c in group])
+                    for i, group in zip(idx, out, strict=True):
+                        results[i] = group
+            if not again:
+                return results  # type: ignore[return-value]
+            todo = sorted(again)
+            log.warning("rollout.resample", requests=len(todo), round=round_ + 1, down=sorted(self.down))
+            self.recover()
+        raise RingzeroError(f"rollout: {len(todo)} requests still unanswered after {self.recoveries} recoveries "
+                            f"from lost replicas ({'; '.join(f'{e}: {w}' for e, w in self.down.items())})")
+
+    # --- lost replicas ---
+
+    def _lose(self, client: HttpRolloutClient, exc: Exception) -> None:
+        self.down[client.endpoint] = str(exc)[:300]
+        log.warning("rollout.replica_down", replica=client.endpoint, error=str(exc)[:300])
+
+    def _lost_its_weights(self, client: HttpRolloutClient, completions: list[Completion]) -> bool:
+        """Samples from another version than the last push, from a replica that no longer holds that push
+        (it restarted): marked down to be caught up, its samples dropped. False for a replica that does hold
+        the push (its stale samples are counted or refused by ``_check_versions``)."""
+        want = self.weight_version
+        if want is None or all(_versions(c) == {want} for c in completions):
+            return False
+        try:
+            held = client.served_weight_version()
+        except ServerUnreachable as exc:
+            self._lose(client, exc)
+            return True
+        except RingzeroError:
+            return False  # it cannot say: its samples are judged as stale
+        if held == want:
+            return False
+        self._lose(client, RingzeroError(f"holds weight_version {held!r}, not the last push {want!r} (restarted?)"))
+        return True
+
+    def _live_or_wait(self) -> list[HttpRolloutClient]:
+        """The live replicas; when none is, recover until one is back or ``rejoin_wait_s`` passes."""
+        deadline = time.monotonic() + self.rejoin_wait_s
+        while not self.live():
+            self.recover()
+            if self.live():
+                break
+            if time.monotonic() > deadline:
+                raise RingzeroError("rollout: every replica is down ("
+                                    + "; ".join(f"{e}: {w}" for e, w in self.down.items()) + ")")
+            time.sleep(1.0)
+        return self.live()
+
+    def recover(self) -> None:
+        """Find the replicas again, and bring each down or new one that answers back to the current weights."""
+        self._recovered_at = time.monotonic()
+        try:
+            found = self.resolver()
+        except RingzeroError as exc:
+            log.warning("rollout.resolve_failed", error=str(exc)[:300])
+            found = []
+        known = {c.endpoint for c in self.clients}
+        for endpoint in found:
+            if endpoint.rstrip("/") not in known:
+                client = HttpRolloutClient(endpoint, **self._client_args)
+                client.routing_shape = self.clients[0].routing_shape
+                self.clients.append(client)
+                self.down[client.endpoint] = "new replica, not yet at the current weights"
+        # A down replica whose address no longer resolves is gone for good (its pod was replaced).
+        gone = [c for c in self.clients if c.endpoint in self.down and found and c.endpoint not in
+                {e.rstrip("/") for e in found}]
+        for c in gone:
+            self.clients.remove(c)
+            self.down.pop(c.endpoint)
+            c.close()
+        back = [c for c in self.clients if c.endpoint in self.down and c.health()]
+        if back:
+            self._rejoin(back)
+
+    def _rejoin(self, back: list[HttpRolloutClient]) -> None:
+        """Replay the last push to replicas that came back, check their version, and put them in service."""
+        if self.weight_version is not None:
+            self._catch_up(back)
+        for client in back:
+            if self.weight_version is not None:
+                try:
+                    held = client.served_weight_version()
+                except RingzeroError as exc:
+                    self.down[client.endpoint] = str(exc)[:300]
+                    continue
+                if held != self.weight_version:
+                    self.down[client.endpoint] = (f"holds weight_version {held!r} after the catch-up, not "
+                                                  f"{self.weight_version!r}")
+                    continue
+            self.down.pop(client.endpoint, None)
+            self.rejoined += 1
+            log.info("rollout.replica_rejoined", replica=client.endpoint, version=self.weight_version)
+
+    def _catch_up(self, back: list[HttpRolloutClient]) -> None:
+        """The last push, replayed to each replica in ``back`` (its version is checked afterwards)."""
+        if self._replay is None:  # another rank pushed: that rank catches it up; here its version is checked
+            return
+        for client in back:
+            try:
+                self._replay(client)
+            except RingzeroError as exc:
+                log.warning("rollout.rejoin_failed", replica=client.endpoint, error=str(exc)[:300])
 
     def update_weights_from_disk(self, path: str, weight_version: str) -> None:
         """Every replica loads the model folder at ``path`` (a path the servers see: not a store URI)."""
         self._check_path(path)
         self._push(weight_version, lambda c: c.update_weights_from_disk(path, weight_version))
+        self._replay = lambda c: self._push_to([c], weight_version,
+                                               lambda one: one.update_weights_from_disk(path, weight_version))
 
     # --- versions ---
 
@@ -197,32 +351,55 @@ class ReplicaSet:
     # --- fan-out ---
 
     def _push(self, weight_version: str, update: Callable, *, session: bool = False, fan_out: bool = True) -> None:
-        """pause -> [begin] -> update -> [end] -> continue on every replica; continue runs after failures too.
+        """The push on every live replica (see ``_push_to``); one that is gone (unreachable at pause) is
+        marked down and caught up when it returns. Fails when no replica is left."""
+        for attempt in range(2):
+            self._drop_silent()
+            try:
+                self._push_to(self._live_or_wait(), weight_version, update, session=session, fan_out=fan_out)
+                break
+            except ServerUnreachable:
+                if attempt:  # a replica lost during the push: pushed again to the ones that still answer
+                    raise
+                log.warning("rollout.push_retry", version=weight_version)
+        self.weight_version = str(weight_version)
+        log.info("rollout.pushed", version=weight_version, replicas=len(self.live()), down=sorted(self.down))
+
+    def _drop_silent(self) -> None:
+        """Mark down the live replicas that do not answer (a push skips them)."""
+        live = self.live()
+        answers = self._attempt(lambda c: c.reachable(), [(c,) for c in live], what="health")
+        for c, ok in zip(live, answers, strict=True):
+            if ok is not True:
+                self._lose(c, ServerUnreachable(f"{c.endpoint}: no answer to /health before a push"))
+
+    def _push_to(self, clients: list[HttpRolloutClient], weight_version: str, update: Callable, *,
+                 session: bool = False, fan_out: bool = True) -> None:
+        """pause -> [begin] -> update -> [end] -> continue on ``clients``; continue runs after failures too.
 
         ``update(client)`` runs once per replica, or ``update()`` once when ``fan_out`` is off (it reaches
         every replica itself).
         """
         paused: list[HttpRolloutClient] = []
+        every = [(c,) for c in clients]
         try:
-            answers = self._attempt(lambda c: c.pause_generation(), what=f"pause before push {weight_version!r}")
-            paused = [c for c, a in zip(self.clients, answers, strict=True) if a is True]
+            answers = self._attempt(lambda c: c.pause_generation(), every, what=f"pause before push {weight_version!r}")
+            paused = [c for c, a in zip(clients, answers, strict=True) if a is True]
             _raise_any(answers)
-            begun = [False] * len(self.clients)
+            begun = [False] * len(clients)
             if session:
-                begun = self._each(lambda c: c.begin_weight_update(), what=f"begin push {weight_version!r}")
+                begun = self._each(lambda c: c.begin_weight_update(), every, what=f"begin push {weight_version!r}")
             if fan_out:
-                self._each(update, what=f"weight push {weight_version!r}")
+                self._each(update, every, what=f"weight push {weight_version!r}")
             else:
                 update()
-            ended = [(c,) for c, ok in zip(self.clients, begun, strict=True) if ok]
+            ended = [(c,) for c, ok in zip(clients, begun, strict=True) if ok]
             if ended:
                 self._each(lambda c: c.end_weight_update(), ended, what=f"end push {weight_version!r}")
         finally:
             if paused:
                 self._each(lambda c: c.continue_generation(), [(c,) for c in paused],
                            what=f"continue after push {weight_version!r}")
-        self.weight_version = str(weight_version)
-        log.info("rollout.pushed", version=weight_version, replicas=len(self.clients))
 
     def _each(self, fn, args: list[tuple] | None = None, *, what: str = "call") -> list:
         """``fn(*a)`` for each ``a`` (default: each replica's client) concurrently; errors name the replica."""
@@ -249,7 +426,8 @@ class ReplicaSet:
             return fn(*a)
         except RingzeroError as exc:
             client = a[0]
-            raise RingzeroError(f"rollout replica {client.endpoint} refused the {what}: {exc}") from None
+            kind = ServerUnreachable if isinstance(exc, ServerUnreachable) else RingzeroError
+            raise kind(f"rollout replica {client.endpoint} refused the {what}: {exc}") from None
 
 
 class _Failed:
@@ -276,59 +454,119 @@ class DistributedReplicaSet(ReplicaSet):
         self.tp_size, self.backend, self.group_name = tp_size, backend, group_name
         self.master_address, self.master_port, self.sync_timeout_s = master_address, master_port, sync_timeout_s
         self.group: WeightGroup | None = None
-        self.broken: str | None = None  # why the group cannot be used any more
+        self.broken: str | None = None  # why the group cannot be used any more (the next push reopens it)
+        self.members: list[str] = []  # the replicas in the group, in rank order
+        self.generation = 0  # groups opened so far: the first keeps group_name, later ones add -N
+        self._last_sent: tuple[dict, str] | None = None
 
     def update_weights(self, state_dict: dict[str, torch.Tensor], weight_version: str) -> None:
-        """Send a ``HybridLM`` state dict to every replica under the checkpoint's tensor names (what SGLang's
-        loader maps), cast to ``dtype`` when set; later samples carry the version."""
+        """Send a ``HybridLM`` state dict to every live replica under the checkpoint's tensor names (what
+        SGLang's loader maps), cast to ``dtype`` when set; later samples carry the version. The tensors are
+        kept until the next push: a replica that returns is sent them again."""
         if not state_dict:
             raise RingzeroError("update_weights: no tensors to send")
         from ringzero.model.hf_format import hf_tensors
 
         state_dict = {k: (v.to(self.dtype) if self.dtype is not None and v.is_floating_point() and
                           "expert_bias" not in k else v) for k, v in hf_tensors(state_dict).items()}
-        if self.broken is not None:
-            raise RingzeroError(f"weight group {self.group_name!r} is unusable after a failed push ({self.broken}); "
-                                "the servers must be restarted")
-        group = self.group or self._open_group()
+        for attempt in range(2):
+            self._drop_silent()
+            try:
+                self._broadcast_push(self._live_or_wait(), state_dict, weight_version)
+                break
+            except ServerUnreachable:
+                if attempt:
+                    raise
+                log.warning("rollout.push_retry", version=weight_version)
+        self._last_sent = (state_dict, str(weight_version))
+        self.weight_version = str(weight_version)
+        log.info("rollout.pushed", version=weight_version, replicas=len(self.live()), down=sorted(self.down))
+
+    def _broadcast_push(self, clients: list[HttpRolloutClient], state_dict: dict, weight_version: str) -> None:
+        """One push over the weight group of exactly ``clients``: the group is (re)opened first when its
+        members changed (a member lost leaves an NCCL group unusable; a new one must join)."""
+        if self.group is None or self.broken is not None or self.members != [c.endpoint for c in clients]:
+            self._reopen_group(clients)
+        group = self.group
         names = list(state_dict)
         tensors = [self._on_device(state_dict[n]) for n in names]
         body = distributed_update_body(names, [str(t.dtype).removeprefix("torch.") for t in tensors],
-                                       [list(t.shape) for t in tensors], self.group_name, weight_version)
+                                       [list(t.shape) for t in tensors], self.current_group, weight_version)
         try:
-            self._push(weight_version, lambda: self._send(group, body, tensors), session=True, fan_out=False)
+            self._push_to(clients, weight_version, lambda: self._send(group, clients, body, tensors), session=True,
+                          fan_out=False)
         except Exception as exc:
-            # A broadcast may still be in flight on some ranks: the group's next collective would not line up.
+            # A broadcast may still be in flight on some ranks: the group's next collective would not line up,
+            # so the next push opens a new one.
             self.broken = str(exc)[:300]
             raise
 
-    def _send(self, group: WeightGroup, body: dict, tensors: list[torch.Tensor]) -> None:
+    def _lose(self, client: HttpRolloutClient, exc: Exception) -> None:
+        super()._lose(client, exc)
+        if client.endpoint in self.members:  # a restarted server at the same address is not in the group
+            self.broken = f"member {client.endpoint} lost"
+
+    def _catch_up(self, back: list[HttpRolloutClient]) -> None:
+        """Returning replicas join a new weight group with every live replica, and the last tensors are sent
+        to all of them again (a broadcast reaches every member)."""
+        if self._last_sent is None:  # another rank pushed: that rank catches it up; here its version is checked
+            return
+        state_dict, version = self._last_sent
+        try:
+            self._broadcast_push([*self.live(), *back], state_dict, version)
+        except RingzeroError as exc:
+            log.warning("rollout.rejoin_failed", replicas=[c.endpoint for c in back], error=str(exc)[:300])
+
+    def _send(self, group: WeightGroup, clients: list[HttpRolloutClient], body: dict,
+              tensors: list[torch.Tensor]) -> None:
         """Post the update to every replica and broadcast while the posts wait; fail as soon as one refuses."""
         what = f"weight push {body['weight_version']!r}"
-        with _Pool(len(self.clients)) as pool:
+        with _Pool(len(clients)) as pool:
             posts = [pool.submit(self._named, lambda c: c.update_weights_from_distributed(
-                body, timeout_s=self.sync_timeout_s), (c,), what) for c in self.clients]
+                body, timeout_s=self.sync_timeout_s), (c,), what) for c in clients]
             works = group.broadcast(tensors)
             _wait(works, posts, self.sync_timeout_s, f"broadcast of {len(tensors)} tensors")
             _results(posts)
 
-    def _open_group(self) -> WeightGroup:
+    def _reopen_group(self, clients: list[HttpRolloutClient]) -> None:
+        """Leave the old group (its members that still answer are told to destroy it) and open a new one, under
+        a new name and port, with exactly ``clients``."""
+        if self.group is not None:
+            old = self.current_group
+            for c in clients:
+                if c.endpoint in self.members:
+                    try:
+                        c.destroy_weights_update_group(old)
+                    except RingzeroError as exc:
+                        log.warning("rollout.weight_group_leave_failed", replica=c.endpoint, error=str(exc)[:200])
+            self.group = None
+            log.info("rollout.weight_group_reopen", old=old, members=[c.endpoint for c in clients])
+        self.generation += 1
+        self.group = self._open_group(clients)
+        self.members, self.broken = [c.endpoint for c in clients], None
+
+    @property
+    def current_group(self) -> str:
+        return self.group_name if self.generation <= 1 else f"{self.group_name}-{self.generation}"
+
+    def _open_group(self, clients: list[HttpRolloutClient]) -> WeightGroup:
         address = self.master_address or own_address()
         port = self.master_port or free_port()
-        world = 1 + len(self.clients) * self.tp_size
-        bodies = [init_group_body(address, port, offset, world, self.group_name, self.backend)
-                  for offset in rank_offsets(len(self.clients), self.tp_size)]
-        with _Pool(len(self.clients) + 1) as pool:
+        world = 1 + len(clients) * self.tp_size
+        name = self.current_group
+        bodies = [init_group_body(address, port, offset, world, name, self.backend)
+                  for offset in rank_offsets(len(clients), self.tp_size)]
+        with _Pool(len(clients) + 1) as pool:
             joins = [pool.submit(self._named, lambda c, b: c.init_weights_update_group(
                 b, timeout_s=self.sync_timeout_s), (c, b), "weight group join")
-                for c, b in zip(self.clients, bodies, strict=True)]
-            opened = pool.submit(open_group, address, port, world, self.group_name, self.backend,
-                                 self.sync_timeout_s)
-            _wait([], [*joins, opened], self.sync_timeout_s, f"weight group {self.group_name!r} at {address}:{port}")
+                for c, b in zip(clients, bodies, strict=True)]
+            opened = pool.submit(open_group, address, port, world, name, self.backend, self.sync_timeout_s)
+            _wait([], [*joins, opened], self.sync_timeout_s, f"weight group {name!r} at {address}:{port}")
             _results(joins)
-            self.group = opened.result()
-        log.info("rollout.weight_group", address=address, port=port, world_size=world, backend=self.backend)
-        return self.group
+            group = opened.result()
+        log.info("rollout.weight_group", name=name, address=address, port=port, world_size=world,
+                 backend=self.backend)
+        return group
 
     def _on_device(self, t: torch.Tensor) -> torch.Tensor:
         t = t.detach()
