@@ -442,7 +442,7 @@ class ReplicaProcess:
 
 def test_distributed_pushes_reach_every_replica_through_the_weight_group():
     from ringzero.rollout.clients.spread import spread
-    from ringzero.rollout.replicas.replica_set import DistributedReplicaSet
+    from ringzero.rollout.replicas.distributed_set import DistributedReplicaSet
 
     procs = [ReplicaProcess(sessions=True), ReplicaProcess(sessions=False)]
     try:
@@ -484,7 +484,7 @@ class StuckGroup:
 
 def test_a_replica_refusing_a_distributed_push_fails_it_at_once_and_the_next_push_opens_a_new_group(fakes):
     from ringzero.errors import RingzeroError
-    from ringzero.rollout.replicas.replica_set import DistributedReplicaSet
+    from ringzero.rollout.replicas.distributed_set import DistributedReplicaSet
 
     good, bad = fakes(1)[0], fakes(1, refuse="/update_weights_from_distributed")[0]
     client = DistributedReplicaSet([good.url, bad.url], retries=0, backend="gloo", sync_timeout_s=5)
@@ -627,7 +627,7 @@ def test_a_push_skips_a_dead_replica_and_no_replica_left_is_an_error(fakes):
 def test_a_distributed_group_is_rebuilt_when_a_killed_member_returns():
     """The weight group cannot go on without a member: when the killed replica is back, a new group (new
     name and port) is opened with every live replica and the last tensors are sent again."""
-    from ringzero.rollout.replicas.replica_set import DistributedReplicaSet
+    from ringzero.rollout.replicas.distributed_set import DistributedReplicaSet
 
     a, b = ReplicaProcess(sessions=True), ReplicaProcess(sessions=False)
     restarted = None

@@ -19,7 +19,8 @@ from __future__ import annotations
 from ringzero.errors import RingzeroError
 from ringzero.model.precision import body_dtype
 from ringzero.rollout.clients.spread import spread
-from ringzero.rollout.replicas.replica_set import DistributedReplicaSet, ReplicaSet, resolve_endpoints
+from ringzero.rollout.replicas.distributed_set import DistributedReplicaSet
+from ringzero.rollout.replicas.replica_set import ReplicaSet, resolve_endpoints
 
 _REMOTE: dict[str, ReplicaSet] = {}
 _SERVING: dict[int, str | None] = {}  # id(replica set) -> checkpoint its servers hold, when known
