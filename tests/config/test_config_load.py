@@ -44,9 +44,14 @@ def test_tiny_config_is_the_full_staged_pipeline():
     assert islands.body == "bfloat16" and islands.attention_softmax_fp32 and islands.lm_head_fp32
 
 
-def test_cluster_config_runs_the_papers_islands():
+def test_cluster_config_runs_the_papers_islands_on_megatron():
     cfg = load_config(ROOT / "configs" / "cluster-h200.yaml")
     assert cfg.precision.train.name() == "fp32-islands"
+    # the production engine on the cluster; the embedded torch engine stays the default elsewhere
+    assert cfg.engines.training.kind == "megatron" and cfg.engines.training.distributed_optimizer
+    assert load_config(TINY).engines.training.kind == "torch"
+    # the two-node profile's override is a layout megatron takes too
+    assert load_config(ROOT / "configs" / "cluster-h200.yaml", ["parallel.cp=4"]).parallel.cp == 4
 
 
 def test_three_mistakes_are_all_reported_with_paths():
