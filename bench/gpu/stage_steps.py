@@ -81,7 +81,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--rl-steps", type=int, default=3, help="RL steps counted")
     p.add_argument("--attention-impl", choices=["explicit", "sdpa"], default="sdpa",
                    help="MLA attention of the parallel form (sdpa keeps the island through fp32 inputs)")
-    p.add_argument("--budget-s", type=float, default=240.0,
+    p.add_argument("--budget-s", type=float, default=120.0,
                    help="start no new phase after this many seconds (the run stays within the device lease)")
     p.add_argument("--out", type=Path, default=None, help="default: $OUT, else ./bench-gpu-out")
     args = p.parse_args(argv)
