@@ -261,9 +261,6 @@ def _megatron_cp_problems(cfg: RunConfig) -> list[str]:
         problems.append(f"parallel.cp: {p.cp} does not divide the {m.num_attention_heads // tp} heads of each "
                         f"tensor-parallel rank (model.num_attention_heads / engines.training.tp): MLA's "
                         "all-to-all gives each CP rank whole heads")
-    if cfg.engines.training.ep > 1:
-        problems.append(f"engines.training.ep: {cfg.engines.training.ep} with parallel.cp = {p.cp} is not "
-                        "implemented: megatron folds the CP ranks into the expert-data-parallel groups")
     return problems
 
 
@@ -286,10 +283,11 @@ def megatron_problems(cfg: RunConfig) -> list[str]:
         elif m.num_experts % ep:
             problems.append(f"engines.training.ep: {ep} does not divide model.num_experts ({m.num_experts}): each "
                             "expert-parallel rank holds an equal share of the routed experts")
-        if cfg.parallel.dp % ep:
-            problems.append(f"engines.training.ep: {ep} does not divide parallel.dp ({cfg.parallel.dp}): "
-                            "expert-parallel ranks are carved out of the data-parallel ranks (megatron-core's "
-                            "layout), they do not add to the world size")
+        if (cfg.parallel.dp * cfg.parallel.cp) % ep:
+            problems.append(f"engines.training.ep: {ep} does not divide parallel.dp x parallel.cp "
+                            f"({cfg.parallel.dp * cfg.parallel.cp}): expert-parallel ranks are carved out of the "
+                            "data- and context-parallel ranks (megatron-core's layout), they do not add to the "
+                            "world size")
     if m.num_attention_heads % tp:
         problems.append(f"engines.training.tp: {tp} does not divide model.num_attention_heads "
                         f"({m.num_attention_heads}): each rank holds whole heads")

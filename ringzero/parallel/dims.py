@@ -6,9 +6,11 @@ heaviest). This is megatron-core's order too, so its tensor-parallel groups are 
 a plain value; ``build_groups`` creates every process group once and returns them in a ``ParallelGroups``
 that the caller passes on explicitly. Nothing is stored in module globals. ``tp`` > 1 is the megatron
 engine's (the ranks of a TP group hold one replica's shards and see the same rows). ``ep`` > 1 is the
-megatron engine's expert parallelism, carved out of the data-parallel ranks as megatron-core does: it
-must divide ``dp`` and does not change the world size (DP indices ``k * ep .. k * ep + ep - 1`` hold the
-``ep`` shards of the routed experts; each still sees its own rows). ``pp`` is named so configs can carry
+megatron engine's expert parallelism, carved out of the data- and context-parallel ranks as megatron-core
+does: it must divide ``dp * cp`` and does not change the world size. megatron folds the CP ranks in: with
+``j = dp_index * cp + cp_index`` (the rank's place among the replicas' ranks), ranks ``j = k * ep .. k * ep +
+ep - 1`` hold the ``ep`` shards of the routed experts, so under CP the two halves of one sequence may sit
+on two expert shards; each rank still sees its own rows. ``pp`` is named so configs can carry
 it, but only degree 1 is accepted until the stage loop drives it.
 """
 
@@ -38,9 +40,11 @@ class ParallelDims:
                 problems.append(f"{name} must be an integer >= 1 (got {value!r})")
         if isinstance(self.pp, int) and self.pp > 1:
             problems.append(f"pp={self.pp}: only degree 1 is implemented")
-        if isinstance(self.ep, int) and isinstance(self.dp, int) and self.ep > 1 and self.dp % self.ep:
-            problems.append(f"ep={self.ep} must divide dp={self.dp}: expert-parallel ranks are carved out of the "
-                            "data-parallel ranks (each group of ep DP ranks holds one copy of the experts)")
+        if (isinstance(self.ep, int) and isinstance(self.dp, int) and isinstance(self.cp, int) and self.ep > 1
+                and (self.dp * self.cp) % self.ep):
+            problems.append(f"ep={self.ep} must divide dp*cp={self.dp * self.cp}: expert-parallel ranks are carved "
+                            "out of the data- and context-parallel ranks (each group of ep of them holds one copy "
+                            "of the experts)")
         if not problems and self.dp * self.cp * self.tp * self.pp != self.world_size:
             problems.append(
                 f"dp*cp*tp*pp = {self.dp}*{self.cp}*{self.tp}*{self.pp} = "
@@ -79,13 +83,13 @@ class ParallelDims:
 
     def ep_index(self, rank: int) -> int:
         """Which shard of the routed experts ``rank`` holds (megatron's expert-model-parallel rank)."""
-        return self.coords(rank)[0] % self.ep
+        return (rank // self.tp) % self.ep
 
     def expert_dp_ranks(self, rank: int) -> list[int]:
         """The ranks holding the same experts (and TP index) as ``rank``: its expert gradients are summed
-        over them (megatron's expert-data-parallel group)."""
-        (d, c), t = self.coords(rank), self.tp_index(rank)
-        return [self.rank_of(k * self.ep + d % self.ep, c, t) for k in range(self.dp // self.ep)]
+        over them (megatron's expert-data-parallel group; under CP it mixes CP indices)."""
+        e, t = self.ep_index(rank), self.tp_index(rank)
+        return [(k * self.ep + e) * self.tp + t for k in range(self.dp * self.cp // self.ep)]
 
 
 @dataclass(frozen=True)

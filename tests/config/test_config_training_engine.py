@@ -93,10 +93,9 @@ def test_megatron_splits_experts_over_ep_ranks_of_dp(distributed_optimizer):
 
 
 @pytest.mark.parametrize("training, dp, expected", [
-    ({"kind": "megatron", "ep": 2}, 3, "engines.training.ep: 2 does not divide parallel.dp (3)"),
+    ({"kind": "megatron", "ep": 2}, 3, "engines.training.ep: 2 does not divide parallel.dp x parallel.cp (3)"),
     ({"kind": "megatron", "ep": 3}, 3, "engines.training.ep: 3 does not divide model.num_experts (4)"),
     ({"kind": "torch", "ep": 2}, 2, "ep: 2 is a megatron degree"),
-    ({"kind": "megatron", "ep": 2, "cp": 2}, 2, "ep: 2 with parallel.cp = 2 is not implemented"),
 ])
 def test_expert_parallelism_is_refused_where_it_cannot_split(training, dp, expected):
     training = dict(training)
@@ -104,6 +103,15 @@ def test_expert_parallelism_is_refused_where_it_cannot_split(training, dp, expec
     data = with_engine(training, parallel={"dp": dp, "cp": cp, "sharding": "zigzag"})
     data["model"].update(MOE)
     assert expected in problems(data)
+
+
+def test_expert_parallelism_folds_in_the_context_parallel_ranks():
+    """As megatron-core lays it out: ep divides dp x cp, so ep 4 fits dp 2 x cp 2 and ep 2 fits dp 1 x cp 2."""
+    for dp, cp, ep in ((2, 2, 2), (2, 2, 4), (1, 2, 2)):
+        data = with_engine({"kind": "megatron", "ep": ep}, parallel={"dp": dp, "cp": cp, "sharding": "zigzag"})
+        data["model"].update(MOE)
+        cfg = parse_config(data, "t.yaml")
+        assert (cfg.engines.training.ep, cfg.parallel.cp) == (ep, cp)
 
 
 def test_megatron_refuses_routing_replay():

@@ -67,3 +67,30 @@ def test_megatron_ep2_with_the_distributed_optimizer_trains_like_the_torch_engin
     assert_same(torch_dp2, got, "megatron dp=2 ep=2 distributed optimizer")
     # the dense parameters' moments are split over the two DP ranks, each rank's experts' are its own
     assert_state_sharded(got)
+
+
+@pytest.fixture(scope="module")
+def four_ranks():
+    from ringzero.parallel.launch import RankPool
+
+    with RankPool(4, timeout_s=600) as pool:
+        yield pool
+
+
+def test_cp2_ep2_folds_the_cp_ranks_into_expert_groups_and_trains_like_the_torch_engine(torch_dp2, four_ranks,
+                                                                                          tmp_path):
+    """dp 2 x cp 2 x ep 2 on four ranks: megatron puts the two CP ranks of a sequence on two expert shards
+    (expert-data-parallel ranks [0, 2] and [1, 3]), the engine checks that layout at join and sums the
+    expert gradients over those groups; the run equals the torch engine's at dp 2 (any layout trains the
+    same)."""
+    got = four_ranks.run(run_engine, "megatron", 1, f"file://{tmp_path}/store", dp=2, moe=True, ep=2, cp=2)[0]
+    assert [s["ep_rank"] for s in got["expert_shards"]] == [0, 1, 0, 1]
+    assert got["cp_calls"], "context parallelism ran in the layers"
+    assert_same(torch_dp2, got, "megatron dp=2 cp=2 ep=2")
+
+
+def test_cp2_ep2_with_expert_gradients_summed_over_every_replica_rank_fails(torch_dp2, four_ranks, tmp_path):
+    bad = four_ranks.run(run_engine_experts_summed_over_dp, "megatron", 1, f"file://{tmp_path}/store", dp=2,
+                         moe=True, ep=2, cp=2)[0]
+    with pytest.raises(AssertionError, match=r"layers\.1\.mlp\.experts\."):
+        assert_same(torch_dp2, bad, "experts summed over dp x cp")

@@ -58,9 +58,9 @@ def join(runtime: Runtime, tp: int, ep: int = 1) -> None:
         raise RingzeroError(f"engines.training.tp is {tp} but the job was laid out with tp {dims.tp}")
     if dims.ep not in (1, ep):
         raise RingzeroError(f"engines.training.ep is {ep} but the job was laid out with ep {dims.ep}")
-    if dims.dp % ep:
-        raise RingzeroError(f"engines.training.ep: {ep} does not divide parallel.dp ({dims.dp}): expert-parallel "
-                            "ranks are carved out of the data-parallel ranks")
+    if (dims.dp * dims.cp) % ep:
+        raise RingzeroError(f"engines.training.ep: {ep} does not divide parallel.dp x parallel.cp "
+                            f"({dims.dp * dims.cp}): expert-parallel ranks are carved out of those ranks")
     if not dist.is_initialized():
         if runtime.world_size > 1:
             raise RingzeroError("a job of several ranks must join torch.distributed before the megatron engine")

@@ -28,8 +28,9 @@ Precision: parameters and activations in ``policy.body``; MLA's softmax island i
 fp32 before the scores, ``policy.attention_softmax_fp32``), the Lightning state stays fp32 as in ringzero.
 
 Context parallelism: MLA layers all-to-all their heads (``attention``), Lightning layers all-gather their
-chunk states (``lightning``); everything else is per token. Not implemented: sequence parallelism outside
-the MoE layers, and CP together with expert parallelism (refused at build).
+chunk states (``lightning``); everything else is per token. With expert parallelism megatron folds the CP
+ranks into its expert groups (``ParallelDims.ep_index``); MoE is per token, so that needs nothing here.
+Not implemented: sequence parallelism outside the MoE layers.
 
 MoE layers are ``ringzero.model.moe``'s math in megatron's ``MoELayer``: local ``SequentialMLP`` experts,
 the allgather token dispatcher, a ``TopKRouter`` in fp32 with the sigmoid score, the routing-only expert
@@ -239,10 +240,6 @@ def _refusals(cfg: ModelConfig, tp_size: int, ep_size: int = 1) -> list[str]:
         problem = heads_problem(cfg.num_attention_heads // tp_size, cp)
         if problem:
             problems.append(problem)
-    if cp > 1 and ep_size > 1:
-        problems.append(f"context parallelism ({cp}) with expert parallelism ({ep_size}) is not implemented: "
-                        "megatron folds the CP ranks into the expert-data-parallel groups, a layout this "
-                        "engine does not check or reduce gradients over yet")
     return problems
 
 
