@@ -173,6 +173,7 @@ class RolloutServer:
         self.scheduler = EngineScheduler(engine, window_s=window_s, max_batch_requests=max_batch_requests,
                                          continuous=batching == "continuous")
         self.gate = GenerationGate(self.scheduler)
+        self.external_scheduler = False  # serve(): the caller runs the scheduler loop on its own thread
         self.app = self._build_app()
 
     async def _body(self, request: Request, *, optional: bool = False):
@@ -193,12 +194,14 @@ class RolloutServer:
     def _build_app(self) -> FastAPI:
         @asynccontextmanager
         async def lifespan(_app):
-            self.scheduler.start()
+            if not self.external_scheduler:
+                self.scheduler.start()
             log.info("rollout.server_ready", model_path=self.model_path, weight_version=self.weight_version)
             try:
                 yield
             finally:
-                self.scheduler.stop()
+                if not self.external_scheduler:
+                    self.scheduler.stop()
 
         app = FastAPI(title="ringzero rollout server", lifespan=lifespan)
         app.add_middleware(_Unhandled)
@@ -386,9 +389,21 @@ class ServerThread:
 
 
 def serve(server: RolloutServer, host: str, port: int, log_level: str = "info") -> None:
-    """Serve in the foreground until interrupted (uvicorn handles SIGINT/SIGTERM)."""
-    import uvicorn
+    """Serve in the foreground until SIGINT or SIGTERM: HTTP on a second thread, the engine on this one
+    (the main thread: see ``EngineScheduler.run_here``)."""
+    import signal
 
-    config = uvicorn.Config(server.app, host=host, port=port, log_config=None, log_level=log_level,
-                            access_log=False, lifespan="on")
-    uvicorn.Server(config).run()
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    server.external_scheduler = True
+    http = ServerThread(server.app, host, port, log_level=log_level)
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        http.start()
+        server.scheduler.run_here()
+    except KeyboardInterrupt:
+        log.info("rollout.server_stopping")
+    finally:
+        http.stop()
+        signal.signal(signal.SIGTERM, previous)

@@ -68,20 +68,35 @@ class EngineScheduler:
         self._lock = threading.Lock()  # guards _live, each job's aborted/started and abort_calls
         self._live: list[_Generate] = []  # generate jobs submitted and not answered yet
         self._thread = threading.Thread(target=self._run, name="rollout-scheduler", daemon=True)
+        self._here = False  # run_here: the loop runs on the caller's thread
 
     # --- called from other threads ---
 
     def start(self) -> None:
         self._thread.start()
 
+    def run_here(self) -> None:
+        """Run the loop on the calling thread until ``stop()`` (or an exception, KeyboardInterrupt among
+        them). ``ringzero serve`` runs it on the process's main thread, so that the thread which loaded the
+        model is the only one with an OpenMP team: a second team on another thread makes OpenMP throttle
+        its spin-waits once its threads outnumber the cores, and every parallel op then pays a futex
+        wake-up (half the decode speed at 2 threads on 2 cores, ``bench/serve_throughput.py``)."""
+        self._here = True
+        try:
+            self._run()
+        finally:
+            self._here = False
+
     def stop(self, timeout_s: float = 30.0) -> None:
-        if self._thread.is_alive():
+        if self._here:
+            self._queue.put(_STOP)
+        elif self._thread.is_alive():
             self._queue.put(_STOP)
             self._thread.join(timeout_s)
 
     @property
     def alive(self) -> bool:
-        return self._thread.is_alive()
+        return self._here or self._thread.is_alive()
 
     def pending(self) -> int:
         """Jobs queued and not yet taken by the thread."""
