@@ -11,8 +11,13 @@ HTTP to SGLang's ``/generate``. Every batching mode serves the same list:
   threshold (the engine's ``compact_below``: 0 never rewrites the cache and only reuses free slots,
   1 rewrites it whenever a row leaves, as static groups do).
 
-Reported per run: output tokens per wall-clock second (all requests, first sent to last answered) and
-p50/p99 request latency, as a markdown table.
+Reported per run: output tokens per wall-clock second (all requests, first sent to last answered),
+p50/p99 request latency, and ``achieved / ideal``: the tokens/s an ideal continuous batcher would reach on
+the same closed-loop workload with this engine, from the engine's own decode-step time at each live batch
+size (measured in this process at 1, 2, 4, ... ``--max-batch`` rows and interpolated) and a simulation of
+the clients (every step decodes one token of each live row; a finished row's client sends its next request,
+which joins at the next step while a slot is free), as a markdown table. The engine runs on this process's
+main thread and HTTP on another, as in ``ringzero serve``.
 
     python bench/serve_concurrency.py --clients 1,8,32 --requests-per-client 4
 """
@@ -23,6 +28,7 @@ import argparse
 import os
 import random
 import statistics
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -34,8 +40,10 @@ from ringzero.config.loader import load_config
 from ringzero.model.config import PrecisionPolicy
 from ringzero.model.decode_check import random_weights_
 from ringzero.model.hybrid import HybridLM
+from ringzero.model.vector_math import set_threads
 from ringzero.rollout.engine.embedded import EmbeddedEngine
 from ringzero.rollout.server.app import RolloutServer, ServerThread
+from ringzero.rollout.types import GenerateRequest, SamplingParams
 from ringzero.tokenizer import CharTokenizer
 
 CONFIG = Path(__file__).resolve().parent.parent / "configs" / "tiny-cpu.yaml"
@@ -70,24 +78,85 @@ def serve_run(model: HybridLM, batching: str, compact_below: float, clients: int
               max_batch: int) -> dict:
     engine = EmbeddedEngine(model, CharTokenizer(), model.policy, max_batch=max_batch, compact_below=compact_below)
     server = RolloutServer(engine, CharTokenizer(), model_path="random://bench", batching=batching)
-    with ServerThread(server.app) as thread, ThreadPoolExecutor(clients) as pool:
-        closed_loop(thread.url, bodies[:1])  # warm-up: first-call allocations stay out of the numbers
-        start = time.perf_counter()
-        results = [r for got in pool.map(lambda i: closed_loop(thread.url, bodies[i::clients]), range(clients))
-                   for r in got]
-        wall = time.perf_counter() - start
+    server.external_scheduler = True  # the engine on this (main) thread, as ringzero serve runs it
+    out: dict = {}
+
+    def drive(url: str) -> None:
+        try:
+            with ThreadPoolExecutor(clients) as pool:
+                closed_loop(url, bodies[:1])  # warm-up: first-call allocations stay out of the numbers
+                start = time.perf_counter()
+                out["results"] = [r for got in pool.map(lambda i: closed_loop(url, bodies[i::clients]),
+                                                        range(clients)) for r in got]
+                out["wall"] = time.perf_counter() - start
+        finally:
+            server.scheduler.stop()
+
+    with ServerThread(server.app) as thread:
+        driver = threading.Thread(target=drive, args=(thread.url,))
+        driver.start()
+        server.scheduler.run_here()
+        driver.join()
+    results, wall = out["results"], out["wall"]
     latencies = sorted(lat for lat, _ in results)
     return {"tokens_s": sum(n for _, n in results) / wall, "p50": statistics.median(latencies),
             "p99": latencies[min(len(latencies) - 1, round(0.99 * (len(latencies) - 1)))], "wall": wall}
 
 
+def step_times(model: HybridLM, max_batch: int, prompt_len: int, steps: int) -> dict[int, float]:
+    """Seconds per decoding step of the engine at 1, 2, 4, ... ``max_batch`` live rows (prefill included,
+    spread over the steps), over the workload's mean prompt and output lengths (MLA's step cost grows with
+    the context)."""
+    out = {}
+    sizes = sorted({min(2 ** k, max_batch) for k in range(max_batch.bit_length() + 1)})
+    for b in sizes:
+        engine = EmbeddedEngine(model, None, model.policy, max_batch=max_batch)
+        reqs = [GenerateRequest([5] * prompt_len, SamplingParams(max_new_tokens=steps, ignore_eos=True, seed=i))
+                for i in range(b)]
+        engine.generate(reqs)  # warm-up
+        start = time.perf_counter()
+        engine.generate(reqs)
+        out[b] = (time.perf_counter() - start) / steps
+    return out
+
+
+def step_time(curve: dict[int, float], b: int) -> float:
+    sizes = sorted(curve)
+    hi = next((s for s in sizes if s >= b), sizes[-1])
+    lo = max((s for s in sizes if s <= b), default=sizes[0])
+    if hi == lo:
+        return curve[lo]
+    return curve[lo] + (curve[hi] - curve[lo]) * (b - lo) / (hi - lo)
+
+
+def ideal_tokens_s(curve: dict[int, float], bodies: list[dict], clients: int, max_batch: int) -> float:
+    """Output tokens/s of an ideal continuous batcher on the closed-loop workload (see the module docstring)."""
+    queues = [[b["sampling_params"]["max_new_tokens"] for b in bodies[i::clients]] for i in range(clients)]
+    waiting = [(i, queues[i].pop(0)) for i in range(clients) if queues[i]]
+    live: list[list[int]] = []  # [client, tokens left]
+    seconds = tokens = 0.0
+    while waiting or live:
+        while waiting and len(live) < max_batch:
+            client, left = waiting.pop(0)
+            live.append([client, left])
+        seconds += step_time(curve, len(live))
+        tokens += len(live)
+        for row in live:
+            row[1] -= 1
+        for client, _ in [r for r in live if r[1] == 0]:
+            if queues[client]:
+                waiting.append((client, queues[client].pop(0)))
+        live = [r for r in live if r[1] > 0]
+    return tokens / seconds
+
+
 def table(rows: list[dict]) -> str:
-    lines = ["| clients | batching | compact_below | requests | tokens/s | p50 latency (ms) | p99 latency (ms) |",
-             "|---:|---|---:|---:|---:|---:|---:|"]
+    lines = ["| clients | batching | compact_below | requests | tokens/s | achieved / ideal | p50 latency (ms) | "
+             "p99 latency (ms) |", "|---:|---|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         compact = f"{r['compact_below']:g}" if r["batching"] == "continuous" else "-"
         lines.append(f"| {r['clients']} | {r['batching']} | {compact} | {r['requests']} | {r['tokens_s']:.0f} | "
-                     f"{1000 * r['p50']:.0f} | {1000 * r['p99']:.0f} |")
+                     f"{r['tokens_s'] / r['ideal']:.2f} | {1000 * r['p50']:.0f} | {1000 * r['p99']:.0f} |")
     return "\n".join(lines)
 
 
@@ -102,21 +171,26 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS", "1")))
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()
-    torch.set_num_threads(args.threads)
+    set_threads(args.threads)
     cfg = load_config(CONFIG).model
     model = HybridLM(cfg, PrecisionPolicy.preset("fp32"))
     with torch.no_grad():
         random_weights_(model, torch.Generator().manual_seed(args.seed))
     modes = [("static", 1.0)] + [("continuous", float(c)) for c in args.compact.split(",")]
+    curve = step_times(model, args.max_batch, sum(args.prompt_len) // 2, sum(args.output_len) // 2)
+    print("engine seconds per decoding step by live rows: "
+          + ", ".join(f"{b}: {1000 * t:.2f} ms" for b, t in curve.items()), flush=True)
     rows = []
     for clients in (int(c) for c in args.clients.split(",")):
         bodies = workload(clients * args.requests_per_client, args.prompt_len, args.output_len, cfg.vocab_size,
                           args.seed + clients)
+        ideal = ideal_tokens_s(curve, bodies, clients, args.max_batch)
         for batching, compact_below in modes:
             result = serve_run(model, batching, compact_below, clients, bodies, args.max_batch)
             rows.append({"clients": clients, "batching": batching, "compact_below": compact_below,
-                         "requests": len(bodies), **result})
-            print(f"clients={clients} {batching} compact_below={compact_below:g}: {result['tokens_s']:.0f} tok/s, "
+                         "requests": len(bodies), "ideal": ideal, **result})
+            print(f"clients={clients} {batching} compact_below={compact_below:g}: {result['tokens_s']:.0f} tok/s "
+                  f"({result['tokens_s'] / ideal:.2f} of the ideal {ideal:.0f}), "
                   f"p50 {1000 * result['p50']:.0f} ms, p99 {1000 * result['p99']:.0f} ms", flush=True)
     print(f"\nthreads={args.threads} load={os.getloadavg()[0]:.2f} prompt_len={args.prompt_len} "
           f"output_len={args.output_len} max_batch={args.max_batch}\n")

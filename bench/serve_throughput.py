@@ -108,43 +108,50 @@ def measure(threads: int, batch: int, prompt_len: int, lengths: list[int], repea
     engine = EmbeddedEngine(model, None, model.policy, max_batch=batch)
     hf = hf_llama(model.cfg)
     prompts_BP = torch.randint(3, model.cfg.vocab_size, (batch, prompt_len), generator=torch.Generator().manual_seed(1))
-    prompts = prompts_BP.tolist()
     server = Server(threads, batch, prompt_len + max(lengths))
     rows = []
     try:
         for new in lengths:
-            requests_ = [GenerateRequest(p, SamplingParams(max_new_tokens=new, seed=i, ignore_eos=True))
-                         for i, p in enumerate(prompts)]
-
-            def run_server():
-                assert server.generate(prompts, new) == batch * new
-
-            def run_engine():
-                out = engine.generate(requests_)
-                assert sum(len(c.output_ids) for (c,) in out) == batch * new
-
-            def run_hf():
-                with torch.inference_mode():
-                    out = hf.generate(prompts_BP, attention_mask=torch.ones_like(prompts_BP), do_sample=True,
-                                      top_k=0, max_new_tokens=new, min_new_tokens=new)
-                assert out.shape == (batch, prompt_len + new)
-
-            runners = {"server": run_server, "in-process": run_engine, "hf": run_hf}
-            for fn in runners.values():  # warm-up
-                fn()
-            seconds = {name: [] for name in runners}
-            for _ in range(repeats):
-                for name, fn in runners.items():
-                    start = time.perf_counter()
-                    fn()
-                    seconds[name].append(time.perf_counter() - start)
-            tok = {name: batch * new / statistics.median(s) for name, s in seconds.items()}
+            tok = measure_length(server, engine, hf, prompts_BP, new, repeats)
             rows.append({"threads": threads, "new": new, **tok})
             print(f"threads {threads} new {new}: " + ", ".join(f"{k} {v:,.0f} tok/s" for k, v in tok.items()),
                   flush=True)
     finally:
         server.close()
     return rows
+
+
+def measure_length(server: Server, engine: EmbeddedEngine, hf, prompts_BP: torch.Tensor, new: int,
+                   repeats: int) -> dict[str, float]:
+    """Tokens/s of the three generators for ``new`` tokens per prompt (medians of interleaved runs)."""
+    batch, prompt_len = prompts_BP.shape
+    prompts = prompts_BP.tolist()
+    requests_ = [GenerateRequest(p, SamplingParams(max_new_tokens=new, seed=i, ignore_eos=True))
+                 for i, p in enumerate(prompts)]
+
+    def run_server():
+        assert server.generate(prompts, new) == batch * new
+
+    def run_engine():
+        out = engine.generate(requests_)
+        assert sum(len(c.output_ids) for (c,) in out) == batch * new
+
+    def run_hf():
+        with torch.inference_mode():
+            out = hf.generate(prompts_BP, attention_mask=torch.ones_like(prompts_BP), do_sample=True,
+                              top_k=0, max_new_tokens=new, min_new_tokens=new)
+        assert out.shape == (batch, prompt_len + new)
+
+    runners = {"server": run_server, "in-process": run_engine, "hf": run_hf}
+    for fn in runners.values():  # warm-up
+        fn()
+    seconds = {name: [] for name in runners}
+    for _ in range(repeats):
+        for name, fn in runners.items():
+            start = time.perf_counter()
+            fn()
+            seconds[name].append(time.perf_counter() - start)
+    return {name: batch * new / statistics.median(s) for name, s in seconds.items()}
 
 
 def table(rows: list[dict], batch: int, prompt_len: int) -> str:
