@@ -43,20 +43,35 @@ class EngineOptimizer(Protocol):
 @dataclass
 class TrainingSetup:
     """``model``: what the trainer scores and trains (``hidden(ids, positions)``, ``logits(hidden)``, ``cfg``),
-    placed on this rank's device and layout. ``serving``: a single-device ``HybridLM`` holding the same
-    start weights, what an embedded rollout engine copies."""
+    placed on this rank's device and layout. ``serving``: a single-device ``HybridLM`` with the same weights,
+    what an embedded rollout engine copies and evaluations sample from; ``None`` until ``served()`` is first
+    called, for an engine that shards its weights (no rank keeps a full copy it does not use: a stage whose
+    rollouts run on SGLang servers never builds one)."""
 
     model: torch.nn.Module
     optimizer: EngineOptimizer
-    serving: HybridLM
+    serving: HybridLM | None
+    cfg: object = None  # the ModelConfig a lazily built serving model has
+    device: torch.device | None = None
 
     def served(self) -> HybridLM:
         """``serving`` holding the current weights (a collective when the engine shards them)."""
-        if self.serving is not self.model:
-            from ringzero.rollout.engine.weights import load_weights_
+        if self.serving is self.model:
+            return self.serving
+        from ringzero.rollout.engine.weights import load_weights_
 
-            load_weights_(self.serving, self.optimizer.master_state_dict(), source="the training engine")
+        state = self.optimizer.master_state_dict()
+        if self.serving is None:
+            from ringzero.model.config import PrecisionPolicy
+
+            self.serving = HybridLM(self.cfg, PrecisionPolicy.preset("fp32")).to(self.device or "cpu")
+        load_weights_(self.serving, state, source="the training engine")
         return self.serving
+
+    def sampler_model(self, engines) -> torch.nn.Module:
+        """What a rollout client is built over: the serving model for the embedded engine, the trainer's own
+        model for SGLang servers (they hold the weights; pushes read the optimizer's masters)."""
+        return self.served() if engines.rollout.kind == "embedded" else self.model
 
 
 class TrainingEngine(Protocol):

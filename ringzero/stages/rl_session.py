@@ -64,7 +64,8 @@ class RLSession:
         self.rollout_policy = PrecisionPolicy.preset(policy)
         cfg = self.cfg.model_copy(update={"precision": self.cfg.precision.model_copy(
             update={"rollout": self.rollout_policy})})
-        self.client = self.stepper.client = rollout_client(cfg, self.setup.served(), self.tokenizer, self.runtime)
+        self.client = self.stepper.client = rollout_client(cfg, self.setup.sampler_model(cfg.engines), self.tokenizer,
+                                                           self.runtime)
         log.info("rl.rollout_rebuilt", precision=policy)
 
 
@@ -96,7 +97,7 @@ def build_session(ctx, stage, inputs) -> RLSession:
     reference, reference_uri = None, inputs.reference_uri or inputs.init_uri
     if stage.loss.kl_coef > 0:
         reference = engine.frozen(cfg, ctx.store, reference_uri, cfg.precision.train, rt)
-    client = rollout_client(cfg, setup.served(), tokenizer, rt)
+    client = rollout_client(cfg, setup.sampler_model(cfg.engines), tokenizer, rt)
 
     remote = cfg.engines.rollout
     disk = remote.weights_dir if remote.kind == "sglang" and remote.weight_sync == "disk" else None

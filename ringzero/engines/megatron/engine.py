@@ -5,12 +5,13 @@ per process from the job's ``Runtime`` so that its tensor- and context-parallel 
 (both order ranks ``rank = (dp * cp + c) * tp + t``: TP innermost, then CP), and checks a second call asks
 for the same layout. A job
 of one process joins a one-rank gloo group first: megatron-core's layers need torch.distributed.
-Expert parallelism (``ep`` > 1) is carved out of the DP ranks, as megatron-core does: DP index ``d`` holds
-expert shard ``d % ep`` and shares it with the DP indices of the same residue (its expert-data-parallel
-group); ``join`` checks megatron's groups are those.
+Expert parallelism (``ep`` > 1) is carved out of the DP x CP ranks, as megatron-core does
+(``ParallelDims.ep_index``); ``join`` checks megatron's groups are those.
 
-The checkpoint is read as ``HybridLM`` full tensors and scattered with ``convert.to_megatron``; the
-single-device ``HybridLM`` it came from stays as the ``serving`` model the embedded rollout engine copies.
+The checkpoint is read as ``HybridLM`` full tensors and scattered with ``convert.to_megatron``; that full
+model is then dropped, so a rank keeps its shards and their optimizer state only. A single-device serving
+``HybridLM`` is built from the optimizer's masters when something samples or evaluates in-process
+(``TrainingSetup.served``); a stage whose rollouts run on SGLang servers never builds one.
 The optimizer is ``ShardedTrainOptimizer`` (ringzero's AdamW on each TP shard, full state on every DP
 rank), or with ``distributed_optimizer: true`` megatron's ``DistributedOptimizer`` (state sharded over the
 DP ranks, ``distributed_optimizer.MegatronDistributedOptimizer``).
@@ -125,7 +126,10 @@ class MegatronEngine:
 
             optimizer = ShardedTrainOptimizer(model, optim, total_steps, schedule)
         optimizer.load_weights(source.state_dict(), source=init_uri or "a fresh model")
-        return TrainingSetup(model.train(), optimizer, source.to(runtime.device))
+        # The full start model is dropped here: each rank keeps its shards and their optimizer state only;
+        # a serving copy is built when something samples or evaluates in-process (TrainingSetup.served).
+        del source
+        return TrainingSetup(model.train(), optimizer, None, cfg=cfg.model, device=runtime.device)
 
     def frozen(self, cfg, store, uri, policy, runtime):
         from ringzero.engines.megatron.convert import load_hybrid_state_
