@@ -66,6 +66,10 @@ if "torch" not in missing:
     import torch
     print(f"torch {torch.__version__}, CUDA build {torch.version.cuda}, cuda available {torch.cuda.is_available()}"
           + (f", {torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else ""))
+    major_minor = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
+    if major_minor < (2, 11):
+        print(f"note: torch {torch.__version__} is older than the releases the CPU suites pass on "
+              "(2.11 and 2.13: bash bench/torch_versions.sh VERSION)")
     if not smoke and not torch.cuda.is_available():
         print("missing: a CUDA device visible to torch (a CPU-only torch, or no driver); --smoke runs on the CPU")
         sys.exit(1)
