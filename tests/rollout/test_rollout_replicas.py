@@ -616,6 +616,7 @@ def test_a_push_skips_a_dead_replica_and_no_replica_left_is_an_error(fakes):
 
     a, b = fakes(2)
     client = replica_set([a, b], rejoin_wait_s=0.0)
+    assert client.generate([]) == []
     b.close()
     client.update_weights_from_disk("/w/step-1", "step-1")
     assert list(client.down) == [b.url] and a.paths().count("/update_weights_from_disk") == 1

@@ -53,7 +53,10 @@ def remote_client(engine, policy=None, routing_shape=None) -> ReplicaSet:
         # Found again after a loss: whatever resolves now (a replaced pod may not be ready yet).
         common = dict(stale=engine.stale, weights_dir=engine.weights_dir, timeout_s=engine.timeout_s,
                       accept_store_uris=engine.weight_sync == "store",
-                      resolver=lambda: resolve_endpoints(engine, want=1, timeout_s=0.0))
+                      resolver=lambda: resolve_endpoints(engine, want=1, timeout_s=0.0),
+                      # with every replica down, wait for one to come back (a restarted SGLang pod loads the
+                      # model again) as long as a request may take
+                      rejoin_wait_s=engine.timeout_s)
         if engine.weight_sync == "distributed":
             d = engine.distributed
             remote = DistributedReplicaSet(endpoints, tp_size=engine.tp_size, backend=d.backend,

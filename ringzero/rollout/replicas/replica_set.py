@@ -163,6 +163,8 @@ class ReplicaSet:
     def generate(self, requests: Sequence[GenerateRequest]) -> list[list[Completion]]:
         """Each request sampled on one live replica; a share lost with its replica is sampled again."""
         requests = list(requests)
+        if not requests:
+            return []
         if self.down and time.monotonic() - self._recovered_at >= self.recheck_s:
             self.recover()  # a lost replica that answers again is caught up and serves this call
         results: list[list[Completion] | None] = [None] * len(requests)
