@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -39,16 +38,11 @@ from ringzero.model.decode_check import random_weights_
 from ringzero.model.hybrid import HybridLM
 from ringzero.model.vector_math import set_threads
 from ringzero.rollout.engine.embedded import EmbeddedEngine
+from ringzero.rollout.replicas.weight_group import free_port
 from ringzero.rollout.types import GenerateRequest, SamplingParams
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = ROOT / "configs" / "tiny-cpu.yaml"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Server:

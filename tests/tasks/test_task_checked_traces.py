@@ -30,15 +30,21 @@ def task(**kw) -> SyntheticArithmetic:
     return SyntheticArithmetic(ArithmeticTask(**{**base, **kw}))
 
 
-def test_a_slip_carries_on_and_a_check_fixes_it():
+def assert_slip_fixed_by_the_check(op, want_body: str) -> str:
+    """A first pass that slips at b, then a check pass: the trace ``want_body``, its slip one wrong step (later
+    steps hold against the state it claimed), and the check's right answer. Returns the trace."""
     plan = WorkedPlan(passes=((False,) * 4, (False, True, False, False)), slips={1: 2})
-    body, answer = OP.planned_body(INST, plan)
-    assert body == "a=7>7 b=3>2 c=9>1 d=1>2 check a=7>7 b=3 7+3=10>0 c=9>9 d=1>0"
-    assert answer == "0" == OP.answer(INST)
-    # the first pass's slip is one wrong step; later steps hold against the state it claimed
-    assert OP.check_steps(body, INST) == StepCheck(8, 7)
-    assert OP.final_pass_holds(body, INST, answer)
-    assert [r[2] for r in OP.pass_results(body, INST)] == [2, 0]
+    body, answer = op.planned_body(INST, plan)
+    assert body == want_body
+    assert answer == "0" == op.answer(INST)
+    assert op.check_steps(body, INST) == StepCheck(8, 7)
+    assert op.final_pass_holds(body, INST, answer)
+    assert [r[2] for r in op.pass_results(body, INST)] == [2, 0]
+    return body
+
+
+def test_a_slip_carries_on_and_a_check_fixes_it():
+    assert_slip_fixed_by_the_check(OP, "a=7>7 b=3>2 c=9>1 d=1>2 check a=7>7 b=3 7+3=10>0 c=9>9 d=1>0")
 
 
 def test_an_unchecked_slip_answers_wrong_and_does_not_verify():
@@ -130,14 +136,8 @@ def test_any_plan_renders_a_trace_the_checker_accounts_for(inst, data):
 
 
 def test_a_reverse_check_reads_the_digits_backwards_and_fixes_a_slip():
-    op = digitsum(4, check_order="reverse")
-    plan = WorkedPlan(passes=((False,) * 4, (False, True, False, False)), slips={1: 2})
-    body, answer = op.planned_body(INST, plan)
-    assert body == "a=7>7 b=3>2 c=9>1 d=1>2 check d=1>1 c=9 1+9=10>0 b=3>3 a=7>0"
-    assert answer == "0" == op.answer(INST)
-    assert op.check_steps(body, INST) == StepCheck(8, 7)
-    assert op.final_pass_holds(body, INST, answer)
-    assert [r[2] for r in op.pass_results(body, INST)] == [2, 0]
+    body = assert_slip_fixed_by_the_check(digitsum(4, check_order="reverse"),
+                                          "a=7>7 b=3>2 c=9>1 d=1>2 check d=1>1 c=9 1+9=10>0 b=3>3 a=7>0")
     # no state of the check is the first pass's state at the same label: it cannot be copied
     first = dict(step.split(">") for step in body.split(" check ")[0].split())
     assert all(first.get(step.split(">")[0]) != step.split(">")[1] for step in ["d=1>1", "b=3>3"])

@@ -21,7 +21,6 @@ import torch
 from ringzero.errors import RingzeroError
 from ringzero.rollout.clients.http_client import (
     HttpRolloutClient,
-    ServerUnreachable,
     distributed_update_body,
     init_group_body,
 )
@@ -64,18 +63,8 @@ class DistributedReplicaSet(ReplicaSet):
 
         state_dict = {k: (v.to(self.dtype) if self.dtype is not None and v.is_floating_point() and
                           "expert_bias" not in k else v) for k, v in hf_tensors(state_dict).items()}
-        for attempt in range(2):
-            self._drop_silent()
-            try:
-                self._broadcast_push(self._live_or_wait(), state_dict, weight_version)
-                break
-            except ServerUnreachable:
-                if attempt:
-                    raise
-                log.warning("rollout.push_retry", version=weight_version)
+        self._push(weight_version, lambda clients: self._broadcast_push(clients, state_dict, weight_version))
         self._last_sent = (state_dict, str(weight_version))
-        self.weight_version = str(weight_version)
-        log.info("rollout.pushed", version=weight_version, replicas=len(self.live()), down=sorted(self.down))
 
     def _broadcast_push(self, clients: list[HttpRolloutClient], state_dict: dict, weight_version: str) -> None:
         """One push over the weight group of exactly ``clients``: the group is (re)opened first when its

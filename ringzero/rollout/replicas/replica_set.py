@@ -181,10 +181,12 @@ class ReplicaSet:
                         raise out.exc
                     self._lose(client, out.exc)
                     again += idx
-                elif self._lost_its_weights(client, [c for group in out for c in group]):
+                    continue
+                completions = [c for group in out for c in group]
+                if self._lost_its_weights(client, completions):
                     again += idx
                 else:
-                    self._check_versions(client.endpoint, [c for group in out for c in group])
+                    self._check_versions(client.endpoint, completions)
                     for i, group in zip(idx, out, strict=True):
                         results[i] = group
             if not again:
@@ -193,9 +195,12 @@ class ReplicaSet:
             log.warning("rollout.resample", requests=len(todo), round=round_ + 1, down=sorted(self.down))
             self.recover()
         raise RingzeroError(f"rollout: {len(todo)} requests still unanswered after {self.recoveries} recoveries "
-                            f"from lost replicas ({'; '.join(f'{e}: {w}' for e, w in self.down.items())})")
+                            f"from lost replicas ({self._down_reasons()})")
 
     # --- lost replicas ---
+
+    def _down_reasons(self) -> str:
+        return "; ".join(f"{e}: {why}" for e, why in self.down.items())
 
     def _lose(self, client: HttpRolloutClient, exc: Exception) -> None:
         self.down[client.endpoint] = str(exc)[:300]
@@ -228,8 +233,7 @@ class ReplicaSet:
             if self.live():
                 break
             if time.monotonic() > deadline:
-                raise RingzeroError("rollout: every replica is down ("
-                                    + "; ".join(f"{e}: {w}" for e, w in self.down.items()) + ")")
+                raise RingzeroError(f"rollout: every replica is down ({self._down_reasons()})")
             time.sleep(1.0)
         return self.live()
 
@@ -241,16 +245,16 @@ class ReplicaSet:
         except RingzeroError as exc:
             log.warning("rollout.resolve_failed", error=str(exc)[:300])
             found = []
+        found = [e.rstrip("/") for e in found]  # as HttpRolloutClient keeps its endpoint
         known = {c.endpoint for c in self.clients}
         for endpoint in found:
-            if endpoint.rstrip("/") not in known:
+            if endpoint not in known:
                 client = HttpRolloutClient(endpoint, **self._client_args)
                 client.routing_shape = self.clients[0].routing_shape
                 self.clients.append(client)
                 self.down[client.endpoint] = "new replica, not yet at the current weights"
         # A down replica whose address no longer resolves is gone for good (its pod was replaced).
-        gone = [c for c in self.clients if c.endpoint in self.down and found and c.endpoint not in
-                {e.rstrip("/") for e in found}]
+        gone = [c for c in self.clients if found and c.endpoint in self.down and c.endpoint not in found]
         for c in gone:
             self.clients.remove(c)
             self.down.pop(c.endpoint)
@@ -291,9 +295,12 @@ class ReplicaSet:
     def update_weights_from_disk(self, path: str, weight_version: str) -> None:
         """Every replica loads the model folder at ``path`` (a path the servers see: not a store URI)."""
         self._check_path(path)
-        self._push(weight_version, lambda c: c.update_weights_from_disk(path, weight_version))
-        self._replay = lambda c: self._push_to([c], weight_version,
-                                               lambda one: one.update_weights_from_disk(path, weight_version))
+
+        def update(client: HttpRolloutClient) -> None:
+            client.update_weights_from_disk(path, weight_version)
+
+        self._push(weight_version, lambda clients: self._push_to(clients, weight_version, update))
+        self._replay = lambda client: self._push_to([client], weight_version, update)
 
     # --- versions ---
 
@@ -342,13 +349,14 @@ class ReplicaSet:
 
     # --- fan-out ---
 
-    def _push(self, weight_version: str, update: Callable, *, session: bool = False, fan_out: bool = True) -> None:
-        """The push on every live replica (see ``_push_to``); one that is gone (unreachable at pause) is
-        marked down and caught up when it returns. Fails when no replica is left."""
+    def _push(self, weight_version: str, push: Callable[[list[HttpRolloutClient]], None]) -> None:
+        """``push(clients)`` to the live replicas; one that does not answer is marked down and caught up when
+        it returns, and a replica lost during the push makes it run once more on the ones that still answer.
+        Fails when no replica is left."""
         for attempt in range(2):
             self._drop_silent()
             try:
-                self._push_to(self._live_or_wait(), weight_version, update, session=session, fan_out=fan_out)
+                push(self._live_or_wait())
                 break
             except ServerUnreachable:
                 if attempt:  # a replica lost during the push: pushed again to the ones that still answer
