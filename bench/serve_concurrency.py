@@ -17,7 +17,8 @@ the same closed-loop workload with this engine, from the engine's own decode-ste
 size (measured in this process at 1, 2, 4, ... ``--max-batch`` rows and interpolated) and a simulation of
 the clients (every step decodes one token of each live row; a finished row's client sends its next request,
 which joins at the next step while a slot is free), as a markdown table. The engine runs on this process's
-main thread and HTTP on another, as in ``ringzero serve``.
+main thread and HTTP on another, as in ``ringzero serve``; ``--no-http`` sends the same requests straight to
+the server's scheduler, so the batching loop's own cost is separate from HTTP's.
 
     python bench/serve_concurrency.py --clients 1,8,32 --requests-per-client 4
 """
@@ -25,6 +26,8 @@ main thread and HTTP on another, as in ``ringzero serve``.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
 import os
 import random
 import statistics
@@ -74,26 +77,44 @@ def closed_loop(url: str, bodies: list[dict]) -> list[tuple[float, int]]:
     return out
 
 
+def scheduled_loop(scheduler, bodies: list[dict]) -> list[tuple[float, int]]:
+    """``closed_loop`` straight into the server's scheduler, without HTTP (``--no-http``)."""
+    out = []
+    for body in bodies:
+        sp = body["sampling_params"]
+        request = GenerateRequest(body["input_ids"], SamplingParams(
+            max_new_tokens=sp["max_new_tokens"], ignore_eos=sp["ignore_eos"], seed=sp["sampling_seed"]))
+        start = time.perf_counter()
+        (completion,), = scheduler.generate([request]).result()
+        out.append((time.perf_counter() - start, len(completion.output_ids)))
+    return out
+
+
 def serve_run(model: HybridLM, batching: str, compact_below: float, clients: int, bodies: list[dict],
-              max_batch: int) -> dict:
+              max_batch: int, http: bool = True) -> dict:
     engine = EmbeddedEngine(model, CharTokenizer(), model.policy, max_batch=max_batch, compact_below=compact_below)
     server = RolloutServer(engine, CharTokenizer(), model_path="random://bench", batching=batching)
     server.external_scheduler = True  # the engine on this (main) thread, as ringzero serve runs it
     out: dict = {}
 
-    def drive(url: str) -> None:
+    def drive(send) -> None:
         try:
             with ThreadPoolExecutor(clients) as pool:
-                closed_loop(url, bodies[:1])  # warm-up: first-call allocations stay out of the numbers
+                send(bodies[:1])  # warm-up: first-call allocations stay out of the numbers
                 start = time.perf_counter()
-                out["results"] = [r for got in pool.map(lambda i: closed_loop(url, bodies[i::clients]),
-                                                        range(clients)) for r in got]
+                out["results"] = [r for got in pool.map(lambda i: send(bodies[i::clients]), range(clients))
+                                  for r in got]
                 out["wall"] = time.perf_counter() - start
         finally:
             server.scheduler.stop()
 
-    with ServerThread(server.app) as thread:
-        driver = threading.Thread(target=drive, args=(thread.url,))
+    with contextlib.ExitStack() as stack:
+        if http:
+            url = stack.enter_context(ServerThread(server.app)).url
+            send = functools.partial(closed_loop, url)
+        else:
+            send = functools.partial(scheduled_loop, server.scheduler)
+        driver = threading.Thread(target=drive, args=(send,))
         driver.start()
         server.scheduler.run_here()
         driver.join()
@@ -170,6 +191,9 @@ def main() -> None:
     p.add_argument("--max-batch", type=int, default=32, help="rows the engine decodes together")
     p.add_argument("--threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS", "1")))
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-http", action="store_true",
+                   help="clients submit straight to the server's scheduler: the batching loop without HTTP "
+                        "(under `python -m cProfile -s cumulative` it shows where a step's time goes)")
     args = p.parse_args()
     set_threads(args.threads)
     cfg = load_config(CONFIG).model
@@ -186,7 +210,7 @@ def main() -> None:
                           args.seed + clients)
         ideal = ideal_tokens_s(curve, bodies, clients, args.max_batch)
         for batching, compact_below in modes:
-            result = serve_run(model, batching, compact_below, clients, bodies, args.max_batch)
+            result = serve_run(model, batching, compact_below, clients, bodies, args.max_batch, http=not args.no_http)
             rows.append({"clients": clients, "batching": batching, "compact_below": compact_below,
                          "requests": len(bodies), "ideal": ideal, **result})
             print(f"clients={clients} {batching} compact_below={compact_below:g}: {result['tokens_s']:.0f} tok/s "
