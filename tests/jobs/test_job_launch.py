@@ -32,13 +32,36 @@ STARTED: list[subprocess.Popen] = []
 
 @pytest.fixture(autouse=True)
 def _no_job_outlives_its_test():
-    """Ranks run in their own session: whatever a failed test left running is killed with its group."""
+    """Whatever a failed test left running is killed, ranks included (each in a session of its own)."""
     yield
     while STARTED:
         proc = STARTED.pop()
         if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+            signal_job(proc, signal.SIGKILL)
             proc.wait()
+
+
+def signal_job(proc: subprocess.Popen, sig: int) -> None:
+    """``sig`` to the job's process group and to every process below it: torchrun starts each rank in a
+    session of its own, so the job's group alone would leave the ranks running."""
+    parents: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rpartition(")")[2].split()
+        except OSError:
+            continue
+        parents.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    todo, below = [proc.pid], []
+    while todo:
+        kids = parents.get(todo.pop(), [])
+        below += kids
+        todo += kids
+    os.killpg(proc.pid, sig)
+    for pid in below:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
 
 
 def start(tmp_path: Path, *extra: str, nproc: int = 2) -> subprocess.Popen:
@@ -152,17 +175,25 @@ def test_a_second_job_on_the_same_stage_is_refused_and_the_first_finishes(tmp_pa
     long_base = ("--set", "stages.base.steps=150", "--set", "stages.base.checkpoint_every=10",
                  "--set", "parallel.dp=2")
     first = start(tmp_path, *long_base)
-    lease = lambda: next(iter((tmp_path / "store").glob("stages/*/lease.json")), None)  # noqa: E731
-    wait_for(lease, 120, "the first job's stage lease", first)
-    # Held mid-stage while the second job starts: it meets a live holder however fast the first would have
-    # finished (a first job that finished before the second looked made the second a cache hit, exit 0).
-    os.killpg(first.pid, signal.SIGSTOP)
+    def mid_base():
+        """The lease of a stage that has committed a resume point and no outcome yet (base, mid-stage)."""
+        for held in (tmp_path / "store").glob("stages/*/lease.json"):
+            if any(held.parent.glob("step-*")) and not (held.parent / "outcome.json").exists():
+                return held
+        return None
+
+    # Stopped mid-base (a resume point committed, 140 of its 150 steps still to run, its lease held) while the
+    # second job starts, the first meets the second as a live holder however fast it would have finished (a
+    # stop that landed after a stage's outcome made the second a cache hit, exit 0).
+    wait_for(mid_base, 120, "the first job mid-base", first)
+    signal_job(first, signal.SIGSTOP)
     try:
+        assert mid_base() is not None, "the first job was not mid-base when it was stopped"
         second = start(tmp_path, *long_base, "--set", f"run.run_dir={tmp_path}/second")
         status, out = finish(second)
     finally:
-        os.killpg(first.pid, signal.SIGCONT)
-    assert status == 2
+        signal_job(first, signal.SIGCONT)
+    assert status == 2, out[-4000:]
     assert "is being run by another job" in out
     status, out = finish(first, timeout=400)
     assert status == 0, out[-4000:]
