@@ -47,7 +47,8 @@ def open_run(args):
     # SIGTERM (a pod deleted, torchrun stopping the survivors of a failed job): a step loop saves and
     # exits, anything else exits through Python so the stage lease and open files are released.
     preemption.install(cfg.run.sigterm_grace_s)
-    runtime = from_env(cfg.parallel, cfg.run.device, tp=cfg.engines.training.tp, ep=cfg.engines.training.ep)
+    runtime = from_env(cfg.parallel, cfg.run.device, tp=cfg.engines.training.tp, ep=cfg.engines.training.ep,
+                       pp=cfg.engines.training.pp)
     run_dir = Path(cfg.run.run_dir)
     quiet_for_rank(runtime.rank)
     attach_run_log(run_dir, rank=runtime.rank)

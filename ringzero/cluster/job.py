@@ -16,6 +16,7 @@ from ringzero.cluster.labels import OwnerRef, launch_labels, metadata
 from ringzero.cluster.pods import RUN_CONFIG_DIR, RUN_CONFIG_FILE
 from ringzero.config.cluster import ClusterSettings
 from ringzero.errors import RingzeroError
+from ringzero.parallel.config import world_product
 
 # Environment names that look like credentials must come from a Secret, never as plain values.
 _SECRET_LOOKING = re.compile(r"(SECRET|PASSWORD|TOKEN|CREDENTIAL|ACCESS_KEY|PRIVATE)", re.IGNORECASE)
@@ -30,12 +31,13 @@ class StageJob:
     name: str  # from labels.launch_name: unique per launch, a DNS label
     namespace: str
     config_yaml: str  # the fully resolved run config the stage reads
-    dp: int  # the run config's parallel.dp, parallel.cp and engines.training.tp: the world is dp x cp x tp ranks
+    dp: int  # the run config's parallel.dp, parallel.cp, engines.training.tp and pp: the world is their product
     cp: int
     stage_args: tuple[str, ...] = ()  # appended to `ringzero stage run CONFIG --stage NAME` (--init URI, ...)
     env: dict[str, str] = field(default_factory=dict)  # plain, non-secret settings
     owner: OwnerRef | None = None
     tp: int = 1
+    pp: int = 1
 
     def __post_init__(self):
         # A *_FILE variable names a mounted secret's path, which is fine to pass in plain.
@@ -68,17 +70,15 @@ TORCHRUN = ["torchrun"]  # torch's launcher, installed next to ``ringzero`` in e
 
 
 def check_world(settings: ClusterSettings, job: StageJob) -> None:
-    """The job's ranks (nodes x processes per node) must be the run's dp x cp x tp, or the stage cannot start."""
+    """The job's ranks (nodes x processes per node) must be the run's dp x cp x tp x pp, or the stage cannot start."""
     nodes, procs = settings.num_nodes, settings.procs_per_node()
-    ranks = job.dp * job.cp * job.tp
+    names, values, ranks = world_product(job.dp, job.cp, job.tp, job.pp)
     if nodes * procs != ranks:
         per_node = _count(procs, "GPU") + " per node" if settings.gpus_per_node else "1 process per CPU node"
-        tp = " x engines.training.tp" if job.tp > 1 else ""
         raise RingzeroError(
             f"stage {job.stage!r} of run {job.run!r}: the cluster settings run {_count(nodes, 'node')} x "
-            f"{per_node} = {_count(nodes * procs, 'rank')}, but the run config's parallel.dp x parallel.cp{tp} = "
-            f"{job.dp} x {job.cp}{f' x {job.tp}' if job.tp > 1 else ''} = {ranks}; make cluster num_nodes x "
-            f"gpus_per_node equal that product"
+            f"{per_node} = {_count(nodes * procs, 'rank')}, but the run config's {names} = {values} = {ranks}; "
+            f"make cluster num_nodes x gpus_per_node equal that product"
         )
 
 

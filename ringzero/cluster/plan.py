@@ -46,7 +46,7 @@ def plan_stage(cfg, settings: ClusterSettings, stage, nodes: list[Node], release
         run=cfg.run.name, stage=stage.name, name=launch_name(cfg.run.name, stage.name, release),
         namespace=settings.namespace or "default",
         config_yaml=yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False),
-        dp=cfg.parallel.dp, cp=cfg.parallel.cp, tp=cfg.engines.training.tp,
+        dp=cfg.parallel.dp, cp=cfg.parallel.cp, tp=cfg.engines.training.tp, pp=cfg.engines.training.pp,
     )
     rollout = None
     if cfg.engines.rollout.kind == "sglang" and stage.kind in SAMPLING_KINDS:
@@ -62,7 +62,8 @@ def plan_stage(cfg, settings: ClusterSettings, stage, nodes: list[Node], release
         if obj["kind"] in ("TrainJob", "PyTorchJob"):
             row["torchrun"] = (f"{settings.num_nodes} node{'s' if settings.num_nodes != 1 else ''} x "
                                f"{settings.procs_per_node()} processes (dp {job.dp} x cp {job.cp}"
-                               + (f" x tp {job.tp}" if job.tp > 1 else "") + ")")
+                               + (f" x tp {job.tp}" if job.tp > 1 else "") + (f" x pp {job.pp}" if job.pp > 1 else "")
+                               + ")")
         plan.objects.append(row)
         plan.pods += pod_groups(obj)
     plan.fits, plan.short = pack(plan.pods, nodes)

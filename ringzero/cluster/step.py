@@ -53,7 +53,7 @@ def execute_stage_on_cluster(cfg, store, stage, inputs, run_dir: Path, *, settin
             run=cfg.run.name, stage=stage.name, name=launch_name(cfg.run.name, stage.name, step),
             namespace=settings.namespace or current_namespace(),
             config_yaml=yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False),
-            dp=cfg.parallel.dp, cp=cfg.parallel.cp, tp=cfg.engines.training.tp,
+            dp=cfg.parallel.dp, cp=cfg.parallel.cp, tp=cfg.engines.training.tp, pp=cfg.engines.training.pp,
             stage_args=stage_args(inputs), owner=owner_from_env(environ),
         )
         extra = {"clock": clock} if clock else {}

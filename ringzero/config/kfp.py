@@ -13,6 +13,7 @@ from pydantic import Field, field_validator, model_validator
 
 from ringzero.config.base import StrictModel
 from ringzero.config.cluster import S3SecretRef, Toleration
+from ringzero.parallel.config import world_product
 
 # The quantities the KFP SDK accepts for task resources (it raises a bare ValueError otherwise).
 _CPU = re.compile(r"^([0-9]*[.])?[0-9]+m?$")
@@ -86,17 +87,16 @@ class KfpSettings(StrictModel):
         return self
 
 
-def stage_pod_rank_problem(pod: StagePod, dp: int, cp: int, tp: int = 1) -> str | None:
+def stage_pod_rank_problem(pod: StagePod, dp: int, cp: int, tp: int = 1, pp: int = 1) -> str | None:
     """Why an in-process step with this pod could not run the run's ranks (None when it can).
 
     An in-process step runs its stage with ``pod.local_ranks()`` processes, one per GPU its pod
-    requests; the run's ``parallel.dp x parallel.cp`` (x ``engines.training.tp``) ranks must be exactly those.
+    requests; the run's ``parallel.dp x parallel.cp`` (x ``engines.training.tp`` x ``pp``) ranks must be exactly those.
     """
     ranks = pod.local_ranks()
-    if ranks == dp * cp * tp:
+    names, values, need = world_product(dp, cp, tp, pp)
+    if ranks == need:
         return None
     what = f"{pod.gpus} GPUs run the stage with {ranks} local ranks" if pod.gpus else "0 runs the stage as 1 process"
-    names, values = ("parallel.dp x parallel.cp", f"{dp} x {cp}") if tp == 1 else (
-        "parallel.dp x parallel.cp x engines.training.tp", f"{dp} x {cp} x {tp}")
-    return (f"kfp.stage_pod.gpus: {what}, but {names} = {values} = {dp * cp * tp}; "
+    return (f"kfp.stage_pod.gpus: {what}, but {names} = {values} = {need}; "
             f"make kfp.stage_pod.gpus equal {names} (or use kfp.mode cluster)")

@@ -72,11 +72,6 @@ class TrainingEngine(StrictModel):
             if self.distributed_optimizer:
                 problems.append("distributed_optimizer: megatron-core's; the torch engine keeps a full AdamW per rank "
                                 "(use kind: megatron)")
-        else:
-            # Refused until the stage loop drives them: a degree that trained like 1 would be a silent lie.
-            if self.pp > 1:
-                problems.append(f"pp: {self.pp}: pipeline parallelism is not wired into ringzero's stage loop (its "
-                                "forward runs the whole layer stack on every rank); use pp: 1")
         if problems:
             raise ValueError("; ".join(problems))
         return self
@@ -275,6 +270,13 @@ def megatron_problems(cfg: RunConfig) -> list[str]:
                         "batch-invariant forward, which megatron's kernels do not reproduce bit for bit")
     if m.num_experts is not None:
         problems += _megatron_moe_problems(cfg)
+    pp = cfg.engines.training.pp
+    if pp > 1 and m.num_hidden_layers % pp:
+        problems.append(f"engines.training.pp: {pp} does not divide model.num_hidden_layers ({m.num_hidden_layers}): "
+                        "each pipeline stage holds an equal run of layers")
+    if pp > 1 and m.tie_word_embeddings:
+        problems.append(f"engines.training.pp: {pp} with model.tie_word_embeddings: the LM head would sit on the last "
+                        "stage and its weight, the embedding, on the first; use untied embeddings (Ling 2.5's)")
     ep = cfg.engines.training.ep
     if ep > 1:
         if m.num_experts is None:

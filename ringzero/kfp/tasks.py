@@ -158,7 +158,7 @@ def _execute_in_process(cfg: RunConfig, store, stage, inputs: StageInputs, run_d
     ``execute_stage`` then finds that outcome and returns it without running anything.
     """
     problem = stage_pod_rank_problem(cfg.kfp.stage_pod, cfg.parallel.dp, cfg.parallel.cp,
-                                     cfg.engines.training.tp)
+                                     cfg.engines.training.tp, cfg.engines.training.pp)
     if problem:
         raise ConfigError("run_config", [problem])
     ranks = cfg.kfp.stage_pod.local_ranks()

@@ -25,3 +25,11 @@ class ParallelConfig(StrictModel):
     sharding: Literal["contiguous", "zigzag"] = Field(
         "contiguous", description="sequence sharding over CP ranks; zigzag balances causal ring work"
     )
+
+
+def world_product(dp: int, cp: int, tp: int = 1, pp: int = 1) -> tuple[str, str, int]:
+    """``("parallel.dp x parallel.cp x engines.training.tp", "2 x 1 x 4", 8)``: the config degrees whose product is
+    a job's rank count, for error messages (the megatron degrees only when above 1)."""
+    degrees = [("parallel.dp", dp), ("parallel.cp", cp)]
+    degrees += [(f"engines.training.{n}", v) for n, v in (("tp", tp), ("pp", pp)) if v > 1]
+    return " x ".join(n for n, _ in degrees), " x ".join(str(v) for _, v in degrees), dp * cp * tp * pp

@@ -10,8 +10,12 @@ megatron engine's expert parallelism, carved out of the data- and context-parall
 does: it must divide ``dp * cp`` and does not change the world size. megatron folds the CP ranks in: with
 ``j = dp_index * cp + cp_index`` (the rank's place among the replicas' ranks), ranks ``j = k * ep .. k * ep +
 ep - 1`` hold the ``ep`` shards of the routed experts, so under CP the two halves of one sequence may sit
-on two expert shards; each rank still sees its own rows. ``pp`` is named so configs can carry
-it, but only degree 1 is accepted until the stage loop drives it.
+on two expert shards; each rank still sees its own rows. ``pp`` > 1 is the megatron engine's pipeline
+parallelism, outermost as in megatron-core's ``tp-cp-ep-dp-pp`` order: ``rank = pp_index * (dp * cp * tp) +
+inner``, where ``inner`` is the rank's place in one pipeline stage laid out as above. Every group except
+``pp`` and ``values`` lives inside one stage; the ``pp`` group joins the ranks of one (dp, cp, tp) place
+across the stages (megatron's pipeline group), and ``values`` spans every stage's dp x cp ranks of one TP
+index: per-token values that only the last stage computes are summed over it, so every rank gets them.
 """
 
 from __future__ import annotations
@@ -38,8 +42,6 @@ class ParallelDims:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 problems.append(f"{name} must be an integer >= 1 (got {value!r})")
-        if isinstance(self.pp, int) and self.pp > 1:
-            problems.append(f"pp={self.pp}: only degree 1 is implemented")
         if (isinstance(self.ep, int) and isinstance(self.dp, int) and isinstance(self.cp, int) and self.ep > 1
                 and (self.dp * self.cp) % self.ep):
             problems.append(f"ep={self.ep} must divide dp*cp={self.dp * self.cp}: expert-parallel ranks are carved "
@@ -54,48 +56,66 @@ class ParallelDims:
             raise RingzeroError("invalid parallel dims: " + "; ".join(problems))
 
     @classmethod
-    def from_config(cls, cfg, world_size: int, tp: int = 1, ep: int = 1) -> ParallelDims:
-        """From a ``ringzero.parallel.config.ParallelConfig`` (and the training engine's ``tp`` and ``ep``)."""
-        return cls(dp=cfg.dp, cp=cfg.cp, world_size=world_size, tp=tp, ep=ep)
+    def from_config(cls, cfg, world_size: int, tp: int = 1, ep: int = 1, pp: int = 1) -> ParallelDims:
+        """From a ``ringzero.parallel.config.ParallelConfig`` (and the training engine's ``tp``, ``ep``, ``pp``)."""
+        return cls(dp=cfg.dp, cp=cfg.cp, world_size=world_size, tp=tp, ep=ep, pp=pp)
+
+    @property
+    def stage_size(self) -> int:
+        """Ranks in one pipeline stage: dp x cp x tp."""
+        return self.dp * self.cp * self.tp
 
     def coords(self, rank: int) -> tuple[int, int]:
         """``(dp_index, cp_index)`` of a global rank."""
-        return divmod(rank // self.tp, self.cp)
+        return divmod((rank % self.stage_size) // self.tp, self.cp)
 
     def tp_index(self, rank: int) -> int:
         return rank % self.tp
 
-    def rank_of(self, dp_index: int, cp_index: int, tp_index: int = 0) -> int:
-        return (dp_index * self.cp + cp_index) * self.tp + tp_index
+    def pp_index(self, rank: int) -> int:
+        return rank // self.stage_size
 
-    def cp_ranks(self, dp_index: int, tp_index: int = 0) -> list[int]:
-        return [self.rank_of(dp_index, c, tp_index) for c in range(self.cp)]
+    def rank_of(self, dp_index: int, cp_index: int, tp_index: int = 0, pp_index: int = 0) -> int:
+        return pp_index * self.stage_size + (dp_index * self.cp + cp_index) * self.tp + tp_index
 
-    def dp_ranks(self, cp_index: int, tp_index: int = 0) -> list[int]:
-        return [self.rank_of(d, cp_index, tp_index) for d in range(self.dp)]
+    def cp_ranks(self, dp_index: int, tp_index: int = 0, pp_index: int = 0) -> list[int]:
+        return [self.rank_of(dp_index, c, tp_index, pp_index) for c in range(self.cp)]
 
-    def replica_ranks(self, tp_index: int = 0) -> list[int]:
-        """Every rank holding the same shard of the weights (all ranks when tp = 1)."""
-        return [self.rank_of(d, c, tp_index) for d in range(self.dp) for c in range(self.cp)]
+    def dp_ranks(self, cp_index: int, tp_index: int = 0, pp_index: int = 0) -> list[int]:
+        return [self.rank_of(d, cp_index, tp_index, pp_index) for d in range(self.dp)]
 
-    def tp_ranks(self, dp_index: int, cp_index: int) -> list[int]:
-        return [self.rank_of(dp_index, cp_index, t) for t in range(self.tp)]
+    def replica_ranks(self, tp_index: int = 0, pp_index: int = 0) -> list[int]:
+        """Every rank holding the same shard of the weights (all ranks when tp = pp = 1)."""
+        return [self.rank_of(d, c, tp_index, pp_index) for d in range(self.dp) for c in range(self.cp)]
+
+    def tp_ranks(self, dp_index: int, cp_index: int, pp_index: int = 0) -> list[int]:
+        return [self.rank_of(dp_index, cp_index, t, pp_index) for t in range(self.tp)]
+
+    def pp_ranks(self, dp_index: int, cp_index: int, tp_index: int = 0) -> list[int]:
+        """One rank per pipeline stage, first to last (megatron's pipeline group)."""
+        return [self.rank_of(dp_index, cp_index, tp_index, p) for p in range(self.pp)]
+
+    def values_ranks(self, tp_index: int = 0) -> list[int]:
+        """Every stage's dp x cp ranks of one TP index (what ``Runtime.sum_`` sums over)."""
+        return [r for p in range(self.pp) for r in self.replica_ranks(tp_index, p)]
 
     def ep_index(self, rank: int) -> int:
         """Which shard of the routed experts ``rank`` holds (megatron's expert-model-parallel rank)."""
-        return (rank // self.tp) % self.ep
+        return ((rank % self.stage_size) // self.tp) % self.ep
 
     def expert_dp_ranks(self, rank: int) -> list[int]:
-        """The ranks holding the same experts (and TP index) as ``rank``: its expert gradients are summed
-        over them (megatron's expert-data-parallel group; under CP it mixes CP indices)."""
-        e, t = self.ep_index(rank), self.tp_index(rank)
-        return [(k * self.ep + e) * self.tp + t for k in range(self.dp * self.cp // self.ep)]
+        """The ranks holding the same experts (and TP index and stage) as ``rank``: its expert gradients are
+        summed over them (megatron's expert-data-parallel group; under CP it mixes CP indices)."""
+        e, t, base = self.ep_index(rank), self.tp_index(rank), self.pp_index(rank) * self.stage_size
+        return [base + (k * self.ep + e) * self.tp + t for k in range(self.dp * self.cp // self.ep)]
 
 
 @dataclass(frozen=True)
 class ParallelGroups:
     """The process groups of one rank. ``dp_cp`` spans every rank that holds the same shard of the weights
-    (gradients are summed over it); ``tp`` the ranks that hold one replica's shards (None when tp = 1)."""
+    (gradients are summed over it); ``tp`` the ranks that hold one replica's shards (None when tp = 1);
+    ``pp`` one rank per pipeline stage (None when pp = 1); ``values`` every stage's ``dp_cp`` ranks of
+    this TP index (``dp_cp`` itself when pp = 1)."""
 
     dims: ParallelDims
     rank: int
@@ -103,6 +123,8 @@ class ParallelGroups:
     dp: object
     dp_cp: object
     tp: object = None
+    pp: object = None
+    values: object = None
 
     @property
     def cp_rank(self) -> int:
@@ -123,24 +145,37 @@ def build_groups(dims: ParallelDims) -> ParallelGroups:
     if world != dims.world_size:
         raise RingzeroError(f"parallel dims are for world size {dims.world_size}, the job has {world} ranks")
     rank = dist.get_rank()
-    (dp_index, cp_index), tp_index = dims.coords(rank), dims.tp_index(rank)
-    cp_group = dp_group = dp_cp_group = tp_group = None
-    for t in range(dims.tp):  # every rank creates every group, in one order (new_group is a collective)
-        for d in range(dims.dp):
-            g = dist.new_group(dims.cp_ranks(d, t))
-            if (d, t) == (dp_index, tp_index):
-                cp_group = g
-        for c in range(dims.cp):
-            g = dist.new_group(dims.dp_ranks(c, t))
-            if (c, t) == (cp_index, tp_index):
-                dp_group = g
-        g = dist.new_group(dims.replica_ranks(t))
-        if t == tp_index:
-            dp_cp_group = g
-    if dims.tp > 1:
+    (dp_index, cp_index), tp_index, pp_index = dims.coords(rank), dims.tp_index(rank), dims.pp_index(rank)
+    mine: dict[str, object] = {"cp": None, "dp": None, "dp_cp": None, "tp": None, "pp": None}
+    for p in range(dims.pp):  # every rank creates every group, in one order (new_group is a collective)
+        for t in range(dims.tp):
+            for d in range(dims.dp):
+                g = dist.new_group(dims.cp_ranks(d, t, p))
+                if (d, t, p) == (dp_index, tp_index, pp_index):
+                    mine["cp"] = g
+            for c in range(dims.cp):
+                g = dist.new_group(dims.dp_ranks(c, t, p))
+                if (c, t, p) == (cp_index, tp_index, pp_index):
+                    mine["dp"] = g
+            g = dist.new_group(dims.replica_ranks(t, p))
+            if (t, p) == (tp_index, pp_index):
+                mine["dp_cp"] = g
+        if dims.tp > 1:
+            for d in range(dims.dp):
+                for c in range(dims.cp):
+                    g = dist.new_group(dims.tp_ranks(d, c, p))
+                    if (d, c, p) == (dp_index, cp_index, pp_index):
+                        mine["tp"] = g
+    values = mine["dp_cp"]
+    if dims.pp > 1:
         for d in range(dims.dp):
             for c in range(dims.cp):
-                g = dist.new_group(dims.tp_ranks(d, c))
-                if (d, c) == (dp_index, cp_index):
-                    tp_group = g
-    return ParallelGroups(dims=dims, rank=rank, cp=cp_group, dp=dp_group, dp_cp=dp_cp_group, tp=tp_group)
+                for t in range(dims.tp):
+                    g = dist.new_group(dims.pp_ranks(d, c, t))
+                    if (d, c, t) == (dp_index, cp_index, tp_index):
+                        mine["pp"] = g
+        for t in range(dims.tp):
+            g = dist.new_group(dims.values_ranks(t))
+            if t == tp_index:
+                values = g
+    return ParallelGroups(dims=dims, rank=rank, values=values, **mine)

@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 from ringzero.errors import RingzeroError
+from ringzero.parallel.config import world_product
 from ringzero.parallel.dims import ParallelDims, ParallelGroups, build_groups
 
 DeviceSetting = Literal["auto", "cpu", "cuda"]
@@ -92,11 +93,12 @@ class Runtime:
         return out
 
     def sum_(self, tensor: torch.Tensor) -> torch.Tensor:
-        """Sum ``tensor`` over the ranks of one weight shard, in place (values each rank filled in its own
-        entries of). Every rank when tp = 1; the ranks of a TP group fill the same entries alike, so the
-        sum runs over the ``dp_cp`` group of this rank's TP index only."""
+        """Sum ``tensor`` in place over the ranks that each fill their own entries of it. Every rank when
+        tp = 1; the ranks of a TP group fill the same entries alike, so the sum runs over this TP index's
+        ranks only (the ``values`` group). Under pipeline parallelism only the last stage computes
+        per-token values and the other stages hold zeros there: the sum gives every stage the values."""
         if self.distributed:
-            dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=self.groups.dp_cp if self.groups else None)
+            dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=self.groups.values if self.groups else None)
         return tensor
 
     def dp_slice(self, n: int) -> slice:
@@ -116,22 +118,20 @@ def single(device: str | torch.device = "cpu") -> Runtime:
 
 
 def from_env(parallel, device: DeviceSetting = "auto", env: dict[str, str] | None = None, tp: int = 1,
-             ep: int = 1) -> Runtime:
+             ep: int = 1, pp: int = 1) -> Runtime:
     """The runtime torchrun's environment describes, with ``parallel`` (a ``ParallelConfig``) and the
-    training engine's ``tp`` (and ``ep``, carved out of the dp ranks) checked against its world size. Joins the default process group once when
-    there is more than one rank."""
+    training engine's ``tp`` and ``pp`` (and ``ep``, carved out of the dp ranks) checked against its world
+    size. Joins the default process group once when there is more than one rank."""
     env = os.environ if env is None else env
     world = int(env.get("WORLD_SIZE", "1"))
     rank, local_rank = int(env.get("RANK", "0")), int(env.get("LOCAL_RANK", "0"))
-    need = parallel.dp * parallel.cp * tp
+    names, values, need = world_product(parallel.dp, parallel.cp, tp, pp)
     if need != world:
-        tp_text = f" x engines.training.tp {tp}" if tp > 1 else ""
         raise RingzeroError(
-            f"parallel.dp x parallel.cp{tp_text} = {parallel.dp} x {parallel.cp}{f' x {tp}' if tp > 1 else ''} = "
-            f"{need} ranks, but the job has WORLD_SIZE={world}: start it with --nproc {need} or set the degrees "
-            f"so that their product is {world}"
+            f"{names} = {values} = {need} ranks, but the job has WORLD_SIZE={world}: start it with --nproc {need} "
+            f"or set the degrees so that their product is {world}"
         )
-    dims = ParallelDims.from_config(parallel, world, tp, ep)
+    dims = ParallelDims.from_config(parallel, world, tp, ep, pp)
     dev = resolve_device(device, local_rank)
     if world == 1:
         return Runtime(device=dev, dims=dims)

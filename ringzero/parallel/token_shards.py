@@ -86,7 +86,14 @@ def next_token_logprobs(model, shard: TokenShard, temperature: float = 1.0, *, f
     """``log p(target)`` ``[B, S]`` (and the entropy, without gradient) for the local columns at or after
     ``first_column`` (zeros before it and on layout padding): the LM head never runs on columns no loss
     reads, such as the prompt before the earliest response."""
-    hidden_BSD = model.hidden(shard.inputs_BS, shard.positions_BS)
+    return logprobs_from_hidden(model, shard, model.hidden(shard.inputs_BS, shard.positions_BS), temperature,
+                                first_column=first_column, with_entropy=with_entropy)
+
+
+def logprobs_from_hidden(model, shard: TokenShard, hidden_BSD: torch.Tensor, temperature: float = 1.0, *,
+                         first_column: int = 0, with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``next_token_logprobs`` from the model's final hidden states of ``shard`` (the head half: what a
+    micro-batch's head runs, on the last pipeline stage under pipeline parallelism)."""
     local = shard.local_index(first_column)
     B, S = shard.inputs_BS.shape
     out_dtype = torch.float64 if hidden_BSD.dtype == torch.float64 else torch.float32

@@ -39,15 +39,15 @@ T response positions, W input columns.
 from __future__ import annotations
 
 import random
-from contextlib import nullcontext
 
 import numpy as np
 import torch
 
 from ringzero.model.hybrid import HybridLM
 from ringzero.model.routing import moe_layers, replay_routing
+from ringzero.parallel.micro_batches import MicroBatch, run_micro_batches
 from ringzero.parallel.runtime import Runtime, single
-from ringzero.parallel.token_shards import next_token_logprobs, pad_rows, shard_tokens
+from ringzero.parallel.token_shards import logprobs_from_hidden, pad_rows, shard_tokens
 from ringzero.rl.corrections.compose import BatchCorrection, apply_corrections
 from ringzero.rl.losses import make_normalization, objective
 from ringzero.rl.losses.normalization import Normalization
@@ -110,31 +110,55 @@ class PolicyTrainer:
     def score(self, model: HybridLM, batch: RolloutBatch, rows: list[int], T: int,
               with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """``(logp_mT, owned_mT, entropy_mT)`` of ``rows``: this rank's tokens of them (zeros elsewhere)."""
-        sequences, prompt_lens = batch.sequences(rows)
+        return self.score_many(model, batch, [rows], T, with_entropy)[0]
+
+    def score_many(self, model, batch: RolloutBatch, groups: list[list[int]], T: int, with_entropy: bool = False,
+                   then=None) -> list:
+        """``score`` of each group of rows, one micro-batch each; with ``then``, micro-batch ``i``'s scores go
+        through ``then(i, scores) -> (loss, record)`` and the losses are backpropagated. Under pipeline
+        parallelism the records of stages other than the last are None."""
         t = self.temperature if self.temperature > 0 else 1.0
         if self.batch_invariant:  # each row alone, unpadded: bitwise the deterministic engine's numbers
-            # The entropy comes from the logits of the same forward, never from a second one.
-            scored = score_tokens(model, sequences, prompt_lens, t, True, pad_id=self.pad_id, with_entropy=with_entropy)
-            logp_mT = padded([s.logprobs for s in scored], T)
-            ent_mT = padded([s.entropy for s in scored], T) if with_entropy else None
-            return logp_mT, torch.ones_like(logp_mT, dtype=torch.bool), ent_mT
-        experts = None
-        if self.routing_replay and model is self.model:  # the frozen reference routes on its own
-            experts = [batch.routed_experts[i] for i in rows]
-        return self._sharded(model, sequences, prompt_lens, T, t, with_entropy, experts)
+            records = []
+            for i, rows in enumerate(groups):
+                sequences, prompt_lens = batch.sequences(rows)
+                # The entropy comes from the logits of the same forward, never from a second one.
+                scored = score_tokens(model, sequences, prompt_lens, t, True, pad_id=self.pad_id,
+                                      with_entropy=with_entropy)
+                logp_mT = padded([s.logprobs for s in scored], T)
+                ent_mT = padded([s.entropy for s in scored], T) if with_entropy else None
+                scores = (logp_mT, torch.ones_like(logp_mT, dtype=torch.bool), ent_mT)
+                loss, record = (None, scores) if then is None else then(i, scores)
+                if loss is not None:
+                    loss.backward()
+                records.append(record)
+            return records
+        # routing replay: the frozen reference routes on its own
+        replay = self.routing_replay and model is self.model
+        micro = [self._micro_batch(model, batch, rows, T, t, with_entropy, replay,
+                                   None if then is None else (lambda scores, i=i: then(i, scores)))
+                 for i, rows in enumerate(groups)]
+        return run_micro_batches(model, micro, backward=then is not None)
 
-    def _sharded(self, model, sequences, prompt_lens, T, t, with_entropy, experts=None):
+    def _micro_batch(self, model, batch, rows, T, t, with_entropy, replay, then) -> MicroBatch:
+        sequences, prompt_lens = batch.sequences(rows)
         ids_mL = pad_rows(sequences, self.pad_id, self.device)
         shard = shard_tokens(ids_mL, self.runtime, self.sharding)
         plens_m = torch.tensor(prompt_lens, dtype=torch.long, device=self.device)
-        replay = nullcontext() if experts is None else replay_routing(model, replay_experts(model, experts, shard))
-        with replay:
-            logp_mS, ent_mS = next_token_logprobs(model, shard, t, first_column=min(prompt_lens) - 1,
-                                                  with_entropy=with_entropy)
-        logp_mT = response_view(shard.to_grid(logp_mS), plens_m, T)
-        ent_mT = None if ent_mS is None else response_view(shard.to_grid(ent_mS), plens_m, T)
-        owned_mT = response_view(shard.to_grid(torch.ones_like(logp_mS)), plens_m, T) > 0
-        return logp_mT, owned_mT, ent_mT
+        context = None
+        if replay:
+            experts = [batch.routed_experts[i] for i in rows]
+            context = lambda: replay_routing(model, replay_experts(model, experts, shard))  # noqa: E731
+
+        def head(hidden_BSD):
+            logp_mS, ent_mS = logprobs_from_hidden(model, shard, hidden_BSD, t, first_column=min(prompt_lens) - 1,
+                                                   with_entropy=with_entropy)
+            logp_mT = response_view(shard.to_grid(logp_mS), plens_m, T)
+            ent_mT = None if ent_mS is None else response_view(shard.to_grid(ent_mS), plens_m, T)
+            owned_mT = response_view(shard.to_grid(torch.ones_like(logp_mS)), plens_m, T) > 0
+            scores = (logp_mT, owned_mT, ent_mT)
+            return (None, scores) if then is None else then(scores)
+        return MicroBatch(shard, head, context)
 
     def minibatch_rows(self, n: int, seed: int) -> list[list[int]]:
         """A seeded shuffle cut into ``minibatches`` equal parts: groups are spread over the updates."""
@@ -157,11 +181,13 @@ class PolicyTrainer:
         N, T = mask_NT.shape
         logp_old_NT = torch.zeros((N, T), dtype=torch.float32, device=self.device)
         mine = list(range(N))[self.runtime.dp_slice(N)]
+        groups = [mine[start:start + self.micro_batch] for start in range(0, len(mine), self.micro_batch)]
         self.model.train()
         with torch.no_grad():
-            for start in range(0, len(mine), self.micro_batch):
-                rows_m = mine[start:start + self.micro_batch]
-                logp_mT, owned_mT, _ = self.score(self.model, batch, rows_m, T)
+            for rows_m, scores in zip(groups, self.score_many(self.model, batch, groups, T), strict=True):
+                if scores is None:  # a pipeline stage other than the last: the sum brings the values
+                    continue
+                logp_mT, owned_mT, _ = scores
                 at = torch.tensor(rows_m, device=self.device)
                 logp_old_NT[at] = logp_mT.float() * (mask_NT[at] & owned_mT).to(torch.float32)
         self.runtime.sum_(logp_old_NT)
@@ -234,28 +260,34 @@ class PolicyTrainer:
         mine = list(range(M))[self.runtime.dp_slice(M)]
         lengths_M = (mask_NT[idx] if correction is None else correction.keep_NT[idx]).sum(dim=1)
         self.optimizer.zero_grad()
-        for start in range(0, len(mine), self.micro_batch):
-            local = mine[start:start + self.micro_batch]
-            rows_m = [rows[i] for i in local]
-            at = torch.tensor(local, device=self.device)
-            logp_mT, owned_mT, ent_mT = self.score(self.model, batch, rows_m, T, with_entropy)
-            ref_mT = None
-            if self.reference is not None:
-                with torch.no_grad():
-                    ref_mT = self.score(self.reference, batch, rows_m, T)[0]
+        locals_ = [mine[start:start + self.micro_batch] for start in range(0, len(mine), self.micro_batch)]
+        ats = [torch.tensor(local, device=self.device) for local in locals_]
+        groups = [[rows[i] for i in local] for local in locals_]
+        refs: list = [None] * len(groups)
+        if self.reference is not None:
+            with torch.no_grad():
+                refs = [None if r is None else r[0] for r in self.score_many(self.reference, batch, groups, T)]
+
+        def loss_of(i: int, scores):
+            logp_mT, owned_mT, ent_mT = scores
+            at = ats[i]
             mask_mT = mask_NT[idx[at]] & owned_mT
             norm = self._normalization(M, lengths_M[at])
             loss = objective(self.loss, logp_mT, logp_rollout_NT[idx[at]].to(logp_mT.dtype), advantages_N[idx[at]],
-                             mask_mT, norm, ref_mT, None if correction is None else correction.rows(idx[at]))
-            if loss.finite:
-                loss.loss.backward()
-            else:  # the step is skipped on every rank (the whole minibatch's loss is not finite either),
-                # but every CP rank must still run backward, whose collectives its peers wait in
-                (0.0 * logp_mT.sum()).backward()
-            keep = mask_mT.to(torch.float32)
-            out_3MT[0, at] = logp_mT.detach().float() * keep
-            if ref_mT is not None:
-                out_3MT[1, at] = ref_mT.float() * keep
+                             mask_mT, norm, refs[i], None if correction is None else correction.rows(idx[at]))
+            # A non-finite loss skips the step on every rank (the whole minibatch's loss is not finite either),
+            # but every CP rank (and pipeline stage) must still run the backward its peers' collectives wait in.
+            return (loss.loss if loss.finite else 0.0 * logp_mT.sum()), (logp_mT.detach(), ent_mT, mask_mT)
+
+        records = self.score_many(self.model, batch, groups, T, with_entropy, then=loss_of)
+        for i, record in enumerate(records):
+            if record is None:  # a pipeline stage other than the last: the caller's sum brings the values
+                continue
+            logp_mT, ent_mT, mask_mT = record
+            at, keep = ats[i], mask_mT.to(torch.float32)
+            out_3MT[0, at] = logp_mT.float() * keep
+            if refs[i] is not None:
+                out_3MT[1, at] = refs[i].float() * keep
             if ent_mT is not None:
                 out_3MT[2, at] = ent_mT.float() * keep
         return out_3MT

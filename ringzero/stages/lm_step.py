@@ -4,7 +4,9 @@ Every rank builds the same global batch (batches are functions of the seed and t
 takes its contiguous share of the rows and each CP rank its columns, with global positions. The loss
 is the mean negative log-likelihood over the *global* count of target tokens (the mask's sum over the
 whole batch, known on every rank without a collective), so the gradients summed over all ranks equal
-one process's. Each micro-batch runs forward and backward on its own.
+one process's. Each micro-batch runs forward and backward on its own (``run_micro_batches``; under
+pipeline parallelism megatron's schedule interleaves them over the stages and only the last stage
+computes the loss: the sum over ``Runtime.sum_`` gives every rank the total).
 
 Letter legend: B rows, L tokens per row, W = L - 1 input columns, S local columns.
 """
@@ -15,8 +17,9 @@ from dataclasses import dataclass
 
 import torch
 
+from ringzero.parallel.micro_batches import MicroBatch, run_micro_batches
 from ringzero.parallel.runtime import Runtime
-from ringzero.parallel.token_shards import TokenShard, next_token_logprobs, shard_tokens
+from ringzero.parallel.token_shards import TokenShard, logprobs_from_hidden, shard_tokens
 
 
 @dataclass
@@ -41,19 +44,28 @@ def lm_step(model, ids_BL: torch.Tensor, runtime: Runtime, *, mask_BW: torch.Ten
     mask_BW = mask_BW.to(dev)
     count = mask_BW.sum().clamp(min=1).to(torch.float64)  # stays on the device: no sync per step
     rows = list(range(ids_BL.shape[0]))[runtime.dp_slice(ids_BL.shape[0])]
-    total = torch.zeros((), dtype=torch.float64, device=dev)
     training = optimizer is not None
     if training:
         optimizer.zero_grad()
+
+    def micro(at: torch.Tensor) -> MicroBatch:
+        shard = shard_tokens(ids_BL.index_select(0, at), runtime, sharding)
+        mask_mS = _local_mask(mask_BW.index_select(0, at), shard)
+
+        def head(hidden_BSD):
+            logp_mS, _ = logprobs_from_hidden(model, shard, hidden_BSD)
+            loss = -(logp_mS * mask_mS).sum() / count.to(logp_mS.dtype)
+            return loss, loss.detach().double()
+        return MicroBatch(shard, head)
+
+    step = max(1, micro_batch)
+    micro_batches = [micro(torch.tensor(rows[s:s + step], device=dev)) for s in range(0, len(rows), step)]
     with torch.set_grad_enabled(training):
-        for start in range(0, len(rows), max(1, micro_batch)):
-            at = torch.tensor(rows[start:start + micro_batch], device=dev)
-            shard = shard_tokens(ids_BL.index_select(0, at), runtime, sharding)
-            logp_mS, _ = next_token_logprobs(model, shard)
-            loss = -(logp_mS * _local_mask(mask_BW.index_select(0, at), shard)).sum() / count.to(logp_mS.dtype)
-            if training:
-                loss.backward()
-            total += loss.detach().double()
+        records = run_micro_batches(model, micro_batches, backward=training)
+    total = torch.zeros((), dtype=torch.float64, device=dev)
+    for loss in records:
+        if loss is not None:  # None: a pipeline stage other than the last
+            total += loss
     runtime.sum_(total)
     report = None
     if training:

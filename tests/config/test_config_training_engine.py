@@ -37,6 +37,14 @@ def test_megatron_takes_context_parallelism_on_zigzag_shards():
     assert (cfg.parallel.cp, cfg.engines.training.tp) == (2, 2)
 
 
+def test_megatron_takes_pipeline_parallelism_and_refuses_it_with_tied_embeddings():
+    cfg = parse_config(with_engine({"kind": "megatron", "pp": 2, "tp": 2}), "t.yaml")
+    assert (cfg.engines.training.pp, cfg.engines.training.tp) == (2, 2)
+    data = with_engine({"kind": "megatron", "pp": 2})
+    data["model"]["tie_word_embeddings"] = True
+    assert "engines.training.pp: 2 with model.tie_word_embeddings" in problems(data)
+
+
 def test_megatron_takes_the_distributed_optimizer():
     cfg = parse_config(with_engine({"kind": "megatron", "tp": 2, "distributed_optimizer": True}), "t.yaml")
     assert cfg.engines.training.distributed_optimizer
@@ -45,7 +53,8 @@ def test_megatron_takes_the_distributed_optimizer():
 @pytest.mark.parametrize("training, sections, expected", [
     ({"kind": "torch", "tp": 2}, {}, "tp: 2 is a megatron degree"),
     ({"kind": "torch", "distributed_optimizer": True}, {}, "distributed_optimizer: megatron-core's"),
-    ({"kind": "megatron", "pp": 2}, {}, "pp: 2: pipeline parallelism is not wired"),
+    ({"kind": "torch", "pp": 2}, {}, "pp: 2 is a megatron degree"),
+    ({"kind": "megatron", "pp": 3}, {}, "engines.training.pp: 3 does not divide model.num_hidden_layers (4)"),
     ({"kind": "megatron", "ep": 2}, {"parallel": {"dp": 2, "cp": 1}}, "engines.training.ep: 2: the model has no MoE"),
     ({"kind": "megatron", "tp": 3}, {}, "tp: 3 does not divide model.num_attention_heads (4)"),
     ({"kind": "megatron"}, {"parallel": {"dp": 1, "cp": 2}}, "parallel.cp = 2 needs parallel.sharding: zigzag"),

@@ -36,7 +36,7 @@ MOE = {"num_experts": 4, "num_experts_per_tok": 2, "n_group": 2, "topk_group": 1
 
 
 def micro_config(kind: str, tp: int, dp: int = 1, moe: bool = False, distributed_optimizer: bool = False,
-                 ep: int = 1, cp: int = 1):
+                 ep: int = 1, cp: int = 1, pp: int = 1):
     return parse_config({
         "run": {"name": "engines", "seed": 3, "device": "cpu"},
         "model": {"vocab_size": 64, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
@@ -45,7 +45,8 @@ def micro_config(kind: str, tp: int, dp: int = 1, moe: bool = False, distributed
                   "max_position_embeddings": 96, **(MOE if moe else {})},
         "precision": {"train": "fp32", "rollout": "fp32"},
         "parallel": {"dp": dp, "cp": cp, "sharding": "zigzag" if cp > 1 else "contiguous"},
-        "engines": {"training": {"kind": kind, "tp": tp, "ep": ep, "distributed_optimizer": distributed_optimizer}},
+        "engines": {"training": {"kind": kind, "tp": tp, "ep": ep, "pp": pp,
+                                 "distributed_optimizer": distributed_optimizer}},
         "task": {"kind": "arithmetic", "operation": "digitsum", "digits": 3, "eval_prompts": 4},
         "stages": [
             {"name": "base", "kind": "pretrain", "steps": 3, "batch_size": 4, "micro_batch": 2, "seq_len": 40},
@@ -72,7 +73,7 @@ def run_engine(ctx, *args, **kwargs) -> dict | None:
 
 def engine_record(ctx, kind: str, tp: int, store_root: str, dp: int = 1, moe: bool = False,
                   distributed_optimizer: bool = False, resume_check: bool = False, ep: int = 1,
-                  cp: int = 1) -> dict | None:
+                  cp: int = 1, pp: int = 1) -> dict | None:
     """Rank 0's record: pretrain losses and weights, per RL step its metrics and tokens, final RL weights
     (full tensors under HybridLM names, however the engine holds them).
 
@@ -81,12 +82,13 @@ def engine_record(ctx, kind: str, tp: int, store_root: str, dp: int = 1, moe: bo
     into a fresh optimizer of the same kind and one more identical pretraining step taken by both
     (``resumed``: the two final weight dicts and step reports). ``ep``: megatron's expert parallelism (the
     record adds ``expert_shards``: every rank's expert parameter names and shapes as it holds them). ``cp``:
-context parallelism on zigzag shards (the record adds ``cp_calls``: the strategies rank 0's layers ran)."""
+context parallelism on zigzag shards (the record adds ``cp_calls``: the strategies rank 0's layers ran).
+    ``pp``: pipeline stages (the record adds ``stages``: every rank's stage layers and parameter names)."""
     torch.set_num_threads(1)
-    world = dp * cp * tp
-    dims = ParallelDims(dp=dp, cp=cp, world_size=world, tp=tp, ep=ep)
+    world = dp * cp * tp * pp
+    dims = ParallelDims(dp=dp, cp=cp, world_size=world, tp=tp, ep=ep, pp=pp)
     rt = Runtime(device=torch.device("cpu"), dims=dims, rank=ctx.rank, groups=ctx.groups(dims))
-    cfg = micro_config(kind, tp, dp, moe, distributed_optimizer, ep, cp)
+    cfg = micro_config(kind, tp, dp, moe, distributed_optimizer, ep, cp, pp)
     pre, rl_stage = cfg.stages
     task, tokenizer = task_and_tokenizer(cfg)
     engine = training_engine(cfg)
@@ -121,11 +123,16 @@ context parallelism on zigzag shards (the record adds ``cp_calls``: the strategi
         mine = {n: tuple(p.shape) for n, p in session.model.named_parameters() if ".experts.local_experts." in n}
         shards = [None] * world
         torch.distributed.all_gather_object(shards, {"ep_rank": session.model.ep_rank, "experts": mine})
+    stages = None
+    if kind == "megatron" and pp > 1:
+        stages = [None] * world
+        mine = {"stage": session.model.stage, "params": sorted(n for n, _ in session.model.named_parameters())}
+        torch.distributed.all_gather_object(stages, mine)
     if not rt.is_main:
         return None
     ledger = getattr(session.model, "ledger", None)
     calls = sorted({(c.layer_type, c.strategy) for c in ledger.calls}) if ledger is not None else None
-    return {"moment_elements": counts, "resumed": resumed, "expert_shards": shards, "cp_calls": calls,
+    return {"moment_elements": counts, "stages": stages, "resumed": resumed, "expert_shards": shards, "cp_calls": calls,
             "pretrain_losses": losses, "pretrained": pretrained, "rl_steps": steps, "rl_init": rl_init,
             "rl_weights": rl_weights, "optim_keys": sorted(tensors), "optim_meta": meta, "trained": type(session.model).__name__,
             "tp_shard": tuple(session.model.word_embeddings.weight.shape)}

@@ -1,5 +1,6 @@
 """`ringzero run` completes a staged run with `engines.training.kind: megatron` on the CPU, in one
-process (TP 1) and as a job of two ranks (TP 2, and CP 2 on zigzag shards); its checkpoints are Ling 2.5
+process (TP 1) and as a job of two ranks (TP 2, CP 2 on zigzag shards, and PP 2: two pipeline stages
+under megatron's 1F1B schedule); its checkpoints are Ling 2.5
 folders the torch engine loads, and the layouts end with the same weights."""
 
 from __future__ import annotations
@@ -39,14 +40,15 @@ def stage1_weights(r: dict) -> dict:
     return load_model(uri, store=r["store"]).model.state_dict()
 
 
-def test_megatron_runs_the_stages_at_tp1_tp2_and_cp2_to_the_same_weights(tmp_path):
+def test_megatron_runs_the_stages_at_tp1_tp2_cp2_and_pp2_to_the_same_weights(tmp_path):
     one = run(tmp_path / "tp1")
     two = run(tmp_path / "tp2", "--nproc", "2", "--set", "engines.training.tp=2")
     cp = run(tmp_path / "cp2", "--nproc", "2", "--set", "parallel.cp=2", "--set", "parallel.sharding=zigzag")
-    for r in (one, two, cp):
+    pp = run(tmp_path / "pp2", "--nproc", "2", "--set", "engines.training.pp=2")
+    for r in (one, two, cp, pp):
         assert "stage.done" in r["stderr"] and r["stderr"].count("stage.done") >= 3
     a = stage1_weights(one)
-    for label, other in (("tp2", two), ("cp2", cp)):
+    for label, other in (("tp2", two), ("cp2", cp), ("pp2", pp)):
         b = stage1_weights(other)
         assert a.keys() == b.keys()
         for name in a:

@@ -59,8 +59,11 @@ def test_parallel_dims_checked_against_world_size():
     assert ParallelDims(dp=2, cp=4, world_size=8).cp_ranks(1) == [4, 5, 6, 7]
     with pytest.raises(RingzeroError, match=r"dp\*cp\*tp\*pp = 2\*4\*1\*1 = 8 does not match world size 6"):
         ParallelDims(dp=2, cp=4, world_size=6)
-    with pytest.raises(RingzeroError, match="pp=2: only degree 1 is implemented"):
-        ParallelDims(dp=1, cp=2, world_size=4, pp=2)
+    # pipeline stages outermost: one stage's dp x cp x tp ranks are neighbours
+    dims = ParallelDims(dp=1, cp=2, world_size=8, tp=2, pp=2)
+    assert [dims.pp_index(r) for r in range(8)] == [0] * 4 + [1] * 4
+    assert dims.pp_ranks(0, 1, 1) == [3, 7] and dims.replica_ranks(1, pp_index=1) == [5, 7]
+    assert dims.values_ranks(1) == [1, 3, 5, 7] and dims.coords(6) == (0, 1)
     # TP innermost, then CP (megatron-core's order): the ranks of one replica's shards are neighbours
     dims = ParallelDims(dp=2, cp=2, world_size=8, tp=2)
     assert [dims.coords(r) for r in range(8)] == [(0, 0), (0, 0), (0, 1), (0, 1), (1, 0), (1, 0), (1, 1), (1, 1)]
@@ -135,3 +138,30 @@ def test_ledger_metrics_are_namespaced_sums():
     assert (m["cp/mla/bytes_sent"], m["cp/mla/bytes_recv"], m["cp/mla/path_bytes"]) == (300, 260, 260)
     assert m["cp/lightning/steps_fwd"] == 1 and m["cp/lightning/steps_bwd"] == 0
     MemoryMetricWriter().log(0, m)  # the project's metric writer accepts every key
+
+
+def test_pipeline_layout_is_megatrons_rank_order():
+    """The stage groups ringzero builds are megatron-core's (order tp-cp-ep-dp-pp), checked against its own
+    rank generator: megatron's schedule sends activations over its pipeline group, ringzero sums over its."""
+    parallel_state = pytest.importorskip("megatron.core.parallel_state")
+    dims = ParallelDims(dp=2, cp=2, world_size=16, tp=2, pp=2)
+    gen = parallel_state.RankGenerator(tp=2, ep=1, dp=2, pp=2, cp=2, order="tp-cp-ep-dp-pp")
+    ours_pp = sorted(dims.pp_ranks(d, c, t) for d in range(2) for c in range(2) for t in range(2))
+    ours_dp_cp = sorted(dims.replica_ranks(t, p) for t in range(2) for p in range(2))
+    ours_tp = sorted(dims.tp_ranks(d, c, p) for d in range(2) for c in range(2) for p in range(2))
+    assert ours_pp == sorted(gen.get_ranks("pp"))
+    assert ours_dp_cp == sorted(gen.get_ranks("dp-cp"))
+    assert ours_tp == sorted(gen.get_ranks("tp"))
+
+
+def test_a_job_of_the_wrong_size_names_every_degree_including_the_pipeline():
+    from types import SimpleNamespace
+
+    from ringzero.parallel.runtime import from_env
+
+    parallel = SimpleNamespace(dp=2, cp=1)
+    with pytest.raises(RingzeroError, match=r"parallel.dp x parallel.cp x engines.training.tp x engines.training.pp = "
+                                            r"2 x 1 x 2 x 2 = 8 ranks, but the job has WORLD_SIZE=4"):
+        from_env(parallel, "cpu", env={"WORLD_SIZE": "4", "RANK": "0"}, tp=2, pp=2)
+    with pytest.raises(RingzeroError, match=r"parallel.dp x parallel.cp x engines.training.pp = 2 x 1 x 2 = 4 ranks"):
+        from_env(parallel, "cpu", env={"WORLD_SIZE": "2", "RANK": "0"}, pp=2)

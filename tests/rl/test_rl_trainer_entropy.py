@@ -40,11 +40,13 @@ def test_entropy_comes_from_the_scoring_forward_and_leaves_the_logprobs_alone(mo
     assert none is None and len(forwards) == 3  # one forward per row, no second one for the entropy
     assert torch.equal(logp, plain) and owned.all()
     monkeypatch.undo()
+    padded_forward = PolicyTrainer(model, None, SimpleNamespace(kl_coef=0.0), minibatches=1, max_new_tokens=T,
+                                   temperature=0.7)
     with torch.no_grad():
         for i, (seq, plen) in enumerate(zip(seqs, plens, strict=True)):
             logits = model.logits(bitwise_hidden(model, bitwise_ids(model, seq)))
             want = entropy(logits, 0.7)[0, plen - 1:len(seq) - 1]
             assert torch.equal(ent[i, :len(want)], want) and not ent[i, len(want):].any()
             # The padded forward the entropy used to come from agrees to rounding.
-            old = trainer._sharded(model, [seq], [plen], T, 0.7, True)[2][0]
+            old = padded_forward.score(model, batch, [i], T, with_entropy=True)[2][0]
             torch.testing.assert_close(ent[i], old, rtol=1e-5, atol=1e-5)

@@ -16,6 +16,10 @@
   equal chunks and gives rank ``r`` chunks ``r, tp + r, ...`` (megatron's ``partition_stride``):
   ``linear_fc1`` has stride 2 (each rank's gate rows, then its up rows) and Lightning's
   ``query_key_value`` stride 3 (each rank's q, k and v heads);
+- pipeline stages (``StageLayers``): a stage holds global layers ``first .. first + count - 1`` as its
+  ``decoder.layers.0 ..``, the embedding only on the first stage, the final norm and the head only on the
+  last; ``to_megatron`` keeps a stage's tensors only, and gathers rename them back and collect every
+  stage's over megatron's pipeline group (each stage's tensors broadcast from its rank, name by name);
 - RoPE rows: megatron's MLA always reorders the rotary slice from pair-neighbour to rotate-half order
   (ringzero's ``rope_interleave: true``, Ling 2.5's default). With ``rope_interleave: false`` the rotary
   rows of the query projection (per head) and of ``kv_a_proj_with_mqa`` (its last ``dr``) are permuted
@@ -25,6 +29,8 @@ Letter legend for the permutations: p qk_rope_head_dim (dr).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 from megatron.core import parallel_state
@@ -47,6 +53,42 @@ SPLITS = {
     "query_key_value": (0, 3), "g_proj": (0, 1), "g_norm": (0, 1), "dense": (1, 1),
     "linear_fc1": (0, 2), "linear_fc2": (1, 1),
 }
+
+
+@dataclass(frozen=True)
+class StageLayers:
+    """What one pipeline stage holds of the model (see the module docstring); ``whole`` at pp = 1."""
+
+    first: int
+    count: int
+    has_embedding: bool = True
+    has_head: bool = True
+
+    @classmethod
+    def of(cls, num_layers: int, pp_rank: int, pp_size: int) -> StageLayers:
+        per = num_layers // pp_size
+        return cls(pp_rank * per, per, pp_rank == 0, pp_rank == pp_size - 1)
+
+    def to_local(self, name: str) -> str | None:
+        """A MegatronLM name under global layer numbers -> this stage's name; None when another stage holds it."""
+        head = name.split(".")[0]
+        if head == "word_embeddings":
+            return name if self.has_embedding else None
+        if head in ("norm", "output_layer"):
+            return name if self.has_head else None
+        if head != "decoder":
+            return name
+        parts = name.split(".")
+        i = int(parts[2])
+        if not self.first <= i < self.first + self.count:
+            return None
+        return ".".join(["decoder", "layers", str(i - self.first), *parts[3:]])
+
+    def to_global(self, name: str) -> str:
+        parts = name.split(".")
+        if parts[0] != "decoder" or self.first == 0:
+            return name
+        return ".".join(["decoder", "layers", str(int(parts[2]) + self.first), *parts[3:]])
 
 
 def _split(full: torch.Tensor, dim: int, stride: int, rank: int, size: int) -> torch.Tensor:
@@ -167,11 +209,15 @@ def expert_shard(state: dict[str, torch.Tensor], cfg: ModelConfig, ep_rank: int,
 
 
 def to_megatron(state: dict[str, torch.Tensor], cfg: ModelConfig, tp_rank: int, tp_size: int,
-                ep_rank: int = 0, ep_size: int = 1) -> dict:
+                ep_rank: int = 0, ep_size: int = 1, stage: StageLayers | None = None) -> dict:
     """Rank ``tp_rank``'s shard (of ``tp_size``) of a HybridLM state dict, under MegatronLM's names, with
-    EP rank ``ep_rank``'s experts (of ``ep_size`` shards) only."""
+    EP rank ``ep_rank``'s experts (of ``ep_size`` shards) only, and ``stage``'s layers only (all when None)."""
     out = {}
     for name, w in expert_shard(_full_megatron(state, cfg), cfg, ep_rank, ep_size).items():
+        if stage is not None:
+            name = stage.to_local(name)
+            if name is None:
+                continue
         split = SPLITS.get(name.split(".")[-2])
         if split is not None:
             dim, stride = split
@@ -217,7 +263,8 @@ def load_hybrid_state_(model, state: dict[str, torch.Tensor], source: str = "Hyb
     and routing bias, cast to its dtype. Returns the shard (megatron names), for callers that keep
     fp32 masters of it."""
     try:
-        shard = to_megatron(state, model.cfg, model.tp_rank, model.tp_size, model.ep_rank, model.ep_size)
+        shard = to_megatron(state, model.cfg, model.tp_rank, model.tp_size, model.ep_rank, model.ep_size,
+                            getattr(model, "stage", None))
     except (KeyError, ValueError, RuntimeError) as exc:
         raise RingzeroError(f"{source}: cannot load into the megatron model: {exc}") from exc
     params = _local_tensors(model)
@@ -254,10 +301,13 @@ def _gather_experts(local: dict[str, torch.Tensor], model) -> dict[str, torch.Te
 
 def gather_hybrid(local: dict[str, torch.Tensor], model) -> dict[str, torch.Tensor]:
     """Full HybridLM tensors from this rank's MegatronLM-named tensors (weights, or their gradients),
-    gathered over the EP group (experts) and the TP group; every rank gets the result."""
+    gathered over the EP group (experts), the TP group and the pipeline stages; every rank gets the result."""
+    stage = getattr(model, "stage", None)
+    if stage is not None:
+        local = {stage.to_global(n): t for n, t in local.items()}
     local = _gather_experts(local, model)
     if model.tp_size == 1:
-        return from_megatron([local], model.cfg)
+        return _gather_stages(from_megatron([local], model.cfg), model)
     group = parallel_state.get_tensor_model_parallel_group()
     shards: list[dict] = [{} for _ in range(model.tp_size)]
     for name, t in local.items():
@@ -265,7 +315,26 @@ def gather_hybrid(local: dict[str, torch.Tensor], model) -> dict[str, torch.Tens
         torch.distributed.all_gather(parts, t.contiguous(), group=group)
         for r, part in enumerate(parts):
             shards[r][name] = part
-    return from_megatron(shards, model.cfg)
+    return _gather_stages(from_megatron(shards, model.cfg), model)
+
+
+def _gather_stages(mine: dict[str, torch.Tensor], model) -> dict[str, torch.Tensor]:
+    """Every pipeline stage's full tensors on every rank: each stage broadcasts its names and shapes, then
+    its tensors one by one, over megatron's pipeline group (a collective; ``mine`` when pp = 1)."""
+    if getattr(model, "pp_size", 1) == 1:
+        return mine
+    group = parallel_state.get_pipeline_model_parallel_group()
+    me = torch.distributed.get_rank()
+    device = next(iter(mine.values())).device if mine else torch.device("cpu")
+    out: dict[str, torch.Tensor] = {}
+    for src in torch.distributed.get_process_group_ranks(group):
+        box = [{n: (tuple(t.shape), t.dtype) for n, t in mine.items()} if src == me else None]
+        torch.distributed.broadcast_object_list(box, src=src, group=group)
+        for name, (shape, dtype) in box[0].items():
+            t = mine[name].contiguous() if src == me else torch.empty(shape, dtype=dtype, device=device)
+            torch.distributed.broadcast(t, src=src, group=group)
+            out[name] = t
+    return out
 
 
 @torch.no_grad()

@@ -38,6 +38,10 @@ CPU only (nothing of this is installed when CUDA is available):
 Weights must be built with ``use_cpu_initialization=True`` (``MegatronLM`` sets it): the GPU init path
 allocates on ``torch.cuda.current_device()``.
 
+CPU only, for the pipeline schedule (``apply_pipeline()``, called by ``ringzero.engines.megatron.pipeline``):
+``schedules.py``'s ``torch.zeros([], device="cuda")`` token count and ``p2p_communication.py``'s
+``torch.cuda.synchronize``: both modules see the proxy of torch described below.
+
 CPU only, and only for the distributed optimizer (``apply_optimizer()``, called by
 ``ringzero.engines.megatron.distributed_optimizer`` when CUDA is absent; nothing else uses megatron's DDP
 buffers or optimizers):
@@ -68,6 +72,7 @@ import torch
 
 _APPLIED = False
 _OPTIMIZER_APPLIED = False
+_PIPELINE_APPLIED = False
 # Inside MLASelfAttention.get_query_key_value_tensors: the count of apply_rotary_pos_emb calls so far.
 _ROPE_CALLS: contextvars.ContextVar[list[int] | None] = contextvars.ContextVar("mla_rope_calls", default=None)
 
@@ -201,6 +206,22 @@ def apply_optimizer() -> None:
     clipped = _with_cuda_type_names(clip_grads.clip_grad_by_total_norm_fp32)
     clip_grads.clip_grad_by_total_norm_fp32 = clipped
     optimizer.clip_grad_by_total_norm_fp32 = clipped
+
+
+def apply_pipeline() -> None:
+    """The pipeline schedule's CPU patch: ``schedules.py`` counts tokens in ``torch.zeros(..., device="cuda")``
+    and ``p2p_communication.py`` may ``torch.cuda.synchronize()``; both modules see the CPU proxy of torch
+    (the same as the optimizer modules'). Idempotent; nothing with CUDA."""
+    global _PIPELINE_APPLIED
+    if _PIPELINE_APPLIED or torch.cuda.is_available():
+        return
+    _PIPELINE_APPLIED = True
+    import megatron.core.pipeline_parallel.p2p_communication as p2p
+    import megatron.core.pipeline_parallel.schedules as schedules
+
+    proxy = _cpu_torch()
+    for module in (schedules, p2p):
+        module.torch = proxy
 
 
 def _on_cpu(device):

@@ -33,7 +33,7 @@ their storage.
 
 from __future__ import annotations
 
-import dataclasses
+import copy
 import math
 
 import torch
@@ -69,9 +69,9 @@ class MegatronDistributedOptimizer:
         ddp_config = DistributedDataParallelConfig(
             use_distributed_optimizer=True, overlap_grad_reduce=False, overlap_param_gather=False,
             grad_reduce_in_fp32=True, bucket_size=None)
-        self.ddp = DistributedDataParallel(
-            config=dataclasses.replace(model.config, calculate_per_token_loss=True), ddp_config=ddp_config,
-            module=model)
+        config = copy.copy(model.config)  # not dataclasses.replace: the checks would refuse a pipeline's
+        config.calculate_per_token_loss = True  # variable_seq_lengths set after them (MegatronLM)
+        self.ddp = DistributedDataParallel(config=config, ddp_config=ddp_config, module=model)
         beta1, beta2 = settings.betas
         self.opt = get_megatron_optimizer(
             OptimizerConfig(optimizer="adam", lr=settings.lr, weight_decay=settings.weight_decay,
@@ -175,7 +175,7 @@ class MegatronDistributedOptimizer:
 
     def _scatter(self, full: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         m = self.model
-        return to_megatron(full, m.cfg, m.tp_rank, m.tp_size, m.ep_rank, m.ep_size)
+        return to_megatron(full, m.cfg, m.tp_rank, m.tp_size, m.ep_rank, m.ep_size, getattr(m, "stage", None))
 
     def local_moment_elements(self) -> int:
         """The Adam moment elements this rank holds (each of ``exp_avg``/``exp_avg_sq``)."""

@@ -2,8 +2,8 @@
 
 megatron-core keeps its process groups in module state (``parallel_state``); ``join`` initializes it once
 per process from the job's ``Runtime`` so that its tensor- and context-parallel groups are the runtime's
-(both order ranks ``rank = (dp * cp + c) * tp + t``: TP innermost, then CP), and checks a second call asks
-for the same layout. A job
+(both order ranks ``rank = p * dp * cp * tp + (d * cp + c) * tp + t``: TP innermost, then CP, pipeline
+stages outermost), and checks a second call asks for the same layout. A job
 of one process joins a one-rank gloo group first: megatron-core's layers need torch.distributed.
 Expert parallelism (``ep`` > 1) is carved out of the DP x CP ranks, as megatron-core does
 (``ParallelDims.ep_index``); ``join`` checks megatron's groups are those.
@@ -47,7 +47,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def join(runtime: Runtime, tp: int, ep: int = 1) -> None:
+def join(runtime: Runtime, tp: int, ep: int = 1, pp: int = 1) -> None:
     """megatron-core's parallel state for this job (once per process)."""
     from megatron.core import parallel_state
 
@@ -57,6 +57,8 @@ def join(runtime: Runtime, tp: int, ep: int = 1) -> None:
     dims = runtime.dims
     if dims.tp != tp:
         raise RingzeroError(f"engines.training.tp is {tp} but the job was laid out with tp {dims.tp}")
+    if dims.pp != pp:
+        raise RingzeroError(f"engines.training.pp is {pp} but the job was laid out with pp {dims.pp}")
     if dims.ep not in (1, ep):
         raise RingzeroError(f"engines.training.ep is {ep} but the job was laid out with ep {dims.ep}")
     if (dims.dp * dims.cp) % ep:
@@ -69,14 +71,15 @@ def join(runtime: Runtime, tp: int, ep: int = 1) -> None:
     if parallel_state.model_parallel_is_initialized():
         have = (parallel_state.get_tensor_model_parallel_world_size(),
                 parallel_state.get_context_parallel_world_size(),
-                parallel_state.get_expert_model_parallel_world_size())
-        if have != (tp, dims.cp, ep):
+                parallel_state.get_expert_model_parallel_world_size(),
+                parallel_state.get_pipeline_model_parallel_world_size())
+        if have != (tp, dims.cp, ep, pp):
             raise RingzeroError(f"megatron-core was initialized with tensor parallel {have[0]}, context parallel "
-                                f"{have[1]} and expert parallel {have[2]} in this process; this stage asks for "
-                                f"{tp}, {dims.cp} and {ep}")
+                                f"{have[1]}, expert parallel {have[2]} and pipeline parallel {have[3]} in this "
+                                f"process; this stage asks for {tp}, {dims.cp}, {ep} and {pp}")
         return
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, context_parallel_size=dims.cp,
-                                             expert_model_parallel_size=ep)
+                                             expert_model_parallel_size=ep, pipeline_model_parallel_size=pp)
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
     model_parallel_cuda_manual_seed(1234)
@@ -88,6 +91,10 @@ def join(runtime: Runtime, tp: int, ep: int = 1) -> None:
     if dims.cp > 1 and parallel_state.get_context_parallel_rank() != runtime.cp_rank:
         raise RingzeroError(f"megatron-core puts rank {rank} at CP index {parallel_state.get_context_parallel_rank()}, "
                             f"ringzero's layout at {runtime.cp_rank}")
+    if pp > 1 and parallel_state.get_pipeline_model_parallel_rank() != dims.pp_index(rank):
+        raise RingzeroError(f"megatron-core puts rank {rank} at pipeline stage "
+                            f"{parallel_state.get_pipeline_model_parallel_rank()}, ringzero's layout at "
+                            f"{dims.pp_index(rank)}")
     if ep > 1:
         ep_rank = parallel_state.get_expert_model_parallel_rank()
         edp = dist.get_process_group_ranks(parallel_state.get_expert_data_parallel_group())
@@ -107,7 +114,7 @@ class MegatronEngine:
 
     def _model(self, cfg, store, uri, policy: PrecisionPolicy, runtime: Runtime):
         require_megatron()
-        join(runtime, self.settings.tp, self.settings.ep)
+        join(runtime, self.settings.tp, self.settings.ep, self.settings.pp)
         from ringzero.engines.megatron.model import MegatronLM
 
         # full fp32 values: the masters start from the checkpoint, not from its cast to the body dtype

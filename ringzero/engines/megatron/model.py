@@ -32,6 +32,15 @@ chunk states (``lightning``); everything else is per token. With expert parallel
 ranks into its expert groups (``ParallelDims.ep_index``); MoE is per token, so that needs nothing here.
 Not implemented: sequence parallelism outside the MoE layers.
 
+Pipeline parallelism (``pipeline_model_parallel_size`` > 1 in megatron's parallel state): this rank's
+stage holds ``num_hidden_layers / pp`` consecutive layers (``stage``: a ``convert.StageLayers``, built with
+their global layer numbers, so Lightning's decay slopes are the whole model's), the embedding only on the
+first stage, the final norm and the head only on the last. Such a model is not called as one function:
+``pipeline`` (``ringzero.engines.megatron.pipeline.Pipeline``) runs megatron's 1F1B schedule over a list
+of micro-batches (``ringzero.parallel.micro_batches``), ``stage_forward`` is one stage's part of a
+forward, and ``hidden``/``forward`` refuse. Tied embeddings are refused at pp > 1 (the head would live on
+another stage than the embedding it shares).
+
 MoE layers are ``ringzero.model.moe``'s math in megatron's ``MoELayer``: local ``SequentialMLP`` experts,
 the allgather token dispatcher, a ``TopKRouter`` in fp32 with the sigmoid score, the routing-only expert
 bias (buffer ``router.expert_bias``; its update rate is 0: ringzero never trains it), grouped top-k,
@@ -76,6 +85,7 @@ from megatron.core.transformer.transformer_config import MLATransformerConfig
 
 from ringzero.engines.megatron import cpu_shim
 from ringzero.engines.megatron.attention import MLACoreAttention, heads_problem
+from ringzero.engines.megatron.convert import StageLayers
 from ringzero.engines.megatron.lightning import LightningSelfAttention
 from ringzero.errors import RingzeroError
 from ringzero.model.config import ModelConfig, PrecisionPolicy
@@ -105,11 +115,17 @@ def moe_settings(cfg: ModelConfig) -> dict:
 
 
 def transformer_config(cfg: ModelConfig, policy: PrecisionPolicy, tp_size: int, ep_size: int = 1,
-                       cp_size: int = 1) -> MLATransformerConfig:
-    """megatron's config for ``cfg``: dropout off, no biases, weights drawn on the CPU then split."""
+                       cp_size: int = 1, pp_size: int = 1) -> MLATransformerConfig:
+    """megatron's config for ``cfg``: dropout off, no biases, weights drawn on the CPU then split. Under
+    pipeline parallelism the stages send activations in the body dtype, each micro-batch with its own
+    shape (``variable_seq_lengths``: rows are right-padded per micro-batch), and the schedule neither
+    divides nor scales the loss (``calculate_per_token_loss``: ringzero's losses carry their global
+    denominator)."""
     dtype = body_dtype(policy)
-    return MLATransformerConfig(
-        **moe_settings(cfg),
+    pipeline = dict(pipeline_model_parallel_size=pp_size, pipeline_dtype=dtype, calculate_per_token_loss=True,
+                    batch_p2p_comm=False) if pp_size > 1 else {}
+    config = MLATransformerConfig(
+        **moe_settings(cfg), **pipeline,
         num_layers=cfg.num_hidden_layers, hidden_size=cfg.hidden_size, ffn_hidden_size=cfg.intermediate_size,
         num_attention_heads=cfg.num_attention_heads, q_lora_rank=cfg.q_lora_rank,
         kv_lora_rank=cfg.kv_lora_rank, qk_head_dim=cfg.qk_nope_head_dim,
@@ -123,6 +139,7 @@ def transformer_config(cfg: ModelConfig, policy: PrecisionPolicy, tp_size: int, 
         params_dtype=dtype, bf16=dtype == torch.bfloat16,
         attention_softmax_in_fp32=policy.attention_softmax_fp32,
     )
+    return config
 
 
 class Router(TopKRouter):
@@ -225,8 +242,14 @@ def _moe_refusals(cfg: ModelConfig, tp_size: int, ep_size: int = 1) -> list[str]
     return problems
 
 
-def _refusals(cfg: ModelConfig, tp_size: int, ep_size: int = 1) -> list[str]:
+def _refusals(cfg: ModelConfig, tp_size: int, ep_size: int = 1, pp_size: int = 1) -> list[str]:
     problems = _moe_refusals(cfg, tp_size, ep_size) if cfg.num_experts is not None else []
+    if cfg.num_hidden_layers % pp_size:
+        problems.append(f"num_hidden_layers ({cfg.num_hidden_layers}) must be a multiple of the pipeline-parallel "
+                        f"size ({pp_size}): each stage holds an equal run of layers")
+    if pp_size > 1 and cfg.tie_word_embeddings:
+        problems.append("tie_word_embeddings with pipeline parallelism: the head would sit on the last stage and "
+                        "its weight, the embedding, on the first")
     if cfg.num_experts is None and ep_size > 1:
         problems.append(f"expert parallelism ({ep_size}) without MoE layers (num_experts is null): nothing to split")
     if cfg.vocab_size % tp_size:
@@ -256,22 +279,43 @@ class MegatronLM(torch.nn.Module):
         self.ep_rank = parallel_state.get_expert_model_parallel_rank()
         self.cp_size = parallel_state.get_context_parallel_world_size()
         self.cp_rank = parallel_state.get_context_parallel_rank()
-        problems = _refusals(cfg, self.tp_size, self.ep_size)
+        self.pp_size = parallel_state.get_pipeline_model_parallel_world_size()
+        self.pp_rank = parallel_state.get_pipeline_model_parallel_rank()
+        problems = _refusals(cfg, self.tp_size, self.ep_size, self.pp_size)
         if problems:
             raise RingzeroError("cannot build MegatronLM: " + "; ".join(problems))
         self.cfg, self.policy = cfg, policy
-        self.config = transformer_config(cfg, policy, self.tp_size, self.ep_size, self.cp_size)
+        self.stage = StageLayers.of(cfg.num_hidden_layers, self.pp_rank, self.pp_size)
+        self.config = transformer_config(cfg, policy, self.tp_size, self.ep_size, self.cp_size, self.pp_size)
         self.ledger = CommLedger()
-        self.word_embeddings = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size,
-                                                      init_method=self.config.init_method, config=self.config)
-        self.decoder = TransformerBlock(self.config, TransformerBlockSubmodules(layer_specs=layer_specs(cfg, policy, self.ledger)),
-                                        post_layer_norm=False)
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps).to(body_dtype(policy))
-        head_dtype = at_least_fp32(body_dtype(policy)) if policy.lm_head_fp32 else body_dtype(policy)
-        self.output_layer = ColumnParallelLinear(
-            cfg.hidden_size, cfg.vocab_size, config=dataclasses.replace(self.config, params_dtype=head_dtype),
-            init_method=self.config.init_method, bias=False, gather_output=True,
-            skip_weight_param_allocation=cfg.tie_word_embeddings)
+        self.word_embeddings = VocabParallelEmbedding(
+            cfg.vocab_size, cfg.hidden_size, init_method=self.config.init_method, config=self.config,
+        ) if self.stage.has_embedding else None
+        specs = layer_specs(cfg, policy, self.ledger)[self.stage.first:self.stage.first + self.stage.count]
+        self.decoder = TransformerBlock(self.config, TransformerBlockSubmodules(layer_specs=specs),
+                                        post_layer_norm=False, pre_process=self.stage.has_embedding,
+                                        post_process=self.stage.has_head)
+        self.norm = self.output_layer = None
+        if self.stage.has_head:
+            self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps).to(body_dtype(policy))
+            head_dtype = at_least_fp32(body_dtype(policy)) if policy.lm_head_fp32 else body_dtype(policy)
+            self.output_layer = ColumnParallelLinear(
+                cfg.hidden_size, cfg.vocab_size, config=dataclasses.replace(self.config, params_dtype=head_dtype),
+                init_method=self.config.init_method, bias=False, gather_output=True,
+                skip_weight_param_allocation=cfg.tie_word_embeddings)
+        self.pipeline = None
+        if self.pp_size > 1:
+            from megatron.core.enums import ModelType
+
+            from ringzero.engines.megatron.pipeline import Pipeline
+
+            self.model_type = ModelType.encoder_or_decoder  # what megatron's schedule asks of a model
+            self.pipeline = Pipeline(self)
+            # Set once every module is built (``dataclasses.replace`` re-runs the checks): megatron refuses
+            # it with the allgather dispatcher, whose EP ranks must bring equal token counts, but ringzero's
+            # ``MoE`` pads every rank to its EP group's most; the flag itself only makes the stages send each
+            # activation's shape before it (rows are right-padded per micro-batch).
+            self.config.variable_seq_lengths = True
 
     def layout_positions(self, S: int, device=None) -> torch.Tensor:
         """``[S]``: the global positions megatron's MLA ropes this rank's ``S`` tokens at."""
@@ -293,13 +337,24 @@ class MegatronLM(torch.nn.Module):
                                 "be roped wrong")
         return positions
 
-    def hidden(self, input_ids_BS: torch.Tensor, positions_BS: torch.Tensor | None = None) -> torch.Tensor:
-        """Residual stream after the last layer (before the final norm), ``[B, S, D]``."""
+    def set_input_tensor(self, tensor) -> None:
+        """The previous stage's output, which this stage's layers start from (megatron's schedule calls it)."""
+        self.decoder.set_input_tensor(tensor[0] if isinstance(tensor, list) else tensor)
+
+    def stage_forward(self, input_ids_BS: torch.Tensor, positions_BS: torch.Tensor | None = None) -> torch.Tensor:
+        """This stage's layers, ``[S, B, D]`` out: from the embedding on the first stage, else from the tensor
+        ``set_input_tensor`` gave (``input_ids`` then only tell the shape and the positions)."""
         B, S = input_ids_BS.shape
         positions = self._positions(positions_BS, B, S, input_ids_BS.device)
-        x_SBD = self.word_embeddings(input_ids_BS.t())
-        x_SBD = self.decoder(x_SBD, attention_mask=positions)
-        return x_SBD.transpose(0, 1)
+        x_SBD = self.word_embeddings(input_ids_BS.t()) if self.stage.has_embedding else None
+        return self.decoder(x_SBD, attention_mask=positions)
+
+    def hidden(self, input_ids_BS: torch.Tensor, positions_BS: torch.Tensor | None = None) -> torch.Tensor:
+        """Residual stream after the last layer (before the final norm), ``[B, S, D]``."""
+        if self.pp_size > 1:
+            raise RingzeroError("a pipeline-parallel MegatronLM holds one stage of the layers: run micro-batches "
+                                "through ringzero.parallel.micro_batches.run_micro_batches (its 1F1B schedule)")
+        return self.stage_forward(input_ids_BS, positions_BS).transpose(0, 1)
 
     def logits(self, hidden_BSD: torch.Tensor) -> torch.Tensor:
         """Full-vocabulary logits ``[B, S, V]`` (gathered over TP); fp32 under the LM-head island."""

@@ -7,8 +7,9 @@ same dict either engine would push. Gathers and scatters run over the TP group: 
 
 Gradient clipping uses the global norm: the squares of TP-split parameters are summed over the TP group,
 those of the routed experts over the expert tensor-and-model-parallel group (under expert parallelism each
-EP rank holds other experts), those of replicated ones (norm gains) counted once, so every rank clips by
-the same factor and replicated parameters stay equal across the group.
+EP rank holds other experts), those of replicated ones (norm gains) counted once, and under pipeline parallelism the three sums over
+the stages (each holds other layers), so every rank clips by the same factor and replicated parameters
+stay equal across the group.
 
 Gradient reduction: parameters every DP rank holds are summed over the ``dp_cp`` group as the torch
 engine's; the routed experts (megatron marks them ``allreduce = False`` under expert parallelism) over
@@ -58,9 +59,11 @@ class ShardedTrainOptimizer(TrainOptimizer):
         super().__init__(model, settings, total_steps, schedule)
         from megatron.core import parallel_state
 
-        self.tp_group = self.expert_group = self.expert_dp_group = None
+        self.tp_group = self.expert_group = self.expert_dp_group = self.pp_group = None
         if model.tp_size > 1:
             self.tp_group = parallel_state.get_tensor_model_parallel_group()
+        if getattr(model, "pp_size", 1) > 1:
+            self.pp_group = parallel_state.get_pipeline_model_parallel_group()
         self.ep_size = getattr(model, "ep_size", 1)
         if self.ep_size > 1:
             self.expert_group = parallel_state.get_expert_tensor_and_model_parallel_group()
@@ -86,7 +89,7 @@ class ShardedTrainOptimizer(TrainOptimizer):
     def clip_grads(self, grads: list[torch.Tensor]) -> float:
         kinds = [2 if e else (0 if s else 1) for s, e in zip(self.split, self.expert, strict=True)]
         with_grad = [(m, k) for m, k in zip(self.master, kinds, strict=True) if m.grad is not None]
-        if not with_grad and self.expert_group is None:
+        if not with_grad and self.expert_group is None and self.pp_group is None:
             return 0.0
         device = with_grad[0][0].grad.device if with_grad else torch.device("cpu")
         squares = torch.zeros(3, dtype=torch.float64, device=device)  # [TP-split, replicated, routed experts]
@@ -100,6 +103,7 @@ class ShardedTrainOptimizer(TrainOptimizer):
             expert_sum = squares[2:].clone()
             dist.all_reduce(expert_sum, group=self.expert_group)
             squares[2] = expert_sum[0]
+        self.sum_over_stages(squares)
         norm = float(squares.sum().sqrt())
         clip = self.settings.grad_clip
         if norm == norm and norm != float("inf") and clip and norm > clip:
@@ -107,6 +111,10 @@ class ShardedTrainOptimizer(TrainOptimizer):
             for m, _ in with_grad:
                 m.grad.mul_(scale)
         return norm
+
+    def sum_over_stages(self, squares: torch.Tensor) -> None:
+        if self.pp_group is not None:
+            dist.all_reduce(squares, group=self.pp_group)
 
     # -- full tensors at the seam ------------------------------------------------------------------
 
@@ -116,7 +124,8 @@ class ShardedTrainOptimizer(TrainOptimizer):
 
     def _scatter(self, full: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         m = self.model
-        return to_megatron(full, m.cfg, m.tp_rank, m.tp_size, getattr(m, "ep_rank", 0), self.ep_size)
+        return to_megatron(full, m.cfg, m.tp_rank, m.tp_size, getattr(m, "ep_rank", 0), self.ep_size,
+                           getattr(m, "stage", None))
 
     def _local_masters(self) -> dict[str, torch.Tensor]:
         return {n: m.detach() for n, m in zip(self.names, self.master, strict=True)}
