@@ -7,7 +7,15 @@ tensor the optimizer keeps (masters, Adam moments), and the serving model if one
 none until something samples in-process). ``full copy`` is what keeping a single-device fp32 HybridLM on
 every rank, as the engine did before, adds.
 
-    python bench/megatron_memory.py [--hidden 512 --layers 8 --heads 8] [--md BENCHMARKS-section.md]
+``--from-checkpoint`` builds every rank from a committed checkpoint instead (written once by the parent
+process) and adds the peak of the build itself: the growth of the rank's resident-set high-water mark
+(``ru_maxrss``) across ``engine.build``, after a throwaway build of a small model of the same layout has
+paid for imports and process groups; streamed (the engine's load: a layer at a time, a pipeline stage
+reading only its own shard files) against ``--load full`` (the earlier load: the whole checkpoint read
+into a full fp32 model on every rank, then scattered). Layouts are ``tpN`` or ``tpNxppM``.
+
+    python bench/megatron_memory.py [--hidden 512 --layers 8 --heads 8]
+    python bench/megatron_memory.py --from-checkpoint --layouts tp1,tp2,tp4,tp1xpp2 [--load full]
 """
 
 from __future__ import annotations
@@ -21,7 +29,7 @@ import torch
 HERE = Path(__file__).resolve().parent
 
 
-def config(tp: int, hidden: int, layers: int, heads: int, optimizer: str):
+def config(tp: int, hidden: int, layers: int, heads: int, optimizer: str, pp: int = 1):
     from ringzero.config.loader import parse_config
 
     return parse_config({
@@ -31,7 +39,8 @@ def config(tp: int, hidden: int, layers: int, heads: int, optimizer: str):
                   "v_head_dim": 32, "head_dim": 32, "lightning_block_size": 64,
                   "intermediate_size": hidden * 11 // 4, "max_position_embeddings": 512},
         "precision": {"train": "fp32-islands", "rollout": "fp32-islands"},
-        "engines": {"training": {"kind": "megatron", "tp": tp, "distributed_optimizer": optimizer == "megatron"}},
+        "engines": {"training": {"kind": "megatron", "tp": tp, "pp": pp,
+                                 "distributed_optimizer": optimizer == "megatron"}},
         "task": {"kind": "arithmetic", "operation": "digitsum", "digits": 3},
         "stages": [{"name": "base", "kind": "pretrain", "steps": 1, "batch_size": 2, "seq_len": 32}],
     }, "memory")
@@ -67,19 +76,49 @@ def storage_bytes(tensors) -> int:
     return sum(storages.values())
 
 
-def measure(ctx, tp: int, hidden: int, layers: int, heads: int, optimizer: str) -> dict:
+def peak_rss() -> int:
+    """This process's resident-set high-water mark, bytes (Linux reports KiB)."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def measure(ctx, tp: int, hidden: int, layers: int, heads: int, optimizer: str, pp: int = 1,
+            checkpoint: str | None = None, load: str = "streamed") -> dict:
     from ringzero.engines import training_engine
     from ringzero.model.hybrid import HybridLM
     from ringzero.parallel.dims import ParallelDims
     from ringzero.parallel.runtime import Runtime
 
     torch.set_num_threads(1)
-    dims = ParallelDims(dp=1, cp=1, world_size=tp, tp=tp)
+    dims = ParallelDims(dp=1, cp=1, world_size=tp * pp, tp=tp, pp=pp)
     rt = Runtime(device=torch.device("cpu"), dims=dims, rank=ctx.rank, groups=ctx.groups(dims))
-    cfg = config(tp, hidden, layers, heads, optimizer)
+    cfg = config(tp, hidden, layers, heads, optimizer, pp)
     stage = cfg.stages[0]
-    setup = training_engine(cfg).build(cfg, None, None, cfg.precision.train, rt, optim=stage.optim,
+    if load == "full":  # the earlier load: the whole checkpoint into a full fp32 model on every rank
+        import ringzero.engines.megatron.streamed as streamed
+        from ringzero.model.checkpoint import load_model
+        from ringzero.model.config import PrecisionPolicy
+
+        streamed.stage_state = lambda store, uri, model_cfg, layers_: load_model(
+            uri, PrecisionPolicy.preset("fp32")).model.state_dict()
+    # A throwaway build of a small model of the same layout first: imports, megatron's parallel state and
+    # the optimizer's modules then cost nothing inside the measured build.
+    import gc
+
+    import ringzero.engines.megatron.streamed  # noqa: F401
+    import ringzero.store  # noqa: F401
+
+    small = config(tp, 64, layers, heads, optimizer, pp)
+    warm = training_engine(small).build(small, None, None, small.precision.train, rt, optim=stage.optim,
+                                        total_steps=1, schedule="constant")
+    del warm
+    gc.collect()
+    torch.distributed.barrier()
+    before = peak_rss()
+    setup = training_engine(cfg).build(cfg, None, checkpoint, cfg.precision.train, rt, optim=stage.optim,
                                        total_steps=1, schedule="constant")
+    build_peak = peak_rss() - before
     # one pretraining step, so the optimizer's moments exist as they do for the rest of a stage
     from ringzero.stages.corpus_windows import CorpusWindows
     from ringzero.stages.lm_step import lm_step
@@ -99,7 +138,31 @@ def measure(ctx, tp: int, hidden: int, layers: int, heads: int, optimizer: str) 
     except ImportError:
         pass
     return {"rank": ctx.rank, "model": model_bytes, "total": everything, "serving": setup.serving is not None,
-            "full_fp32": full}
+            "full_fp32": full, "build_peak": build_peak}
+
+
+SHARD_BYTES = 8 * 2**20
+"""Checkpoint shard files of 8 MiB: a tenth of this model, as a real checkpoint's 5 GB files are of a large one."""
+
+
+def write_checkpoint(root: str, hidden: int, layers: int, heads: int, optimizer: str) -> str:
+    """A committed checkpoint of a fresh model in ``SHARD_BYTES`` files, written by this process."""
+    from ringzero.model.checkpoint import save_model
+    from ringzero.model.config import PrecisionPolicy
+    from ringzero.stages.setup import fresh_model
+    from ringzero.store import open_store
+
+    cfg = config(1, hidden, layers, heads, optimizer)
+    return save_model(open_store(root, max_shard_bytes=SHARD_BYTES), "start",
+                      fresh_model(cfg, PrecisionPolicy.preset("fp32")))
+
+
+def layouts(text: str) -> list[tuple[int, int]]:
+    out = []
+    for item in text.split(","):
+        tp, _, pp = item.partition("x")
+        out.append((int(tp.removeprefix("tp")), int(pp.removeprefix("pp")) if pp else 1))
+    return out
 
 
 def main() -> int:
@@ -107,28 +170,42 @@ def main() -> int:
     p.add_argument("--hidden", type=int, default=512)
     p.add_argument("--layers", type=int, default=8)
     p.add_argument("--heads", type=int, default=8)
-    p.add_argument("--tp", default="1,2,4")
+    p.add_argument("--tp", default="1,2,4", help="TP sizes (dp 1, pp 1); --layouts overrides")
+    p.add_argument("--layouts", default=None, help="e.g. tp1,tp2,tp4,tp1xpp2")
     p.add_argument("--optimizer", choices=("ringzero", "megatron"), default="ringzero",
                    help="ringzero's ShardedTrainOptimizer or megatron's DistributedOptimizer")
+    p.add_argument("--from-checkpoint", action="store_true", help="build from a committed checkpoint")
+    p.add_argument("--load", choices=("streamed", "full"), default="streamed")
     args = p.parse_args()
+    import tempfile
+
     from ringzero.parallel.launch import RankPool
 
+    plan = layouts(args.layouts) if args.layouts else [(int(x), 1) for x in args.tp.split(",")]
+    tmp = tempfile.TemporaryDirectory()
+    checkpoint = None
+    if args.from_checkpoint:
+        checkpoint = write_checkpoint(f"file://{tmp.name}", args.hidden, args.layers, args.heads, args.optimizer)
     rows = []
-    for tp in [int(x) for x in args.tp.split(",")]:
-        with RankPool(tp, timeout_s=600) as pool:
-            per_rank = pool.run(measure, tp, args.hidden, args.layers, args.heads, args.optimizer)
-        rows.append((tp, max(r["total"] for r in per_rank), max(r["model"] for r in per_rank),
-                     any(r["serving"] for r in per_rank), per_rank[0]["full_fp32"]))
-        print(f"tp {tp}: {rows[-1][1] / 2**20:.1f} MiB per rank", flush=True)
-    base = rows[0][1]
+    for tp, pp in plan:
+        with RankPool(tp * pp, timeout_s=600) as pool:
+            per_rank = pool.run(measure, tp, args.hidden, args.layers, args.heads, args.optimizer, pp, checkpoint,
+                                args.load)
+        rows.append((tp, pp, max(r["total"] for r in per_rank), max(r["model"] for r in per_rank),
+                     any(r["serving"] for r in per_rank), per_rank[0]["full_fp32"],
+                     max(r["build_peak"] for r in per_rank)))
+        print(f"tp {tp} pp {pp}: {rows[-1][2] / 2**20:.1f} MiB per rank", flush=True)
+    base = rows[0][2] * rows[0][0] * rows[0][1]
+    source = f"a committed checkpoint, {args.load} load" if checkpoint else "a fresh model"
     print(f"\nmodel: hidden {args.hidden}, {args.layers} layers, {args.heads} heads; fp32-islands (bf16 body); "
-          f"optimizer: {args.optimizer}; one rank per TP index, dp 1\n")
-    print("| tp | bytes per rank (MiB) | of which parameters + buffers | / (tp 1 bytes / tp) | serving copy | "
-          "with a full fp32 copy (before) |")
-    print("|---:|---:|---:|---:|---|---:|")
-    for tp, total, model, serving, full in rows:
-        print(f"| {tp} | {total / 2**20:.1f} | {model / 2**20:.1f} | {total / (base / tp):.3f} | "
-              f"{'yes' if serving else 'none'} | {(total + full) / 2**20:.1f} |")
+          f"optimizer: {args.optimizer}; dp 1; built from {source}\n")
+    print("| tp | pp | bytes per rank (MiB) | of which parameters + buffers | / (one-rank bytes / ranks) | "
+          "serving copy | with a full fp32 copy (before) | peak RSS growth during the build (MiB) |")
+    print("|---:|---:|---:|---:|---:|---|---:|---:|")
+    for tp, pp, total, model, serving, full, peak in rows:
+        print(f"| {tp} | {pp} | {total / 2**20:.1f} | {model / 2**20:.1f} | {total / (base / (tp * pp)):.3f} | "
+              f"{'yes' if serving else 'none'} | {(total + full) / 2**20:.1f} | {peak / 2**20:.1f} |")
+    print(f"\nfull fp32 model: {rows[0][5] / 2**20:.1f} MiB")
     return 0
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import time
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from os import PathLike
 from typing import Any
@@ -159,17 +159,39 @@ class CheckpointStore:
         name = self.name_of(uri_or_name)
         manifest = self._manifest(name)
         tensors: dict[str, torch.Tensor] = {}
-        for fname in manifest.shards:
-            entry = manifest.files[fname]
-            part = deserialize(self._verified(name, fname, entry), entry.tensors, self.backend.uri(f"{name}/{fname}"))
-            clash = set(part) & set(tensors)
-            if clash:
-                raise IntegrityError(f"{self.backend.uri(name)}: tensor {sorted(clash)[0]!r} is in two shards")
-            tensors.update((t, part[t]) for t in entry.tensors)  # the order they were saved in
+        for part in self._shard_tensors(name, manifest, lambda _: True):
+            tensors.update(part)
         self._check_index(name, manifest)
         config = json.loads(self._verified(name, CONFIG_FILE, manifest.files[CONFIG_FILE]))
         files = {f: self._verified(name, f, e) for f, e in manifest.files.items() if layout.is_extra(f)}
         return Checkpoint(tensors=tensors, config=config, meta=manifest.meta, uri=self.backend.uri(name), files=files)
+
+    def tensor_names(self, uri_or_name: str) -> list[str]:
+        """Every tensor name of a committed checkpoint, from its manifest (no shard is read)."""
+        manifest = self._manifest(self.name_of(uri_or_name))
+        return [t for fname in manifest.shards for t in manifest.files[fname].tensors]
+
+    def iter_tensors(self, uri_or_name: str, keep) -> Iterator[dict[str, torch.Tensor]]:
+        """The tensors ``keep(name)`` selects, one shard file at a time: a file holding none of them is not
+        read, each file read is verified (size, sha256) and only its kept tensors are yielded. A pipeline
+        stage reads the shards of its own layers this way, and no rank holds the whole checkpoint."""
+        name = self.name_of(uri_or_name)
+        manifest = self._manifest(name)
+        self._check_index(name, manifest)
+        yield from self._shard_tensors(name, manifest, keep)
+
+    def _shard_tensors(self, name: str, manifest: Manifest, keep) -> Iterator[dict[str, torch.Tensor]]:
+        seen: set[str] = set()
+        for fname in manifest.shards:
+            entry = manifest.files[fname]
+            clash = seen & set(entry.tensors)
+            if clash:
+                raise IntegrityError(f"{self.backend.uri(name)}: tensor {sorted(clash)[0]!r} is in two shards")
+            seen.update(entry.tensors)
+            if not any(keep(t) for t in entry.tensors):
+                continue
+            part = deserialize(self._verified(name, fname, entry), entry.tensors, self.backend.uri(f"{name}/{fname}"))
+            yield {t: part[t] for t in entry.tensors if keep(t)}  # the order they were saved in
 
     def read_file(self, uri_or_name: str, file_name: str) -> bytes:
         """One file of a committed checkpoint (``generation_config.json``, ...), checked against its manifest."""

@@ -173,3 +173,35 @@ def run_engine_experts_summed_over_dp(ctx, *args, **kwargs) -> dict | None:
         return run_engine(ctx, *args, **kwargs)
     finally:
         ShardedTrainOptimizer.reduce_expert_grads = right
+
+
+def run_engine_values_within_one_stage(ctx, *args, **kwargs):
+    """``run_engine`` with ``Runtime.sum_`` over this stage's dp x cp ranks only (a negative control)."""
+    from ringzero.parallel.runtime import Runtime
+
+    right = Runtime.sum_
+
+    def within_stage(self, tensor):
+        import torch.distributed as dist
+
+        if self.distributed:
+            dist.all_reduce(tensor, group=self.groups.dp_cp)
+        return tensor
+
+    Runtime.sum_ = within_stage
+    try:
+        return run_engine(ctx, *args, **kwargs)
+    finally:
+        Runtime.sum_ = right
+
+
+def run_engine_norm_within_one_stage(ctx, *args, **kwargs):
+    """``run_engine`` with the gradient norm of this stage's parameters only (a negative control)."""
+    from ringzero.engines.megatron.optimizer import ShardedTrainOptimizer
+
+    right = ShardedTrainOptimizer.sum_over_stages
+    ShardedTrainOptimizer.sum_over_stages = lambda self, squares: None
+    try:
+        return run_engine(ctx, *args, **kwargs)
+    finally:
+        ShardedTrainOptimizer.sum_over_stages = right

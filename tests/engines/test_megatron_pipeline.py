@@ -14,7 +14,11 @@ import pytest
 
 pytest.importorskip("megatron.core")
 
-from megatron_stage_jobs import run_engine  # noqa: E402
+from megatron_stage_jobs import (  # noqa: E402
+    run_engine,
+    run_engine_norm_within_one_stage,
+    run_engine_values_within_one_stage,
+)
 from test_megatron_stage import assert_same  # noqa: E402
 
 from ringzero.engines.megatron.convert import StageLayers  # noqa: E402
@@ -78,38 +82,6 @@ def test_tp2_pp2_on_four_ranks_trains_like_the_torch_engine(torch_run, tmp_path)
     assert [s["stage"].first for s in got["stages"]] == [0, 0, 1, 1]
     assert got["tp_shard"] == (32, 32)  # half the vocabulary rows on each TP rank of the first stage
     assert_same(torch_run, got, "megatron tp=2 pp=2")
-
-
-def run_engine_values_within_one_stage(ctx, *args, **kwargs):
-    """``run_engine`` with ``Runtime.sum_`` over this stage's dp x cp ranks only (a negative control)."""
-    from ringzero.parallel.runtime import Runtime
-
-    right = Runtime.sum_
-
-    def within_stage(self, tensor):
-        import torch.distributed as dist
-
-        if self.distributed:
-            dist.all_reduce(tensor, group=self.groups.dp_cp)
-        return tensor
-
-    Runtime.sum_ = within_stage
-    try:
-        return run_engine(ctx, *args, **kwargs)
-    finally:
-        Runtime.sum_ = right
-
-
-def run_engine_norm_within_one_stage(ctx, *args, **kwargs):
-    """``run_engine`` with the gradient norm of this stage's parameters only (a negative control)."""
-    from ringzero.engines.megatron.optimizer import ShardedTrainOptimizer
-
-    right = ShardedTrainOptimizer.sum_over_stages
-    ShardedTrainOptimizer.sum_over_stages = lambda self, squares: None
-    try:
-        return run_engine(ctx, *args, **kwargs)
-    finally:
-        ShardedTrainOptimizer.sum_over_stages = right
 
 
 def test_values_summed_within_one_stage_fail_the_comparison(torch_run, pools, tmp_path):

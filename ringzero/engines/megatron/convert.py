@@ -30,6 +30,7 @@ Letter legend for the permutations: p qk_rope_head_dim (dr).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
@@ -257,26 +258,52 @@ def routing_buffers(model) -> dict[str, torch.Tensor]:
     return {n: b for n, b in model.named_buffers() if n.endswith("router.expert_bias") and b is not None}
 
 
+def group_of(key: str) -> str:
+    """The group a HybridLM key converts in: its layer (the fused MLP and the RoPE rows need the layer's
+    tensors together), or the tensor alone (embedding, final norm, head)."""
+    parts = key.split(".")
+    return f"layers.{parts[1]}" if parts[0] == "layers" else key
+
+
+def layer_groups(state: Mapping[str, torch.Tensor]) -> list[dict[str, torch.Tensor]]:
+    """``state`` cut into the groups that each convert alone, so no whole converted copy is ever made."""
+    groups: dict[str, dict[str, torch.Tensor]] = {}
+    for key, t in state.items():
+        groups.setdefault(group_of(key), {})[key] = t
+    return list(groups.values())
+
+
 @torch.no_grad()
-def load_hybrid_state_(model, state: dict[str, torch.Tensor], source: str = "HybridLM state") -> dict:
-    """Copy a full HybridLM state dict into ``model`` (a MegatronLM): this rank's shard of each parameter
-    and routing bias, cast to its dtype. Returns the shard (megatron names), for callers that keep
-    fp32 masters of it."""
-    try:
-        shard = to_megatron(state, model.cfg, model.tp_rank, model.tp_size, model.ep_rank, model.ep_size,
-                            getattr(model, "stage", None))
-    except (KeyError, ValueError, RuntimeError) as exc:
-        raise RingzeroError(f"{source}: cannot load into the megatron model: {exc}") from exc
+def load_hybrid_state_(model, state, source: str = "HybridLM state", on_tensor=None) -> None:
+    """Copy HybridLM tensors into ``model`` (a MegatronLM): this rank's shard of each parameter and routing
+    bias, cast to its dtype. ``state`` is a full HybridLM state dict, or an iterable of partial ones that
+    each convert alone (``streamed.stage_state``: a layer at a time); either way it is converted and
+    copied one group at a time, so only one group's converted tensors exist at once. ``on_tensor(name,
+    shard)`` sees each converted shard (megatron name, the given values before any cast): an optimizer
+    copies its fp32 masters from it."""
+    groups = layer_groups(state) if isinstance(state, Mapping) else state
     params = _local_tensors(model)
-    missing, unexpected = sorted(set(params) - set(shard)), sorted(set(shard) - set(params))
-    wrong = [f"{n} {list(shard[n].shape)} vs {list(p.shape)}" for n, p in params.items()
-             if n in shard and shard[n].shape != p.shape]
-    if missing or unexpected or wrong:
-        raise RingzeroError(f"{source} does not fit this rank's MegatronLM shard: missing {missing[:5]}, "
-                            f"unexpected {unexpected[:5]}, mis-shaped {wrong[:5]}")
-    for name, p in params.items():
-        p.copy_(shard[name].to(p.dtype))
-    return shard
+    loaded: set[str] = set()
+    for group in groups:
+        try:
+            shard = to_megatron(group, model.cfg, model.tp_rank, model.tp_size, model.ep_rank, model.ep_size,
+                                getattr(model, "stage", None))
+        except (KeyError, ValueError, RuntimeError) as exc:
+            raise RingzeroError(f"{source}: cannot load into the megatron model: {exc}") from exc
+        unexpected = sorted(set(shard) - set(params))
+        wrong = [f"{n} {list(t.shape)} vs {list(params[n].shape)}" for n, t in shard.items()
+                 if n in params and t.shape != params[n].shape]
+        if unexpected or wrong:
+            raise RingzeroError(f"{source} does not fit this rank's MegatronLM shard: unexpected {unexpected[:5]}, "
+                                f"mis-shaped {wrong[:5]}")
+        for name, t in shard.items():
+            params[name].copy_(t.to(params[name].dtype))
+            if on_tensor is not None:
+                on_tensor(name, t)
+        loaded.update(shard)
+    missing = sorted(set(params) - loaded)
+    if missing:
+        raise RingzeroError(f"{source} does not fit this rank's MegatronLM shard: missing {missing[:5]}")
 
 
 def _gather_experts(local: dict[str, torch.Tensor], model) -> dict[str, torch.Tensor]:

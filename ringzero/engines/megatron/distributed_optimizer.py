@@ -189,13 +189,18 @@ class MegatronDistributedOptimizer:
         return gather_hybrid({**local, **{n: b.detach() for n, b in routing_buffers(self.model).items()}},
                              self.model)
 
-    def load_weights(self, state: dict[str, torch.Tensor], source: str) -> None:
-        local = load_hybrid_state_(self.model, state, source)
+    def load_weights(self, state, source: str) -> None:
+        """``state``: a full HybridLM state dict or the groups of one (``load_hybrid_state_``)."""
+        params = dict(self.model.named_parameters())
+
+        def to_main(name: str, shard: torch.Tensor) -> None:
+            p = params.get(name)
+            if p is not None and p in self.owner:  # the fp32 main shard gets the given values, not their casts
+                start, end = self._range(p)
+                self._main(p).copy_(shard.reshape(-1)[start:end].to(torch.float32))
+
         with torch.no_grad():
-            for name, p in self.model.named_parameters():
-                if p in self.owner:  # the fp32 main shard gets the given values, not their casts
-                    start, end = self._range(p)
-                    self._main(p).copy_(local[name].reshape(-1)[start:end].to(torch.float32))
+            load_hybrid_state_(self.model, state, source, on_tensor=to_main)
 
     def state(self) -> tuple[dict[str, torch.Tensor], dict]:
         """Adam moments (gathered from every data-parallel shard) and master weights per HybridLM name."""

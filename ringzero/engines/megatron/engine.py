@@ -8,8 +8,10 @@ of one process joins a one-rank gloo group first: megatron-core's layers need to
 Expert parallelism (``ep`` > 1) is carved out of the DP x CP ranks, as megatron-core does
 (``ParallelDims.ep_index``); ``join`` checks megatron's groups are those.
 
-The checkpoint is read as ``HybridLM`` full tensors and scattered with ``convert.to_megatron``; that full
-model is then dropped, so a rank keeps its shards and their optimizer state only. A single-device serving
+A checkpoint is streamed into each rank a layer at a time (``streamed.stage_state``: a pipeline stage reads
+only the shard files of its own layers) and scattered with ``convert.to_megatron``, so no rank ever holds
+the full model; a fresh model (no checkpoint) is drawn whole, seeded, then dropped. A rank keeps its
+shards and their optimizer state only. A single-device serving
 ``HybridLM`` is built from the optimizer's masters when something samples or evaluates in-process
 (``TrainingSetup.served``); a stage whose rollouts run on SGLang servers never builds one.
 The optimizer is ``ShardedTrainOptimizer`` (ringzero's AdamW on each TP shard, full state on every DP
@@ -28,7 +30,7 @@ from ringzero.engines.training import TrainingSetup
 from ringzero.errors import RingzeroError
 from ringzero.model.config import PrecisionPolicy
 from ringzero.parallel.runtime import Runtime
-from ringzero.stages.setup import start_model
+from ringzero.stages.setup import fresh_model
 
 INSTALL_HINT = ("megatron-core is not installed: `pip install 'ringzero[gpu]'` on a CUDA machine, or "
                 "`pip install megatron-core==0.16.1` (it runs on the CPU behind ringzero.engines.megatron.cpu_shim)")
@@ -113,17 +115,23 @@ class MegatronEngine:
         self.settings = settings  # engines.training
 
     def _model(self, cfg, store, uri, policy: PrecisionPolicy, runtime: Runtime):
+        """This rank's ``MegatronLM`` shard (parameters allocated at their shard's size, not initialized) and
+        the weights to load into it: a checkpoint streamed a layer at a time, this stage's shard files only
+        (``streamed.stage_state``), or without ``uri`` a fresh fp32 ``HybridLM`` state (drawn whole and
+        seeded, so both engines start from the same weights; a cluster run starts from a checkpoint)."""
         require_megatron()
         join(runtime, self.settings.tp, self.settings.ep, self.settings.pp)
         from ringzero.engines.megatron.model import MegatronLM
+        from ringzero.engines.megatron.streamed import stage_state
 
-        # full fp32 values: the masters start from the checkpoint, not from its cast to the body dtype
-        source = start_model(cfg, store, uri, PrecisionPolicy.preset("fp32"))
         model = MegatronLM(cfg.model, policy).to(runtime.device)
-        return model, source
+        if uri is None:
+            return model, fresh_model(cfg, PrecisionPolicy.preset("fp32")).state_dict()
+        # full fp32 values at the masters: the checkpoint's, not their cast to the body dtype
+        return model, stage_state(store, uri, cfg.model, model.stage)
 
     def build(self, cfg, store, init_uri, policy, runtime, *, optim, total_steps, schedule) -> TrainingSetup:
-        model, source = self._model(cfg, store, init_uri, policy, runtime)
+        model, state = self._model(cfg, store, init_uri, policy, runtime)
         if self.settings.distributed_optimizer:
             from ringzero.engines.megatron.distributed_optimizer import MegatronDistributedOptimizer
 
@@ -132,17 +140,18 @@ class MegatronEngine:
             from ringzero.engines.megatron.optimizer import ShardedTrainOptimizer
 
             optimizer = ShardedTrainOptimizer(model, optim, total_steps, schedule)
-        optimizer.load_weights(source.state_dict(), source=init_uri or "a fresh model")
-        # The full start model is dropped here: each rank keeps its shards and their optimizer state only;
-        # a serving copy is built when something samples or evaluates in-process (TrainingSetup.served).
-        del source
+        optimizer.load_weights(state, source=init_uri or "a fresh model")
+        # No rank ever held the full model from a checkpoint, and a fresh model's full state is dropped here:
+        # each rank keeps its shards and their optimizer state only; a serving copy is built when something
+        # samples or evaluates in-process (TrainingSetup.served).
+        del state
         return TrainingSetup(model.train(), optimizer, None, cfg=cfg.model, device=runtime.device)
 
     def frozen(self, cfg, store, uri, policy, runtime):
         from ringzero.engines.megatron.convert import load_hybrid_state_
 
-        model, source = self._model(cfg, store, uri, policy, runtime)
-        load_hybrid_state_(model, source.state_dict())  # the MoE routing biases (buffers) too
+        model, state = self._model(cfg, store, uri, policy, runtime)
+        load_hybrid_state_(model, state, source=uri)  # the MoE routing biases (buffers) too
         for p in model.parameters():
             p.requires_grad_(False)
         return model.eval()

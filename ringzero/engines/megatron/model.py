@@ -71,7 +71,12 @@ import torch
 import torch.nn.functional as F
 from megatron.core import parallel_state
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-from megatron.core.tensor_parallel.layers import ColumnParallelLinear, VocabParallelEmbedding
+from megatron.core.tensor_parallel.layers import (
+    ColumnParallelLinear,
+    RowParallelLinear,
+    VocabParallelEmbedding,
+    set_tensor_model_parallel_attributes,
+)
 from megatron.core.tensor_parallel.mappings import (
     gather_from_sequence_parallel_region,
     scatter_to_sequence_parallel_region,
@@ -85,7 +90,7 @@ from megatron.core.transformer.transformer_config import MLATransformerConfig
 
 from ringzero.engines.megatron import cpu_shim
 from ringzero.engines.megatron.attention import MLACoreAttention, heads_problem
-from ringzero.engines.megatron.convert import StageLayers
+from ringzero.engines.megatron.convert import SPLITS, StageLayers
 from ringzero.engines.megatron.lightning import LightningSelfAttention
 from ringzero.errors import RingzeroError
 from ringzero.model.config import ModelConfig, PrecisionPolicy
@@ -116,7 +121,7 @@ def moe_settings(cfg: ModelConfig) -> dict:
 
 def transformer_config(cfg: ModelConfig, policy: PrecisionPolicy, tp_size: int, ep_size: int = 1,
                        cp_size: int = 1, pp_size: int = 1) -> MLATransformerConfig:
-    """megatron's config for ``cfg``: dropout off, no biases, weights drawn on the CPU then split. Under
+    """megatron's config for ``cfg``: dropout off, no biases, shards allocated on the CPU, not drawn. Under
     pipeline parallelism the stages send activations in the body dtype, each micro-batch with its own
     shape (``variable_seq_lengths``: rows are right-padded per micro-batch), and the schedule neither
     divides nor scales the loss (``calculate_per_token_loss``: ringzero's losses carry their global
@@ -133,7 +138,9 @@ def transformer_config(cfg: ModelConfig, policy: PrecisionPolicy, tp_size: int, 
         rope_type="rope", rotary_base=cfg.rope_theta, rotary_scaling_factor=1.0, qk_layernorm=True,
         normalization="RMSNorm", layernorm_epsilon=cfg.rms_norm_eps, add_bias_linear=False,
         gated_linear_unit=True, activation_func=F.silu, attention_dropout=0.0, hidden_dropout=0.0,
-        init_method_std=cfg.initializer_range, use_cpu_initialization=True,
+        # weights are always loaded after the build (a checkpoint, or a fresh HybridLM's for parity with the
+        # torch engine): each rank allocates its shards only and draws nothing
+        init_method_std=cfg.initializer_range, use_cpu_initialization=True, perform_initialization=False,
         tensor_model_parallel_size=tp_size, expert_model_parallel_size=ep_size, context_parallel_size=cp_size,
         sequence_parallel=False,
         params_dtype=dtype, bf16=dtype == torch.bfloat16,
@@ -303,6 +310,7 @@ class MegatronLM(torch.nn.Module):
                 cfg.hidden_size, cfg.vocab_size, config=dataclasses.replace(self.config, params_dtype=head_dtype),
                 init_method=self.config.init_method, bias=False, gather_output=True,
                 skip_weight_param_allocation=cfg.tie_word_embeddings)
+        self._mark_tensor_parallel()
         self.pipeline = None
         if self.pp_size > 1:
             from megatron.core.enums import ModelType
@@ -316,6 +324,17 @@ class MegatronLM(torch.nn.Module):
             # ``MoE`` pads every rank to its EP group's most; the flag itself only makes the stages send each
             # activation's shape before it (rows are right-padded per micro-batch).
             self.config.variable_seq_lengths = True
+
+    def _mark_tensor_parallel(self) -> None:
+        """The TP attributes megatron's CPU init would have set (``tensor_model_parallel``, ``partition_dim``,
+        ``partition_stride``): with ``perform_initialization=False`` its parallel layers skip them (0.16.1),
+        and the optimizer's clip norm reads them. Dims and strides are ``convert.SPLITS``'."""
+        kinds = (ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding)
+        for name, module in self.named_modules():
+            weight = getattr(module, "weight", None)
+            if isinstance(module, kinds) and weight is not None and not hasattr(weight, "tensor_model_parallel"):
+                dim, stride = SPLITS[name.split(".")[-1]]
+                set_tensor_model_parallel_attributes(weight, True, dim, stride)
 
     def layout_positions(self, S: int, device=None) -> torch.Tensor:
         """``[S]``: the global positions megatron's MLA ropes this rank's ``S`` tokens at."""

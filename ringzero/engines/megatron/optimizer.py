@@ -134,12 +134,16 @@ class ShardedTrainOptimizer(TrainOptimizer):
         # the MoE routing biases too: HybridLM's state dict (checkpoints, weight pushes) carries them
         return self._gather({**self._local_masters(), **routing_buffers(self.model)})
 
-    def load_weights(self, state: dict[str, torch.Tensor], source: str) -> None:
-        local = load_hybrid_state_(self.model, state, source)
-        if self.needs_master:  # the given fp32 values, not their casts to the body dtype
-            with torch.no_grad():
-                for name, m in zip(self.names, self.master, strict=True):
-                    m.copy_(local[name].to(m.dtype))
+    def load_weights(self, state, source: str) -> None:
+        """``state``: a full HybridLM state dict or the groups of one (``load_hybrid_state_``)."""
+        masters = dict(zip(self.names, self.master, strict=True)) if self.needs_master else {}
+
+        def to_master(name: str, shard: torch.Tensor) -> None:
+            if name in masters:  # the given fp32 values, not their casts to the body dtype
+                masters[name].copy_(shard.to(masters[name].dtype))
+
+        with torch.no_grad():
+            load_hybrid_state_(self.model, state, source, on_tensor=to_master)
 
     def state(self) -> tuple[dict[str, torch.Tensor], dict]:
         """Adam moments and step counts per HybridLM parameter name (full tensors), counters."""
