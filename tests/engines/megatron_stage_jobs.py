@@ -36,7 +36,8 @@ MOE = {"num_experts": 4, "num_experts_per_tok": 2, "n_group": 2, "topk_group": 1
 
 
 def micro_config(kind: str, tp: int, dp: int = 1, moe: bool = False, distributed_optimizer: bool = False,
-                 ep: int = 1, cp: int = 1, pp: int = 1):
+                 ep: int = 1, cp: int = 1, pp: int = 1, corrections: bool = False):
+    loss = {"kind": "sg_clip_is", "kl_coef": 0.05, **({"corrections": [{"kind": "tis"}]} if corrections else {})}
     return parse_config({
         "run": {"name": "engines", "seed": 3, "device": "cpu"},
         "model": {"vocab_size": 64, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
@@ -52,7 +53,7 @@ def micro_config(kind: str, tp: int, dp: int = 1, moe: bool = False, distributed
             {"name": "base", "kind": "pretrain", "steps": 3, "batch_size": 4, "micro_batch": 2, "seq_len": 40},
             {"name": "rl", "kind": "rl", "steps": 2, "prompts_per_step": 4, "samples_per_prompt": 2,
              "minibatches": 2, "micro_batch": 2, "sampling": {"max_new_tokens": 10},
-             "optim": {"lr": 3e-3, "warmup_steps": 0}, "loss": {"kind": "sg_clip_is", "kl_coef": 0.05}},
+             "optim": {"lr": 3e-3, "warmup_steps": 0}, "loss": loss},
         ],
     }, "engine-micro")
 
@@ -73,7 +74,7 @@ def run_engine(ctx, *args, **kwargs) -> dict | None:
 
 def engine_record(ctx, kind: str, tp: int, store_root: str, dp: int = 1, moe: bool = False,
                   distributed_optimizer: bool = False, resume_check: bool = False, ep: int = 1,
-                  cp: int = 1, pp: int = 1) -> dict | None:
+                  cp: int = 1, pp: int = 1, corrections: bool = False) -> dict | None:
     """Rank 0's record: pretrain losses and weights, per RL step its metrics and tokens, final RL weights
     (full tensors under HybridLM names, however the engine holds them).
 
@@ -83,12 +84,13 @@ def engine_record(ctx, kind: str, tp: int, store_root: str, dp: int = 1, moe: bo
     (``resumed``: the two final weight dicts and step reports). ``ep``: megatron's expert parallelism (the
     record adds ``expert_shards``: every rank's expert parameter names and shapes as it holds them). ``cp``:
 context parallelism on zigzag shards (the record adds ``cp_calls``: the strategies rank 0's layers ran).
-    ``pp``: pipeline stages (the record adds ``stages``: every rank's stage layers and parameter names)."""
+    ``pp``: pipeline stages (the record adds ``stages``: every rank's stage layers and parameter names).
+    ``corrections``: the RL loss with truncated importance sampling (a no-gradient scoring pass first)."""
     torch.set_num_threads(1)
     world = dp * cp * tp * pp
     dims = ParallelDims(dp=dp, cp=cp, world_size=world, tp=tp, ep=ep, pp=pp)
     rt = Runtime(device=torch.device("cpu"), dims=dims, rank=ctx.rank, groups=ctx.groups(dims))
-    cfg = micro_config(kind, tp, dp, moe, distributed_optimizer, ep, cp, pp)
+    cfg = micro_config(kind, tp, dp, moe, distributed_optimizer, ep, cp, pp, corrections)
     pre, rl_stage = cfg.stages
     task, tokenizer = task_and_tokenizer(cfg)
     engine = training_engine(cfg)

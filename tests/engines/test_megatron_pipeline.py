@@ -76,6 +76,17 @@ def test_pp2_with_the_distributed_optimizer_and_with_moe_trains_like_the_torch_e
     assert_same(torch_moe, moe, "megatron moe pp=2")
 
 
+def test_pp2_scores_logp_old_for_the_corrections_like_one_process(pools, tmp_path):
+    """The corrections' no-gradient scoring pass (logp_old) runs through the schedule forward-only."""
+    ref = pools[1].run(run_engine, "torch", 1, f"file://{tmp_path}/torch/store", corrections=True)[0]
+    got = pools[2].run(run_engine, "megatron", 1, f"file://{tmp_path}/pp2/store", pp=2, corrections=True)[0]
+    for want, have in zip(ref["rl_steps"], got["rl_steps"], strict=True):
+        # logp_old against the rollout's log-probs: ~1 with both fp32; 0-ish if the stages had not summed it
+        w_ref, w_got = want["metrics"]["correction/tis/weight_mean"], have["metrics"]["correction/tis/weight_mean"]
+        assert w_ref == pytest.approx(1.0, abs=0.05) and w_got == pytest.approx(w_ref, abs=1e-5)
+    assert_same(ref, got, "megatron pp=2 with corrections")
+
+
 def test_tp2_pp2_on_four_ranks_trains_like_the_torch_engine(torch_run, tmp_path):
     with RankPool(4, timeout_s=600) as pool:
         got = pool.run(run_engine, "megatron", 2, f"file://{tmp_path}/store", pp=2)[0]
