@@ -124,3 +124,15 @@ def test_the_release_carries_the_profile_s_overrides_to_its_pipeline(helm_bin):
         overrides = Install(cm["data"], "test").overrides("cluster-h200.yaml")
         assert overrides[-len(expected):] == expected if expected else not any("parallel" in o for o in overrides)
     assert pipeline_overrides(load_values([CHART / "values-gpu-2node.yaml"])) == ["parallel.cp=4"]
+
+
+def test_pipeline_stages_count_in_the_ranks_the_plan_lays_out():
+    """pp multiplies the ranks like dp, cp and tp: a layout of the same 4 ranks fits, one of 8 is refused."""
+    done = plan(["values-gpu.yaml"], "--nodes", "1", "--gpus-per-node", "8", "--set", "parallel.dp=1",
+                "--set", "engines.training.pp=2", "--json")
+    assert done.returncode == 0, done.stderr
+    stage1 = next(s for s in json.loads(done.stdout)["stages"] if s["stage"] == "stage1")
+    assert stage1["objects"][-1]["torchrun"] == "1 node x 4 processes (dp 1 x cp 2 x pp 2)"
+    done = plan(["values-gpu.yaml"], "--nodes", "1", "--gpus-per-node", "8", "--set", "engines.training.pp=2")
+    assert done.returncode == 2
+    assert "parallel.dp x parallel.cp x engines.training.pp = 2 x 2 x 2 = 8" in done.stderr
