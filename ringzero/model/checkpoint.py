@@ -60,7 +60,10 @@ def save_model(store, name: str, model: HybridLM, cfg: ModelConfig | None = None
 
 def save_state(store, name: str, cfg: ModelConfig, state_dict: dict[str, torch.Tensor],
                meta: dict | None = None, tokenizer=None, dtype: torch.dtype | None = torch.float32) -> str:
-    """Commit ``state_dict`` (a ``HybridLM``'s keys) as the Ling 2.5 checkpoint ``name``."""
+    """Commit ``state_dict`` (a ``HybridLM``'s keys) as the Ling 2.5 checkpoint ``name``. An empty one is only
+    for a store whose writes are rank 0's (``drops_writes`` on the other ranks)."""
+    if not state_dict and not getattr(store, "drops_writes", False):
+        raise RingzeroError(f"save_state({name!r}): no tensors to write")
     tensors, config, extra = checkpoint_parts(cfg, state_dict, tokenizer, dtype)
     return store.save(name, tensors, config, meta, extra_files=extra)
 

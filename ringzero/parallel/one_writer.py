@@ -33,6 +33,12 @@ class OneWriterStore:
     def inner(self):
         return self._store
 
+    @property
+    def drops_writes(self) -> bool:
+        """This rank's writes are rank 0's to make: it may pass empty tensors (``master_state_dict(everywhere=
+        False)`` gives it none)."""
+        return self._runtime.distributed and not self._runtime.is_main
+
     def __getattr__(self, name: str):
         value = getattr(self._store, name)
         if name not in WRITES + DECIDING_READS or not self._runtime.distributed:
@@ -53,6 +59,12 @@ class OneWriterStore:
         if not ok:
             raise RingzeroError(f"store.{name} failed on rank 0: {value}")
         return value
+
+
+def writes_on_rank0(store) -> bool:
+    """Whether only rank 0's tensors reach ``store`` (the same answer on every rank of a job): then the full
+    weights of a write need gathering to rank 0 only (``master_state_dict(everywhere=False)``)."""
+    return isinstance(store, OneWriterStore)
 
 
 def one_writer(store, runtime: Runtime):

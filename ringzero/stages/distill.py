@@ -40,7 +40,7 @@ from ringzero.stages.lm_step import lm_step
 from ringzero.stages.progress import step_progress
 from ringzero.stages.setup import apply_threads, seeded, start_model, task_and_tokenizer
 from ringzero.stages.summary_values import finite_only
-from ringzero.stages.train_state import load_resume_point, save_final, save_resume_point
+from ringzero.stages.train_state import load_resume_point, save_final, save_resume_point, weights_to_write
 
 log = structlog.get_logger(__name__)
 
@@ -109,7 +109,7 @@ def run(ctx: StageContext, stage: DistillStage, inputs: StageInputs) -> StageOut
                 raise preemption.Preempted(stage.name, step + 1)
 
     model.eval()
-    uri = save_final(ctx.store, ctx.checkpoint_prefix, model, optimizer.master_state_dict(),
+    uri = save_final(ctx.store, ctx.checkpoint_prefix, model, weights_to_write(ctx.store, optimizer),
                      {"stage": stage.name, "steps": total, "examples": len(examples)}, tokenizer=tokenizer)
     with step_progress("distill", phase="heldout after"):
         after = heldout(cfg, setup.served(), task, tokenizer, stage, rt, serves=uri)

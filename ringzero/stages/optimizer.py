@@ -119,8 +119,9 @@ class TrainOptimizer:
                 for p, m in zip(self.params, self.master, strict=True):
                     m.copy_(state[names[id(p)]].to(m.dtype))
 
-    def master_state_dict(self) -> dict[str, torch.Tensor]:
-        """The model's state dict with fp32 master values: what checkpoints and weight pushes carry."""
+    def master_state_dict(self, everywhere: bool = True) -> dict[str, torch.Tensor]:
+        """The model's state dict with fp32 master values: what checkpoints and weight pushes carry. Every
+        rank holds the whole model here, so ``everywhere`` (False: only rank 0 needs it) changes nothing."""
         state = {k: v.detach() for k, v in self.model.state_dict().items()}
         if self.needs_master:
             names = {id(p): n for n, p in self.model.named_parameters()}
@@ -130,8 +131,9 @@ class TrainOptimizer:
 
     # -- resume ------------------------------------------------------------------------------------
 
-    def state(self) -> tuple[dict[str, torch.Tensor], dict]:
-        """``(tensors, meta)``: Adam moments and step counts per parameter index, master weights, counters."""
+    def state(self, everywhere: bool = True) -> tuple[dict[str, torch.Tensor], dict]:
+        """``(tensors, meta)``: Adam moments and step counts per parameter index, master weights, counters
+        (``everywhere`` as for ``master_state_dict``)."""
         sd = self.adam.state_dict()
         tensors = {}
         for idx, slots in sd["state"].items():

@@ -27,7 +27,7 @@ from ringzero.stages.lm_step import lm_step
 from ringzero.stages.progress import step_progress
 from ringzero.stages.setup import apply_threads, task_and_tokenizer
 from ringzero.stages.summary_values import finite_only
-from ringzero.stages.train_state import load_resume_point, save_final, save_resume_point
+from ringzero.stages.train_state import load_resume_point, save_final, save_resume_point, weights_to_write
 
 log = structlog.get_logger(__name__)
 
@@ -85,7 +85,7 @@ def run(ctx: StageContext, stage: PretrainStage, inputs: StageInputs) -> StageOu
     model.eval()
     final_loss = lm_step(model, windows.batch(stage.steps, stage.batch_size), rt,  # an unseen batch
                          sharding=cfg.parallel.sharding, micro_batch=stage.micro_batch).loss
-    uri = save_final(ctx.store, ctx.checkpoint_prefix, model, optimizer.master_state_dict(),
+    uri = save_final(ctx.store, ctx.checkpoint_prefix, model, weights_to_write(ctx.store, optimizer),
                      {"stage": stage.name, "steps": stage.steps}, tokenizer=tokenizer)
     summary = {"train/loss": final_loss, "loss/skipped": float(optimizer.skipped)}
     with step_progress("pretrain", phase="heldout"):

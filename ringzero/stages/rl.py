@@ -30,7 +30,7 @@ from ringzero.stages.rl_session import build_session
 from ringzero.stages.rollback import guard_for
 from ringzero.stages.stop_conditions import StopConditions
 from ringzero.stages.summary_values import finite_only, mean_of_last, median_of
-from ringzero.stages.train_state import save_final, save_resume_point
+from ringzero.stages.train_state import save_final, save_resume_point, weights_to_write
 
 log = structlog.get_logger(__name__)
 
@@ -90,7 +90,7 @@ def run(ctx: StageContext, stage: RLStage, inputs: StageInputs) -> StageOutcome:
                 reason = why
                 break
     rolled = {} if guard is None else {"rollback/count": float(guard.count)}
-    uri = save_final(ctx.store, ctx.checkpoint_prefix, rl.model, rl.optimizer.master_state_dict(),
+    uri = save_final(ctx.store, ctx.checkpoint_prefix, rl.model, weights_to_write(ctx.store, rl.optimizer),
                      {"stage": stage.name, "steps": step, "stop_reason": reason, **rolled}, tokenizer=rl.tokenizer)
     summary = {**mean_of_last(history, SUMMARY_KEYS, SUMMARY_STEPS), **median_of(p99s, "ratio/p99_median"),
                **heldout(ctx.cfg, rl, stage), **rolled}

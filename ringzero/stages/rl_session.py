@@ -105,8 +105,13 @@ def build_session(ctx, stage, inputs) -> RLSession:
     session = RLSession(model, optimizer, client, task, tokenizer, None, first, resumed, cfg, rt,
                         base_lr=stage.optim.lr, rollout_policy=cfg.precision.rollout, setup=setup)
 
+    # Rollout servers take a push from rank 0 alone (the tensors, a folder, or a checkpoint rank 0 writes):
+    # only it gathers the full weights. An embedded engine on every rank needs them on every rank.
+    everywhere = remote.kind == "embedded"
+
     def push(step: int):  # to the session's engine of the moment (a raise_precision rollback rebuilds it)
-        return push_weights(session.client, optimizer.master_state_dict(), weight_version(step + 1), store=ctx.store,
+        return push_weights(session.client, optimizer.master_state_dict(everywhere), weight_version(step + 1),
+                            store=ctx.store,
                             prefix=ctx.checkpoint_prefix, model_cfg=cfg.model, weights_dir=disk, runtime=rt,
                             tokenizer=tokenizer, dtype=body_dtype(session.rollout_policy))
 

@@ -21,6 +21,7 @@ from ringzero.errors import IntegrityError, RingzeroError
 from ringzero.model.checkpoint import save_state
 from ringzero.model.hf_format import hf_config
 from ringzero.model.hybrid import HybridLM
+from ringzero.parallel.one_writer import writes_on_rank0
 from ringzero.stages.optimizer import TrainOptimizer
 
 MODEL, OPTIM = "model.", "optim."
@@ -43,8 +44,9 @@ class ResumePoint:
 
 def save_resume_point(store, prefix: str, step: int, model: HybridLM, optimizer: TrainOptimizer,
                       meta: dict | None = None) -> str:
-    optim_tensors, optim_meta = optimizer.state()
-    tensors = {MODEL + k: v.detach().float().contiguous() for k, v in optimizer.master_state_dict().items()}
+    everywhere = not writes_on_rank0(store)  # else rank 0 alone gathers the full state: it alone writes
+    optim_tensors, optim_meta = optimizer.state(everywhere)
+    tensors = {MODEL + k: v.detach().float().contiguous() for k, v in optimizer.master_state_dict(everywhere).items()}
     tensors.update({OPTIM + k: v.contiguous() for k, v in optim_tensors.items()})
     full_meta = {"step": step, "optimizer": optim_meta, **(meta or {})}
     return store.save(step_name(prefix, step), tensors, hf_config(model.cfg, torch.float32), full_meta)
@@ -67,6 +69,12 @@ def load_resume_point(store, uri: str, optimizer: TrainOptimizer) -> ResumePoint
                          ckpt.meta["optimizer"])
     extra = {k: v for k, v in ckpt.meta.items() if k not in ("step", "optimizer")}
     return ResumePoint(int(ckpt.meta["step"]), ckpt.uri, extra)
+
+
+def weights_to_write(store, optimizer) -> dict[str, torch.Tensor]:
+    """The optimizer's full fp32 weights where ``store`` writes them: on rank 0 only (``{}`` elsewhere) when
+    only rank 0 writes, so a sharding engine never builds the full model on the other ranks."""
+    return optimizer.master_state_dict(everywhere=not writes_on_rank0(store))
 
 
 def save_final(store, prefix: str, model: HybridLM, state_dict: dict[str, torch.Tensor], meta: dict,

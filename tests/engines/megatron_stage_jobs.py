@@ -112,6 +112,8 @@ context parallelism on zigzag shards (the record adds ``cp_calls``: the strategi
             metrics = session.stepper.run(step)
             steps.append({"metrics": metrics, "output_ids": session.stepper.last_batch.output_ids})
         rl_weights = session.optimizer.master_state_dict()
+        if kind == "megatron":  # the torch engine holds the whole model on every rank anyway
+            check_rank0_only_gather(session.optimizer, rl_weights, rt, world)
         tensors, meta = session.optimizer.state()
         counts = None
         if distributed_optimizer:
@@ -138,6 +140,17 @@ context parallelism on zigzag shards (the record adds ``cp_calls``: the strategi
             "pretrain_losses": losses, "pretrained": pretrained, "rl_steps": steps, "rl_init": rl_init,
             "rl_weights": rl_weights, "optim_keys": sorted(tensors), "optim_meta": meta, "trained": type(session.model).__name__,
             "tp_shard": tuple(session.model.word_embeddings.weight.shape)}
+
+
+def check_rank0_only_gather(optimizer, everywhere: dict, rt, world: int) -> None:
+    """``master_state_dict(everywhere=False)``: the same full tensors on rank 0, nothing on any other rank."""
+    main_only = optimizer.master_state_dict(everywhere=False)
+    sizes = [None] * world
+    torch.distributed.all_gather_object(sizes, len(main_only)) if world > 1 else sizes.__setitem__(0, len(main_only))
+    assert sizes == [len(everywhere)] + [0] * (world - 1), sizes
+    if rt.is_main:
+        assert main_only.keys() == everywhere.keys()
+        assert all(torch.equal(main_only[k], everywhere[k]) for k in everywhere)
 
 
 def _resume_round_trip(cfg, engine, rt, session, tensors, meta, windows) -> dict:

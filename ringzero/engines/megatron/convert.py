@@ -328,7 +328,8 @@ def _gather_experts(local: dict[str, torch.Tensor], model) -> dict[str, torch.Te
 
 def gather_hybrid(local: dict[str, torch.Tensor], model) -> dict[str, torch.Tensor]:
     """Full HybridLM tensors from this rank's MegatronLM-named tensors (weights, or their gradients),
-    gathered over the EP group (experts), the TP group and the pipeline stages; every rank gets the result."""
+    gathered over the EP group (experts), the TP group and the pipeline stages; every rank gets the result
+    (``gather_main.gather_to_main``: rank 0 only)."""
     stage = getattr(model, "stage", None)
     if stage is not None:
         local = {stage.to_global(n): t for n, t in local.items()}

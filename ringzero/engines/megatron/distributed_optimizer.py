@@ -40,6 +40,7 @@ import torch
 import torch.distributed as dist
 
 from ringzero.engines.megatron.convert import gather_hybrid, load_hybrid_state_, routing_buffers, to_megatron
+from ringzero.engines.megatron.gather_main import gather_to_main
 from ringzero.errors import RingzeroError
 from ringzero.stages.optimizer import StepReport, lr_at
 
@@ -184,10 +185,11 @@ class MegatronDistributedOptimizer:
 
     # -- full tensors at the seam ------------------------------------------------------------------
 
-    def master_state_dict(self) -> dict[str, torch.Tensor]:
+    def master_state_dict(self, everywhere: bool = True) -> dict[str, torch.Tensor]:
+        """Full fp32 masters under HybridLM names, on every rank or (not ``everywhere``) rank 0 only."""
         local = self._dp_full("param")
-        return gather_hybrid({**local, **{n: b.detach() for n, b in routing_buffers(self.model).items()}},
-                             self.model)
+        local = {**local, **{n: b.detach() for n, b in routing_buffers(self.model).items()}}
+        return gather_hybrid(local, self.model) if everywhere else gather_to_main(local, self.model)
 
     def load_weights(self, state, source: str) -> None:
         """``state``: a full HybridLM state dict or the groups of one (``load_hybrid_state_``)."""
@@ -202,14 +204,16 @@ class MegatronDistributedOptimizer:
         with torch.no_grad():
             load_hybrid_state_(self.model, state, source, on_tensor=to_main)
 
-    def state(self) -> tuple[dict[str, torch.Tensor], dict]:
-        """Adam moments (gathered from every data-parallel shard) and master weights per HybridLM name."""
+    def state(self, everywhere: bool = True) -> tuple[dict[str, torch.Tensor], dict]:
+        """Adam moments (gathered from every data-parallel shard) and master weights per HybridLM name (on
+        rank 0 only when not ``everywhere``)."""
         tensors: dict[str, torch.Tensor] = {}
         for key in MOMENTS:
             local = self._dp_full(key)
             if local is not None:
-                tensors.update({f"{key}.{n}": v for n, v in gather_hybrid(local, self.model).items()})
-        tensors.update({f"master.{n}": v for n, v in self.master_state_dict().items()})
+                full = gather_hybrid(local, self.model) if everywhere else gather_to_main(local, self.model)
+                tensors.update({f"{key}.{n}": v for n, v in full.items()})
+        tensors.update({f"master.{n}": v for n, v in self.master_state_dict(everywhere).items()})
         steps = [float(part.optimizer.state[m]["step"]) for part in self.parts for m in part.optimizer.state
                  if "step" in part.optimizer.state[m]]
         meta = {"steps_taken": self.steps_taken, "skipped": self.skipped, "layout": "hybrid-names",

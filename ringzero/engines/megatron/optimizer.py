@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 from ringzero.engines.megatron.convert import gather_hybrid, load_hybrid_state_, routing_buffers, to_megatron
+from ringzero.engines.megatron.gather_main import gather_to_main
 from ringzero.errors import RingzeroError
 from ringzero.parallel.grads import sync_grads
 from ringzero.stages.optimizer import TrainOptimizer
@@ -118,9 +119,10 @@ class ShardedTrainOptimizer(TrainOptimizer):
 
     # -- full tensors at the seam ------------------------------------------------------------------
 
-    def _gather(self, local: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """This rank's megatron-named shards -> full tensors under HybridLM names."""
-        return gather_hybrid(local, self.model)
+    def _gather(self, local: dict[str, torch.Tensor], everywhere: bool = True) -> dict[str, torch.Tensor]:
+        """This rank's megatron-named shards -> full tensors under HybridLM names, on every rank or (not
+        ``everywhere``) on rank 0 only (``{}`` elsewhere)."""
+        return gather_hybrid(local, self.model) if everywhere else gather_to_main(local, self.model)
 
     def _scatter(self, full: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         m = self.model
@@ -130,9 +132,9 @@ class ShardedTrainOptimizer(TrainOptimizer):
     def _local_masters(self) -> dict[str, torch.Tensor]:
         return {n: m.detach() for n, m in zip(self.names, self.master, strict=True)}
 
-    def master_state_dict(self) -> dict[str, torch.Tensor]:
+    def master_state_dict(self, everywhere: bool = True) -> dict[str, torch.Tensor]:
         # the MoE routing biases too: HybridLM's state dict (checkpoints, weight pushes) carries them
-        return self._gather({**self._local_masters(), **routing_buffers(self.model)})
+        return self._gather({**self._local_masters(), **routing_buffers(self.model)}, everywhere)
 
     def load_weights(self, state, source: str) -> None:
         """``state``: a full HybridLM state dict or the groups of one (``load_hybrid_state_``)."""
@@ -145,8 +147,9 @@ class ShardedTrainOptimizer(TrainOptimizer):
         with torch.no_grad():
             load_hybrid_state_(self.model, state, source, on_tensor=to_master)
 
-    def state(self) -> tuple[dict[str, torch.Tensor], dict]:
-        """Adam moments and step counts per HybridLM parameter name (full tensors), counters."""
+    def state(self, everywhere: bool = True) -> tuple[dict[str, torch.Tensor], dict]:
+        """Adam moments and step counts per HybridLM parameter name (full tensors; on rank 0 only when not
+        ``everywhere``), counters."""
         moments: dict[str, dict[str, torch.Tensor]] = {"exp_avg": {}, "exp_avg_sq": {}}
         steps: dict[str, float] = {}
         for name, m in zip(self.names, self.master, strict=True):
@@ -161,9 +164,9 @@ class ShardedTrainOptimizer(TrainOptimizer):
             # every rank takes part in every gather, with or without moments yet
             have = self._all_have(bool(local))
             if have:
-                tensors.update({f"{key}.{n}": v for n, v in self._gather(local).items()})
+                tensors.update({f"{key}.{n}": v for n, v in self._gather(local, everywhere).items()})
         if self.needs_master:
-            tensors.update({f"master.{n}": v for n, v in self.master_state_dict().items()})
+            tensors.update({f"master.{n}": v for n, v in self.master_state_dict(everywhere).items()})
         meta = {"steps_taken": self.steps_taken, "skipped": self.skipped, "layout": "hybrid-names",
                 "adam_step": max(steps.values()) if steps else 0.0}
         return tensors, meta
