@@ -23,7 +23,7 @@ from ringzero.errors import RingzeroError
 def add_nproc_arg(p) -> None:
     p.add_argument("--nproc", type=int, default=None, metavar="N",
                    help="start N local ranks through torchrun (gloo on CPU, NCCL on CUDA); must equal "
-                        "parallel.dp x parallel.cp")
+                        "parallel.dp x parallel.cp x engines.training.tp x engines.training.pp")
 
 
 def torchrun_argv(nproc: int, argv: list[str]) -> list[str]:

@@ -259,6 +259,20 @@ def _megatron_cp_problems(cfg: RunConfig) -> list[str]:
     return problems
 
 
+def _megatron_ep_share_problems(cfg: RunConfig) -> list[str]:
+    """Expert parallelism spans data-parallel ranks, whose MoE layers exchange tokens in every forward: the
+    RL trainer's minibatches must split evenly over dp so that every rank runs as many micro-batches
+    (``lm_step`` evens out the micro-batch counts itself: pretraining and distillation batches may not)."""
+    dp, ep, problems = cfg.parallel.dp, cfg.engines.training.ep, []
+    for i, st in enumerate(cfg.stages):
+        rows = st.prompts_per_step * st.samples_per_prompt // st.minibatches if st.kind == "rl" else 0
+        if rows % dp:
+            problems.append(f"stages[{i}]: a minibatch of prompts_per_step x samples_per_prompt / minibatches = {rows} "
+                            f"responses does not split evenly over parallel.dp ({dp}), which engines.training.ep {ep} "
+                            "needs: the data-parallel ranks' MoE layers exchange tokens in every forward")
+    return problems
+
+
 def megatron_problems(cfg: RunConfig) -> list[str]:
     """What the megatron engine cannot train yet, or cannot split as asked."""
     tp, m, problems = cfg.engines.training.tp, cfg.model, []
@@ -290,6 +304,8 @@ def megatron_problems(cfg: RunConfig) -> list[str]:
                             f"({cfg.parallel.dp * cfg.parallel.cp}): expert-parallel ranks are carved out of the "
                             "data- and context-parallel ranks (megatron-core's layout), they do not add to the "
                             "world size")
+    if ep > 1 and cfg.parallel.dp > 1:
+        problems += _megatron_ep_share_problems(cfg)
     if m.num_attention_heads % tp:
         problems.append(f"engines.training.tp: {tp} does not divide model.num_attention_heads "
                         f"({m.num_attention_heads}): each rank holds whole heads")

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ringzero.errors import RingzeroError
 from ringzero.parallel.micro_batches import MicroBatch, run_micro_batches
 from ringzero.parallel.runtime import Runtime
 from ringzero.parallel.token_shards import TokenShard, logprobs_from_hidden, shard_tokens
@@ -31,6 +32,25 @@ class LMStepResult:
 def _local_mask(mask_mW: torch.Tensor, shard: TokenShard) -> torch.Tensor:
     cols = shard.columns_S.clamp(max=shard.width - 1)
     return mask_mW.index_select(1, cols) & shard.valid_S[None, :]
+
+
+def micro_batch_rows(rows: list[int], total: int, runtime: Runtime, micro_batch: int,
+                     equal_counts: bool = False) -> list[list[int]]:
+    """This rank's rows cut into micro-batches of at most ``micro_batch``. With ``equal_counts`` (an
+    expert-parallel model: the data-parallel ranks' MoE layers exchange tokens in every forward) every rank
+    cuts its share into as many micro-batches as the largest share needs, near-equal in size, so no rank
+    waits in a forward its peer never runs."""
+    if not equal_counts or runtime.dims.dp == 1:
+        return [rows[s:s + micro_batch] for s in range(0, len(rows), micro_batch)]
+    dp = runtime.dims.dp
+    largest = -(-total // dp)  # the largest share, in rows (ceil)
+    count = -(-largest // micro_batch)
+    if len(rows) < count:
+        raise RingzeroError(f"a batch of {total} rows over parallel.dp {dp} leaves this rank {len(rows)} rows for "
+                            f"{count} micro-batches of at most {micro_batch}: with expert parallelism every "
+                            "data-parallel rank must run as many micro-batches; use more rows or a larger micro_batch")
+    cuts = [len(rows) * k // count for k in range(count + 1)]
+    return [rows[cuts[k]:cuts[k + 1]] for k in range(count)]
 
 
 def lm_step(model, ids_BL: torch.Tensor, runtime: Runtime, *, mask_BW: torch.Tensor | None = None,
@@ -58,8 +78,8 @@ def lm_step(model, ids_BL: torch.Tensor, runtime: Runtime, *, mask_BW: torch.Ten
             return loss, loss.detach().double()
         return MicroBatch(shard, head)
 
-    step = max(1, micro_batch)
-    micro_batches = [micro(torch.tensor(rows[s:s + step], device=dev)) for s in range(0, len(rows), step)]
+    parts = micro_batch_rows(rows, ids_BL.shape[0], runtime, max(1, micro_batch), getattr(model, "ep_size", 1) > 1)
+    micro_batches = [micro(torch.tensor(part, device=dev)) for part in parts]
     with torch.set_grad_enabled(training):
         records = run_micro_batches(model, micro_batches, backward=training)
     total = torch.zeros((), dtype=torch.float64, device=dev)

@@ -137,3 +137,14 @@ def test_the_cluster_config_can_select_megatron():
     cfg = load_config(TINY.parent / "cluster-h200.yaml", ["engines.training.kind=megatron", "engines.training.tp=4",
                                                           "parallel.cp=1"])
     assert (cfg.engines.training.kind, cfg.engines.training.tp, cfg.parallel.dp) == ("megatron", 4, 2)
+
+
+def test_expert_parallel_minibatches_must_split_evenly_over_data_parallel_ranks():
+    """The MoE layers of the dp ranks exchange tokens in every forward: uneven shares would leave one rank
+    waiting in a micro-batch its peer never runs."""
+    data = with_engine({"kind": "megatron", "ep": 2}, parallel={"dp": 2, "cp": 1})
+    data["model"].update(MOE)
+    rl = next(s for s in data["stages"] if s["kind"] == "rl")
+    rl.update(prompts_per_step=3, samples_per_prompt=2, minibatches=2)
+    assert "a minibatch of prompts_per_step x samples_per_prompt / minibatches = 3 responses does not split " \
+           "evenly over parallel.dp (2)" in problems(data)

@@ -220,3 +220,27 @@ def run_engine_norm_within_one_stage(ctx, *args, **kwargs):
         return run_engine(ctx, *args, **kwargs)
     finally:
         ShardedTrainOptimizer.sum_over_stages = right
+
+
+def uneven_pretrain_loss(ctx, kind: str, rows: int, dp: int = 1, ep: int = 1) -> float | None:
+    """The pretraining loss of one ``rows``-row batch (no step) under ``kind`` at dp x ep: at dp 2 an odd
+    batch gives the two ranks shares of different sizes."""
+    try:
+        torch.set_num_threads(1)
+        dims = ParallelDims(dp=dp, cp=1, world_size=dp, ep=ep)
+        rt = Runtime(device=torch.device("cpu"), dims=dims, rank=ctx.rank, groups=ctx.groups(dims))
+        cfg = micro_config(kind, 1, dp, True, ep=ep)
+        pre = cfg.stages[0]
+        task, tokenizer = task_and_tokenizer(cfg)
+        setup = training_engine(cfg).build(cfg, None, None, cfg.precision.train, rt, optim=pre.optim, total_steps=1,
+                                           schedule="constant")
+        batch = CorpusWindows(task, tokenizer, pre.seq_len, cfg.run.seed).batch(0, rows)
+        loss = lm_step(setup.model, batch, rt, micro_batch=2).loss
+        return loss if rt.is_main else None
+    finally:
+        try:
+            from megatron.core import parallel_state
+        except ImportError:
+            pass
+        else:
+            parallel_state.destroy_model_parallel()

@@ -13,7 +13,13 @@ import pytest
 
 pytest.importorskip("megatron.core")
 
-from megatron_stage_jobs import MOE, assert_state_sharded, run_engine, run_engine_experts_summed_over_dp  # noqa: E402
+from megatron_stage_jobs import (  # noqa: E402
+    MOE,
+    assert_state_sharded,
+    run_engine,
+    run_engine_experts_summed_over_dp,
+    uneven_pretrain_loss,
+)
 from test_megatron_stage import assert_same  # noqa: E402
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow, pytest.mark.xdist_group("megatron-stage")]
@@ -94,3 +100,12 @@ def test_cp2_ep2_with_expert_gradients_summed_over_every_replica_rank_fails(torc
                          moe=True, ep=2, cp=2)[0]
     with pytest.raises(AssertionError, match=r"layers\.1\.mlp\.experts\."):
         assert_same(torch_dp2, bad, "experts summed over dp x cp")
+
+
+def test_uneven_data_parallel_shares_run_as_many_micro_batches_on_every_rank(two_ranks):
+    """5 rows over dp 2 in micro-batches of 2: shares of 3 and 2 rows would need 2 and 1 micro-batches, and
+    the second rank's MoE layers would never meet the first's second forward. Every rank now cuts its share
+    into as many micro-batches; the loss is the one-process loss."""
+    one = two_ranks.run(uneven_pretrain_loss, "torch", 5, dp=2)[0]  # the torch engine: the one-process loss
+    got = two_ranks.run(uneven_pretrain_loss, "megatron", 5, dp=2, ep=2)[0]
+    assert got == pytest.approx(one, rel=1e-5)

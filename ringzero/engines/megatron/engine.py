@@ -151,7 +151,7 @@ class MegatronEngine:
         from ringzero.engines.megatron.convert import load_hybrid_state_
 
         model, state = self._model(cfg, store, uri, policy, runtime)
-        load_hybrid_state_(model, state, source=uri)  # the MoE routing biases (buffers) too
+        load_hybrid_state_(model, state, source=uri or "a fresh model")  # the MoE routing biases (buffers) too
         for p in model.parameters():
             p.requires_grad_(False)
         return model.eval()

@@ -172,12 +172,12 @@ class ShardedTrainOptimizer(TrainOptimizer):
         return tensors, meta
 
     def _all_have(self, mine: bool) -> bool:
-        """Whether every rank of the gather's groups (TP, and EP for the experts) has the tensors."""
-        group = self.expert_group if self.expert_group is not None else self.tp_group
-        if group is None:
+        """Whether every rank of the job has the tensors (the gathers that follow span TP, EP and the
+        pipeline stages, so all of those must agree)."""
+        if not dist.is_initialized() or dist.get_world_size() == 1:
             return mine
-        flag = torch.tensor([1 if mine else 0])
-        dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=group)
+        flag = torch.tensor([1 if mine else 0], device=self.master[0].device if self.master else "cpu")
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
         return bool(flag.item())
 
     def load_state(self, tensors: dict[str, torch.Tensor], meta: dict) -> None:

@@ -35,7 +35,7 @@ class Pipeline:
         cpu_shim.apply_pipeline()
         if any(mb.context is not None for mb in micro_batches):
             raise RingzeroError("a micro-batch context (routing replay) under pipeline parallelism: each stage routes "
-                                "its own layers, and replaying them is not implemented; use pp: 1")
+                                "its own layers, and replaying them is not implemented; use engines.training.pp: 1")
         if not micro_batches:
             return []
         records: list = [None] * len(micro_batches)

@@ -22,7 +22,7 @@ from ringzero.engines.megatron.convert import StageLayers, group_of
 from ringzero.errors import RingzeroError
 from ringzero.model.checkpoint import expected_shapes, model_config_from
 from ringzero.model.config import ModelConfig, PrecisionPolicy
-from ringzero.model.hf_format import hf_name, state_dict_from_hf
+from ringzero.model.hf_format import state_dict_from_hf
 from ringzero.model.hybrid import HybridLM
 
 
@@ -62,7 +62,8 @@ def stage_state(store, uri: str, cfg: ModelConfig, stage: StageLayers) -> Iterat
     names = ckpt.tensor_names(name)
     keys = state_dict_from_hf({n: torch.empty(expected.get(_key(n), (0,)), device="meta") for n in names},
                               expected, uri, cfg.num_hidden_layers)
-    wanted = {hf_name(k): k for k in keys if _held(k, stage)}
+    # under the file's own names (with or without ``model.``, as the check accepts them)
+    wanted = {n: _key(n) for n in names if _key(n) in keys and _held(_key(n), stage)}
     need: dict[str, int] = {}
     for key in wanted.values():
         need[group_of(key)] = need.get(group_of(key), 0) + 1
