@@ -13,7 +13,8 @@ remedy before the step is run again:
   fp32-islands -> fp32), never past the trainer's own, and receives the restored weights.
 
 The good state is an in-memory snapshot (on the CPU) of the fp32 master weights with buffers, the
-optimizer state (Adam moments, master copies, step counters) and the loop's counters (step, stop
+optimizer state (Adam moments, master copies, step counters; under the megatron engine each rank's own
+shards of them, ``local_snapshot``, so no rank holds the full model) and the loop's counters (step, stop
 tracking, summary history, torch RNG), taken every ``every`` steps and at every resume point. Not the last resume point: resume
 points are committed every ``checkpoint_every`` steps (25 by default), which would replay up to 24 good
 steps per rollback, and a store round trip per step is much dearer than a host copy. The resume point
@@ -73,6 +74,7 @@ class Snapshot:
     optim_meta: dict
     loop: dict
     rng: torch.Tensor
+    local: dict | None = None  # a sharding optimizer's own shards (``local_snapshot``): weights etc. stay empty
 
 
 def _host(t: torch.Tensor) -> torch.Tensor:
@@ -118,7 +120,12 @@ class Rollback:
         return step - self.last.step >= self.settings.every or step % checkpoint_every == 0
 
     def snapshot(self, step: int, optimizer, loop: dict) -> Snapshot:
-        """Copy the good state after ``step`` steps (weights, optimizer, loop counters, RNG) to the host."""
+        """Copy the good state after ``step`` steps (weights, optimizer, loop counters, RNG) to the host. An
+        optimizer that shards the model (the megatron engine's) copies its own shards (``local_snapshot``):
+        no rank ever holds the full model for a snapshot."""
+        if hasattr(optimizer, "local_snapshot"):
+            self.last = Snapshot(step, {}, {}, {}, dict(loop), torch.get_rng_state(), optimizer.local_snapshot())
+            return self.last
         tensors, meta = optimizer.state()
         self.last = Snapshot(step, {k: _host(v) for k, v in optimizer.master_state_dict().items()},
                              {k: v.to("cpu") for k, v in tensors.items()}, dict(meta), dict(loop),
@@ -191,8 +198,11 @@ def apply_lr_scale(optimizer, base_lr: float, scale: float) -> None:
 
 def restore(snap: Snapshot, rl) -> None:
     """Put the snapshot's weights and optimizer state back, bit for bit, and serve them."""
-    rl.optimizer.load_weights(snap.weights, source=f"rollback snapshot (step {snap.step})")
-    rl.optimizer.load_state({k: v.clone() for k, v in snap.optim_tensors.items()}, snap.optim_meta)
+    if snap.local is not None:
+        rl.optimizer.restore_local(snap.local)
+    else:
+        rl.optimizer.load_weights(snap.weights, source=f"rollback snapshot (step {snap.step})")
+        rl.optimizer.load_state({k: v.clone() for k, v in snap.optim_tensors.items()}, snap.optim_meta)
     torch.set_rng_state(snap.rng)
     rl.push(snap.step - 1)  # the engine serves the restored weights, under the version they had
 

@@ -74,7 +74,7 @@ def run_engine(ctx, *args, **kwargs) -> dict | None:
 
 def engine_record(ctx, kind: str, tp: int, store_root: str, dp: int = 1, moe: bool = False,
                   distributed_optimizer: bool = False, resume_check: bool = False, ep: int = 1,
-                  cp: int = 1, pp: int = 1, corrections: bool = False) -> dict | None:
+                  cp: int = 1, pp: int = 1, corrections: bool = False, rollback_check: bool = False) -> dict | None:
     """Rank 0's record: pretrain losses and weights, per RL step its metrics and tokens, final RL weights
     (full tensors under HybridLM names, however the engine holds them).
 
@@ -85,7 +85,9 @@ def engine_record(ctx, kind: str, tp: int, store_root: str, dp: int = 1, moe: bo
     record adds ``expert_shards``: every rank's expert parameter names and shapes as it holds them). ``cp``:
 context parallelism on zigzag shards (the record adds ``cp_calls``: the strategies rank 0's layers ran).
     ``pp``: pipeline stages (the record adds ``stages``: every rank's stage layers and parameter names).
-    ``corrections``: the RL loss with truncated importance sampling (a no-gradient scoring pass first)."""
+    ``corrections``: the RL loss with truncated importance sampling (a no-gradient scoring pass first).
+    ``rollback_check``: the record adds ``rollback``: a step after ``local_snapshot`` and the same step again
+    after ``restore_local`` (weights before and after each, full tensors)."""
     torch.set_num_threads(1)
     world = dp * cp * tp * pp
     dims = ParallelDims(dp=dp, cp=cp, world_size=world, tp=tp, ep=ep, pp=pp)
@@ -122,6 +124,7 @@ context parallelism on zigzag shards (the record adds ``cp_calls``: the strategi
             torch.distributed.all_gather(parts, count)
             counts = [int(c) for c in parts]
         resumed = _resume_round_trip(cfg, engine, rt, session, tensors, meta, windows) if resume_check else None
+        rollback = _rollback_round_trip(rt, session, windows) if rollback_check else None
     shards = None
     if kind == "megatron" and ep > 1:
         mine = {n: tuple(p.shape) for n, p in session.model.named_parameters() if ".experts.local_experts." in n}
@@ -136,7 +139,7 @@ context parallelism on zigzag shards (the record adds ``cp_calls``: the strategi
         return None
     ledger = getattr(session.model, "ledger", None)
     calls = sorted({(c.layer_type, c.strategy) for c in ledger.calls}) if ledger is not None else None
-    return {"moment_elements": counts, "stages": stages, "resumed": resumed, "expert_shards": shards, "cp_calls": calls,
+    return {"moment_elements": counts, "stages": stages, "rollback": rollback, "resumed": resumed, "expert_shards": shards, "cp_calls": calls,
             "pretrain_losses": losses, "pretrained": pretrained, "rl_steps": steps, "rl_init": rl_init,
             "rl_weights": rl_weights, "optim_keys": sorted(tensors), "optim_meta": meta, "trained": type(session.model).__name__,
             "tp_shard": tuple(session.model.word_embeddings.weight.shape)}
@@ -151,6 +154,19 @@ def check_rank0_only_gather(optimizer, everywhere: dict, rt, world: int) -> None
     if rt.is_main:
         assert main_only.keys() == everywhere.keys()
         assert all(torch.equal(main_only[k], everywhere[k]) for k in everywhere)
+
+
+def _rollback_round_trip(rt, session, windows) -> dict:
+    """Snapshot this rank's shards, step, restore, step again on the same batch (what a rollback does)."""
+    optimizer, batch = session.optimizer, windows.batch(98, 4)
+    snap = optimizer.local_snapshot()
+    before = optimizer.master_state_dict()
+    lm_step(session.model, batch, rt, optimizer=optimizer, micro_batch=2)
+    after = optimizer.master_state_dict()
+    optimizer.restore_local(snap)
+    restored = optimizer.master_state_dict()
+    lm_step(session.model, batch, rt, optimizer=optimizer, micro_batch=2)
+    return {"before": before, "after": after, "restored": restored, "again": optimizer.master_state_dict()}
 
 
 def _resume_round_trip(cfg, engine, rt, session, tensors, meta, windows) -> dict:

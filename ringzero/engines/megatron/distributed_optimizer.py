@@ -47,6 +47,10 @@ from ringzero.stages.optimizer import StepReport, lr_at
 MOMENTS = ("exp_avg", "exp_avg_sq")
 
 
+def _host(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().to("cpu", copy=True)
+
+
 def is_expert(p: torch.nn.Parameter) -> bool:
     """A routed expert's weight: megatron marks them ``allreduce = False`` (not summed over all DP ranks)."""
     return not getattr(p, "allreduce", True)
@@ -219,6 +223,45 @@ class MegatronDistributedOptimizer:
         meta = {"steps_taken": self.steps_taken, "skipped": self.skipped, "layout": "hybrid-names",
                 "adam_step": max(steps) if steps else 0.0}
         return tensors, meta
+
+    # -- rollback: this rank's own shards, no collective ----------------------------------------------
+
+    def _mains(self) -> list[torch.Tensor]:
+        return [m for part in self.parts for group in part.optimizer.param_groups for m in group["params"]]
+
+    def local_snapshot(self) -> dict:
+        """This rank's model parameters, routing biases, fp32 main-parameter shards, their Adam slots and
+        the counters, copied to the host: what a rollback restores, without gathering anything."""
+        host = _host
+        states = [part.optimizer.state for part in self.parts]
+        return {"params": [host(p) for p in self.params],
+                "buffers": {n: host(b) for n, b in routing_buffers(self.model).items()},
+                "mains": [host(m) for m in self._mains()],
+                "adam": [{k: host(v) if torch.is_tensor(v) else v for k, v in st[m].items()}
+                         if m in st else None
+                         for st, part in zip(states, self.parts, strict=True)
+                         for group in part.optimizer.param_groups for m in group["params"]],
+                "steps_taken": self.steps_taken, "skipped": self.skipped}
+
+    @torch.no_grad()
+    def restore_local(self, snap: dict) -> None:
+        """Put ``local_snapshot``'s values back, bit for bit."""
+        for p, v in zip(self.params, snap["params"], strict=True):
+            p.copy_(v)
+        for name, b in routing_buffers(self.model).items():
+            b.copy_(snap["buffers"][name])
+        slots = iter(snap["adam"])
+        mains = iter(snap["mains"])
+        for part in self.parts:
+            part.optimizer.state.clear()
+            for group in part.optimizer.param_groups:
+                for m in group["params"]:
+                    m.copy_(next(mains))
+                    saved = next(slots)
+                    if saved is not None:
+                        part.optimizer.state[m] = {k: v.to(m.device).clone() if torch.is_tensor(v) else v
+                                                   for k, v in saved.items()}
+        self.steps_taken, self.skipped = snap["steps_taken"], snap["skipped"]
 
     def load_state(self, tensors: dict[str, torch.Tensor], meta: dict) -> None:
         if meta.get("layout") != "hybrid-names":

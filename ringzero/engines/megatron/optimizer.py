@@ -29,6 +29,10 @@ from ringzero.parallel.grads import sync_grads
 from ringzero.stages.optimizer import TrainOptimizer
 
 
+def _host(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().to("cpu", copy=True)
+
+
 def is_expert(p: torch.nn.Parameter) -> bool:
     """A routed expert's weight under expert parallelism (megatron's mark: not all-reduced over DP)."""
     return not getattr(p, "allreduce", True)
@@ -179,6 +183,35 @@ class ShardedTrainOptimizer(TrainOptimizer):
         flag = torch.tensor([1 if mine else 0], device=self.master[0].device if self.master else "cpu")
         dist.all_reduce(flag, op=dist.ReduceOp.MIN)
         return bool(flag.item())
+
+    # -- rollback: this rank's own shards, no collective ----------------------------------------------
+
+    def local_snapshot(self) -> dict:
+        """This rank's parameters, routing biases, fp32 masters, Adam slots and counters, copied to the host:
+        what a rollback restores, without gathering the full model onto any rank."""
+        return {"params": [_host(p) for p in self.params], "buffers": {n: _host(b) for n, b in
+                                                                     routing_buffers(self.model).items()},
+                "master": [_host(m) for m in self.master] if self.needs_master else None,
+                "adam": [{k: _host(v) if torch.is_tensor(v) else v for k, v in self.adam.state[m].items()}
+                         if m in self.adam.state else None for m in self.master],
+                "steps_taken": self.steps_taken, "skipped": self.skipped}
+
+    @torch.no_grad()
+    def restore_local(self, snap: dict) -> None:
+        """Put ``local_snapshot``'s values back, bit for bit."""
+        for p, v in zip(self.params, snap["params"], strict=True):
+            p.copy_(v)
+        for name, b in routing_buffers(self.model).items():
+            b.copy_(snap["buffers"][name])
+        if snap["master"] is not None:
+            for m, v in zip(self.master, snap["master"], strict=True):
+                m.copy_(v)
+        self.adam.state.clear()
+        for m, slots in zip(self.master, snap["adam"], strict=True):
+            if slots is not None:
+                self.adam.state[m] = {k: v.to(m.device).clone() if torch.is_tensor(v) and k != "step" else
+                                      (v.clone() if torch.is_tensor(v) else v) for k, v in slots.items()}
+        self.steps_taken, self.skipped = snap["steps_taken"], snap["skipped"]
 
     def load_state(self, tensors: dict[str, torch.Tensor], meta: dict) -> None:
         if meta.get("layout") != "hybrid-names":
