@@ -77,7 +77,7 @@ def parity(cfg: ModelConfig, device: torch.device, preset: str) -> dict:
     ref = HybridLM(cfg, policy)
     ref.reset_parameters(torch.Generator().manual_seed(0))
     ref = ref.to(device)
-    mlm = MegatronLM(cfg, policy).to(device)
+    mlm = MegatronLM(cfg, policy, device).to(device)  # shards allocated on the GPU, as the engine does
     load_hybrid_state_(mlm, ref.state_dict())
     ids = torch.randint(0, cfg.vocab_size, (4, min(256, cfg.max_position_embeddings)), device=device,
                         generator=torch.Generator(device=device).manual_seed(1))

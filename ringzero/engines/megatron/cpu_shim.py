@@ -35,8 +35,8 @@ CPU only (nothing of this is installed when CUDA is available):
   and every dropout): ``torch.cuda.get_rng_state``. Patched: the tracker keeps CPU generator states, so
   per-TP-rank dropout seeds still work (the fork warns that the CPU state changed when a dropout with
   p > 0 draws: expected here).
-Weights must be built with ``use_cpu_initialization=True`` (``MegatronLM`` sets it): the GPU init path
-allocates on ``torch.cuda.current_device()``.
+Weights must be built with ``use_cpu_initialization=True`` on such a build (``MegatronLM`` sets it unless
+it is given a CUDA device): the GPU path allocates on ``torch.cuda.current_device()``.
 
 CPU only, for the pipeline schedule (``apply_pipeline()``, called by ``ringzero.engines.megatron.pipeline``):
 ``schedules.py``'s ``torch.zeros([], device="cuda")`` token count and ``p2p_communication.py``'s

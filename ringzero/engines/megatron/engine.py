@@ -124,7 +124,7 @@ class MegatronEngine:
         from ringzero.engines.megatron.model import MegatronLM
         from ringzero.engines.megatron.streamed import stage_state
 
-        model = MegatronLM(cfg.model, policy).to(runtime.device)
+        model = MegatronLM(cfg.model, policy, runtime.device).to(runtime.device)
         if uri is None:
             return model, fresh_model(cfg, PrecisionPolicy.preset("fp32")).state_dict()
         # full fp32 values at the masters: the checkpoint's, not their cast to the body dtype

@@ -120,7 +120,7 @@ def moe_settings(cfg: ModelConfig) -> dict:
 
 
 def transformer_config(cfg: ModelConfig, policy: PrecisionPolicy, tp_size: int, ep_size: int = 1,
-                       cp_size: int = 1, pp_size: int = 1) -> MLATransformerConfig:
+                       cp_size: int = 1, pp_size: int = 1, on_gpu: bool = False) -> MLATransformerConfig:
     """megatron's config for ``cfg``: dropout off, no biases, shards allocated on the CPU, not drawn. Under
     pipeline parallelism the stages send activations in the body dtype, each micro-batch with its own
     shape (``variable_seq_lengths``: rows are right-padded per micro-batch), and the schedule neither
@@ -139,8 +139,8 @@ def transformer_config(cfg: ModelConfig, policy: PrecisionPolicy, tp_size: int, 
         normalization="RMSNorm", layernorm_epsilon=cfg.rms_norm_eps, add_bias_linear=False,
         gated_linear_unit=True, activation_func=F.silu, attention_dropout=0.0, hidden_dropout=0.0,
         # weights are always loaded after the build (a checkpoint, or a fresh HybridLM's for parity with the
-        # torch engine): each rank allocates its shards only and draws nothing
-        init_method_std=cfg.initializer_range, use_cpu_initialization=True, perform_initialization=False,
+        # torch engine): each rank allocates its shards only, on its GPU when it has one, and draws nothing
+        init_method_std=cfg.initializer_range, use_cpu_initialization=not on_gpu, perform_initialization=False,
         tensor_model_parallel_size=tp_size, expert_model_parallel_size=ep_size, context_parallel_size=cp_size,
         sequence_parallel=False,
         params_dtype=dtype, bf16=dtype == torch.bfloat16,
@@ -274,7 +274,11 @@ def _refusals(cfg: ModelConfig, tp_size: int, ep_size: int = 1, pp_size: int = 1
 
 
 class MegatronLM(torch.nn.Module):
-    def __init__(self, cfg: ModelConfig, policy: PrecisionPolicy):
+    """``device``: where megatron allocates its layers' shards (the rank's GPU: megatron's own allocation on
+    ``torch.cuda.current_device()``, which the job set; on the CPU when None or a CPU device). The few
+    ringzero-built modules (final norm) are moved by the caller's ``.to(device)``."""
+
+    def __init__(self, cfg: ModelConfig, policy: PrecisionPolicy, device: torch.device | None = None):
         super().__init__()
         cpu_shim.apply()
         if not parallel_state.model_parallel_is_initialized():
@@ -293,7 +297,8 @@ class MegatronLM(torch.nn.Module):
             raise RingzeroError("cannot build MegatronLM: " + "; ".join(problems))
         self.cfg, self.policy = cfg, policy
         self.stage = StageLayers.of(cfg.num_hidden_layers, self.pp_rank, self.pp_size)
-        self.config = transformer_config(cfg, policy, self.tp_size, self.ep_size, self.cp_size, self.pp_size)
+        on_gpu = device is not None and torch.device(device).type == "cuda" and torch.cuda.is_available()
+        self.config = transformer_config(cfg, policy, self.tp_size, self.ep_size, self.cp_size, self.pp_size, on_gpu)
         self.ledger = CommLedger()
         self.word_embeddings = VocabParallelEmbedding(
             cfg.vocab_size, cfg.hidden_size, init_method=self.config.init_method, config=self.config,
