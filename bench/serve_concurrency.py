@@ -14,11 +14,13 @@ HTTP to SGLang's ``/generate``. Every batching mode serves the same list:
 Reported per run: output tokens per wall-clock second (all requests, first sent to last answered),
 p50/p99 request latency, and ``achieved / ideal``: the tokens/s an ideal continuous batcher would reach on
 the same closed-loop workload with this engine, from the engine's own decode-step time at each live batch
-size (measured in this process at 1, 2, 4, ... ``--max-batch`` rows and interpolated) and a simulation of
+size (measured in this process at 1, 2, 4, ... ``--max-batch`` rows, the median of three runs, and interpolated) and a simulation of
 the clients (every step decodes one token of each live row; a finished row's client sends its next request,
 which joins at the next step while a slot is free), as a markdown table. The engine runs on this process's
-main thread and HTTP on another, as in ``ringzero serve``; ``--no-http`` sends the same requests straight to
-the server's scheduler, so the batching loop's own cost is separate from HTTP's.
+main thread and HTTP on another, as in ``ringzero serve``; the clients run in a process of their own, as a
+trainer's ranks do (``--clients-in thread``: as threads of the server's process, whose Python then competes
+with the engine for the GIL); ``--no-http`` sends the same requests straight to the server's scheduler, so
+the batching loop's own cost is separate from HTTP's.
 
     python bench/serve_concurrency.py --clients 1,8,32 --requests-per-client 4
 """
@@ -28,12 +30,14 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
+import multiprocessing
 import os
 import random
 import statistics
+import sys
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from pathlib import Path
 
 import requests
@@ -77,6 +81,16 @@ def closed_loop(url: str, bodies: list[dict]) -> list[tuple[float, int]]:
     return out
 
 
+def drive_clients(url: str, bodies: list[dict], clients: int) -> dict:
+    """The closed-loop clients as a process of their own (``--clients-in process``): one warm-up request,
+    then ``clients`` threads; returns every ``(latency, tokens)`` and the wall time."""
+    closed_loop(url, bodies[:1])
+    with ThreadPoolExecutor(clients) as pool:
+        start = time.perf_counter()
+        results = [r for got in pool.map(lambda i: closed_loop(url, bodies[i::clients]), range(clients)) for r in got]
+        return {"results": results, "wall": time.perf_counter() - start}
+
+
 def scheduled_loop(scheduler, bodies: list[dict]) -> list[tuple[float, int]]:
     """``closed_loop`` straight into the server's scheduler, without HTTP (``--no-http``)."""
     out = []
@@ -91,7 +105,7 @@ def scheduled_loop(scheduler, bodies: list[dict]) -> list[tuple[float, int]]:
 
 
 def serve_run(model: HybridLM, batching: str, compact_below: float, clients: int, bodies: list[dict],
-              max_batch: int, http: bool = True) -> dict:
+              max_batch: int, http: bool = True, clients_in: str = "process") -> dict:
     engine = EmbeddedEngine(model, CharTokenizer(), model.policy, max_batch=max_batch, compact_below=compact_below)
     server = RolloutServer(engine, CharTokenizer(), model_path="random://bench", batching=batching)
     server.external_scheduler = True  # the engine on this (main) thread, as ringzero serve runs it
@@ -108,13 +122,24 @@ def serve_run(model: HybridLM, batching: str, compact_below: float, clients: int
         finally:
             server.scheduler.stop()
 
+    def drive_elsewhere(url: str) -> None:
+        # the clients in a process of their own, as a trainer's ranks are: their Python never takes this
+        # process's GIL from the engine
+        try:
+            with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+                out.update(pool.submit(drive_clients, url, bodies, clients).result())
+        finally:
+            server.scheduler.stop()
+
     with contextlib.ExitStack() as stack:
         if http:
             url = stack.enter_context(ServerThread(server.app)).url
-            send = functools.partial(closed_loop, url)
+            if clients_in == "process":
+                driver = threading.Thread(target=drive_elsewhere, args=(url,))
+            else:
+                driver = threading.Thread(target=drive, args=(functools.partial(closed_loop, url),))
         else:
-            send = functools.partial(scheduled_loop, server.scheduler)
-        driver = threading.Thread(target=drive, args=(send,))
+            driver = threading.Thread(target=drive, args=(functools.partial(scheduled_loop, server.scheduler),))
         driver.start()
         server.scheduler.run_here()
         driver.join()
@@ -135,9 +160,12 @@ def step_times(model: HybridLM, max_batch: int, prompt_len: int, steps: int) -> 
         reqs = [GenerateRequest([5] * prompt_len, SamplingParams(max_new_tokens=steps, ignore_eos=True, seed=i))
                 for i in range(b)]
         engine.generate(reqs)  # warm-up
-        start = time.perf_counter()
-        engine.generate(reqs)
-        out[b] = (time.perf_counter() - start) / steps
+        runs = []
+        for _ in range(3):  # the median of three: one run on this shared machine moves by a third
+            start = time.perf_counter()
+            engine.generate(reqs)
+            runs.append((time.perf_counter() - start) / steps)
+        out[b] = statistics.median(runs)
     return out
 
 
@@ -191,10 +219,18 @@ def main() -> None:
     p.add_argument("--max-batch", type=int, default=32, help="rows the engine decodes together")
     p.add_argument("--threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS", "1")))
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--clients-in", choices=("process", "thread"), default="process",
+                   help="HTTP clients in a process of their own (as a trainer's ranks are), or as threads of the "
+                        "server's process (their Python then competes with the engine for its GIL)")
+    p.add_argument("--switch-interval", type=float, default=None, metavar="S",
+                   help="sys.setswitchinterval for this process (Python's default 0.005 s): how long a thread may "
+                        "hold the GIL while another waits for it")
     p.add_argument("--no-http", action="store_true",
                    help="clients submit straight to the server's scheduler: the batching loop without HTTP "
                         "(under `python -m cProfile -s cumulative` it shows where a step's time goes)")
     args = p.parse_args()
+    if args.switch_interval is not None:
+        sys.setswitchinterval(args.switch_interval)
     set_threads(args.threads)
     cfg = load_config(CONFIG).model
     model = HybridLM(cfg, PrecisionPolicy.preset("fp32"))
@@ -210,13 +246,15 @@ def main() -> None:
                           args.seed + clients)
         ideal = ideal_tokens_s(curve, bodies, clients, args.max_batch)
         for batching, compact_below in modes:
-            result = serve_run(model, batching, compact_below, clients, bodies, args.max_batch, http=not args.no_http)
+            result = serve_run(model, batching, compact_below, clients, bodies, args.max_batch, http=not args.no_http,
+                               clients_in=args.clients_in)
             rows.append({"clients": clients, "batching": batching, "compact_below": compact_below,
                          "requests": len(bodies), "ideal": ideal, **result})
             print(f"clients={clients} {batching} compact_below={compact_below:g}: {result['tokens_s']:.0f} tok/s "
                   f"({result['tokens_s'] / ideal:.2f} of the ideal {ideal:.0f}), "
                   f"p50 {1000 * result['p50']:.0f} ms, p99 {1000 * result['p99']:.0f} ms", flush=True)
-    print(f"\nthreads={args.threads} load={os.getloadavg()[0]:.2f} prompt_len={args.prompt_len} "
+    http = "no HTTP" if args.no_http else f"HTTP, clients in a {args.clients_in}"
+    print(f"\n{http}, threads={args.threads} load={os.getloadavg()[0]:.2f} prompt_len={args.prompt_len} "
           f"output_len={args.output_len} max_batch={args.max_batch}\n")
     print(table(rows))
 
