@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from ringzero.cli.config_cmd import add_config_args
@@ -58,7 +59,25 @@ def open_run(args):
     return cfg, open_store(cfg.storage.root, cfg.storage.s3), run_dir, runtime
 
 
+def _preflight(args) -> None:
+    """Before torchrun starts N ranks: the config loads and its degrees make N ranks, or the command stops
+    here with one clear error (not the same error from every rank and torchrun's report after it)."""
+    if args.nproc is None or args.nproc <= 1 or "WORLD_SIZE" in os.environ:
+        return
+    from ringzero.config import load_config
+    from ringzero.errors import RingzeroError
+    from ringzero.parallel.config import world_product
+
+    cfg = load_config(args.config, args.overrides)
+    training = cfg.engines.training
+    names, values, need = world_product(cfg.parallel.dp, cfg.parallel.cp, training.tp, training.pp)
+    if need != args.nproc:
+        raise RingzeroError(f"--nproc {args.nproc}: the config's {names} = {values} = {need} ranks; start it "
+                            f"with --nproc {need} or set the degrees so that their product is {args.nproc}")
+
+
 def _run(args) -> int:
+    _preflight(args)
     if (status := relaunch(args.nproc)) is not None:
         return status
     from ringzero.parallel.runtime import shutdown
@@ -75,6 +94,7 @@ def _run(args) -> int:
 
 
 def _stage_run(args) -> int:
+    _preflight(args)
     if (status := relaunch(args.nproc)) is not None:
         return status
     from ringzero.errors import RingzeroError

@@ -48,3 +48,16 @@ def test_show_fills_defaults_and_applies_overrides():
     out = ringzero("config", "show", "configs/tiny-cpu.yaml", "--set", "stages.stage2.steps=3")
     assert out.returncode == 0, out.stderr
     assert "steps: 3" in out.stdout and "kv_lora_rank: 32" in out.stdout
+
+
+def test_nproc_is_checked_against_the_config_before_any_rank_starts(tmp_path):
+    """A job of the wrong size, or a config that does not load, stops before torchrun: one message, status 2."""
+    out = ringzero("run", "configs/micro-megatron.yaml", "--nproc", "4", "--set", "engines.training.pp=2",
+                   "--set", f"run.run_dir={tmp_path / 'run'}", "--set", f"storage.root=file://{tmp_path / 'store'}")
+    assert out.returncode == 2
+    assert ("--nproc 4: the config's parallel.dp x parallel.cp x engines.training.pp = 1 x 1 x 2 = 2 ranks"
+            in out.stderr)
+    assert "torch.distributed" not in out.stderr and not (tmp_path / "run").exists()
+    out = ringzero("stage", "run", "configs/micro-megatron.yaml", "--stage", "base", "--nproc", "2",
+                   "--set", "task.digits=1")
+    assert out.returncode == 2 and out.stderr.count("task.digits") == 1 and "Traceback" not in out.stderr
