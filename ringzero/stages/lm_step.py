@@ -45,9 +45,9 @@ def micro_batch_rows(rows: list[int], total: int, runtime: Runtime, micro_batch:
     dp = runtime.dims.dp
     largest = -(-total // dp)  # the largest share, in rows (ceil)
     count = -(-largest // micro_batch)
-    if len(rows) < count:
-        raise RingzeroError(f"a batch of {total} rows over parallel.dp {dp} leaves this rank {len(rows)} rows for "
-                            f"{count} micro-batches of at most {micro_batch}: with expert parallelism every "
+    if total // dp < count:  # the smallest share, the same test on every rank: all refuse together
+        raise RingzeroError(f"a batch of {total} rows over parallel.dp {dp} leaves the smallest share {total // dp} "
+                            f"rows for {count} micro-batches of at most {micro_batch}: with expert parallelism every "
                             "data-parallel rank must run as many micro-batches; use more rows or a larger micro_batch")
     cuts = [len(rows) * k // count for k in range(count + 1)]
     return [rows[cuts[k]:cuts[k + 1]] for k in range(count)]

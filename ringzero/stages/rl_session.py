@@ -20,6 +20,7 @@ from ringzero.errors import RingzeroError
 from ringzero.model.config import PrecisionPolicy
 from ringzero.model.hybrid import HybridLM
 from ringzero.model.precision import body_dtype
+from ringzero.parallel.one_writer import writes_on_rank0
 from ringzero.parallel.runtime import Runtime, single
 from ringzero.rl.anchor import Anchor
 from ringzero.rl.openings import Opening
@@ -107,7 +108,7 @@ def build_session(ctx, stage, inputs) -> RLSession:
 
     # Rollout servers take a push from rank 0 alone (the tensors, a folder, or a checkpoint rank 0 writes):
     # only it gathers the full weights. An embedded engine on every rank needs them on every rank.
-    everywhere = remote.kind == "embedded"
+    everywhere = remote.kind == "embedded" or not writes_on_rank0(ctx.store)
 
     def push(step: int):  # to the session's engine of the moment (a raise_precision rollback rebuilds it)
         return push_weights(session.client, optimizer.master_state_dict(everywhere), weight_version(step + 1),

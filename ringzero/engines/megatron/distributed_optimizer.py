@@ -145,7 +145,8 @@ class MegatronDistributedOptimizer:
 
         have = all(key == "param" or key in self.owner[p].optimizer.state.get(self._main(p), {})
                    for p in self.params if p in self.owner)
-        flag = torch.tensor([1 if have else 0])
+        device = self.params[0].device if self.params else torch.device("cpu")  # NCCL reduces device tensors
+        flag = torch.tensor([1 if have else 0], device=device)
         dist.all_reduce(flag, op=dist.ReduceOp.MIN)
         if not flag.item():
             return None
@@ -156,7 +157,7 @@ class MegatronDistributedOptimizer:
             chosen = [(n, p) for n, p in zip(self.names, self.params, strict=True)
                       if is_expert(p) == (kind == "expert")]
             sizes = [p.numel() for _, p in chosen]
-            flat = torch.zeros(sum(sizes), dtype=torch.float32)
+            flat = torch.zeros(sum(sizes), dtype=torch.float32, device=device)
             offset = 0
             for (_, p), n in zip(chosen, sizes, strict=True):
                 if p in self.owner:
@@ -220,6 +221,8 @@ class MegatronDistributedOptimizer:
         tensors.update({f"master.{n}": v for n, v in self.master_state_dict(everywhere).items()})
         steps = [float(part.optimizer.state[m]["step"]) for part in self.parts for m in part.optimizer.state
                  if "step" in part.optimizer.state[m]]
+        # Transformer Engine's FusedAdam (megatron's choice where TE imports) counts steps per group
+        steps += [float(g["step"]) for part in self.parts for g in part.optimizer.param_groups if "step" in g]
         meta = {"steps_taken": self.steps_taken, "skipped": self.skipped, "layout": "hybrid-names",
                 "adam_step": max(steps) if steps else 0.0}
         return tensors, meta
@@ -241,6 +244,10 @@ class MegatronDistributedOptimizer:
                          if m in st else None
                          for st, part in zip(states, self.parts, strict=True)
                          for group in part.optimizer.param_groups for m in group["params"]],
+                # every group's settings but its parameters: Transformer Engine's FusedAdam (megatron's
+                # choice where TE imports) counts its steps there, not per parameter
+                "groups": [{k: _host(v) if torch.is_tensor(v) else v for k, v in g.items() if k != "params"}
+                           for part in self.parts for g in part.optimizer.param_groups],
                 "steps_taken": self.steps_taken, "skipped": self.skipped}
 
     @torch.no_grad()
@@ -250,17 +257,18 @@ class MegatronDistributedOptimizer:
             p.copy_(v)
         for name, b in routing_buffers(self.model).items():
             b.copy_(snap["buffers"][name])
-        slots = iter(snap["adam"])
-        mains = iter(snap["mains"])
+        slots, mains, groups = iter(snap["adam"]), iter(snap["mains"]), iter(snap["groups"])
         for part in self.parts:
             part.optimizer.state.clear()
             for group in part.optimizer.param_groups:
+                group.update({k: v.clone() if torch.is_tensor(v) else v for k, v in next(groups).items()})
                 for m in group["params"]:
                     m.copy_(next(mains))
                     saved = next(slots)
-                    if saved is not None:
-                        part.optimizer.state[m] = {k: v.to(m.device).clone() if torch.is_tensor(v) else v
-                                                   for k, v in saved.items()}
+                    if saved is not None:  # the step count stays where torch's AdamW keeps it (the host)
+                        part.optimizer.state[m] = {
+                            k: (v.clone() if k == "step" else v.to(m.device).clone()) if torch.is_tensor(v) else v
+                            for k, v in saved.items()}
         self.steps_taken, self.skipped = snap["steps_taken"], snap["skipped"]
 
     def load_state(self, tensors: dict[str, torch.Tensor], meta: dict) -> None:
@@ -280,6 +288,11 @@ class MegatronDistributedOptimizer:
             part.optimizer.state.clear()
         if len(local) == len(MOMENTS):
             step = torch.tensor(float(meta.get("adam_step", 0.0)))
+            for part in self.parts:
+                for group in part.optimizer.param_groups:
+                    if "step" in group:  # FusedAdam's per-group count, in the type it keeps
+                        group["step"] = type(group["step"])(int(step)) if not torch.is_tensor(group["step"]) \
+                            else step.clone().to(group["step"])
             for name, p in zip(self.names, self.params, strict=True):
                 if p not in self.owner:
                     continue

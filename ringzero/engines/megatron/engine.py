@@ -21,9 +21,11 @@ DP ranks, ``distributed_optimizer.MegatronDistributedOptimizer``).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import socket
 
+import torch
 import torch.distributed as dist
 
 from ringzero.engines.training import TrainingSetup
@@ -124,7 +126,9 @@ class MegatronEngine:
         from ringzero.engines.megatron.model import MegatronLM
         from ringzero.engines.megatron.streamed import stage_state
 
-        model = MegatronLM(cfg.model, policy, runtime.device).to(runtime.device)
+        on_gpu = runtime.device.type == "cuda"
+        with torch.cuda.device(runtime.device) if on_gpu else contextlib.nullcontext():  # megatron allocates there
+            model = MegatronLM(cfg.model, policy, runtime.device).to(runtime.device)
         if uri is None:
             return model, fresh_model(cfg, PrecisionPolicy.preset("fp32")).state_dict()
         # full fp32 values at the masters: the checkpoint's, not their cast to the body dtype

@@ -274,9 +274,9 @@ def _refusals(cfg: ModelConfig, tp_size: int, ep_size: int = 1, pp_size: int = 1
 
 
 class MegatronLM(torch.nn.Module):
-    """``device``: where megatron allocates its layers' shards (the rank's GPU: megatron's own allocation on
-    ``torch.cuda.current_device()``, which the job set; on the CPU when None or a CPU device). The few
-    ringzero-built modules (final norm) are moved by the caller's ``.to(device)``."""
+    """``device``: where megatron allocates its layers' shards (a CUDA device: megatron allocates on
+    ``torch.cuda.current_device()``, which the caller makes ``device``: the engine builds under
+    ``torch.cuda.device(device)``; on the CPU when None or a CPU device). The few ringzero-built modules (final norm) are moved by the caller's ``.to(device)``."""
 
     def __init__(self, cfg: ModelConfig, policy: PrecisionPolicy, device: torch.device | None = None):
         super().__init__()
