@@ -144,8 +144,8 @@ def test_the_whole_pipeline_runs_as_one_dp2_cp2_job(tmp_path):
 
 def test_parallel_dims_that_do_not_match_the_ranks_are_refused(tmp_path):
     status, out = finish(start(tmp_path, "--set", "parallel.dp=2", "--set", "parallel.cp=2", nproc=2))
-    assert status != 0
-    assert "parallel.dp x parallel.cp = 2 x 2 = 4 ranks, but the job has WORLD_SIZE=2" in out
+    assert status == 2  # refused before torchrun starts a rank (inside a job, from_env refuses the same)
+    assert "--nproc 2: the config's parallel.dp x parallel.cp = 2 x 2 = 4 ranks" in out
 
 
 @pytest.mark.slow
