@@ -68,3 +68,13 @@ def test_flush_cache_reaches_the_engine(fake):
     assert resp.status_code == 200 and resp.text.startswith("Cache flushed")
     assert requests.get(fake.url + "/flush_cache").status_code == 200
     assert fake.engine.control == ["flush_cache", "flush_cache"]
+
+
+def test_a_control_call_is_answered_only_once_the_engine_is_idle_again(fake):
+    """The caller of a control call hears back after ``busy`` is cleared: a health probe it sends next asks
+    the engine instead of reading a stale "busy" (done callbacks run the moment the answer is set)."""
+    seen = []
+    future = fake.server.scheduler.call(lambda engine: engine.health())
+    future.add_done_callback(lambda _: seen.append(fake.server.scheduler.busy))
+    assert future.result(timeout=30) is True
+    assert seen == [False]

@@ -195,11 +195,15 @@ class EngineScheduler:
             return
         self.busy = True
         try:
-            job.future.set_result(job.fn(self.engine))
+            result = job.fn(self.engine)
         except BaseException as exc:  # noqa: BLE001 - the caller's thread re-raises it
-            job.future.set_exception(exc)
-        finally:
             self.busy = False
+            job.future.set_exception(exc)
+        else:
+            # idle again before the caller hears back: a health probe it sends next must not find the
+            # engine "busy" with the call it was just answered
+            self.busy = False
+            job.future.set_result(result)
 
     def _abort_check(self, batch: list[_Generate]):
         """The engine's view of the aborts among ``batch``: indices into its concatenated requests."""
