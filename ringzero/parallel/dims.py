@@ -145,37 +145,25 @@ def build_groups(dims: ParallelDims) -> ParallelGroups:
     if world != dims.world_size:
         raise RingzeroError(f"parallel dims are for world size {dims.world_size}, the job has {world} ranks")
     rank = dist.get_rank()
-    (dp_index, cp_index), tp_index, pp_index = dims.coords(rank), dims.tp_index(rank), dims.pp_index(rank)
-    mine: dict[str, object] = {"cp": None, "dp": None, "dp_cp": None, "tp": None, "pp": None}
-    for p in range(dims.pp):  # every rank creates every group, in one order (new_group is a collective)
-        for t in range(dims.tp):
-            for d in range(dims.dp):
-                g = dist.new_group(dims.cp_ranks(d, t, p))
-                if (d, t, p) == (dp_index, tp_index, pp_index):
-                    mine["cp"] = g
-            for c in range(dims.cp):
-                g = dist.new_group(dims.dp_ranks(c, t, p))
-                if (c, t, p) == (cp_index, tp_index, pp_index):
-                    mine["dp"] = g
-            g = dist.new_group(dims.replica_ranks(t, p))
-            if (t, p) == (tp_index, pp_index):
-                mine["dp_cp"] = g
-        if dims.tp > 1:
-            for d in range(dims.dp):
-                for c in range(dims.cp):
-                    g = dist.new_group(dims.tp_ranks(d, c, p))
-                    if (d, c, p) == (dp_index, cp_index, pp_index):
-                        mine["tp"] = g
-    values = mine["dp_cp"]
-    if dims.pp > 1:
-        for d in range(dims.dp):
-            for c in range(dims.cp):
-                for t in range(dims.tp):
-                    g = dist.new_group(dims.pp_ranks(d, c, t))
-                    if (d, c, t) == (dp_index, cp_index, tp_index):
-                        mine["pp"] = g
-        for t in range(dims.tp):
-            g = dist.new_group(dims.values_ranks(t))
-            if t == tp_index:
-                values = g
-    return ParallelGroups(dims=dims, rank=rank, values=values, **mine)
+
+    def pick(rank_lists) -> object:
+        """Create every group of one kind (all ranks, in one order: ``new_group`` is a collective) and
+        return the one holding this rank."""
+        chosen = None
+        for ranks in rank_lists:
+            group = dist.new_group(ranks)
+            if rank in ranks:
+                chosen = group
+        return chosen
+
+    P, T, D, C = range(dims.pp), range(dims.tp), range(dims.dp), range(dims.cp)
+    dp_cp = pick(dims.replica_ranks(t, p) for p in P for t in T)
+    return ParallelGroups(
+        dims=dims, rank=rank,
+        cp=pick(dims.cp_ranks(d, t, p) for p in P for t in T for d in D),
+        dp=pick(dims.dp_ranks(c, t, p) for p in P for t in T for c in C),
+        dp_cp=dp_cp,
+        tp=pick(dims.tp_ranks(d, c, p) for p in P for d in D for c in C) if dims.tp > 1 else None,
+        pp=pick(dims.pp_ranks(d, c, t) for d in D for c in C for t in T) if dims.pp > 1 else None,
+        values=pick(dims.values_ranks(t) for t in T) if dims.pp > 1 else dp_cp,
+    )

@@ -1,4 +1,5 @@
-"""Fixtures the megatron engine tests share: megatron's parallel state in this process, a pool of two gloo ranks."""
+"""Fixtures the megatron engine tests share: megatron's parallel state in this process, pools of gloo ranks, the
+torch engine's one-process run every layout is compared with."""
 
 from __future__ import annotations
 
@@ -31,3 +32,17 @@ def one_rank(tmp_path):
 def two_ranks():
     with RankPool(2, timeout_s=300) as pool:
         yield pool
+
+
+@pytest.fixture(scope="module")
+def pools():
+    with RankPool(1, timeout_s=300) as one, RankPool(2, timeout_s=300) as two:
+        yield {1: one, 2: two}
+
+
+@pytest.fixture(scope="module")
+def torch_run(pools, tmp_path_factory):
+    """The micro run under the torch engine on one process (``megatron_stage_jobs.engine_record``)."""
+    from megatron_stage_jobs import run_engine
+
+    return pools[1].run(run_engine, "torch", 1, f"file://{tmp_path_factory.mktemp('torch')}/store")[0]

@@ -5,6 +5,7 @@ weights. Module level, so a gloo rank pool can import it."""
 from __future__ import annotations
 
 import tempfile
+from unittest import mock
 
 import torch
 
@@ -58,18 +59,22 @@ def micro_config(kind: str, tp: int, dp: int = 1, moe: bool = False, distributed
     }, "engine-micro")
 
 
+def destroy_megatron_state() -> None:
+    """megatron's parallel state torn down, so the next job on the same pool may ask for another layout."""
+    try:
+        from megatron.core import parallel_state
+    except ImportError:
+        return
+    parallel_state.destroy_model_parallel()
+
+
 def run_engine(ctx, *args, **kwargs) -> dict | None:
     """``engine_record`` on a pool rank; megatron's parallel state is torn down after, so the next job on
     the same pool may ask for another layout."""
     try:
         return engine_record(ctx, *args, **kwargs)
     finally:
-        try:
-            from megatron.core import parallel_state
-        except ImportError:
-            pass
-        else:
-            parallel_state.destroy_model_parallel()
+        destroy_megatron_state()
 
 
 def engine_record(ctx, kind: str, tp: int, store_root: str, dp: int = 1, moe: bool = False,
@@ -198,44 +203,30 @@ def run_engine_experts_summed_over_dp(ctx, *args, **kwargs) -> dict | None:
     from ringzero.engines.megatron.optimizer import ShardedTrainOptimizer
     from ringzero.parallel.grads import sync_grads
 
-    right = ShardedTrainOptimizer.reduce_expert_grads
-    ShardedTrainOptimizer.reduce_expert_grads = lambda self, params, groups: sync_grads(params, groups)
-    try:
+    with mock.patch.object(ShardedTrainOptimizer, "reduce_expert_grads",
+                           lambda self, params, groups: sync_grads(params, groups)):
         return run_engine(ctx, *args, **kwargs)
-    finally:
-        ShardedTrainOptimizer.reduce_expert_grads = right
 
 
 def run_engine_values_within_one_stage(ctx, *args, **kwargs):
     """``run_engine`` with ``Runtime.sum_`` over this stage's dp x cp ranks only (a negative control)."""
-    from ringzero.parallel.runtime import Runtime
-
-    right = Runtime.sum_
+    import torch.distributed as dist
 
     def within_stage(self, tensor):
-        import torch.distributed as dist
-
         if self.distributed:
             dist.all_reduce(tensor, group=self.groups.dp_cp)
         return tensor
 
-    Runtime.sum_ = within_stage
-    try:
+    with mock.patch.object(Runtime, "sum_", within_stage):
         return run_engine(ctx, *args, **kwargs)
-    finally:
-        Runtime.sum_ = right
 
 
 def run_engine_norm_within_one_stage(ctx, *args, **kwargs):
     """``run_engine`` with the gradient norm of this stage's parameters only (a negative control)."""
     from ringzero.engines.megatron.optimizer import ShardedTrainOptimizer
 
-    right = ShardedTrainOptimizer.sum_over_stages
-    ShardedTrainOptimizer.sum_over_stages = lambda self, squares: None
-    try:
+    with mock.patch.object(ShardedTrainOptimizer, "sum_over_stages", lambda self, squares: None):
         return run_engine(ctx, *args, **kwargs)
-    finally:
-        ShardedTrainOptimizer.sum_over_stages = right
 
 
 def uneven_pretrain_loss(ctx, kind: str, rows: int, dp: int = 1, ep: int = 1) -> float | None:
@@ -254,9 +245,4 @@ def uneven_pretrain_loss(ctx, kind: str, rows: int, dp: int = 1, ep: int = 1) ->
         loss = lm_step(setup.model, batch, rt, micro_batch=2).loss
         return loss if rt.is_main else None
     finally:
-        try:
-            from megatron.core import parallel_state
-        except ImportError:
-            pass
-        else:
-            parallel_state.destroy_model_parallel()
+        destroy_megatron_state()

@@ -29,17 +29,6 @@ pytestmark = [pytest.mark.distributed, pytest.mark.slow, pytest.mark.xdist_group
 
 
 @pytest.fixture(scope="module")
-def pools():
-    with RankPool(1, timeout_s=300) as one, RankPool(2, timeout_s=300) as two:
-        yield {1: one, 2: two}
-
-
-@pytest.fixture(scope="module")
-def torch_run(pools, tmp_path_factory):
-    return pools[1].run(run_engine, "torch", 1, f"file://{tmp_path_factory.mktemp('torch-pp-ref')}/store")[0]
-
-
-@pytest.fixture(scope="module")
 def pp2(pools, tmp_path_factory):
     return pools[2].run(run_engine, "megatron", 1, f"file://{tmp_path_factory.mktemp('megatron-pp2')}/store",
                         pp=2)[0]

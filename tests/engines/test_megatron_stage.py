@@ -15,21 +15,8 @@ from layout_compare import MIN_RL_MOVE, rl_moved  # noqa: E402
 from layout_compare import assert_same as shared_assert_same  # noqa: E402
 from megatron_stage_jobs import assert_state_sharded, run_engine  # noqa: E402
 
-from ringzero.parallel.launch import RankPool  # noqa: E402
-
 pytestmark = [pytest.mark.distributed, pytest.mark.slow, pytest.mark.xdist_group("megatron-stage")]
 STEP_KEYS = ("loss/total", "ratio/p99", "ratio/max", "reward/mean", "len/mean", "grad/norm", "kl/mean")
-
-
-@pytest.fixture(scope="module")
-def pools():
-    with RankPool(1, timeout_s=300) as one, RankPool(2, timeout_s=300) as two:
-        yield {1: one, 2: two}
-
-
-@pytest.fixture(scope="module")
-def torch_run(pools, tmp_path_factory):
-    return pools[1].run(run_engine, "torch", 1, f"file://{tmp_path_factory.mktemp('torch')}/store")[0]
 
 
 @pytest.fixture(scope="module")

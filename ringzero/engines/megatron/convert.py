@@ -306,9 +306,24 @@ def load_hybrid_state_(model, state, source: str = "HybridLM state", on_tensor=N
         raise RingzeroError(f"{source} does not fit this rank's MegatronLM shard: missing {missing[:5]}")
 
 
-def _gather_experts(local: dict[str, torch.Tensor], model) -> dict[str, torch.Tensor]:
+def _collect(t: torch.Tensor, size: int, group, to_first: bool = False) -> list[torch.Tensor] | None:
+    """Every rank's ``t`` in ``group`` order: on every rank (all-gather), or with ``to_first`` on the
+    group's first rank only (gather; None elsewhere)."""
+    t = t.contiguous()
+    if not to_first:
+        parts = [torch.empty_like(t) for _ in range(size)]
+        torch.distributed.all_gather(parts, t, group=group)
+        return parts
+    first = torch.distributed.get_process_group_ranks(group)[0]
+    parts = [torch.empty_like(t) for _ in range(size)] if torch.distributed.get_rank() == first else None
+    torch.distributed.gather(t, parts, dst=first, group=group)
+    return parts
+
+
+def gather_experts(local: dict[str, torch.Tensor], model, to_first: bool = False) -> dict[str, torch.Tensor]:
     """This rank's tensors with its local experts replaced by every EP rank's, under global indices (a
-    collective over the expert-model-parallel group; every rank holds the same names and shapes)."""
+    collective over the expert-model-parallel group; every rank holds the same names and shapes). With
+    ``to_first`` only the group's first rank receives the experts (the others keep the rest)."""
     if getattr(model, "ep_size", 1) == 1:
         return local
     group = parallel_state.get_expert_model_parallel_group()
@@ -319,11 +334,20 @@ def _gather_experts(local: dict[str, torch.Tensor], model) -> dict[str, torch.Te
         if parts is None:
             out[name] = t
             continue
-        gathered = [torch.empty_like(t) for _ in range(model.ep_size)]
-        torch.distributed.all_gather(gathered, t.contiguous(), group=group)
-        for r, g in enumerate(gathered):
+        for r, g in enumerate(_collect(t, model.ep_size, group, to_first) or []):
             out[f"{parts[0]}{r * per + parts[1]}{parts[2]}"] = g
     return out
+
+
+def gather_tp(local: dict[str, torch.Tensor], model, to_first: bool = False) -> list[dict[str, torch.Tensor]]:
+    """Every TP rank's shard of each of ``local``'s tensors, in rank order: on every rank, or with
+    ``to_first`` on TP rank 0 only (the other ranks' lists stay empty)."""
+    group = parallel_state.get_tensor_model_parallel_group()
+    shards: list[dict] = [{} for _ in range(model.tp_size)]
+    for name, t in local.items():
+        for r, part in enumerate(_collect(t, model.tp_size, group, to_first) or []):
+            shards[r][name] = part
+    return shards
 
 
 def gather_hybrid(local: dict[str, torch.Tensor], model) -> dict[str, torch.Tensor]:
@@ -333,17 +357,10 @@ def gather_hybrid(local: dict[str, torch.Tensor], model) -> dict[str, torch.Tens
     stage = getattr(model, "stage", None)
     if stage is not None:
         local = {stage.to_global(n): t for n, t in local.items()}
-    local = _gather_experts(local, model)
+    local = gather_experts(local, model)
     if model.tp_size == 1:
         return _gather_stages(from_megatron([local], model.cfg), model)
-    group = parallel_state.get_tensor_model_parallel_group()
-    shards: list[dict] = [{} for _ in range(model.tp_size)]
-    for name, t in local.items():
-        parts = [torch.empty_like(t) for _ in range(model.tp_size)]
-        torch.distributed.all_gather(parts, t.contiguous(), group=group)
-        for r, part in enumerate(parts):
-            shards[r][name] = part
-    return _gather_stages(from_megatron(shards, model.cfg), model)
+    return _gather_stages(from_megatron(gather_tp(local, model), model.cfg), model)
 
 
 def _gather_stages(mine: dict[str, torch.Tensor], model) -> dict[str, torch.Tensor]:

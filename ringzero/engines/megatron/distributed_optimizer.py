@@ -39,16 +39,13 @@ import math
 import torch
 import torch.distributed as dist
 
+from ringzero.engines.megatron import snapshots
 from ringzero.engines.megatron.convert import gather_hybrid, load_hybrid_state_, routing_buffers, to_megatron
 from ringzero.engines.megatron.gather_main import gather_to_main
 from ringzero.errors import RingzeroError
 from ringzero.stages.optimizer import StepReport, lr_at
 
 MOMENTS = ("exp_avg", "exp_avg_sq")
-
-
-def _host(t: torch.Tensor) -> torch.Tensor:
-    return t.detach().to("cpu", copy=True)
 
 
 def is_expert(p: torch.nn.Parameter) -> bool:
@@ -229,46 +226,15 @@ class MegatronDistributedOptimizer:
 
     # -- rollback: this rank's own shards, no collective ----------------------------------------------
 
-    def _mains(self) -> list[torch.Tensor]:
-        return [m for part in self.parts for group in part.optimizer.param_groups for m in group["params"]]
-
     def local_snapshot(self) -> dict:
         """This rank's model parameters, routing biases, fp32 main-parameter shards, their Adam slots and
-        the counters, copied to the host: what a rollback restores, without gathering anything."""
-        host = _host
-        states = [part.optimizer.state for part in self.parts]
-        return {"params": [host(p) for p in self.params],
-                "buffers": {n: host(b) for n, b in routing_buffers(self.model).items()},
-                "mains": [host(m) for m in self._mains()],
-                "adam": [{k: host(v) if torch.is_tensor(v) else v for k, v in st[m].items()}
-                         if m in st else None
-                         for st, part in zip(states, self.parts, strict=True)
-                         for group in part.optimizer.param_groups for m in group["params"]],
-                # every group's settings but its parameters: Transformer Engine's FusedAdam (megatron's
-                # choice where TE imports) counts its steps there, not per parameter
-                "groups": [{k: _host(v) if torch.is_tensor(v) else v for k, v in g.items() if k != "params"}
-                           for part in self.parts for g in part.optimizer.param_groups],
+        the counters, copied to the host: what a rollback restores, without gathering anything (``snapshots``)."""
+        return {**snapshots.snapshot(self.model, self.params, [part.optimizer for part in self.parts]),
                 "steps_taken": self.steps_taken, "skipped": self.skipped}
 
-    @torch.no_grad()
     def restore_local(self, snap: dict) -> None:
         """Put ``local_snapshot``'s values back, bit for bit."""
-        for p, v in zip(self.params, snap["params"], strict=True):
-            p.copy_(v)
-        for name, b in routing_buffers(self.model).items():
-            b.copy_(snap["buffers"][name])
-        slots, mains, groups = iter(snap["adam"]), iter(snap["mains"]), iter(snap["groups"])
-        for part in self.parts:
-            part.optimizer.state.clear()
-            for group in part.optimizer.param_groups:
-                group.update({k: v.clone() if torch.is_tensor(v) else v for k, v in next(groups).items()})
-                for m in group["params"]:
-                    m.copy_(next(mains))
-                    saved = next(slots)
-                    if saved is not None:  # the step count stays where torch's AdamW keeps it (the host)
-                        part.optimizer.state[m] = {
-                            k: (v.clone() if k == "step" else v.to(m.device).clone()) if torch.is_tensor(v) else v
-                            for k, v in saved.items()}
+        snapshots.restore(self.model, self.params, [part.optimizer for part in self.parts], snap)
         self.steps_taken, self.skipped = snap["steps_taken"], snap["skipped"]
 
     def load_state(self, tensors: dict[str, torch.Tensor], meta: dict) -> None:

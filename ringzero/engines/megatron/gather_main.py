@@ -8,7 +8,7 @@ rank 0 lacks take part, one tensor at a time, over megatron's groups:
 1. experts (``ep`` > 1): the EP group of the first data-parallel place (its ranks ``j = 0 .. ep - 1`` of
    the dp x cp places, megatron folds CP in) gathers each expert tensor to its first rank;
 2. tensor parallelism: the TP group of that first place gathers each tensor to TP rank 0, which merges
-   them (``convert.from_megatron``);
+   them (``convert.from_megatron``); both gathers are ``convert``'s with ``to_first``;
 3. pipeline stages: each later stage's first rank sends its tensors, name by name, to global rank 0.
 
 Every other rank (the other replicas hold the same shards) returns at once, in no collective. Every rank
@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 from megatron.core import parallel_state
 
-from ringzero.engines.megatron.convert import _expert_index, from_megatron
+from ringzero.engines.megatron.convert import from_megatron, gather_experts, gather_tp
 
 
 def _place() -> int:
@@ -37,50 +37,14 @@ def gather_to_main(local: dict[str, torch.Tensor], model) -> dict[str, torch.Ten
     if _place() >= ep:  # another replica of shards the first place's EP group holds
         return {}
     if ep > 1:
-        local = _experts_to_first(local, model)
+        local = gather_experts(local, model, to_first=True)
         if parallel_state.get_expert_model_parallel_rank() != 0:
             return {}
-    if model.tp_size > 1:
-        shards = _tp_to_first(local)
-        if shards is None:
-            return {}
-        full = from_megatron(shards, model.cfg)
-    else:
-        full = from_megatron([local], model.cfg)
+    shards = gather_tp(local, model, to_first=True) if model.tp_size > 1 else [local]
+    if parallel_state.get_tensor_model_parallel_rank() != 0:
+        return {}
+    full = from_megatron(shards, model.cfg)
     return _stages_to_main(full, model)
-
-
-def _experts_to_first(local: dict[str, torch.Tensor], model) -> dict[str, torch.Tensor]:
-    group = parallel_state.get_expert_model_parallel_group()
-    first = dist.get_process_group_ranks(group)[0]
-    mine = dist.get_rank() == first
-    per = model.cfg.num_experts // model.ep_size
-    out = {}
-    for name, t in local.items():
-        parts = _expert_index(name)
-        if parts is None:
-            out[name] = t
-            continue
-        gathered = [torch.empty_like(t) for _ in range(model.ep_size)] if mine else None
-        dist.gather(t.contiguous(), gathered, dst=first, group=group)
-        if mine:
-            for r, g in enumerate(gathered):
-                out[f"{parts[0]}{r * per + parts[1]}{parts[2]}"] = g
-    return out
-
-
-def _tp_to_first(local: dict[str, torch.Tensor]) -> list[dict[str, torch.Tensor]] | None:
-    group = parallel_state.get_tensor_model_parallel_group()
-    ranks = dist.get_process_group_ranks(group)
-    mine = dist.get_rank() == ranks[0]
-    shards: list[dict] = [{} for _ in ranks]
-    for name, t in local.items():
-        parts = [torch.empty_like(t) for _ in ranks] if mine else None
-        dist.gather(t.contiguous(), parts, dst=ranks[0], group=group)
-        if mine:
-            for r, part in enumerate(parts):
-                shards[r][name] = part
-    return shards if mine else None
 
 
 def _stages_to_main(mine: dict[str, torch.Tensor], model) -> dict[str, torch.Tensor]:

@@ -22,15 +22,12 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from ringzero.engines.megatron import snapshots
 from ringzero.engines.megatron.convert import gather_hybrid, load_hybrid_state_, routing_buffers, to_megatron
 from ringzero.engines.megatron.gather_main import gather_to_main
 from ringzero.errors import RingzeroError
 from ringzero.parallel.grads import sync_grads
 from ringzero.stages.optimizer import TrainOptimizer
-
-
-def _host(t: torch.Tensor) -> torch.Tensor:
-    return t.detach().to("cpu", copy=True)
 
 
 def is_expert(p: torch.nn.Parameter) -> bool:
@@ -188,29 +185,13 @@ class ShardedTrainOptimizer(TrainOptimizer):
 
     def local_snapshot(self) -> dict:
         """This rank's parameters, routing biases, fp32 masters, Adam slots and counters, copied to the host:
-        what a rollback restores, without gathering the full model onto any rank."""
-        return {"params": [_host(p) for p in self.params], "buffers": {n: _host(b) for n, b in
-                                                                     routing_buffers(self.model).items()},
-                "master": [_host(m) for m in self.master] if self.needs_master else None,
-                "adam": [{k: _host(v) if torch.is_tensor(v) else v for k, v in self.adam.state[m].items()}
-                         if m in self.adam.state else None for m in self.master],
+        what a rollback restores, without gathering the full model onto any rank (``snapshots``)."""
+        return {**snapshots.snapshot(self.model, self.params, [self.adam]),
                 "steps_taken": self.steps_taken, "skipped": self.skipped}
 
-    @torch.no_grad()
     def restore_local(self, snap: dict) -> None:
         """Put ``local_snapshot``'s values back, bit for bit."""
-        for p, v in zip(self.params, snap["params"], strict=True):
-            p.copy_(v)
-        for name, b in routing_buffers(self.model).items():
-            b.copy_(snap["buffers"][name])
-        if snap["master"] is not None:
-            for m, v in zip(self.master, snap["master"], strict=True):
-                m.copy_(v)
-        self.adam.state.clear()
-        for m, slots in zip(self.master, snap["adam"], strict=True):
-            if slots is not None:
-                self.adam.state[m] = {k: v.to(m.device).clone() if torch.is_tensor(v) and k != "step" else
-                                      (v.clone() if torch.is_tensor(v) else v) for k, v in slots.items()}
+        snapshots.restore(self.model, self.params, [self.adam], snap)
         self.steps_taken, self.skipped = snap["steps_taken"], snap["skipped"]
 
     def load_state(self, tensors: dict[str, torch.Tensor], meta: dict) -> None:
