@@ -7,9 +7,14 @@ and/or a mask over tokens or whole responses, composed with the stage's policy l
 - ``icepop``: drop tokens outside [lower, upper] (0.5..5.0), weigh the kept ones by r_t;
 - ``veto``: drop a response when any token ratio is below ``floor``.
 
+Each reads the raw per-token log r, in float64; a sequence-level one sums (or averages) it first and bounds
+only the total. A response with a non-finite log r on any token is dropped whole before any correction
+runs (``compose.NONFINITE_RULE``).
+
 Listed in ``LossSettings.corrections``; applied in that order, weights multiply and masks AND together
 (``compose.apply_corrections``). Each reports ``correction/<kind>/...``; the batch reports
-``correction/sequences_dropped``, ``correction/token_masked_frac`` and ``correction/weight_mean``.
+``correction/sequences_dropped``, ``correction/token_masked_frac``, ``correction/weight_mean`` and
+``correction/nonfinite_tokens`` / ``correction/nonfinite_sequences``.
 
 Which ratio, and in which order (decoupled, as verl's "decoupled" rollout correction): when any correction
 is listed, the trainer first scores the whole rollout batch once, without gradient, under the weights the
