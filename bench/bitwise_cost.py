@@ -25,8 +25,8 @@ import yaml
 
 from ringzero.model.config import ModelConfig, PrecisionPolicy
 from ringzero.model.hybrid import HybridLM
+from ringzero.model.scoring import score_sequences
 from ringzero.rollout.engine.embedded import EmbeddedEngine
-from ringzero.rollout.engine.scoring import score_sequences
 from ringzero.rollout.types import GenerateRequest, SamplingParams
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "tiny-cpu.yaml"

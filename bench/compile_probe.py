@@ -50,13 +50,13 @@ from mdsection import write_section  # noqa: E402
 from rollout_throughput import TINY, fixed_prompts, tiny_model  # noqa: E402
 
 from ringzero.config.loader import load_config  # noqa: E402
+from ringzero.engines.builders import fresh_model, task_and_tokenizer  # noqa: E402
+from ringzero.engines.optimizer import TrainOptimizer  # noqa: E402
 from ringzero.model.hybrid import HybridLM  # noqa: E402
 from ringzero.parallel.runtime import single  # noqa: E402
 from ringzero.rollout.engine.embedded import EmbeddedEngine  # noqa: E402
 from ringzero.stages.corpus_windows import CorpusWindows  # noqa: E402
 from ringzero.stages.lm_step import lm_step  # noqa: E402
-from ringzero.stages.optimizer import TrainOptimizer  # noqa: E402
-from ringzero.stages.setup import fresh_model, task_and_tokenizer  # noqa: E402
 
 EAGER = "eager"
 

@@ -5,7 +5,7 @@ vocab 64) with ``max_position_embeddings`` raised to the sequence, fp32. One seq
 sharded contiguously over ``cp`` gloo ranks (``SeqLayout``); each rank runs the parallelized
 ``HybridLM`` with the default plan (MLA ``a2a``, Lightning ``allgather``): hidden states, the chunked
 log-prob of each next token (``chunked_token_logprobs``), the loss normalised by the global token count
-(``token_mean``), backward and the CP gradient sum (``sync_grads``), as ``ringzero.parallel.equivalence``
+(``token_mean``), backward and the CP gradient sum (``sync_grads``), as ``ringzero.stages.cp_equivalence``
 builds a CP step. Every CP degree runs once per MLA attention implementation of ``--impls``
 (``model.mla_attention_impl``: ``explicit``, ``sdpa``): ``cp = 1`` is the unparallelized model with that
 ``MLACore``, ``cp > 1`` the ``a2a`` core, which attends with the layer's implementation.

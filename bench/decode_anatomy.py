@@ -128,11 +128,11 @@ def measure(batch: int, prompt_len: int, new_tokens: int, repeats: int) -> dict:
 def train_profile(config: str, threads: int, steps: int = 3) -> dict:
     """Seconds per pretraining step and the matmul share of its profiled CPU time."""
     from ringzero.config.loader import load_config
+    from ringzero.engines.builders import fresh_model, task_and_tokenizer
+    from ringzero.engines.optimizer import TrainOptimizer
     from ringzero.parallel.runtime import single
     from ringzero.stages.corpus_windows import CorpusWindows
     from ringzero.stages.lm_step import lm_step
-    from ringzero.stages.optimizer import TrainOptimizer
-    from ringzero.stages.setup import fresh_model, task_and_tokenizer
 
     torch.set_num_threads(threads)
     cfg = load_config(config)

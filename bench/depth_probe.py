@@ -31,12 +31,12 @@ from collections import defaultdict
 import torch
 
 from ringzero.config.loader import load_config
+from ringzero.engines.builders import task_and_tokenizer
 from ringzero.model.checkpoint import load_model
 from ringzero.rl.rollout_batch import encode_prompt, stop_settings
 from ringzero.rl.seeds import derive_seed
 from ringzero.rollout.engine.embedded import EmbeddedEngine
 from ringzero.rollout.types import GenerateRequest, SamplingParams
-from ringzero.stages.setup import task_and_tokenizer
 from ringzero.store import open_store
 from ringzero.tasks.base import THINK_OPEN, first_line, split_trace
 

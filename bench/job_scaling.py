@@ -75,10 +75,10 @@ def _runtime(ctx, dp: int, cp: int):
 def pretrain_job(ctx, dp: int, cp: int, threads: int, args) -> dict | None:
     import torch
 
+    from ringzero.engines.builders import task_and_tokenizer, training_model
+    from ringzero.engines.optimizer import TrainOptimizer
     from ringzero.stages.corpus_windows import CorpusWindows
     from ringzero.stages.lm_step import lm_step
-    from ringzero.stages.optimizer import TrainOptimizer
-    from ringzero.stages.setup import task_and_tokenizer, training_model
 
     rt = _runtime(ctx, dp, cp)
     cfg = job_config(dp, cp, threads, args)

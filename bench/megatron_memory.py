@@ -85,10 +85,10 @@ def peak_rss() -> int:
 
 def measure(ctx, tp: int, hidden: int, layers: int, heads: int, optimizer: str, pp: int = 1,
             checkpoint: str | None = None, load: str = "streamed") -> dict:
-    from ringzero.engines import training_engine
     from ringzero.model.hybrid import HybridLM
     from ringzero.parallel.dims import ParallelDims
     from ringzero.parallel.runtime import Runtime
+    from ringzero.stages.training_engine import training_engine
 
     torch.set_num_threads(1)
     dims = ParallelDims(dp=1, cp=1, world_size=tp * pp, tp=tp, pp=pp)
@@ -120,9 +120,9 @@ def measure(ctx, tp: int, hidden: int, layers: int, heads: int, optimizer: str, 
                                        total_steps=1, schedule="constant")
     build_peak = peak_rss() - before
     # one pretraining step, so the optimizer's moments exist as they do for the rest of a stage
+    from ringzero.engines.builders import task_and_tokenizer
     from ringzero.stages.corpus_windows import CorpusWindows
     from ringzero.stages.lm_step import lm_step
-    from ringzero.stages.setup import task_and_tokenizer
 
     task, tokenizer = task_and_tokenizer(cfg)
     windows = CorpusWindows(task, tokenizer, stage.seq_len, cfg.run.seed)
@@ -147,9 +147,9 @@ SHARD_BYTES = 8 * 2**20
 
 def write_checkpoint(root: str, hidden: int, layers: int, heads: int, optimizer: str) -> str:
     """A committed checkpoint of a fresh model in ``SHARD_BYTES`` files, written by this process."""
+    from ringzero.engines.builders import fresh_model
     from ringzero.model.checkpoint import save_model
     from ringzero.model.config import PrecisionPolicy
-    from ringzero.stages.setup import fresh_model
     from ringzero.store import open_store
 
     cfg = config(1, hidden, layers, heads, optimizer)

@@ -25,13 +25,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from zero_rl_tiny import trace_roles  # noqa: E402
 
 from ringzero.config.loader import load_config  # noqa: E402
+from ringzero.engines.builders import fresh_model, task_and_tokenizer  # noqa: E402
+from ringzero.engines.optimizer import TrainOptimizer  # noqa: E402
 from ringzero.parallel.runtime import single  # noqa: E402
 from ringzero.rollout.engine.embedded import EmbeddedEngine  # noqa: E402
 from ringzero.stages.corpus_windows import CorpusWindows  # noqa: E402
 from ringzero.stages.heldout_eval import evaluate_heldout  # noqa: E402
 from ringzero.stages.lm_step import lm_step  # noqa: E402
-from ringzero.stages.optimizer import TrainOptimizer  # noqa: E402
-from ringzero.stages.setup import fresh_model, task_and_tokenizer  # noqa: E402
 
 HELDOUT_KEYS = ("accuracy", "trace_rate", "trace_accuracy", "forced_trace_accuracy", "len_mean", "greedy_accuracy")
 

@@ -2,7 +2,7 @@
 
 For each precision-policy pair (train, rollout) the rollout engine samples trajectories of fixed
 lengths (no eos, so each length bucket is exactly filled) and the training path rescores them
-(``ringzero.rollout.gap.measure_gap``); the tables give the distribution of ``|r - 1|`` and ``|log r|``
+(``ringzero.rollout.engine.gap.measure_gap``); the tables give the distribution of ``|r - 1|`` and ``|log r|``
 per pair and length. Pairs: ``fp32-islands`` on both sides, ``bf16`` on both sides, ``fp32`` on both
 sides, and ``deterministic`` (``fp32-islands`` on both sides with the engine in deterministic mode).
 
@@ -34,7 +34,7 @@ from mdsection import write_section
 
 from ringzero.model.config import ModelConfig, PrecisionPolicy
 from ringzero.model.hybrid import HybridLM
-from ringzero.rollout.gap import measure_gap
+from ringzero.rollout.engine.gap import measure_gap
 from ringzero.rollout.types import SamplingParams
 from ringzero.tokenizer import CharTokenizer
 
@@ -102,8 +102,8 @@ def prompts(n: int, seed: int) -> list[list[int]]:
 def task_prompts(config: Path):
     """``(n, seed) -> prompts`` of the run config's task, held-out split, tokenized as the eval stage does."""
     from ringzero.config.loader import load_config
+    from ringzero.engines.builders import task_and_tokenizer
     from ringzero.rl.rollout_batch import encode_prompt
-    from ringzero.stages.setup import task_and_tokenizer
 
     task, tokenizer = task_and_tokenizer(load_config(config))
     return lambda n, seed: [encode_prompt(tokenizer, p) for p in task.prompts("eval", n, seed)]

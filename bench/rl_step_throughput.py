@@ -24,15 +24,15 @@ import time
 import torch
 
 from ringzero.config.loader import load_config
+from ringzero.config.stages import LossSettings, OptimSettings, SamplingSettings
+from ringzero.engines.optimizer import TrainOptimizer
 from ringzero.model.config import PrecisionPolicy
 from ringzero.model.hybrid import HybridLM
 from ringzero.rl.rewards import TaskReward
 from ringzero.rl.step import RLStep, StepShape
-from ringzero.rl.sync import push_weights
 from ringzero.rl.trainer import PolicyTrainer
+from ringzero.rollout.deployment.weight_push import WeightPusher
 from ringzero.rollout.engine.embedded import EmbeddedEngine
-from ringzero.stages.config import LossSettings, OptimSettings, SamplingSettings
-from ringzero.stages.optimizer import TrainOptimizer
 from ringzero.tasks.arithmetic import SyntheticArithmetic
 from ringzero.tokenizer import CharTokenizer
 
@@ -79,7 +79,7 @@ def time_ringzero(cfg, args) -> dict:
     step = RLStep(client=engine, trainer=trainer, task=task, tokenizer=tokenizer, reward=TaskReward(task),
                   sampling=SamplingSettings(max_new_tokens=args.max_new_tokens),
                   shape=StepShape(args.prompts, args.samples), seed=0,
-                  push=lambda s: push_weights(engine, optimizer.master_state_dict(), f"step-{s + 1}"))
+                  push=lambda s: WeightPusher("in_process").push(engine, optimizer.master_state_dict(), f"step-{s + 1}"))
     times, parts, tokens = [], [], []
     for s in range(args.steps + 1):
         t0 = time.perf_counter()

@@ -18,6 +18,7 @@ import time
 
 import torch
 
+from ringzero.config.stages import LossSettings
 from ringzero.model.config import ModelConfig, PrecisionPolicy
 from ringzero.model.decode_check import random_weights_
 from ringzero.model.hybrid import HybridLM
@@ -26,7 +27,6 @@ from ringzero.rl.rollout_batch import RolloutBatch, pad_rows
 from ringzero.rl.trainer import PolicyTrainer
 from ringzero.rollout.engine.embedded import EmbeddedEngine
 from ringzero.rollout.types import GenerateRequest, SamplingParams
-from ringzero.stages.config import LossSettings
 
 MODEL = dict(vocab_size=64, hidden_size=128, num_hidden_layers=4, num_attention_heads=4, layer_group_size=2,
              head_dim=32, qk_rope_head_dim=16, qk_nope_head_dim=32, v_head_dim=32, kv_lora_rank=32,

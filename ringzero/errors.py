@@ -26,3 +26,8 @@ class StoreError(RingzeroError):
 
 class IntegrityError(StoreError):
     """A stored file does not match its manifest (size or sha256)."""
+
+
+class ServerUnreachable(RingzeroError):
+    """The server did not answer (refused or reset connection, timeout) or answered 5xx after every retry:
+    a replica that is gone or restarting, as opposed to one that refused a request."""

@@ -23,10 +23,10 @@ import torch
 from ringzero.model.config import ModelConfig, PrecisionPolicy
 from ringzero.model.decode_check import random_weights_
 from ringzero.model.hybrid import HybridLM
+from ringzero.model.scoring import score_sequences
+from ringzero.model.weights import copy_under_policy
 from ringzero.rl.tail_metrics import QUANTILES, quantiles
 from ringzero.rollout.engine.embedded import EmbeddedEngine
-from ringzero.rollout.engine.scoring import score_sequences
-from ringzero.rollout.engine.weights import copy_under_policy
 from ringzero.rollout.types import GenerateRequest, SamplingParams
 
 MOE = dict(vocab_size=64, hidden_size=64, num_hidden_layers=4, num_attention_heads=2, layer_group_size=2,

@@ -147,10 +147,10 @@ def _peak(device: torch.device) -> dict:
 
 
 def pretrain_phase(cfg, rt, args) -> dict:
+    from ringzero.engines.builders import task_and_tokenizer, training_model
+    from ringzero.engines.optimizer import TrainOptimizer
     from ringzero.stages.corpus_windows import CorpusWindows
     from ringzero.stages.lm_step import lm_step
-    from ringzero.stages.optimizer import TrainOptimizer
-    from ringzero.stages.setup import task_and_tokenizer, training_model
 
     pre = cfg.stages[0]
     task, tokenizer = task_and_tokenizer(cfg)

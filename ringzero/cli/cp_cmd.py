@@ -37,7 +37,7 @@ def register(sub) -> None:
 
 
 def _check_cp(args: argparse.Namespace) -> int:
-    from ringzero.parallel.equivalence import CheckSpec, run_check
+    from ringzero.stages.cp_equivalence import CheckSpec, run_check
 
     strategy = args.strategy or ("allgather" if args.layer == "lightning" else "a2a")
     spec = CheckSpec(layer=args.layer, strategy=strategy, cp=args.cp, dp=args.dp, seq_len=args.seq_len, heads=args.heads,

@@ -2,7 +2,7 @@
 
 Re-run it after every engine or kernel change: it samples with the embedded rollout engine under the
 rollout policy, rescores with the training path under the train policy and prints the distribution of
-``|r - 1|`` and ``|log r|``. The work lives in ``ringzero.rollout.gap``; this module only parses.
+``|r - 1|`` and ``|log r|``. The work lives in ``ringzero.rollout.engine.gap``; this module only parses.
 Exit status is non-zero only for bad input (2, from the CLI's error handling): a wide gap is a finding.
 """
 
@@ -60,7 +60,7 @@ def _gap(args: argparse.Namespace) -> int:
     import torch
 
     from ringzero.model.config import PrecisionPolicy
-    from ringzero.rollout.gap import length_buckets, measure_gap
+    from ringzero.rollout.engine.gap import length_buckets, measure_gap
     from ringzero.rollout.types import SamplingParams
 
     for name in ("samples", "prompt_len", "max_new_tokens"):

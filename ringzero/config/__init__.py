@@ -1,13 +1,11 @@
 """Typed run configuration: ``load_config(path, overrides)`` returns a validated ``RunConfig``.
 
-The config layer imports nothing above it: the cluster and Kubeflow settings models live here
-(``cluster``, ``kfp``), and the run schema takes the other sections from the component config modules
-(``ringzero.stages.config``, ``model.config``, ...), which import only ``base`` and ``gates``.
+The config layer imports only the floors below it (``strict_model``, ``model``, ``tasks``, ``parallel``,
+``store`` config modules): every schema a run file holds lives here, the stage schemas in ``stages`` and
+the mismatch corrections' in ``corrections``, so nothing here looks up at the code that runs them.
 
-The four exports still resolve lazily, for that last reason: a component config module may be the
-first import of a process, and it imports ``ringzero.config.base``, which runs this file first; an
-eager ``from ringzero.config.run import RunConfig`` here would then import that same half-initialized
-component module back through the run schema.
+The four exports resolve lazily, so that importing one settings module (``gates``, ``cluster``) does not
+import the whole run schema and the component modules behind it.
 """
 
 from __future__ import annotations

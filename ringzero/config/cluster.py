@@ -13,7 +13,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from ringzero.config.base import StrictModel
+from ringzero.strict_model import StrictModel
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")

@@ -9,7 +9,7 @@ from typing import Annotated
 
 from pydantic import BeforeValidator, PlainSerializer
 
-from ringzero.config.base import StrictModel
+from ringzero.strict_model import StrictModel
 
 _OPS = {"<=": operator.le, "<": operator.lt, ">=": operator.ge, ">": operator.gt, "==": operator.eq}
 _PATTERN = re.compile(r"^\s*([A-Za-z0-9_./@-]+)\s*(<=|>=|==|<|>)\s*([-+0-9.eE]+|inf|-inf)\s*$")

@@ -11,9 +11,9 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from ringzero.config.base import StrictModel
 from ringzero.config.cluster import S3SecretRef, Toleration
 from ringzero.parallel.config import world_product
+from ringzero.strict_model import StrictModel
 
 # The quantities the KFP SDK accepts for task resources (it raises a bare ValueError otherwise).
 _CPU = re.compile(r"^([0-9]*[.])?[0-9]+m?$")

@@ -6,14 +6,14 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
-from ringzero.config.base import RunName, StrictModel
 from ringzero.config.cluster import ClusterSettings
 from ringzero.config.kfp import KfpSettings
+from ringzero.config.stages import StageConfig
 from ringzero.config.targets import TargetExpr, target_problems
 from ringzero.model.config import ModelConfig, PrecisionPolicy
 from ringzero.parallel.config import ParallelConfig
-from ringzero.stages.config import StageConfig
 from ringzero.store.config import StorageConfig
+from ringzero.strict_model import RunName, StrictModel
 from ringzero.tasks.config import ArithmeticTask, TaskConfig
 
 

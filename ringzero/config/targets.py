@@ -23,7 +23,7 @@ from typing import Annotated, Literal
 
 from pydantic import BeforeValidator, PlainSerializer, WithJsonSchema
 
-from ringzero.config.base import StrictModel
+from ringzero.strict_model import StrictModel
 
 RUN = "run"
 """The REF head of run-wide values (no stage may take this name in a REF)."""

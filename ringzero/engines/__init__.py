@@ -6,24 +6,14 @@
 - ``megatron``: megatron-core (tensor parallelism, its MLA and MoE layers, ringzero's Lightning layer as a
   megatron-core module), imported only when ``engines.training.kind`` is ``megatron``.
 
-Stages call ``training_engine(cfg).build(...)`` and never import an engine directly.
+- ``optimizer``: AdamW on fp32 masters (the embedded engine's; megatron's optimizers share its interface);
+- ``builders``: task, tokenizer and model construction, and ``placed`` (device + ``parallelize``).
+
+A stage picks its engine with ``ringzero.stages.training_engine`` and never imports an engine directly.
 """
 
 from __future__ import annotations
 
 from ringzero.engines.training import TrainingEngine, TrainingSetup
 
-
-def training_engine(cfg) -> TrainingEngine:
-    """The engine ``cfg.engines.training`` names."""
-    kind = cfg.engines.training.kind
-    if kind == "megatron":
-        from ringzero.engines.megatron.engine import MegatronEngine
-
-        return MegatronEngine(cfg.engines.training)
-    from ringzero.engines.torch_engine import TorchEngine
-
-    return TorchEngine()
-
-
-__all__ = ["TrainingEngine", "TrainingSetup", "training_engine"]
+__all__ = ["TrainingEngine", "TrainingSetup"]

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from ringzero.engines.builders import placed, start_model
+from ringzero.engines.optimizer import TrainOptimizer
 from ringzero.engines.training import TrainingSetup
-from ringzero.stages.optimizer import TrainOptimizer
-from ringzero.stages.setup import placed, start_model
 
 
 class TorchEngine:

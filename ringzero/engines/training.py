@@ -29,7 +29,7 @@ class EngineOptimizer(Protocol):
         reduce-scatters into its own buffers."""
         ...
 
-    def step(self) -> Any: ...  # -> ringzero.stages.optimizer.StepReport
+    def step(self) -> Any: ...  # -> ringzero.engines.optimizer.StepReport
 
     def master_state_dict(self, everywhere: bool = True) -> dict[str, torch.Tensor]:
         """Full fp32 weights; with ``everywhere=False`` a sharding engine gathers them to rank 0 only (``{}``
@@ -61,7 +61,7 @@ class TrainingSetup:
         """``serving`` holding the current weights (a collective when the engine shards them)."""
         if self.serving is self.model:
             return self.serving
-        from ringzero.rollout.engine.weights import load_weights_
+        from ringzero.model.weights import load_weights_
 
         state = self.optimizer.master_state_dict()
         if self.serving is None:

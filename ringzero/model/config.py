@@ -17,7 +17,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from ringzero.config.base import StrictModel
+from ringzero.strict_model import StrictModel
 
 
 class ModelConfig(StrictModel):

@@ -8,7 +8,6 @@ Where to start:
 - ``strategies``: which strategy serves which layer type, and why other pairings are refused
 - ``mla_cp``, ``lightning_cp``, ``ring_attention``: the CP cores; ``comm``: their communication ledger
 - ``launch``: ``RankPool`` of local gloo ranks (checks, tests, benchmarks), ``init_from_env`` for torchrun
-- ``equivalence``: CP against one process, what ``ringzero check cp`` runs
 
 Importing this package (or ``config``) does not import torch.
 """

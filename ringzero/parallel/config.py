@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from ringzero.config.base import StrictModel
+from ringzero.strict_model import StrictModel
 
 
 class CPPlan(StrictModel):

@@ -45,16 +45,16 @@ import torch
 
 from ringzero.model.hybrid import HybridLM
 from ringzero.model.routing import moe_layers, replay_routing
+from ringzero.model.scoring import score_tokens
 from ringzero.parallel.micro_batches import MicroBatch, run_micro_batches
 from ringzero.parallel.runtime import Runtime, single
 from ringzero.parallel.token_shards import logprobs_from_hidden, pad_rows, shard_tokens
 from ringzero.rl.corrections.compose import BatchCorrection, apply_corrections
-from ringzero.rl.losses import make_normalization, objective
 from ringzero.rl.losses.normalization import Normalization
 from ringzero.rl.mismatch_metrics import mismatch_metrics
+from ringzero.rl.objective import make_normalization, objective
 from ringzero.rl.rollout_batch import RolloutBatch
 from ringzero.rl.tail_metrics import entropy_summary, kl_summary, ratio_tail
-from ringzero.rollout.engine.scoring import score_tokens
 
 DEFAULT_MICRO_BATCH = 16
 
@@ -77,7 +77,7 @@ def response_view(grid_mW: torch.Tensor, prompt_lens_m: torch.Tensor, T: int) ->
 class PolicyTrainer:
     """``train(batch, advantages_N, seed)`` -> metrics; owns no weights, only how they are updated.
 
-    ``optimizer`` is a ``ringzero.stages.optimizer.TrainOptimizer`` (or anything with ``zero_grad``,
+    ``optimizer`` is a ``ringzero.engines.optimizer.TrainOptimizer`` (or anything with ``zero_grad``,
     ``step() -> report(lr, grad_norm, skipped)``). ``reference`` is the frozen KL reference model
     (needed when ``loss.kl_coef > 0``). ``model`` and ``reference`` must already be parallelized for
     ``runtime`` (``ringzero.parallel.parallelize``) when its cp degree is above 1.

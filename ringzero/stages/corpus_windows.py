@@ -12,7 +12,7 @@ import random
 
 import torch
 
-from ringzero.stages.setup import seeded
+from ringzero.engines.builders import seeded
 from ringzero.tasks.corpus import DOC_SEPARATOR, CorpusGenerator
 from ringzero.tokenizer.base import Tokenizer
 

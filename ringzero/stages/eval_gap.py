@@ -14,7 +14,7 @@ responses of ``|sum of the response's log r|``: the gap compounded along one tra
 three per third of the responses ranked by length (``short``, ``mid``, ``long``; see ``length_thirds``):
 runaway length should inflate the long third, distillation shrink it, FP32 islands shrink all of it.
 
-Tokens with a non-finite log-prob on either side are left out, as ``ringzero.rollout.gap`` does.
+Tokens with a non-finite log-prob on either side are left out, as ``ringzero.rollout.engine.gap`` does.
 
 Cost: three scoring passes (trainer and two policies). On the tiny config's model, 512 responses of ~100
 tokens took 12 s on one CPU thread (8 s on two) per checkpoint, so ``EvalStage.gap_max_responses``
@@ -31,11 +31,11 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from ringzero.config.stages import EvalStage
 from ringzero.model.config import PrecisionPolicy
+from ringzero.model.scoring import score_sequences
+from ringzero.model.weights import copy_under_policy
 from ringzero.rl.rollout_batch import RolloutBatch
-from ringzero.rollout.engine.scoring import score_sequences
-from ringzero.rollout.engine.weights import copy_under_policy
-from ringzero.stages.config import EvalStage
 
 THIRDS = ("short", "mid", "long")
 

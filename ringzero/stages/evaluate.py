@@ -30,17 +30,18 @@ import numpy as np
 import structlog
 import torch
 
+from ringzero.config.stages import EvalStage, Tier
+from ringzero.engines.builders import apply_threads, seeded, start_model, task_and_tokenizer
 from ringzero.errors import RingzeroError
+from ringzero.model.scoring import score_sequences
 from ringzero.parallel.runtime import single
 from ringzero.rl.rewards import TaskReward
 from ringzero.rl.rollout_batch import RolloutBatch, collect, sampling_params
 from ringzero.rl.seeds import derive_seed
 from ringzero.rl.tier_metrics import contrast_tiers, depth_contrast, tier_metrics
-from ringzero.rollout.clients.factory import rollout_client
-from ringzero.rollout.engine.scoring import score_sequences
-from ringzero.rollout.gap import gap_stats
+from ringzero.rollout.deployment.connect import rollout_client
+from ringzero.rollout.engine.gap import gap_stats
 from ringzero.stages.base import StageContext, StageInputs, StageOutcome
-from ringzero.stages.config import EvalStage, Tier
 from ringzero.stages.eval_gap import policy_gaps
 from ringzero.stages.eval_metrics import (
     comprehensibility,
@@ -50,7 +51,6 @@ from ringzero.stages.eval_metrics import (
     reproducibility,
 )
 from ringzero.stages.progress import step_progress
-from ringzero.stages.setup import apply_threads, seeded, start_model, task_and_tokenizer
 from ringzero.stages.summary_values import finite_only
 from ringzero.tasks.base import DIFFICULTY_BUCKETS
 

@@ -18,10 +18,10 @@ from dataclasses import replace
 
 import numpy as np
 
+from ringzero.config.stages import SamplingSettings
 from ringzero.rl.rewards import TaskReward
 from ringzero.rl.rollout_batch import RolloutBatch, collect, sampling_params
 from ringzero.rl.seeds import derive_seed
-from ringzero.stages.config import SamplingSettings
 from ringzero.tasks.base import THINK_OPEN, Task
 from ringzero.tokenizer.base import Tokenizer
 

@@ -16,18 +16,18 @@ import time
 import structlog
 import torch
 
-from ringzero.engines import training_engine
-from ringzero.rollout.clients.factory import rollout_client
+from ringzero.config.stages import PretrainStage
+from ringzero.engines.builders import apply_threads, task_and_tokenizer
+from ringzero.rollout.deployment.connect import rollout_client
 from ringzero.stages import preemption
 from ringzero.stages.base import StageContext, StageInputs, StageOutcome
-from ringzero.stages.config import PretrainStage
 from ringzero.stages.corpus_windows import CorpusWindows
 from ringzero.stages.heldout_eval import evaluate_heldout
 from ringzero.stages.lm_step import lm_step
 from ringzero.stages.progress import step_progress
-from ringzero.stages.setup import apply_threads, task_and_tokenizer
 from ringzero.stages.summary_values import finite_only
 from ringzero.stages.train_state import load_resume_point, save_final, save_resume_point, weights_to_write
+from ringzero.stages.training_engine import training_engine
 
 log = structlog.get_logger(__name__)
 

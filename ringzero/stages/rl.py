@@ -20,9 +20,9 @@ import time
 
 import structlog
 
+from ringzero.config.stages import RLStage
 from ringzero.stages import preemption
 from ringzero.stages.base import StageContext, StageInputs, StageOutcome
-from ringzero.stages.config import RLStage
 from ringzero.stages.heldout_eval import evaluate_heldout
 from ringzero.stages.live_table import LiveTable
 from ringzero.stages.progress import step_progress

@@ -14,7 +14,7 @@ from typing import Any
 
 import structlog
 
-from ringzero.engines import training_engine
+from ringzero.engines.builders import apply_threads, start_model, task_and_tokenizer
 from ringzero.engines.training import EngineOptimizer, TrainingSetup
 from ringzero.errors import RingzeroError
 from ringzero.model.config import PrecisionPolicy
@@ -27,11 +27,11 @@ from ringzero.rl.openings import Opening
 from ringzero.rl.rewards import TaskReward
 from ringzero.rl.seeds import derive_seed
 from ringzero.rl.step import RLStep, StepShape
-from ringzero.rl.sync import push_weights, weight_version
 from ringzero.rl.trainer import PolicyTrainer
-from ringzero.rollout.clients.factory import rollout_client as build_rollout_client
-from ringzero.stages.setup import apply_threads, start_model, task_and_tokenizer
+from ringzero.rollout.deployment.connect import rollout_client as build_rollout_client
+from ringzero.rollout.deployment.weight_push import WeightPusher, weight_version
 from ringzero.stages.train_state import load_resume_point
+from ringzero.stages.training_engine import training_engine
 from ringzero.tokenizer.base import Tokenizer
 
 log = structlog.get_logger(__name__)
@@ -101,8 +101,8 @@ def build_session(ctx, stage, inputs) -> RLSession:
     client = rollout_client(cfg, setup.sampler_model(cfg.engines), tokenizer, rt)
 
     remote = cfg.engines.rollout
-    disk = remote.weights_dir if remote.kind == "sglang" and remote.weight_sync == "disk" else None
-
+    pusher = WeightPusher.for_rollout(remote, model_cfg=cfg.model, store=ctx.store, prefix=ctx.checkpoint_prefix,
+                                      runtime=rt, tokenizer=tokenizer)
     session = RLSession(model, optimizer, client, task, tokenizer, None, first, resumed, cfg, rt,
                         base_lr=stage.optim.lr, rollout_policy=cfg.precision.rollout, setup=setup)
 
@@ -111,10 +111,8 @@ def build_session(ctx, stage, inputs) -> RLSession:
     everywhere = remote.kind == "embedded" or not writes_on_rank0(ctx.store)
 
     def push(step: int):  # to the session's engine of the moment (a raise_precision rollback rebuilds it)
-        return push_weights(session.client, optimizer.master_state_dict(everywhere), weight_version(step + 1),
-                            store=ctx.store,
-                            prefix=ctx.checkpoint_prefix, model_cfg=cfg.model, weights_dir=disk, runtime=rt,
-                            tokenizer=tokenizer, dtype=body_dtype(session.rollout_policy))
+        return pusher.push(session.client, optimizer.master_state_dict(everywhere), weight_version(step + 1),
+                           dtype=body_dtype(session.rollout_policy))
 
     trainer = PolicyTrainer(model, optimizer, stage.loss, minibatches=stage.minibatches,
                             max_new_tokens=stage.sampling.max_new_tokens, temperature=stage.sampling.temperature,

@@ -37,15 +37,15 @@ from typing import Any
 import structlog
 import torch
 
-from ringzero.errors import RingzeroError
-from ringzero.rl.seeds import derive_seed
-from ringzero.stages.config import (  # noqa: F401 (re-exported)
+from ringzero.config.stages import (  # noqa: F401 (re-exported)
     NONFINITE_FLAGS,
     NONFINITE_PREFIXES,
     PRECISION_LADDER,
     Remedy,
     RollbackSettings,
 )
+from ringzero.errors import RingzeroError
+from ringzero.rl.seeds import derive_seed
 
 log = structlog.get_logger(__name__)
 

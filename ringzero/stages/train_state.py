@@ -17,12 +17,12 @@ from typing import Any
 
 import torch
 
+from ringzero.engines.optimizer import TrainOptimizer
 from ringzero.errors import IntegrityError, RingzeroError
 from ringzero.model.checkpoint import save_state
 from ringzero.model.hf_format import hf_config
 from ringzero.model.hybrid import HybridLM
 from ringzero.parallel.one_writer import writes_on_rank0
-from ringzero.stages.optimizer import TrainOptimizer
 
 MODEL, OPTIM = "model.", "optim."
 

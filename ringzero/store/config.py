@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field, field_validator
 
-from ringzero.config.base import StrictModel
+from ringzero.strict_model import StrictModel
 
 
 class S3Settings(StrictModel):

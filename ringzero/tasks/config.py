@@ -6,7 +6,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
-from ringzero.config.base import StrictModel
+from ringzero.strict_model import StrictModel
 
 MAX_LABELLED_DIGITS = 26
 """digitsum and parity name each input digit with a letter a-z, so they take at most 26 digits."""

@@ -22,6 +22,7 @@ from ringzero.cluster.pods import RUN_CONFIG_DIR, RUN_CONFIG_FILE
 from ringzero.config import load_config
 from ringzero.config.cluster import ClusterSettings
 from ringzero.config.run import RunConfig
+from ringzero.engines.builders import fresh_model
 from ringzero.errors import RingzeroError
 from ringzero.metrics import read_metrics
 from ringzero.model.checkpoint import load_model, save_state
@@ -29,7 +30,6 @@ from ringzero.model.config import PrecisionPolicy
 from ringzero.pipeline.execute import outcome_key
 from ringzero.pipeline.identity import stage_hash
 from ringzero.stages.base import StageInputs, StageOutcome
-from ringzero.stages.setup import fresh_model
 from ringzero.store import open_store
 from ringzero.tokenizer import CharTokenizer
 

@@ -10,7 +10,7 @@ from unittest import mock
 import torch
 
 from ringzero.config.loader import parse_config
-from ringzero.engines import training_engine
+from ringzero.engines.builders import task_and_tokenizer
 from ringzero.metrics import MemoryMetricWriter
 from ringzero.parallel.dims import ParallelDims
 from ringzero.parallel.one_writer import one_writer
@@ -20,7 +20,7 @@ from ringzero.stages.base import StageContext, StageInputs
 from ringzero.stages.corpus_windows import CorpusWindows
 from ringzero.stages.lm_step import lm_step
 from ringzero.stages.rl_session import build_session
-from ringzero.stages.setup import task_and_tokenizer
+from ringzero.stages.training_engine import training_engine
 from ringzero.store import open_store
 
 

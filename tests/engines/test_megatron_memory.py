@@ -35,11 +35,11 @@ def test_the_serving_model_is_built_on_demand_with_the_trained_weights(one_rank)
     import torch
     from megatron_memory import config
 
-    from ringzero.engines import training_engine
+    from ringzero.engines.builders import task_and_tokenizer
     from ringzero.parallel.runtime import single
     from ringzero.stages.corpus_windows import CorpusWindows
     from ringzero.stages.lm_step import lm_step
-    from ringzero.stages.setup import task_and_tokenizer
+    from ringzero.stages.training_engine import training_engine
 
     cfg = config(1, 128, 2, 4, "ringzero")
     stage = cfg.stages[0]

@@ -11,9 +11,9 @@ from torch.profiler import ProfilerActivity, profile
 from torch.profiler._memory_profiler import MemoryProfileTimeline
 
 from ringzero.errors import RingzeroError
+from ringzero.model import scoring
 from ringzero.model.hybrid import HybridLM
 from ringzero.model.logprobs import chunked_token_logprobs, entropy, token_logprobs
-from ringzero.rollout.engine import scoring
 
 F64, F32 = torch.float64, torch.float32
 

@@ -7,12 +7,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from ringzero.config.stages import OptimSettings
+from ringzero.engines.optimizer import TrainOptimizer
 from ringzero.model.config import ModelConfig, PrecisionPolicy
 from ringzero.model.hybrid import HybridLM
 from ringzero.model.lightning import DecayTables, lightning_blocks, lightning_step
 from ringzero.model.precision import at_least_fp32
-from ringzero.stages.config import OptimSettings
-from ringzero.stages.optimizer import TrainOptimizer
 
 MICRO = dict(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, layout="LM",
              intermediate_size=48, max_position_embeddings=64, kv_lora_rank=8, qk_nope_head_dim=8,

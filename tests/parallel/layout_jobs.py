@@ -11,6 +11,8 @@ import tempfile
 import torch
 
 from ringzero.config.loader import parse_config
+from ringzero.engines.builders import task_and_tokenizer, training_model
+from ringzero.engines.optimizer import TrainOptimizer
 from ringzero.metrics import MemoryMetricWriter
 from ringzero.parallel.dims import ParallelDims
 from ringzero.parallel.one_writer import one_writer
@@ -19,9 +21,7 @@ from ringzero.rl.rewards import TaskReward
 from ringzero.stages.base import StageContext, StageInputs
 from ringzero.stages.corpus_windows import CorpusWindows
 from ringzero.stages.lm_step import lm_step
-from ringzero.stages.optimizer import TrainOptimizer
 from ringzero.stages.rl_session import build_session
-from ringzero.stages.setup import task_and_tokenizer, training_model
 from ringzero.store import open_store
 
 
@@ -70,7 +70,7 @@ def run_layout(ctx, dp: int, cp: int, store_root: str, normalization: str = "tok
     final RL weights. Only rank 0 returns the record (every rank holds the same replicated state).
 
     ``skip_grad_sum``: pretrain without summing gradients over ranks (a negative control)."""
-    import ringzero.stages.optimizer as optimizer_module  # the optimizer reduces gradients over ranks
+    import ringzero.engines.optimizer as optimizer_module  # the optimizer reduces gradients over ranks
 
     real_sum = optimizer_module.sync_grads
     optimizer_module.sync_grads = (lambda params, groups: None) if skip_grad_sum else real_sum

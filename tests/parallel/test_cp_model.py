@@ -9,7 +9,7 @@ import pytest
 from cp_jobs import loss_job
 from cp_params import CP_SIZES, cp_param
 
-from ringzero.parallel.equivalence import CheckSpec, run_check
+from ringzero.stages.cp_equivalence import CheckSpec, run_check
 
 pytestmark = pytest.mark.distributed
 

@@ -12,13 +12,13 @@ from pathlib import Path
 import torch
 
 from ringzero.config.run import RunConfig
+from ringzero.config.stages import OptimSettings
+from ringzero.engines.optimizer import TrainOptimizer
 from ringzero.metrics import MemoryMetricWriter
 from ringzero.model.checkpoint import save_model
 from ringzero.model.hybrid import HybridLM
 from ringzero.stages.base import StageContext
-from ringzero.stages.config import OptimSettings
 from ringzero.stages.distill_data import response_loss, sft_batch
-from ringzero.stages.optimizer import TrainOptimizer
 from ringzero.store import open_store
 from ringzero.tasks.arithmetic import SyntheticArithmetic
 from ringzero.tokenizer import CharTokenizer

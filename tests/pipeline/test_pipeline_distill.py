@@ -4,11 +4,11 @@ import pytest
 import torch
 from micro_policy import MODEL, Micro, micro, patch_task
 
+from ringzero.config.stages import DistillStage
 from ringzero.errors import RingzeroError
 from ringzero.model.logprobs import token_logprobs
 from ringzero.stages import distill
 from ringzero.stages.base import StageInputs
-from ringzero.stages.config import DistillStage
 from ringzero.stages.distill_data import Sample, epoch_order, response_loss, sft_batch, shortest_correct
 from ringzero.tokenizer import CharTokenizer
 

@@ -7,6 +7,7 @@ import pytest
 import torch
 from micro_policy import DIGITS, Micro, micro, patch_task
 
+from ringzero.config.stages import EvalStage, Tier
 from ringzero.model.checkpoint import save_model
 from ringzero.model.hybrid import HybridLM
 from ringzero.pipeline.execute import execute_stage
@@ -14,7 +15,6 @@ from ringzero.rl.rollout_batch import RolloutBatch
 from ringzero.rl.tier_metrics import tier_metrics
 from ringzero.stages import evaluate
 from ringzero.stages.base import StageInputs
-from ringzero.stages.config import EvalStage, Tier
 from ringzero.stages.eval_metrics import (
     comprehensibility,
     efficiency,

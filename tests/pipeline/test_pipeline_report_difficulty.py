@@ -46,7 +46,7 @@ def test_no_buckets_no_plots():
 
 
 def test_the_comparison_table_gains_a_row_per_bucket_untiered_and_per_tier():
-    from ringzero.stages.config import Tier
+    from ringzero.config.stages import Tier
     from ringzero.stages.evaluate import comparison_columns
     from ringzero.tasks.base import DIFFICULTY_BUCKETS
 
@@ -60,7 +60,7 @@ def test_the_comparison_table_gains_a_row_per_bucket_untiered_and_per_tier():
 
 
 def test_with_two_tiers_the_table_gains_the_deep_against_fast_contrast():
-    from ringzero.stages.config import Tier
+    from ringzero.config.stages import Tier
     from ringzero.stages.evaluate import comparison_columns
     from ringzero.tasks.base import DIFFICULTY_BUCKETS
 

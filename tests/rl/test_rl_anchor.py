@@ -8,13 +8,13 @@ import pytest
 import torch
 from pydantic import ValidationError
 
+from ringzero.config.stages import RLStage, Tier
 from ringzero.rl.advantage import anchored_advantages, group_advantages
 from ringzero.rl.anchor import Anchor
 from ringzero.rl.rewards import TaskReward
 from ringzero.rl.rollout_batch import RolloutBatch
 from ringzero.rl.seeds import derive_seed
 from ringzero.rollout.types import Completion, SamplingParams
-from ringzero.stages.config import RLStage, Tier
 from ringzero.tasks.base import Problem, Task
 from ringzero.tokenizer.char import CharTokenizer
 

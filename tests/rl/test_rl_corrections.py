@@ -9,24 +9,25 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from ringzero.model.config import ModelConfig, PrecisionPolicy
-from ringzero.model.decode_check import random_weights_
-from ringzero.model.hybrid import HybridLM
-from ringzero.rl.advantage import group_advantages
-from ringzero.rl.corrections.compose import apply_corrections
-from ringzero.rl.corrections.config import (
+from ringzero.config.corrections import (
     IcePopCorrection,
     MaskedISCorrection,
     SeqISCorrection,
     TISCorrection,
     VetoCorrection,
 )
-from ringzero.rl.losses import Normalization, objective
+from ringzero.config.stages import LossSettings, OptimSettings
+from ringzero.engines.optimizer import TrainOptimizer
+from ringzero.model.config import ModelConfig, PrecisionPolicy
+from ringzero.model.decode_check import random_weights_
+from ringzero.model.hybrid import HybridLM
+from ringzero.rl.advantage import group_advantages
+from ringzero.rl.corrections.compose import apply_corrections
+from ringzero.rl.losses import Normalization
+from ringzero.rl.objective import objective
 from ringzero.rl.rollout_batch import RolloutBatch
 from ringzero.rl.step import kept_reward_summary
 from ringzero.rl.trainer import PolicyTrainer
-from ringzero.stages.config import LossSettings, OptimSettings
-from ringzero.stages.optimizer import TrainOptimizer
 
 # Ratios r = old / rollout: three responses, the second one two tokens long (its third column is padding,
 # whose NaN must never matter).

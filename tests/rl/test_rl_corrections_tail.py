@@ -13,18 +13,19 @@ from unittest import mock
 import pytest
 import torch
 
-from ringzero.rl.advantage import group_advantages
-from ringzero.rl.corrections import base as corrections_base
-from ringzero.rl.corrections.compose import NONFINITE_RULE, apply_corrections
-from ringzero.rl.corrections.config import (
+from ringzero.config.corrections import (
     IcePopCorrection,
     MaskedISCorrection,
     SeqISCorrection,
     TISCorrection,
     VetoCorrection,
 )
-from ringzero.rl.losses import Normalization, objective
-from ringzero.stages.config import LossSettings
+from ringzero.config.stages import LossSettings
+from ringzero.rl.advantage import group_advantages
+from ringzero.rl.corrections import base as corrections_base
+from ringzero.rl.corrections.compose import NONFINITE_RULE, apply_corrections
+from ringzero.rl.losses import Normalization
+from ringzero.rl.objective import objective
 
 E20 = math.exp(20.0)
 

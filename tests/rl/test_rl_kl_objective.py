@@ -7,8 +7,9 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ringzero.rl.losses import Normalization, kl_k3_loss, objective, ppo_clip_loss, sg_clip_is_loss
-from ringzero.stages.config import LossSettings
+from ringzero.config.stages import LossSettings
+from ringzero.rl.losses import Normalization, kl_k3_loss, ppo_clip_loss, sg_clip_is_loss
+from ringzero.rl.objective import objective
 
 CUR = torch.tensor([[-1.0, -2.0, -0.3]], dtype=torch.float64)
 REF = torch.tensor([[-1.5, -1.0, -0.3]], dtype=torch.float64)

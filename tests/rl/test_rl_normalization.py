@@ -3,8 +3,9 @@
 import pytest
 import torch
 
-from ringzero.rl.losses import Normalization, make_normalization, sg_clip_is_loss
-from ringzero.stages.config import LossSettings
+from ringzero.config.stages import LossSettings
+from ringzero.rl.losses import Normalization, sg_clip_is_loss
+from ringzero.rl.objective import make_normalization
 
 PER_TOKEN = torch.tensor([[1.0, 2.0, 3.0, 4.0], [10.0, 20.0, 99.0, 99.0], [5.0, 5.0, 5.0, 5.0]])
 MASK = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0], [0, 0, 0, 0]], dtype=torch.bool)

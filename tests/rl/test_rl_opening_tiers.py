@@ -10,13 +10,13 @@ import pytest
 from pydantic import ValidationError
 from test_rl_openings import _setup
 
+from ringzero.config.stages import RLStage, Tier
 from ringzero.rl.openings import Opening
 from ringzero.rl.rewards import TaskReward
 from ringzero.rl.rollout_batch import collect
 from ringzero.rl.step import opening_metrics, own_rows
 from ringzero.rollout.engine.embedded import EmbeddedEngine
 from ringzero.rollout.types import SamplingParams
-from ringzero.stages.config import RLStage, Tier
 from ringzero.stages.rl_session import _opening
 from ringzero.tokenizer.char import CharTokenizer
 

@@ -10,16 +10,16 @@ import pytest
 import torch
 from pydantic import ValidationError
 
+from ringzero.config.stages import RLStage, Tier
 from ringzero.model.config import ModelConfig, PrecisionPolicy
 from ringzero.model.hybrid import HybridLM
+from ringzero.model.scoring import score_tokens
 from ringzero.rl.openings import Opening
 from ringzero.rl.rewards import TaskReward
 from ringzero.rl.rollout_batch import collect
 from ringzero.rl.step import opening_metrics, own_rows
 from ringzero.rollout.engine.embedded import EmbeddedEngine
-from ringzero.rollout.engine.scoring import score_tokens
 from ringzero.rollout.types import SamplingParams
-from ringzero.stages.config import RLStage, Tier
 from ringzero.tasks.arithmetic import SyntheticArithmetic
 from ringzero.tasks.config import ArithmeticTask
 from ringzero.tokenizer.char import CharTokenizer

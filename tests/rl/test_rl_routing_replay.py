@@ -6,13 +6,13 @@ import pytest
 import torch
 
 from ringzero.config.loader import load_config
+from ringzero.config.stages import LossSettings
 from ringzero.model.config import ModelConfig, PrecisionPolicy
 from ringzero.model.decode_check import random_weights_
 from ringzero.model.hybrid import HybridLM
 from ringzero.model.routing import capture_routing, replay_routing
 from ringzero.rl.rollout_batch import RolloutBatch
 from ringzero.rl.trainer import PolicyTrainer
-from ringzero.stages.config import LossSettings
 
 MOE = ModelConfig(vocab_size=32, hidden_size=32, num_hidden_layers=4, num_attention_heads=2, layer_group_size=2,
                   head_dim=8, qk_rope_head_dim=4, qk_nope_head_dim=8, v_head_dim=6, kv_lora_rank=8,

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from ringzero.config.stages import Tier
 from ringzero.rl.rollout_batch import RolloutBatch
 from ringzero.rl.tier_metrics import depth_contrast, tier_metrics
-from ringzero.stages.config import Tier
 from ringzero.tasks.arithmetic import SyntheticArithmetic
 from ringzero.tasks.config import ArithmeticTask
 

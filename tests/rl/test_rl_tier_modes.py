@@ -11,10 +11,10 @@ import pytest
 import torch
 from pydantic import ValidationError
 
+from ringzero.config.stages import RLStage, Tier
 from ringzero.rl.rewards import TaskReward
 from ringzero.rl.rollout_batch import RolloutBatch
 from ringzero.rl.tier_metrics import contrast_tiers, depth_contrast, tier_metrics
-from ringzero.stages.config import RLStage, Tier
 from ringzero.stages.evaluate import comparison_columns, run_tiers
 from ringzero.tasks import make_task
 from ringzero.tasks.arithmetic import SyntheticArithmetic

@@ -10,8 +10,8 @@ import torch
 from ringzero.model.config import ModelConfig, PrecisionPolicy
 from ringzero.model.hybrid import HybridLM
 from ringzero.model.logprobs import entropy
+from ringzero.model.scoring import bitwise_hidden, bitwise_ids
 from ringzero.rl.trainer import PolicyTrainer
-from ringzero.rollout.engine.scoring import bitwise_hidden, bitwise_ids
 
 MICRO = dict(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, layout="LM",
              intermediate_size=48, max_position_embeddings=48, kv_lora_rank=8, qk_nope_head_dim=8,

@@ -13,6 +13,8 @@ import torch
 from rollout_kit import policy, prompts, tiny_model
 
 import ringzero.rollout.engine.embedded as engine_module
+from ringzero.model.scoring import score_sequences, score_tokens
+from ringzero.model.weights import copy_under_policy
 from ringzero.rollout.engine.embedded import EmbeddedEngine
 from ringzero.rollout.engine.sampling import (
     RowSettings,
@@ -21,8 +23,6 @@ from ringzero.rollout.engine.sampling import (
     sample_seed,
     scaled_logprobs,
 )
-from ringzero.rollout.engine.scoring import score_sequences, score_tokens
-from ringzero.rollout.engine.weights import copy_under_policy
 from ringzero.rollout.types import GenerateRequest, LogprobRequest, SamplingParams
 
 VOCAB = 64

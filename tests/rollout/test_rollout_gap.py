@@ -13,7 +13,7 @@ from rollout_kit import TINY, policy, prompts, tiny_model
 from ringzero.cli.main import main
 from ringzero.errors import RingzeroError
 from ringzero.model.checkpoint import save_model
-from ringzero.rollout.gap import gap_stats, length_buckets, measure_gap
+from ringzero.rollout.engine.gap import gap_stats, length_buckets, measure_gap
 from ringzero.rollout.types import SamplingParams
 from ringzero.store import open_store
 

@@ -21,6 +21,8 @@ import pytest
 import requests
 import torch
 
+from ringzero.rollout.clients.http_client import HttpRolloutClient
+
 ORDER: list[tuple[str, str]] = []  # (replica name, path) of every control call, across replicas
 ORDER_LOCK = threading.Lock()
 
@@ -185,7 +187,7 @@ def fakes(request):
 def replica_set(fakes_, **kwargs):
     from ringzero.rollout.replicas.replica_set import ReplicaSet
 
-    return ReplicaSet([f.url for f in fakes_], retries=0, **kwargs)
+    return ReplicaSet([f.url for f in fakes_], connect=HttpRolloutClient, retries=0, **kwargs)
 
 
 def reqs(n_prompts: int, n: int = 2, max_new: int = 3):
@@ -343,7 +345,7 @@ def load_tiny(*overrides: str):
 
 def test_the_factory_builds_todays_embedded_engine(monkeypatch):
     import ringzero.rollout.engine.embedded as engine_module
-    from ringzero.rollout.clients.factory import rollout_client
+    from ringzero.rollout.deployment.connect import rollout_client
 
     made = []
 
@@ -362,7 +364,7 @@ def test_the_factory_builds_todays_embedded_engine(monkeypatch):
 
 def test_the_factory_builds_one_replica_set_per_server_set_and_serves_the_stage_checkpoint(fakes):
     from ringzero.errors import RingzeroError
-    from ringzero.rollout.clients.factory import close_remote_clients, rollout_client
+    from ringzero.rollout.deployment.connect import close_remote_clients, rollout_client
     from ringzero.rollout.replicas.replica_set import ReplicaSet
 
     replicas = fakes(2)
@@ -374,7 +376,7 @@ def test_the_factory_builds_one_replica_set_per_server_set_and_serves_the_stage_
         assert isinstance(first, ReplicaSet) and first.endpoints == [f.url for f in replicas]
         assert all(f.calls == [] for f in replicas)  # the servers started with that checkpoint
         assert rollout_client(cfg, None, None, seed=0, max_batch=1) is first
-        with pytest.raises(RingzeroError, match="cannot serve s3://b/other with weight_sync disk"):
+        with pytest.raises(RingzeroError, match="weight_sync disk needs engines.rollout.weights_dir"):
             rollout_client(cfg, None, None, seed=0, max_batch=1, serves="s3://b/other")
         store = load_tiny(*base, "engines.rollout.weight_sync=store")
         rollout_client(store, None, None, seed=0, max_batch=1, serves="s3://b/other")
@@ -447,7 +449,7 @@ def test_distributed_pushes_reach_every_replica_through_the_weight_group():
     procs = [ReplicaProcess(sessions=True), ReplicaProcess(sessions=False)]
     try:
         assert all(p.url.startswith("http://") for p in procs)
-        client = DistributedReplicaSet([p.url for p in procs], retries=0, backend="gloo", master_address="127.0.0.1",
+        client = DistributedReplicaSet(connect=HttpRolloutClient, endpoints=[p.url for p in procs], retries=0, backend="gloo", master_address="127.0.0.1",
                                        sync_timeout_s=60)
         assert hasattr(spread(client, FakeRuntime(0)), "update_weights")
         gen = torch.Generator().manual_seed(0)
@@ -487,7 +489,7 @@ def test_a_replica_refusing_a_distributed_push_fails_it_at_once_and_the_next_pus
     from ringzero.rollout.replicas.distributed_set import DistributedReplicaSet
 
     good, bad = fakes(1)[0], fakes(1, refuse="/update_weights_from_distributed")[0]
-    client = DistributedReplicaSet([good.url, bad.url], retries=0, backend="gloo", sync_timeout_s=5)
+    client = DistributedReplicaSet(connect=HttpRolloutClient, endpoints=[good.url, bad.url], retries=0, backend="gloo", sync_timeout_s=5)
     opened = []
 
     def open_group(clients):
@@ -508,8 +510,7 @@ def test_a_replica_refusing_a_distributed_push_fails_it_at_once_and_the_next_pus
 
 
 def test_distributed_bodies_name_the_group_and_each_replicas_ranks():
-    from ringzero.rollout.clients.http_client import init_group_body
-    from ringzero.rollout.replicas.weight_group import rank_offsets
+    from ringzero.rollout.replicas.weight_group import init_group_body, rank_offsets
 
     offsets = rank_offsets(3, 4)
     assert offsets == [1, 5, 9]
@@ -572,7 +573,7 @@ def test_a_replica_killed_mid_rollout_loses_no_sample_and_rejoins_on_the_current
     a, b = ReplicaProcess(sessions=True, delay_s=0.5), ReplicaProcess(sessions=True, delay_s=0.5)
     restarted = None
     try:
-        client = ReplicaSet([a.url, b.url], retries=0, timeout_s=20, recheck_s=0.0)
+        client = ReplicaSet([a.url, b.url], connect=HttpRolloutClient, retries=0, timeout_s=20, recheck_s=0.0)
         client.update_weights_from_disk("/w/step-1", "step-1")
         killer = _kill_during_generate(b, after_s=0.1)
         out = client.generate(reqs(8))
@@ -633,7 +634,7 @@ def test_a_distributed_group_is_rebuilt_when_a_killed_member_returns():
     a, b = ReplicaProcess(sessions=True), ReplicaProcess(sessions=False)
     restarted = None
     try:
-        client = DistributedReplicaSet([a.url, b.url], retries=0, timeout_s=20, backend="gloo",
+        client = DistributedReplicaSet(connect=HttpRolloutClient, endpoints=[a.url, b.url], retries=0, timeout_s=20, backend="gloo",
                                        master_address="127.0.0.1", sync_timeout_s=60)
         state = {"word_embeddings.weight": torch.arange(6.0).reshape(2, 3)}
         client.update_weights(state, "step-1")

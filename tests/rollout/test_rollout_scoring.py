@@ -8,9 +8,9 @@ from rollout_kit import assert_close, policy, prompts, requests, tiny_model
 
 from ringzero.errors import RingzeroError
 from ringzero.model.logprobs import token_logprobs
+from ringzero.model.scoring import score_sequences
+from ringzero.model.weights import copy_under_policy
 from ringzero.rollout.engine.embedded import EmbeddedEngine
-from ringzero.rollout.engine.scoring import score_sequences
-from ringzero.rollout.engine.weights import copy_under_policy
 from ringzero.rollout.types import GenerateRequest, SamplingParams
 
 

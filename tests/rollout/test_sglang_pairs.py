@@ -17,8 +17,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from ringzero.errors import RingzeroError
-from ringzero.rollout.clients.http_client import HttpRolloutClient, distributed_update_body, init_group_body
+from ringzero.rollout.clients.http_client import HttpRolloutClient
 from ringzero.rollout.replicas.replica_set import ReplicaSet
+from ringzero.rollout.replicas.weight_group import distributed_update_body, init_group_body
 from ringzero.rollout.types import GenerateRequest, SamplingParams
 
 # --- SGLang's request structs: field -> type --------------------------------------------------------
@@ -263,7 +264,7 @@ def test_weight_version_spans_of_newer_sglang_are_checked(replay):
     spans = [{"version": "step-2", "start": 0, "end": 1}, {"version": "step-3", "start": 1, "end": 2}]
     server = replay({"/generate": (200, source_generate("step-3", spans)), "/update_weights_from_disk": DISK_OK,
                      "/pause_generation": PAUSED, "/continue_generation": CONTINUED})
-    client = ReplicaSet([server.url], retries=0, stale="count")
+    client = ReplicaSet([server.url], connect=HttpRolloutClient, retries=0, stale="count")
     client.update_weights_from_disk("/w/step-3", "step-3")
     client.generate([GenerateRequest([11, 12], SamplingParams(max_new_tokens=2, n=2)),
                      GenerateRequest([21, 22, 23], SamplingParams(max_new_tokens=2, n=2))])
@@ -276,7 +277,7 @@ def test_weight_version_spans_of_newer_sglang_are_checked(replay):
 def test_disk_push_bodies_are_sglang_structs(replay):
     server = replay({"/update_weights_from_disk": DISK_OK, "/pause_generation": PAUSED,
                      "/continue_generation": CONTINUED})
-    ReplicaSet([server.url], retries=0).update_weights_from_disk("/shared-weights/l/step-3", "step-3")
+    ReplicaSet([server.url], connect=HttpRolloutClient, retries=0).update_weights_from_disk("/shared-weights/l/step-3", "step-3")
     assert [p for p, _ in server.seen] == ["/pause_generation", "/update_weights_from_disk", "/continue_generation"]
     (pause,), (disk,), (cont,) = (server.bodies(p) for p, _ in server.seen)
     assert_shaped_like(pause, PAUSE_GENERATION)
@@ -292,7 +293,7 @@ def test_a_refused_disk_push_names_the_server_and_its_message(replay):
                      "/continue_generation": CONTINUED})
     with pytest.raises(RingzeroError, match=rf"{server.url} refused the weight push 'v'.*HTTP 400: Failed to get "
                                             "weights iterator"):
-        ReplicaSet([server.url], retries=0).update_weights_from_disk("/w/x", "v")
+        ReplicaSet([server.url], connect=HttpRolloutClient, retries=0).update_weights_from_disk("/w/x", "v")
     assert server.seen[-1][0] == "/continue_generation"
 
 

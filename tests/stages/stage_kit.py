@@ -69,13 +69,13 @@ def micro_model(policy: str = "fp32", seed: int = 0) -> HybridLM:
 def rl_parts(*, task=None, minibatches=2, prompts=4, samples=4, max_new_tokens=6, lr=1e-3, kl_coef=0.0,
              deterministic=False, rollout_policy="fp32", loss=None, seed=0):
     """A micro model, an embedded engine, a trainer and an ``RLStep`` wired as the RL stage wires them."""
+    from ringzero.config.stages import LossSettings, OptimSettings, SamplingSettings
+    from ringzero.engines.optimizer import TrainOptimizer
     from ringzero.rl.rewards import TaskReward
     from ringzero.rl.step import RLStep, StepShape
-    from ringzero.rl.sync import push_weights, weight_version
     from ringzero.rl.trainer import PolicyTrainer
+    from ringzero.rollout.deployment.weight_push import WeightPusher, weight_version
     from ringzero.rollout.engine.embedded import EmbeddedEngine
-    from ringzero.stages.config import LossSettings, OptimSettings, SamplingSettings
-    from ringzero.stages.optimizer import TrainOptimizer
     from ringzero.tokenizer import CharTokenizer
 
     task = task or SayDigit()
@@ -92,6 +92,7 @@ def rl_parts(*, task=None, minibatches=2, prompts=4, samples=4, max_new_tokens=6
                             pad_id=tokenizer.pad_id)
     step = RLStep(client=engine, trainer=trainer, task=task, tokenizer=tokenizer, reward=TaskReward(task),
                   sampling=sampling, shape=StepShape(prompts, samples), seed=seed,
-                  push=lambda s: push_weights(engine, optimizer.master_state_dict(), weight_version(s + 1)))
+                  push=lambda s: WeightPusher("in_process").push(engine, optimizer.master_state_dict(),
+                                                                   weight_version(s + 1)))
     return SimpleNamespace(model=model, engine=engine, optimizer=optimizer, trainer=trainer, step=step,
                            task=task, tokenizer=tokenizer)

@@ -8,12 +8,12 @@ import pytest
 import torch
 from stage_kit import context, run_config
 
+from ringzero.config.stages import EvalStage
 from ringzero.model.checkpoint import save_model
 from ringzero.model.config import PrecisionPolicy
 from ringzero.model.hybrid import HybridLM
 from ringzero.stages import evaluate
 from ringzero.stages.base import StageInputs
-from ringzero.stages.config import EvalStage
 from ringzero.stages.eval_gap import THIRDS, gap_values, length_thirds, scored_rows
 from ringzero.store import open_store
 

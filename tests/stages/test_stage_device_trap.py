@@ -15,14 +15,14 @@ from device_trap import device_trap
 
 import ringzero.rl.trainer as trainer_module
 from ringzero.config.loader import parse_config
+from ringzero.engines.builders import task_and_tokenizer
+from ringzero.engines.optimizer import StepReport
 from ringzero.model.hybrid import HybridLM
 from ringzero.parallel.runtime import single
 from ringzero.rl.rewards import TaskReward
 from ringzero.rl.step import RLStep, StepShape
 from ringzero.rl.trainer import PolicyTrainer
 from ringzero.rollout.engine.embedded import EmbeddedEngine
-from ringzero.stages.optimizer import StepReport
-from ringzero.stages.setup import task_and_tokenizer
 
 META = torch.device("meta")
 

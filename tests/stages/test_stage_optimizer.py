@@ -6,10 +6,10 @@ import pytest
 import torch
 from stage_kit import MICRO_MODEL
 
+from ringzero.config.stages import OptimSettings
+from ringzero.engines.optimizer import MIN_LR_FRACTION, TrainOptimizer, lr_at
 from ringzero.model.config import ModelConfig, PrecisionPolicy
 from ringzero.model.hybrid import HybridLM
-from ringzero.stages.config import OptimSettings
-from ringzero.stages.optimizer import MIN_LR_FRACTION, TrainOptimizer, lr_at
 
 
 def model(body="fp32", seed=0):

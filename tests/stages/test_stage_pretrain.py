@@ -7,12 +7,12 @@ import torch
 from stage_kit import run_config, state_equal
 
 import ringzero.stages.pretrain as pretrain_runner
+from ringzero.engines.builders import start_model
 from ringzero.model.checkpoint import load_model
 from ringzero.model.config import PrecisionPolicy
 from ringzero.model.tolerances import compare
 from ringzero.pipeline.local import run_pipeline
 from ringzero.stages.corpus_windows import CorpusWindows
-from ringzero.stages.setup import start_model
 from ringzero.store import open_store
 from ringzero.tokenizer import CharTokenizer
 

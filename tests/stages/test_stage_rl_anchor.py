@@ -10,6 +10,7 @@ import pytest
 import torch
 from stage_kit import SayDigit, context, micro_model, rl_parts, run_config, state_equal
 
+from ringzero.config.stages import Tier
 from ringzero.model.checkpoint import save_model
 from ringzero.rl.advantage import group_advantages
 from ringzero.rl.anchor import Anchor
@@ -20,7 +21,6 @@ from ringzero.rollout.types import Completion, GenerateRequest, SamplingParams
 from ringzero.stages import rl as rl_stage
 from ringzero.stages import rl_session
 from ringzero.stages.base import StageInputs
-from ringzero.stages.config import Tier
 from ringzero.stages.summary_values import median_of
 from ringzero.store import open_store
 

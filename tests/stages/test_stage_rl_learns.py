@@ -3,7 +3,7 @@
 import pytest
 from stage_kit import rl_parts
 
-from ringzero.stages.config import LossSettings
+from ringzero.config.stages import LossSettings
 
 STEPS = 20
 

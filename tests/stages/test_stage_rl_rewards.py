@@ -5,9 +5,9 @@ import random
 
 import pytest
 
+from ringzero.config.stages import SamplingSettings, Tier
 from ringzero.rl.rewards import TaskReward, budget_factor
 from ringzero.rl.rollout_batch import sampling_params, stop_settings
-from ringzero.stages.config import SamplingSettings, Tier
 from ringzero.tasks import make_task
 from ringzero.tasks.config import ArithmeticTask
 from ringzero.tokenizer import CharTokenizer
@@ -52,7 +52,7 @@ def test_under_penalty_going_over_the_budget_scores_below_any_answer_within_it(t
 def test_the_penalty_goes_with_its_mode(task, mode, penalty):
     from pydantic import ValidationError
 
-    from ringzero.stages.config import RLStage
+    from ringzero.config.stages import RLStage
     with pytest.raises(ValueError, match="tier_penalty"):
         TaskReward(task, TIERS, mode, penalty)
     with pytest.raises(ValidationError, match="tier_penalty"):

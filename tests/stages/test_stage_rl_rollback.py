@@ -8,6 +8,7 @@ import torch
 import yaml
 from stage_kit import SayDigit, context, run_config, state_equal
 
+from ringzero.config.stages import RLStage
 from ringzero.errors import RingzeroError
 from ringzero.model.checkpoint import load_model
 from ringzero.model.config import PrecisionPolicy
@@ -15,7 +16,6 @@ from ringzero.rl.step import RLStep
 from ringzero.stages import rl as rl_stage
 from ringzero.stages import rl_session
 from ringzero.stages.base import StageInputs
-from ringzero.stages.config import RLStage
 from ringzero.stages.rollback import RollbackSettings, triggers
 from ringzero.store import open_store
 

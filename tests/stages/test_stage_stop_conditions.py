@@ -1,6 +1,6 @@
 """Stop conditions of an RL stage: thresholds after min_steps, reward plateau, wall time, resumable state."""
 
-from ringzero.stages.config import RLStage
+from ringzero.config.stages import RLStage
 from ringzero.stages.stop_conditions import PLATEAU_WINDOW, StopConditions
 
 

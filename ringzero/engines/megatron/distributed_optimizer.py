@@ -42,8 +42,8 @@ import torch.distributed as dist
 from ringzero.engines.megatron import snapshots
 from ringzero.engines.megatron.convert import gather_hybrid, load_hybrid_state_, routing_buffers, to_megatron
 from ringzero.engines.megatron.gather_main import gather_to_main
+from ringzero.engines.optimizer import StepReport, lr_at
 from ringzero.errors import RingzeroError
-from ringzero.stages.optimizer import StepReport, lr_at
 
 MOMENTS = ("exp_avg", "exp_avg_sq")
 

@@ -28,11 +28,11 @@ import socket
 import torch
 import torch.distributed as dist
 
+from ringzero.engines.builders import fresh_model
 from ringzero.engines.training import TrainingSetup
 from ringzero.errors import RingzeroError
 from ringzero.model.config import PrecisionPolicy
 from ringzero.parallel.runtime import Runtime
-from ringzero.stages.setup import fresh_model
 
 INSTALL_HINT = ("megatron-core is not installed: `pip install 'ringzero[gpu]'` on a CUDA machine, or "
                 "`pip install megatron-core==0.16.1` (it runs on the CPU behind ringzero.engines.megatron.cpu_shim)")

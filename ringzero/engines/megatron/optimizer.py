@@ -25,9 +25,9 @@ import torch.distributed as dist
 from ringzero.engines.megatron import snapshots
 from ringzero.engines.megatron.convert import gather_hybrid, load_hybrid_state_, routing_buffers, to_megatron
 from ringzero.engines.megatron.gather_main import gather_to_main
+from ringzero.engines.optimizer import TrainOptimizer
 from ringzero.errors import RingzeroError
 from ringzero.parallel.grads import sync_grads
-from ringzero.stages.optimizer import TrainOptimizer
 
 
 def is_expert(p: torch.nn.Parameter) -> bool:

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import torch
 
+from ringzero.config.corrections import IcePopCorrection
 from ringzero.rl.corrections.base import CorrectionOutput, report
-from ringzero.rl.corrections.config import IcePopCorrection
 from ringzero.rl.corrections.masked_is import outside
 
 

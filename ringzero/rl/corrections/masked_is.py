@@ -12,8 +12,8 @@ import math
 
 import torch
 
+from ringzero.config.corrections import MaskedISCorrection
 from ringzero.rl.corrections.base import CorrectionOutput, report, sequence_log_ratio
-from ringzero.rl.corrections.config import MaskedISCorrection
 
 
 def outside(log_x: torch.Tensor, lower: float, upper: float) -> torch.Tensor:

@@ -12,8 +12,8 @@ import math
 
 import torch
 
+from ringzero.config.corrections import SeqISCorrection
 from ringzero.rl.corrections.base import CorrectionOutput, bounded_exp, fraction, report, sequence_log_ratio
-from ringzero.rl.corrections.config import SeqISCorrection
 
 
 def seq_is(log_r_NT: torch.Tensor, mask_NT: torch.Tensor, settings: SeqISCorrection) -> CorrectionOutput:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from ringzero.config.corrections import TISCorrection
 from ringzero.rl.corrections.base import CorrectionOutput, fraction, report
-from ringzero.rl.corrections.config import TISCorrection
 
 
 def tis(log_r_NT: torch.Tensor, mask_NT: torch.Tensor, settings: TISCorrection) -> CorrectionOutput:

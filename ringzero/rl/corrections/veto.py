@@ -7,8 +7,8 @@ import math
 
 import torch
 
+from ringzero.config.corrections import VetoCorrection
 from ringzero.rl.corrections.base import CorrectionOutput, report
-from ringzero.rl.corrections.config import VetoCorrection
 
 
 def veto(log_r_NT: torch.Tensor, mask_NT: torch.Tensor, settings: VetoCorrection) -> CorrectionOutput:

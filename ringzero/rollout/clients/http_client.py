@@ -46,7 +46,7 @@ import numpy as np
 import requests
 import torch
 
-from ringzero.errors import RingzeroError
+from ringzero.errors import RingzeroError, ServerUnreachable
 from ringzero.rollout.types import Completion, GenerateRequest, LogprobRequest, SamplingParams
 
 
@@ -111,21 +111,6 @@ def _batch_key(r: GenerateRequest) -> tuple:
 def disk_update_body(model_path: str, weight_version: str) -> dict:
     """``UpdateWeightFromDiskReqInput``. ``load_format`` is left out: SGLang then uses its own ``--load-format``."""
     return {"model_path": model_path, "weight_version": str(weight_version), "flush_cache": True,
-            "abort_all_requests": False}
-
-
-def init_group_body(master_address: str, master_port: int, rank_offset: int, world_size: int, group_name: str,
-                    backend: str) -> dict:
-    """``InitWeightsUpdateGroupReqInput``: the server's TP ranks join as ``rank_offset + tp_rank``."""
-    return {"master_address": master_address, "master_port": int(master_port), "rank_offset": int(rank_offset),
-            "world_size": int(world_size), "group_name": group_name, "backend": backend}
-
-
-def distributed_update_body(names: list[str], dtypes: list[str], shapes: list[list[int]], group_name: str,
-                            weight_version: str) -> dict:
-    """``UpdateWeightsFromDistributedReqInput``: the server receives the tensors in ``names`` order from rank 0."""
-    return {"names": list(names), "dtypes": list(dtypes), "shapes": [list(s) for s in shapes],
-            "group_name": group_name, "weight_version": str(weight_version), "flush_cache": True,
             "abort_all_requests": False}
 
 
@@ -207,11 +192,6 @@ def _completion(item: dict, req: GenerateRequest, where: str, routing_shape: tup
         prompt_top_logprobs=prompt_top,
         routed_experts=experts,
     )
-
-
-class ServerUnreachable(RingzeroError):
-    """The server did not answer (refused or reset connection, timeout) or answered 5xx after every retry:
-    a replica that is gone or restarting, as opposed to one that refused a request."""
 
 
 class HttpRolloutClient:

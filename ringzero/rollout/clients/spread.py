@@ -11,7 +11,7 @@ Weight pushes: an embedded engine per rank receives the rank's own (identical) w
 A client whose servers every rank shares (``client.shared``, the SGLang ``ReplicaSet``) is pushed to once,
 by rank 0; the other ranks record the pushed version (their completions are checked against it) and
 wait for the push. ``update_weights`` is offered exactly when the wrapped client has it, so
-``ringzero.rl.sync.push_weights`` picks the same transport through the wrapper as without it.
+``ringzero.rollout.deployment.weight_push`` pushes through the wrapper as without it.
 ``pop_metrics`` sums the ranks' counts (a collective: every rank calls it).
 """
 

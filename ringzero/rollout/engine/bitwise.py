@@ -4,7 +4,7 @@ The embedded engine's ``deterministic`` mode decodes with this loop instead of t
 per live row, alone (a batch of one):
 
 1. the row's sequence so far, right-padded to the model's context, goes through ``bitwise_hidden``: the
-   forward ``score_sequences(..., batch_invariant=True)`` runs for the trainer (``ringzero.rollout.engine.scoring``);
+   forward ``score_sequences(..., batch_invariant=True)`` runs for the trainer (``ringzero.model.scoring``);
 2. ``bitwise_next_logprobs`` takes the last real column's ``log_softmax(logits / T)`` exactly as the
    trainer's LM-head chunk computes it;
 3. the row's seeded sampler (``sample_from_logprobs``: temperature, top-k, top-p as in normal mode) draws the
@@ -25,7 +25,7 @@ count), so it would not be the trainer's forward either. The fixed width makes e
 
 Cost: one full-context forward per sampled token and row (no cache, no batching across rows): about
 ``max_position_embeddings`` times the work of a cached step. ``bench/bitwise_cost.py`` measures it.
-MoE models decode this way too, but agree with the trainer to rounding only (see ``ringzero.rollout.engine.scoring``).
+MoE models decode this way too, but agree with the trainer to rounding only (see ``ringzero.model.scoring``).
 
 Letter legend: B live rows, W context width, V vocab, M MoE layers, K experts per token.
 """
@@ -39,11 +39,11 @@ from dataclasses import dataclass
 import torch
 
 from ringzero.model.routing import capture_routing, moe_layers
+from ringzero.model.scoring import bitwise_hidden, bitwise_ids, bitwise_next_logprobs
 from ringzero.rollout.engine.logprob_extras import TopK, TopKTrack
 from ringzero.rollout.engine.routing_track import stacked
 from ringzero.rollout.engine.rows import DecodingRows, Finished, RowSpec
 from ringzero.rollout.engine.sampling import sample_from_logprobs
-from ringzero.rollout.engine.scoring import bitwise_hidden, bitwise_ids, bitwise_next_logprobs
 from ringzero.tokenizer.base import Tokenizer
 
 

@@ -35,7 +35,7 @@ width, the forward ``score_sequences(..., batch_invariant=True)`` runs for the t
 (temperature / top-k / top-p, per-request seeded, as in normal mode) from that forward's
 ``log_softmax(logits / T)``, and that same entry is the reported log-prob: the sampled distribution, the
 reported one and the trainer's are one computation, so the importance ratio is exactly 1 when the trainer
-runs the same policy (dense models; MoE layers agree to rounding, see ``ringzero.rollout.engine.scoring``). Nothing
+runs the same policy (dense models; MoE layers agree to rounding, see ``ringzero.model.scoring``). Nothing
 is rescored after the fact. The choice and its cost: the cached step cannot be made bitwise equal to the
 parallel form here (other shapes, other last bits), and neither can the parallel forward at the prefix's
 own length (a matmul's blocking follows its row count); the fixed width can. It costs one full-context,
@@ -71,6 +71,7 @@ from ringzero.model.cache import left_padded
 from ringzero.model.config import PrecisionPolicy
 from ringzero.model.hybrid import HybridLM
 from ringzero.model.routing import moe_layers
+from ringzero.model.weights import copy_under_policy, load_weights_
 from ringzero.rollout.engine import bitwise
 from ringzero.rollout.engine.continuous import ContinuousBatch
 from ringzero.rollout.engine.logprob_extras import TopKTrack, prompt_logprobs
@@ -79,7 +80,6 @@ from ringzero.rollout.engine.routing_track import GroupRouting, routing_shape, t
 from ringzero.rollout.engine.rows import DecodingRows, Finished, RowSpec
 from ringzero.rollout.engine.sampling import sample_next, sample_next_with_top, sample_seed
 from ringzero.rollout.engine.stopping import LENGTH, StopStrings
-from ringzero.rollout.engine.weights import copy_under_policy, load_weights_
 from ringzero.rollout.types import Completion, GenerateRequest
 from ringzero.tokenizer.base import Tokenizer
 

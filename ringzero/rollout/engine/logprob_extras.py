@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ringzero.rollout.engine.scoring import Scored, score_tokens
+from ringzero.model.scoring import Scored, score_tokens
 from ringzero.rollout.types import GenerateRequest
 
 TopK = list[tuple[float, int]]

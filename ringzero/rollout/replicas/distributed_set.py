@@ -19,19 +19,17 @@ import structlog
 import torch
 
 from ringzero.errors import RingzeroError
-from ringzero.rollout.clients.http_client import (
-    HttpRolloutClient,
-    distributed_update_body,
-    init_group_body,
-)
 from ringzero.rollout.replicas.replica_set import ReplicaSet
 from ringzero.rollout.replicas.weight_group import (
     WeightGroup,
+    distributed_update_body,
     free_port,
+    init_group_body,
     open_group,
     own_address,
     rank_offsets,
 )
+from ringzero.rollout.types import ServerClient
 
 log = structlog.get_logger(__name__)
 _POLL_S = 0.02
@@ -66,7 +64,7 @@ class DistributedReplicaSet(ReplicaSet):
         self._push(weight_version, lambda clients: self._broadcast_push(clients, state_dict, weight_version))
         self._last_sent = (state_dict, str(weight_version))
 
-    def _broadcast_push(self, clients: list[HttpRolloutClient], state_dict: dict, weight_version: str) -> None:
+    def _broadcast_push(self, clients: list[ServerClient], state_dict: dict, weight_version: str) -> None:
         """One push over the weight group of exactly ``clients``: the group is (re)opened first when its
         members changed (a member lost leaves an NCCL group unusable; a new one must join)."""
         if self.group is None or self.broken is not None or self.members != [c.endpoint for c in clients]:
@@ -85,12 +83,12 @@ class DistributedReplicaSet(ReplicaSet):
             self.broken = str(exc)[:300]
             raise
 
-    def _lose(self, client: HttpRolloutClient, exc: Exception) -> None:
+    def _lose(self, client: ServerClient, exc: Exception) -> None:
         super()._lose(client, exc)
         if client.endpoint in self.members:  # a restarted server at the same address is not in the group
             self.broken = f"member {client.endpoint} lost"
 
-    def _catch_up(self, back: list[HttpRolloutClient]) -> None:
+    def _catch_up(self, back: list[ServerClient]) -> None:
         """Returning replicas join a new weight group with every live replica, and the last tensors are sent
         to all of them again (a broadcast reaches every member)."""
         if self._last_sent is None:  # another rank pushed: that rank catches it up; here its version is checked
@@ -101,7 +99,7 @@ class DistributedReplicaSet(ReplicaSet):
         except RingzeroError as exc:
             log.warning("rollout.rejoin_failed", replicas=[c.endpoint for c in back], error=str(exc)[:300])
 
-    def _send(self, group: WeightGroup, clients: list[HttpRolloutClient], body: dict,
+    def _send(self, group: WeightGroup, clients: list[ServerClient], body: dict,
               tensors: list[torch.Tensor]) -> None:
         """Post the update to every replica and broadcast while the posts wait; fail as soon as one refuses."""
         what = f"weight push {body['weight_version']!r}"
@@ -112,7 +110,7 @@ class DistributedReplicaSet(ReplicaSet):
             _wait(works, posts, self.sync_timeout_s, f"broadcast of {len(tensors)} tensors")
             _results(posts)
 
-    def _reopen_group(self, clients: list[HttpRolloutClient]) -> None:
+    def _reopen_group(self, clients: list[ServerClient]) -> None:
         """Leave the old group (its members that still answer are told to destroy it) and open a new one, under
         a new name and port, with exactly ``clients``."""
         if self.group is not None:
@@ -133,7 +131,7 @@ class DistributedReplicaSet(ReplicaSet):
     def current_group(self) -> str:
         return self.group_name if self.generation <= 1 else f"{self.group_name}-{self.generation}"
 
-    def _open_group(self, clients: list[HttpRolloutClient]) -> WeightGroup:
+    def _open_group(self, clients: list[ServerClient]) -> WeightGroup:
         address = self.master_address or own_address()
         port = self.master_port or free_port()
         world = 1 + len(clients) * self.tp_size

@@ -57,12 +57,8 @@ from pathlib import PurePosixPath
 
 import structlog
 
-from ringzero.errors import RingzeroError
-from ringzero.rollout.clients.http_client import (
-    HttpRolloutClient,
-    ServerUnreachable,
-)
-from ringzero.rollout.types import Completion, GenerateRequest
+from ringzero.errors import RingzeroError, ServerUnreachable
+from ringzero.rollout.types import Completion, GenerateRequest, ServerClient
 
 log = structlog.get_logger(__name__)
 
@@ -118,7 +114,8 @@ class ReplicaSet:
     shared = True
     """One set of servers serves every rank of a job: ``SpreadClient`` pushes weights from rank 0 only."""
 
-    def __init__(self, endpoints: Sequence[str], *, stale: str = "refuse", weights_dir: str | None = None,
+    def __init__(self, endpoints: Sequence[str], *, connect: Callable[..., ServerClient], stale: str = "refuse",
+                 weights_dir: str | None = None,
                  accept_store_uris: bool = False, timeout_s: float = 600.0, retries: int = 2,
                  backoff_s: float = 0.5, resolver: Callable[[], list[str]] | None = None,
                  recoveries: int = 3, rejoin_wait_s: float = 30.0, recheck_s: float = 30.0):
@@ -127,7 +124,10 @@ class ReplicaSet:
         if stale not in ("refuse", "count"):
             raise RingzeroError(f"stale must be 'refuse' or 'count' (got {stale!r})")
         self._client_args = dict(timeout_s=timeout_s, retries=retries, backoff_s=backoff_s)
-        self.clients = [HttpRolloutClient(e, **self._client_args) for e in endpoints]
+        # One server's client, built by the deployment (the HTTP client of SGLang's API): a replica set only
+        # spreads, checks versions and recovers, whatever speaks to each server.
+        self.connect = connect
+        self.clients = [connect(e, **self._client_args) for e in endpoints]
         self.stale, self.weights_dir, self.accept_store_uris = stale, weights_dir, accept_store_uris
         self.timeout_s = timeout_s
         self.weight_version: str | None = None
@@ -141,7 +141,7 @@ class ReplicaSet:
         # can take a connect timeout to answer).
         self.recheck_s, self._recovered_at = recheck_s, float("-inf")
         self.down: dict[str, str] = {}  # endpoint -> why it is out of service
-        self._replay: Callable[[HttpRolloutClient], None] | None = None  # the last push, for one replica
+        self._replay: Callable[[ServerClient], None] | None = None  # the last push, for one replica
         self.rejoined = 0  # replicas brought back to the current weights (a counter for logs and tests)
 
     @property
@@ -157,7 +157,7 @@ class ReplicaSet:
     def health(self) -> bool:
         return all(self._each(lambda c: c.health()))
 
-    def live(self) -> list[HttpRolloutClient]:
+    def live(self) -> list[ServerClient]:
         return [c for c in self.clients if c.endpoint not in self.down]
 
     def generate(self, requests: Sequence[GenerateRequest]) -> list[list[Completion]]:
@@ -202,11 +202,11 @@ class ReplicaSet:
     def _down_reasons(self) -> str:
         return "; ".join(f"{e}: {why}" for e, why in self.down.items())
 
-    def _lose(self, client: HttpRolloutClient, exc: Exception) -> None:
+    def _lose(self, client: ServerClient, exc: Exception) -> None:
         self.down[client.endpoint] = str(exc)[:300]
         log.warning("rollout.replica_down", replica=client.endpoint, error=str(exc)[:300])
 
-    def _lost_its_weights(self, client: HttpRolloutClient, completions: list[Completion]) -> bool:
+    def _lost_its_weights(self, client: ServerClient, completions: list[Completion]) -> bool:
         """Samples from another version than the last push, from a replica that no longer holds that push
         (it restarted): marked down to be caught up, its samples dropped. False for a replica that does hold
         the push (its stale samples are counted or refused by ``_check_versions``)."""
@@ -225,7 +225,7 @@ class ReplicaSet:
         self._lose(client, RingzeroError(f"holds weight_version {held!r}, not the last push {want!r} (restarted?)"))
         return True
 
-    def _live_or_wait(self) -> list[HttpRolloutClient]:
+    def _live_or_wait(self) -> list[ServerClient]:
         """The live replicas; when none is, recover until one is back or ``rejoin_wait_s`` passes."""
         deadline = time.monotonic() + self.rejoin_wait_s
         while not self.live():
@@ -245,11 +245,11 @@ class ReplicaSet:
         except RingzeroError as exc:
             log.warning("rollout.resolve_failed", error=str(exc)[:300])
             found = []
-        found = [e.rstrip("/") for e in found]  # as HttpRolloutClient keeps its endpoint
+        found = [e.rstrip("/") for e in found]  # as a server's client keeps its endpoint
         known = {c.endpoint for c in self.clients}
         for endpoint in found:
             if endpoint not in known:
-                client = HttpRolloutClient(endpoint, **self._client_args)
+                client = self.connect(endpoint, **self._client_args)
                 client.routing_shape = self.clients[0].routing_shape
                 self.clients.append(client)
                 self.down[client.endpoint] = "new replica, not yet at the current weights"
@@ -263,7 +263,7 @@ class ReplicaSet:
         if back:
             self._rejoin(back)
 
-    def _rejoin(self, back: list[HttpRolloutClient]) -> None:
+    def _rejoin(self, back: list[ServerClient]) -> None:
         """Replay the last push to replicas that came back, check their version, and put them in service."""
         if self.weight_version is not None:
             self._catch_up(back)
@@ -282,7 +282,7 @@ class ReplicaSet:
             self.rejoined += 1
             log.info("rollout.replica_rejoined", replica=client.endpoint, version=self.weight_version)
 
-    def _catch_up(self, back: list[HttpRolloutClient]) -> None:
+    def _catch_up(self, back: list[ServerClient]) -> None:
         """The last push, replayed to each replica in ``back`` (its version is checked afterwards)."""
         if self._replay is None:  # another rank pushed: that rank catches it up; here its version is checked
             return
@@ -296,7 +296,7 @@ class ReplicaSet:
         """Every replica loads the model folder at ``path`` (a path the servers see: not a store URI)."""
         self._check_path(path)
 
-        def update(client: HttpRolloutClient) -> None:
+        def update(client: ServerClient) -> None:
             client.update_weights_from_disk(path, weight_version)
 
         self._push(weight_version, lambda clients: self._push_to(clients, weight_version, update))
@@ -349,7 +349,7 @@ class ReplicaSet:
 
     # --- fan-out ---
 
-    def _push(self, weight_version: str, push: Callable[[list[HttpRolloutClient]], None]) -> None:
+    def _push(self, weight_version: str, push: Callable[[list[ServerClient]], None]) -> None:
         """``push(clients)`` to the live replicas; one that does not answer is marked down and caught up when
         it returns, and a replica lost during the push makes it run once more on the ones that still answer.
         Fails when no replica is left."""
@@ -373,14 +373,14 @@ class ReplicaSet:
             if ok is not True:
                 self._lose(c, ServerUnreachable(f"{c.endpoint}: no answer to /health before a push"))
 
-    def _push_to(self, clients: list[HttpRolloutClient], weight_version: str, update: Callable, *,
+    def _push_to(self, clients: list[ServerClient], weight_version: str, update: Callable, *,
                  session: bool = False, fan_out: bool = True) -> None:
         """pause -> [begin] -> update -> [end] -> continue on ``clients``; continue runs after failures too.
 
         ``update(client)`` runs once per replica, or ``update()`` once when ``fan_out`` is off (it reaches
         every replica itself).
         """
-        paused: list[HttpRolloutClient] = []
+        paused: list[ServerClient] = []
         every = [(c,) for c in clients]
         try:
             answers = self._attempt(lambda c: c.pause_generation(), every, what=f"pause before push {weight_version!r}")

@@ -32,6 +32,21 @@ from torch.distributed.distributed_c10d import (
 from ringzero.errors import RingzeroError
 
 
+def init_group_body(master_address: str, master_port: int, rank_offset: int, world_size: int, group_name: str,
+                    backend: str) -> dict:
+    """``InitWeightsUpdateGroupReqInput``: the server's TP ranks join as ``rank_offset + tp_rank``."""
+    return {"master_address": master_address, "master_port": int(master_port), "rank_offset": int(rank_offset),
+            "world_size": int(world_size), "group_name": group_name, "backend": backend}
+
+
+def distributed_update_body(names: list[str], dtypes: list[str], shapes: list[list[int]], group_name: str,
+                            weight_version: str) -> dict:
+    """``UpdateWeightsFromDistributedReqInput``: the server receives the tensors in ``names`` order from rank 0."""
+    return {"names": list(names), "dtypes": list(dtypes), "shapes": [list(s) for s in shapes],
+            "group_name": group_name, "weight_version": str(weight_version), "flush_cache": True,
+            "abort_all_requests": False}
+
+
 @dataclass
 class WeightGroup:
     """Rank 0's backends of the group, one per device type (``cpu``, ``cuda``)."""

@@ -14,7 +14,7 @@ from collections import deque
 
 import structlog
 
-from ringzero.rollout.server.jobs import _STOP, _Call, _Generate
+from ringzero.rollout.server.jobs import STOP, CallJob, GenerateJob
 
 log = structlog.get_logger(__name__)
 
@@ -26,8 +26,8 @@ class ContinuousLoop:
         self.s = scheduler
         self.engine = scheduler.engine
         self.batch = self.engine.open_batch()
-        self.waiting: deque[_Generate] = deque()  # taken from the queue, not admitted yet (no room)
-        self.running: dict[int, _Generate] = {}  # batch job id -> job
+        self.waiting: deque[GenerateJob] = deque()  # taken from the queue, not admitted yet (no room)
+        self.running: dict[int, GenerateJob] = {}  # batch job id -> job
         self.applied: dict[int, set[int]] = {}  # batch job id -> aborts passed to the batch
         self.abort_version = None
         self._tokens, self._since = 0, time.perf_counter()
@@ -42,15 +42,15 @@ class ContinuousLoop:
             while self.running or self.waiting:
                 self._admit()
                 self._step()
-            if alone is _STOP:
+            if alone is STOP:
                 return
-            if isinstance(alone, _Call):
+            if isinstance(alone, CallJob):
                 self.s._run_call(alone)
             else:
                 self.s._run_batch([alone])
 
     def _takes(self, job) -> bool:
-        return (isinstance(job, _Generate) and self.engine.continuous_ok(job.requests)
+        return (isinstance(job, GenerateJob) and self.engine.continuous_ok(job.requests)
                 and self.batch.rows_of(job.requests) <= self.engine.max_batch)
 
     def _take(self, block: bool):
@@ -116,7 +116,7 @@ class ContinuousLoop:
             self._tokens, self._since = 0, now
         self.s.busy = bool(self.running)
 
-    def _fail(self, jobs: list[_Generate], exc: Exception) -> None:
+    def _fail(self, jobs: list[GenerateJob], exc: Exception) -> None:
         log.warning("rollout.continuous_batch_failed", jobs=len(jobs), error=str(exc))
         for job in jobs:
             self.s._answer(job, exc=exc)

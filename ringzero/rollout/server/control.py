@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from importlib import metadata
 from typing import Any
 
-from ringzero.rollout.server.schema import BadRequest, _bool, _object_or_null, show
+from ringzero.rollout.server.schema import BadRequest, bool_field, object_or_null, show
 
 
 @dataclass
@@ -59,8 +59,8 @@ def parse_weight_update(body: Any) -> WeightUpdate:
     if version is not None and not isinstance(version, str):
         raise BadRequest("weight_version", f"must be a string (got {show(version)})")
     flush, abort = body.get("flush_cache"), body.get("abort_all_requests")
-    return WeightUpdate(path, version, True if flush is None else _bool(flush, "flush_cache"),
-                        False if abort is None else _bool(abort, "abort_all_requests"))
+    return WeightUpdate(path, version, True if flush is None else bool_field(flush, "flush_cache"),
+                        False if abort is None else bool_field(abort, "abort_all_requests"))
 
 
 # --- /pause_generation, /continue_generation, /abort_request --------------------------------------
@@ -96,7 +96,7 @@ def parse_continue(body: Any) -> None:
         if name != "torch_empty_cache":
             raise BadRequest(name, "unknown field for /continue_generation")
         if value is not None:
-            _bool(value, name)
+            bool_field(value, name)
 
 
 @dataclass
@@ -120,8 +120,8 @@ def parse_abort(body: Any) -> AbortRequest:
         raise BadRequest("rid", f"must be a string (got {show(rid)})")
     if message is not None and not isinstance(message, str):
         raise BadRequest("abort_message", f"must be a string (got {show(message)})")
-    _object_or_null(body.get("finished_reason"), "finished_reason")
-    return AbortRequest(rid or None, False if abort_all is None else _bool(abort_all, "abort_all"), message)
+    object_or_null(body.get("finished_reason"), "finished_reason")
+    return AbortRequest(rid or None, False if abort_all is None else bool_field(abort_all, "abort_all"), message)
 
 
 class GenerationGate:

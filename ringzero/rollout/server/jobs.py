@@ -12,7 +12,7 @@ from ringzero.rollout.types import GenerateRequest
 
 
 @dataclass(eq=False)
-class _Generate:
+class GenerateJob:
     requests: list[GenerateRequest]
     future: Future = field(default_factory=Future)
     aborted: set[int] = field(default_factory=set)  # indices into ``requests``
@@ -21,9 +21,9 @@ class _Generate:
 
 
 @dataclass
-class _Call:
+class CallJob:
     fn: Callable[[Any], Any]
     future: Future = field(default_factory=Future)
 
 
-_STOP = object()
+STOP = object()

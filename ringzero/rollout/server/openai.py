@@ -25,14 +25,14 @@ from ringzero.rollout.server.schema import (
     BadRequest,
     ServerLimits,
     TextOptions,
-    _bool,
-    _int,
-    _neutral,
-    _prompts,
-    _top_k,
+    bool_field,
     check_limits,
+    int_field,
+    neutral_only,
     parse_sampling,
+    prompt_ids,
     show,
+    top_k_within,
 )
 from ringzero.rollout.types import Completion, GenerateRequest, LogprobRequest
 
@@ -55,12 +55,12 @@ _OPENAI_SAMPLING = {"max_tokens", "temperature", "top_p", "top_k", "stop", "stop
                     "ebnf", "stop_regex", "custom_params"}
 _OPENAI_IGNORED = {"model", "user", "rid", "priority", "extra_key"}
 _OPENAI_NEUTRAL = {
-    "stream": _neutral(False),
-    "suffix": _neutral(None),
-    "stream_options": _neutral(None),
-    "lora_path": _neutral(None),
-    "response_format": _neutral(None),
-    "return_hidden_states": _neutral(False),
+    "stream": neutral_only(False),
+    "suffix": neutral_only(None),
+    "stream_options": neutral_only(None),
+    "lora_path": neutral_only(None),
+    "response_format": neutral_only(None),
+    "return_hidden_states": neutral_only(False),
 }
 _OPENAI_OWN = {"prompt", "logprobs", "return_token_ids", "best_of", "echo"}
 
@@ -92,16 +92,16 @@ def parse_completion(body: Any, tokenizer, vocab_size: int, limits: ServerLimits
     as_text = isinstance(prompt, str) or isinstance(prompt[0], str)
     key = "text" if as_text else "input_ids"
     try:
-        prompts, _ = _prompts({key: prompt}, tokenizer, vocab_size)
+        prompts, _ = prompt_ids({key: prompt}, tokenizer, vocab_size)
     except BadRequest as exc:
         raise BadRequest(exc.field.replace(key, "prompt", 1), str(exc).split(": ", 1)[1]) from None
     params, text_options = parse_sampling(sampling, "", _OPENAI_ALIASES)
     _best_of(body.get("best_of"), params.n)
     logprobs = body.get("logprobs")
     if logprobs is not None:
-        _top_k(_int(logprobs, "logprobs", lo=0), vocab_size, "logprobs")
+        top_k_within(int_field(logprobs, "logprobs", lo=0), vocab_size, "logprobs")
     echo = body.get("echo")
-    echo = False if echo is None else _bool(echo, "echo")
+    echo = False if echo is None else bool_field(echo, "echo")
     # SGLang asks for top_logprobs_num = logprobs, and with echo for the prompt's log-probs from position 0.
     wanted = LogprobRequest(0 if echo else None, logprobs) if logprobs is not None else LogprobRequest()
     return_ids = body.get("return_token_ids")
@@ -114,7 +114,7 @@ def parse_completion(body: Any, tokenizer, vocab_size: int, limits: ServerLimits
         requests=requests,
         text_options=text_options,
         logprobs=logprobs,
-        return_token_ids=False if return_ids is None else _bool(return_ids, "return_token_ids"),
+        return_token_ids=False if return_ids is None else bool_field(return_ids, "return_token_ids"),
         echo=texts if echo else None,
     )
 

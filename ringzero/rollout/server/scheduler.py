@@ -42,7 +42,7 @@ from typing import Any
 import structlog
 
 from ringzero.rollout.server.continuous import ContinuousLoop
-from ringzero.rollout.server.jobs import _STOP, _Call, _Generate
+from ringzero.rollout.server.jobs import STOP, CallJob, GenerateJob
 from ringzero.rollout.types import Completion, GenerateRequest
 
 log = structlog.get_logger(__name__)
@@ -66,7 +66,7 @@ class EngineScheduler:
         self.takes_abort = "abort" in inspect.signature(engine.generate).parameters
         self._queue: queue.Queue = queue.Queue()
         self._lock = threading.Lock()  # guards _live, each job's aborted/started and abort_calls
-        self._live: list[_Generate] = []  # generate jobs submitted and not answered yet
+        self._live: list[GenerateJob] = []  # generate jobs submitted and not answered yet
         self._thread = threading.Thread(target=self._run, name="rollout-scheduler", daemon=True)
         self._here = False  # run_here: the loop runs on the caller's thread
 
@@ -89,9 +89,9 @@ class EngineScheduler:
 
     def stop(self, timeout_s: float = 30.0) -> None:
         if self._here:
-            self._queue.put(_STOP)
+            self._queue.put(STOP)
         elif self._thread.is_alive():
-            self._queue.put(_STOP)
+            self._queue.put(STOP)
             self._thread.join(timeout_s)
 
     @property
@@ -104,7 +104,7 @@ class EngineScheduler:
 
     def generate(self, requests: list[GenerateRequest]) -> Future:
         """Resolves to ``n`` completions per request, in request order."""
-        job = _Generate(list(requests))
+        job = GenerateJob(list(requests))
         with self._lock:
             self._live.append(job)
         self._queue.put(job)
@@ -151,7 +151,7 @@ class EngineScheduler:
 
     def call(self, fn: Callable[[Any], Any]) -> Future:
         """Run ``fn(engine)`` on the scheduler thread, between batches."""
-        job = _Call(fn)
+        job = CallJob(fn)
         self._queue.put(job)
         return job.future
 
@@ -163,19 +163,19 @@ class EngineScheduler:
             return
         while True:
             job = self._queue.get()
-            if job is _STOP:
+            if job is STOP:
                 return
-            if isinstance(job, _Call):
+            if isinstance(job, CallJob):
                 self._run_call(job)
                 continue
             batch, after = self._collect(job)
             self._run_batch(batch)
-            if after is _STOP:
+            if after is STOP:
                 return
             if after is not None:
                 self._run_call(after)
 
-    def _collect(self, first: _Generate) -> tuple[list[_Generate], Any]:
+    def _collect(self, first: GenerateJob) -> tuple[list[GenerateJob], Any]:
         """``first`` plus the generate jobs that arrive within the window; and the job that closed it."""
         batch, size = [first], len(first.requests)
         deadline = time.monotonic() + self.window_s
@@ -184,13 +184,13 @@ class EngineScheduler:
                 nxt = self._queue.get(timeout=max(deadline - time.monotonic(), 0.0))
             except queue.Empty:
                 return batch, None
-            if not isinstance(nxt, _Generate):
+            if not isinstance(nxt, GenerateJob):
                 return batch, nxt
             batch.append(nxt)
             size += len(nxt.requests)
         return batch, None
 
-    def _run_call(self, job: _Call) -> None:
+    def _run_call(self, job: CallJob) -> None:
         if not job.future.set_running_or_notify_cancel():
             return
         self.busy = True
@@ -205,7 +205,7 @@ class EngineScheduler:
             self.busy = False
             job.future.set_result(result)
 
-    def _abort_check(self, batch: list[_Generate]):
+    def _abort_check(self, batch: list[GenerateJob]):
         """The engine's view of the aborts among ``batch``: indices into its concatenated requests."""
         seen = {"version": None, "value": frozenset()}
 
@@ -222,7 +222,7 @@ class EngineScheduler:
 
         return check
 
-    def _generate(self, batch: list[_Generate]) -> list[list[Completion]]:
+    def _generate(self, batch: list[GenerateJob]) -> list[list[Completion]]:
         requests = [r for job in batch for r in job.requests]
         self.batch_sizes.append(len(requests))
         start = time.perf_counter()
@@ -236,7 +236,7 @@ class EngineScheduler:
         self.last_gen_throughput = tokens / max(time.perf_counter() - start, 1e-9)
         return groups
 
-    def _answer(self, job: _Generate, result=None, exc: BaseException | None = None) -> None:
+    def _answer(self, job: GenerateJob, result=None, exc: BaseException | None = None) -> None:
         with self._lock:
             if job in self._live:
                 self._live.remove(job)
@@ -249,7 +249,7 @@ class EngineScheduler:
         else:
             job.future.set_result(result)
 
-    def _start(self, batch: list[_Generate]) -> list[_Generate]:
+    def _start(self, batch: list[GenerateJob]) -> list[GenerateJob]:
         """The jobs of ``batch`` still to run (not answered by an abort, not cancelled), marked started."""
         with self._lock:
             batch = [job for job in batch if job in self._live]  # an abort answers a job by taking it out
@@ -261,7 +261,7 @@ class EngineScheduler:
                     self._live.remove(job)
         return running
 
-    def _run_batch(self, batch: list[_Generate]) -> None:
+    def _run_batch(self, batch: list[GenerateJob]) -> None:
         batch = self._start(batch)
         if not batch:
             return

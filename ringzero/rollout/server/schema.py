@@ -155,7 +155,7 @@ def check_limits(requests: list[GenerateRequest], limits: ServerLimits, *, promp
 INT64_MAX = 2**63 - 1
 
 
-def _int(value: Any, field: str, *, lo: int | None = None, hi: int | None = INT64_MAX) -> int:
+def int_field(value: Any, field: str, *, lo: int | None = None, hi: int | None = INT64_MAX) -> int:
     """An integer in ``lo..hi``; by default at most int64's largest, so it fits an engine's id tensors."""
     # bool is an int subclass in Python; JSON true must not pass for a count.
     if isinstance(value, bool) or not isinstance(value, int):
@@ -173,7 +173,7 @@ def _float(value: Any, field: str) -> float:
     return float(value)
 
 
-def _bool(value: Any, field: str) -> bool:
+def bool_field(value: Any, field: str) -> bool:
     if not isinstance(value, bool):
         raise BadRequest(field, f"must be true or false (got {show(value)})")
     return value
@@ -194,10 +194,10 @@ def _id_list(value: Any, field: str) -> tuple[int, ...]:
         return ()
     if not isinstance(value, list):
         raise BadRequest(field, f"must be a list of token ids (got {show(value)})")
-    return tuple(_int(t, f"{field}[{i}]", lo=0) for i, t in enumerate(value))
+    return tuple(int_field(t, f"{field}[{i}]", lo=0) for i, t in enumerate(value))
 
 
-def _neutral(expected: Any):
+def neutral_only(expected: Any):
     """A field we accept only at the value under which it changes nothing (or a per-prompt list of it)."""
 
     def check(value: Any, field: str) -> None:
@@ -216,7 +216,7 @@ def _no_media(value: Any, field: str) -> None:
     raise BadRequest(field, "this server serves a text-only model; only null entries (no media) are accepted")
 
 
-def _object_or_null(value: Any, field: str) -> None:
+def object_or_null(value: Any, field: str) -> None:
     if value is not None and not isinstance(value, dict):
         raise BadRequest(field, f"must be an object or null (got {show(value)})")
 
@@ -235,33 +235,33 @@ class TextOptions:
 # SGLang's sampling_params names. Each entry: checker(value, field) -> value for SamplingParams (or
 # TextOptions), or None when the field is accepted without effect.
 _SAMPLING: dict[str, Any] = {
-    "max_new_tokens": lambda v, f: _int(v, f, lo=0),  # 0: score the prompt only
+    "max_new_tokens": lambda v, f: int_field(v, f, lo=0),  # 0: score the prompt only
     "temperature": lambda v, f: _temperature(_float(v, f), f),
     "top_p": lambda v, f: _top_p(_float(v, f), f),
-    "top_k": lambda v, f: _int(v, f, lo=-1),
+    "top_k": lambda v, f: int_field(v, f, lo=-1),
     "stop": _str_list,
     "stop_token_ids": _id_list,
-    "n": lambda v, f: _int(v, f, lo=1),
-    "sampling_seed": lambda v, f: _int(v, f, hi=None),  # any integer: the engine mixes it modulo 2**63
-    "no_stop_trim": _bool,
-    "skip_special_tokens": _bool,
-    "ignore_eos": _bool,
+    "n": lambda v, f: int_field(v, f, lo=1),
+    "sampling_seed": lambda v, f: int_field(v, f, hi=None),  # any integer: the engine mixes it modulo 2**63
+    "no_stop_trim": bool_field,
+    "skip_special_tokens": bool_field,
+    "ignore_eos": bool_field,
     # No-ops here at any value: nothing streams, and our decoders put no spaces between specials.
     "stream_interval": lambda v, f: None,
     "spaces_between_special_tokens": lambda v, f: None,
-    "min_p": _neutral(0.0),
-    "frequency_penalty": _neutral(0.0),
-    "presence_penalty": _neutral(0.0),
-    "repetition_penalty": _neutral(1.0),
-    "min_new_tokens": _neutral(0),
-    "logit_bias": lambda v, f: None if not v else _neutral(None)(v, f),
-    "json_schema": _neutral(None),
-    "regex": _neutral(None),
-    "ebnf": _neutral(None),
-    "structural_tag": _neutral(None),
-    "stop_regex": _neutral(None),
+    "min_p": neutral_only(0.0),
+    "frequency_penalty": neutral_only(0.0),
+    "presence_penalty": neutral_only(0.0),
+    "repetition_penalty": neutral_only(1.0),
+    "min_new_tokens": neutral_only(0),
+    "logit_bias": lambda v, f: None if not v else neutral_only(None)(v, f),
+    "json_schema": neutral_only(None),
+    "regex": neutral_only(None),
+    "ebnf": neutral_only(None),
+    "structural_tag": neutral_only(None),
+    "stop_regex": neutral_only(None),
     # Read only by a custom logit processor, which this server refuses; slime sends it whenever top_p < 1.
-    "custom_params": _object_or_null,
+    "custom_params": object_or_null,
 }
 _TO_PARAMS = {"max_new_tokens": "max_new_tokens", "temperature": "temperature", "top_p": "top_p",
               "top_k": "top_k", "stop": "stop", "stop_token_ids": "stop_token_ids", "n": "n",
@@ -345,37 +345,37 @@ _GENERATE_IGNORED = {"log_metrics", "priority", "custom_labels", "no_logs", "ext
 # Fields a router or a client sends at their defaults; anything else is refused (one data-parallel rank,
 # no prefill/decode disaggregation, no adapters, no media, nothing streamed).
 _GENERATE_NEUTRAL = {
-    "stream": _neutral(False),
-    "input_embeds": _neutral(None),
+    "stream": neutral_only(False),
+    "input_embeds": neutral_only(None),
     "image_data": _no_media,
     "video_data": _no_media,
     "audio_data": _no_media,
-    "modalities": _neutral(None),
-    "mm_hashes": _neutral(None),
-    "mm_content_hashes": _neutral(None),
-    "lora_path": _neutral(None),
-    "lora_id": _neutral(None),
-    "session_params": _neutral(None),
-    "token_ids_logprob": _neutral(None),
-    "return_hidden_states": _neutral(False),
-    "return_entropy": _neutral(False),
-    "return_prompt_token_ids": _neutral(False),
-    "return_sampling_mask": _neutral(False),
-    "return_flat_raw_top_logprobs": _neutral(False),
-    "return_flat_raw_top_logprobs_b64": _neutral(False),
-    "custom_logit_processor": _neutral(None),
-    "positional_embed_overrides": _neutral(None),
-    "data_parallel_rank": _neutral(0),
-    "routed_dp_rank": _neutral(0),
-    "disagg_prefill_dp_rank": _neutral(None),
-    "bootstrap_host": _neutral(None),
-    "bootstrap_port": _neutral(None),
-    "bootstrap_room": _neutral(None),
-    "bootstrap_pair_key": _neutral(None),
-    "decode_tp_size": _neutral(None),
-    "background": _neutral(False),
-    "require_reasoning": _neutral(False),
-    "max_thinking_tokens": _neutral(None),
+    "modalities": neutral_only(None),
+    "mm_hashes": neutral_only(None),
+    "mm_content_hashes": neutral_only(None),
+    "lora_path": neutral_only(None),
+    "lora_id": neutral_only(None),
+    "session_params": neutral_only(None),
+    "token_ids_logprob": neutral_only(None),
+    "return_hidden_states": neutral_only(False),
+    "return_entropy": neutral_only(False),
+    "return_prompt_token_ids": neutral_only(False),
+    "return_sampling_mask": neutral_only(False),
+    "return_flat_raw_top_logprobs": neutral_only(False),
+    "return_flat_raw_top_logprobs_b64": neutral_only(False),
+    "custom_logit_processor": neutral_only(None),
+    "positional_embed_overrides": neutral_only(None),
+    "data_parallel_rank": neutral_only(0),
+    "routed_dp_rank": neutral_only(0),
+    "disagg_prefill_dp_rank": neutral_only(None),
+    "bootstrap_host": neutral_only(None),
+    "bootstrap_port": neutral_only(None),
+    "bootstrap_room": neutral_only(None),
+    "bootstrap_pair_key": neutral_only(None),
+    "decode_tp_size": neutral_only(None),
+    "background": neutral_only(False),
+    "require_reasoning": neutral_only(False),
+    "max_thinking_tokens": neutral_only(None),
 }
 _GENERATE_FIELDS = {"text", "input_ids", "sampling_params", "return_logprob", "logprob_start_len",
                     "top_logprobs_num", "return_text_in_logprobs", "temp_scaled_logprobs", "rid",
@@ -393,7 +393,7 @@ def _per_prompt(value: Any, field: str, size: int, check, default):
     return [check(value, field)] * size
 
 
-def _prompts(body: dict, tokenizer, vocab_size: int) -> tuple[list[list[int]], bool]:
+def prompt_ids(body: dict, tokenizer, vocab_size: int) -> tuple[list[list[int]], bool]:
     """The prompts as token ids, and whether the body held a single prompt."""
     has_text, has_ids = body.get("text") is not None, body.get("input_ids") is not None
     if has_text == has_ids:
@@ -422,7 +422,7 @@ def _prompts(body: dict, tokenizer, vocab_size: int) -> tuple[list[list[int]], b
         for row, field in zip(rows, label, strict=True):
             if not isinstance(row, list):
                 raise BadRequest(field, f"must be a list of token ids (got {show(row)})")
-            prompts.append([_int(t, f"{field}[{j}]", lo=0) for j, t in enumerate(row)])
+            prompts.append([int_field(t, f"{field}[{j}]", lo=0) for j, t in enumerate(row)])
     for prompt, field in zip(prompts, label, strict=True):
         if not prompt:
             raise BadRequest(field, "is empty; a prompt needs at least one token")
@@ -458,7 +458,7 @@ def parse_generate(body: Any, tokenizer, vocab_size: int, routing_shape: tuple[i
         if name not in _GENERATE_NEUTRAL:
             raise BadRequest(name, "unknown field for /generate")
         _GENERATE_NEUTRAL[name](value, name)
-    prompts, single = _prompts(body, tokenizer, vocab_size)
+    prompts, single = prompt_ids(body, tokenizer, vocab_size)
     size = len(prompts)
 
     raw = body.get("sampling_params")
@@ -474,15 +474,15 @@ def parse_generate(body: Any, tokenizer, vocab_size: int, routing_shape: tuple[i
         # SGLang expands n per request and refuses a batch whose entries disagree on it.
         raise BadRequest("sampling_params", "n must be the same for every prompt of a batch")
 
-    return_logprob = _per_prompt(body.get("return_logprob"), "return_logprob", size, _bool, False)
+    return_logprob = _per_prompt(body.get("return_logprob"), "return_logprob", size, bool_field, False)
     starts = _per_prompt(body.get("logprob_start_len"), "logprob_start_len", size,
-                         lambda v, f: _int(v, f, lo=-1), -1)
-    tops = _per_prompt(body.get("top_logprobs_num"), "top_logprobs_num", size, lambda v, f: _int(v, f, lo=0), 0)
+                         lambda v, f: int_field(v, f, lo=-1), -1)
+    tops = _per_prompt(body.get("top_logprobs_num"), "top_logprobs_num", size, lambda v, f: int_field(v, f, lo=0), 0)
     scaled = body.get("temp_scaled_logprobs")
-    scaled = False if scaled is None else _bool(scaled, "temp_scaled_logprobs")
+    scaled = False if scaled is None else bool_field(scaled, "temp_scaled_logprobs")
     text_in_logprobs = body.get("return_text_in_logprobs")
     rids = _rids(body.get("rid"), size)
-    routed = _per_prompt(body.get("return_routed_experts"), "return_routed_experts", size, _bool, False)
+    routed = _per_prompt(body.get("return_routed_experts"), "return_routed_experts", size, bool_field, False)
     if any(routed) and routing_shape is None:
         raise BadRequest("return_routed_experts", "the served model has no MoE layers, so no routed experts to "
                                                   "return; only false is accepted")
@@ -494,7 +494,7 @@ def parse_generate(body: Any, tokenizer, vocab_size: int, routing_shape: tuple[i
             start_field, top_field = (f"{name}[{i}]" if isinstance(body.get(name), list) else name
                                       for name in ("logprob_start_len", "top_logprobs_num"))
             logprobs = LogprobRequest(_prompt_from(starts[i], len(prompt), params.max_new_tokens, start_field),
-                                      _top_k(tops[i], vocab_size, top_field), scaled)
+                                      top_k_within(tops[i], vocab_size, top_field), scaled)
         requests.append(GenerateRequest(list(prompt), params, rid, logprobs, return_routed_experts=routed[i]))
     per_prompt = labels[0] != "sampling_params"
     check_limits(requests, limits or ServerLimits(), prompt_field="text" if body.get("text") is not None else "input_ids",
@@ -505,7 +505,7 @@ def parse_generate(body: Any, tokenizer, vocab_size: int, routing_shape: tuple[i
         requests=requests,
         text_options=[opts for _, opts in parsed],
         return_logprob=return_logprob,
-        text_in_logprobs=False if text_in_logprobs is None else _bool(text_in_logprobs, "return_text_in_logprobs"),
+        text_in_logprobs=False if text_in_logprobs is None else bool_field(text_in_logprobs, "return_text_in_logprobs"),
         single=single and parsed[0][0].n == 1,
         routed_from=routed_from,
     )
@@ -514,7 +514,7 @@ def parse_generate(body: Any, tokenizer, vocab_size: int, routing_shape: tuple[i
 def _routed_from(value: Any, prompts: list[list[int]]) -> list[int]:
     """SGLang's ``routed_experts_start_len``: the answer covers rows ``[start, seqlen - 1)``, start in
     ``0..len(prompt)`` (``GenerateReqInput`` in ``python/sglang/srt/managers/io_struct.py``)."""
-    starts = _per_prompt(value, "routed_experts_start_len", len(prompts), lambda v, f: _int(v, f, lo=0), 0)
+    starts = _per_prompt(value, "routed_experts_start_len", len(prompts), lambda v, f: int_field(v, f, lo=0), 0)
     for i, (start, prompt) in enumerate(zip(starts, prompts, strict=True)):
         if start > len(prompt):
             field = f"routed_experts_start_len[{i}]" if isinstance(value, list) else "routed_experts_start_len"
@@ -532,7 +532,7 @@ def _prompt_from(start: int, prompt_len: int, max_new_tokens: int, field: str) -
     return start
 
 
-def _top_k(k: int, vocab_size: int, field: str) -> int:
+def top_k_within(k: int, vocab_size: int, field: str) -> int:
     if k > vocab_size:
         raise BadRequest(field, f"is {k}, more than the {vocab_size} tokens of the vocabulary")
     return k

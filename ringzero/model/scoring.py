@@ -23,7 +23,7 @@ turns that into the ratio's tail. Deterministic mode removes every difference in
   chunk and log-softmax ``chunked_token_logprobs`` computes here, so the distribution it samples from is
   the one whose log-prob it reports and the one the trainer computes later (``ringzero.rollout.engine.bitwise``);
 - same dtype: the engine's policy must equal the trainer's, so both hold bitwise-equal weight tensors
-  (``ringzero.rollout.gap`` refuses a deterministic pair of different policies).
+  (``ringzero.rollout.engine.gap`` refuses a deterministic pair of different policies).
 
 Then ``logp_train - logp_rollout`` is 0.0 for every token. The cost: a full-context forward per scored
 sequence on the trainer side, and one per sampled token on the rollout side. MoE models are not covered:
@@ -48,7 +48,7 @@ import torch
 
 from ringzero.errors import RingzeroError
 from ringzero.model.hybrid import HybridLM
-from ringzero.model.logprobs import DEFAULT_CHUNK_TOKENS, _scaled_log_softmax, chunked_token_logprobs
+from ringzero.model.logprobs import DEFAULT_CHUNK_TOKENS, chunked_token_logprobs, scaled_log_softmax
 from ringzero.model.moe import fixed_shape_experts
 from ringzero.model.precision import at_least_fp32
 
@@ -152,7 +152,7 @@ def bitwise_next_logprobs(model: HybridLM, hidden_1WD: torch.Tensor, column: int
     """``log_softmax(logits / T)`` ``[V]`` at ``column`` of ``bitwise_hidden``'s output: the distribution of the
     token at ``column + 1``, computed as the trainer's scoring computes it (same LM-head chunk, same op order)."""
     cols = _head_chunk(hidden_1WD.shape[1], column, chunk_tokens)
-    logp_1CV = _scaled_log_softmax(model.logits(hidden_1WD[:, cols]), temperature)
+    logp_1CV = scaled_log_softmax(model.logits(hidden_1WD[:, cols]), temperature)
     return logp_1CV[0, column - cols.start]
 
 

@@ -10,15 +10,17 @@
 
 ``serves``: the committed checkpoint ``model`` holds. The servers started with ``engines.rollout.served_uri``;
 when ``serves`` is another checkpoint, its weights are pushed first (``distributed``: the tensors;
-``disk``: a folder under ``weights_dir``; ``store``: the URI) under the URI as version, so samples come from the model the stage measures. Left
-unset, nothing is pushed: the caller pushes itself (the RL loop does, before its first step).
+``disk``: a folder under ``weights_dir``; ``store``: the URI; one ``WeightPusher``) under the URI as version,
+so samples come from the model the stage measures. Left unset, nothing is pushed: the caller pushes itself
+(the RL loop does, before its first step, through its own ``WeightPusher``).
 """
 
 from __future__ import annotations
 
-from ringzero.errors import RingzeroError
 from ringzero.model.precision import body_dtype
+from ringzero.rollout.clients.http_client import HttpRolloutClient
 from ringzero.rollout.clients.spread import spread
+from ringzero.rollout.deployment.weight_push import WeightPusher
 from ringzero.rollout.replicas.distributed_set import DistributedReplicaSet
 from ringzero.rollout.replicas.replica_set import ReplicaSet, resolve_endpoints
 
@@ -51,7 +53,7 @@ def remote_client(engine, policy=None, routing_shape=None) -> ReplicaSet:
     if key not in _REMOTE:
         endpoints = resolve_endpoints(engine)
         # Found again after a loss: whatever resolves now (a replaced pod may not be ready yet).
-        common = dict(stale=engine.stale, weights_dir=engine.weights_dir, timeout_s=engine.timeout_s,
+        common = dict(connect=HttpRolloutClient, stale=engine.stale, weights_dir=engine.weights_dir, timeout_s=engine.timeout_s,
                       accept_store_uris=engine.weight_sync == "store",
                       resolver=lambda: resolve_endpoints(engine, want=1, timeout_s=0.0),
                       # with every replica down, wait for one to come back (a restarted SGLang pod loads the
@@ -83,19 +85,9 @@ def close_remote_clients() -> None:
 def _serve(client, remote: ReplicaSet, engine, model, uri: str, runtime, tokenizer, policy) -> None:
     if _SERVING.get(id(remote)) == uri and remote.weight_version in (None, uri):
         return
-    if hasattr(client, "update_weights"):
-        client.update_weights(model.state_dict(), uri)
-    elif engine.weight_sync == "store":
-        client.update_weights_from_disk(uri, uri)
-    elif engine.weights_dir is None:
-        raise RingzeroError(
-            f"rollout servers: cannot serve {uri} with weight_sync disk: no engines.rollout.weights_dir (the shared "
-            "volume the servers mount) to write its folder to; set it, use weight_sync distributed, or sample only "
-            f"from the checkpoint the servers started with (engines.rollout.served_uri = {engine.served_uri!r})"
-        )
-    else:
-        from ringzero.rollout.replicas.folder_push import push_folder
-
-        push_folder(client, model.state_dict(), uri, model_cfg=model.cfg, weights_dir=engine.weights_dir,
-                    runtime=runtime, tokenizer=tokenizer, dtype=body_dtype(policy))
+    pusher = WeightPusher.for_rollout(engine, model_cfg=getattr(model, "cfg", None), runtime=runtime,
+                                      tokenizer=tokenizer)
+    # a store push names the committed checkpoint itself: no tensors leave the model
+    state = {} if pusher.mode == "store" else model.state_dict()
+    pusher.push(client, state, uri, dtype=body_dtype(policy), committed_uri=uri)
     _SERVING[id(remote)] = uri

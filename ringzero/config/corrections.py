@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
-from ringzero.config.base import StrictModel
+from ringzero.strict_model import StrictModel
 
 
 class TISCorrection(StrictModel):

@@ -110,7 +110,7 @@ class TrainOptimizer:
     def load_weights(self, state: dict[str, torch.Tensor], source: str) -> None:
         """Put full weights under the model's own names into the model and its fp32 masters (the given
         values, not their casts to the body dtype)."""
-        from ringzero.rollout.engine.weights import load_weights_
+        from ringzero.model.weights import load_weights_
 
         load_weights_(self.model, state, source=source)
         if self.needs_master:

@@ -133,8 +133,8 @@ def _step(module, batch, positions, real_BS, loss_fn):
 
 def _optimizer_step(module):
     """One step of the project's training optimizer (AdamW, fp32 masters, global-norm clipping)."""
-    from ringzero.stages.config import OptimSettings
-    from ringzero.stages.optimizer import TrainOptimizer
+    from ringzero.config.stages import OptimSettings
+    from ringzero.engines.optimizer import TrainOptimizer
 
     opt = TrainOptimizer(module, OptimSettings(lr=1e-3, weight_decay=0.1), total_steps=1, schedule="constant")
     opt.step()

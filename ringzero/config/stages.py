@@ -6,10 +6,10 @@ from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_serializer, model_validator
 
-from ringzero.config.base import Slug, StrictModel
+from ringzero.config.corrections import Correction
 from ringzero.config.gates import ThresholdExpr
 from ringzero.model.config import PRESETS
-from ringzero.rl.corrections.config import Correction
+from ringzero.strict_model import Slug, StrictModel
 from ringzero.tasks.base import DIFFICULTY_BUCKETS
 from ringzero.tasks.base import TIER_CONTRAST as CONTRAST
 

@@ -19,9 +19,9 @@ from ringzero.errors import RingzeroError
 from ringzero.metrics import distribution
 from ringzero.model.config import PrecisionPolicy
 from ringzero.model.hybrid import HybridLM
+from ringzero.model.scoring import score_sequences
+from ringzero.model.weights import copy_under_policy
 from ringzero.rollout.engine.embedded import EmbeddedEngine
-from ringzero.rollout.engine.scoring import score_sequences
-from ringzero.rollout.engine.weights import copy_under_policy
 from ringzero.rollout.types import Completion, GenerateRequest, SamplingParams
 from ringzero.tokenizer.base import Tokenizer
 

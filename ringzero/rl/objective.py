@@ -7,19 +7,15 @@ multiplied by its correction weight before the reduction, and dropped tokens lea
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 
+from ringzero.config.stages import LossSettings
+from ringzero.rl.corrections.compose import CorrectionRows
 from ringzero.rl.losses.base import LossOutput
 from ringzero.rl.losses.kl import kl_k3_loss
 from ringzero.rl.losses.normalization import Normalization
 from ringzero.rl.losses.ppo_clip import ppo_clip_loss
 from ringzero.rl.losses.sg_clip_is import sg_clip_is_loss
-
-if TYPE_CHECKING:  # only attributes are read, and importing stage configs first would be circular
-    from ringzero.rl.corrections.compose import CorrectionRows
-    from ringzero.stages.config import LossSettings
 
 POLICY_LOSSES = {"sg_clip_is": sg_clip_is_loss, "ppo_clip": ppo_clip_loss}
 

@@ -1,0 +1,136 @@
+"""Code hygiene that a reader relies on: no private name crosses a module boundary, every dotted
+``ringzero.`` name and every repository path the docs and docstrings cite exists, and bench/ and tests/
+stay apart (bench shares fixtures through ``bench/common.py`` only, neither reaches into the other, and
+nothing edits ``sys.path``)."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SOURCES = [p for d in ("ringzero", "bench", "components", "pipelines") for p in sorted((ROOT / d).rglob("*.py"))]
+DOCS = [ROOT / "README.md", ROOT / "BENCHMARKS.md", *sorted((ROOT / "docs").rglob("*.md"))]
+
+
+def private_imports(path: Path, root: Path = ROOT) -> list[str]:
+    """``from X import _name``: a private name taken from another module (a package's own submodule
+    included: private means the module's own)."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            for alias in node.names:
+                if alias.name.startswith("_") and not alias.name.startswith("__"):
+                    out.append(f"{path.relative_to(root)}:{node.lineno} imports {alias.name} from {node.module}")
+    return out
+
+
+def test_the_private_import_detector_sees_one(tmp_path):
+    f = tmp_path / "m.py"
+    f.write_text("from __future__ import annotations\nfrom a.b import _hidden, shown\n")
+    assert private_imports(f, tmp_path) == ["m.py:2 imports _hidden from a.b"]
+
+
+def test_no_private_name_is_imported_across_modules():
+    assert [hit for path in SOURCES for hit in private_imports(path)] == []
+
+
+DOTTED = re.compile(r"\bringzero(?:\.[A-Za-z_][A-Za-z0-9_]*)+")
+
+
+def resolves(dotted: str) -> bool:
+    """A module, or an attribute chain on the longest importable prefix."""
+    parts = dotted.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        for name in parts[cut:]:
+            if not hasattr(obj, name):
+                return False
+            obj = getattr(obj, name)
+        return True
+    return False
+
+
+def cited_names() -> dict[str, set[str]]:
+    out: dict[str, set[str]] = {}
+    for path in [*(p for p in SOURCES if p.is_relative_to(ROOT / "ringzero")), *DOCS]:
+        for name in DOTTED.findall(path.read_text()):
+            name = name.rstrip(".")
+            if "megatron" in name.split(".")[1:3] and name.startswith("ringzero.engines.megatron"):
+                continue  # imports megatron-core, an optional extra; its files are checked by path below
+            out.setdefault(name, set()).add(str(path.relative_to(ROOT)))
+    return out
+
+
+def test_every_dotted_ringzero_name_in_docs_and_docstrings_exists():
+    stale = {name: sorted(where) for name, where in cited_names().items() if not resolves(name)}
+    assert stale == {}
+
+
+PATH = re.compile(r"(?<![\w./-])((?:ringzero|bench|tests|docs|components|pipelines|helm|images|configs)/"
+                  r"[\w./-]*\w)")
+
+
+def cited_paths() -> dict[str, set[str]]:
+    out: dict[str, set[str]] = {}
+    for path in [*DOCS, *(p for p in SOURCES if p.is_relative_to(ROOT / "ringzero"))]:
+        for cited in PATH.findall(path.read_text()):
+            if any(ch in cited for ch in "*<>{}") or cited.endswith((".", "-")):
+                continue  # a pattern, not a path
+            out.setdefault(cited, set()).add(str(path.relative_to(ROOT)))
+    return out
+
+
+def exists(cited: str) -> bool:
+    """A file or folder, or a module path followed by a name in it (``ringzero/stages/rl.run``)."""
+    target = ROOT / cited
+    return target.exists() or target.with_suffix(".py").exists() or (ROOT / cited.split(".")[0]).with_suffix(".py").exists()
+
+
+def test_every_repository_path_the_docs_cite_exists():
+    generated = re.compile(r"^(bench/results/|tests/servers/\.|docs/.*\.(png|svg|html)$)")
+    missing = {c: sorted(w) for c, w in cited_paths().items() if not exists(c) and not generated.match(c)}
+    assert missing == {}
+
+
+BENCH = ROOT / "bench"
+
+
+def imported_modules(path: Path) -> set[str]:
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.add(node.module)
+    return names
+
+
+def bench_modules() -> set[str]:
+    return {p.stem for p in BENCH.glob("*.py")}
+
+
+@pytest.mark.parametrize("path", sorted(BENCH.rglob("*.py")), ids=lambda p: str(p.relative_to(ROOT)))
+def test_bench_edits_no_sys_path_and_imports_no_test_code(path):
+    text = path.read_text()
+    assert "sys.path" not in text, f"{path.relative_to(ROOT)} edits sys.path"
+    imported = imported_modules(path)
+    assert not {m for m in imported if m.split(".")[0] in ("tests", "conftest", "stage_kit", "layout_compare")}
+    siblings = {m for m in imported if m in bench_modules()} - {"common"}
+    assert not siblings, f"{path.relative_to(ROOT)} imports bench scripts {sorted(siblings)}: share through common"
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "tests").rglob("*.py")), ids=lambda p: str(p.relative_to(ROOT)))
+def test_tests_import_nothing_from_bench(path):
+    """Tests may run a bench script as a program (the GPU check's smoke mode); they never import one."""
+    assert not {m for m in imported_modules(path) if m.split(".")[0] in bench_modules() | {"bench"}}
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if "bench" in line and ("sys.path" in line or "spec_from_file_location" in line):
+            raise AssertionError(f"{path.relative_to(ROOT)}:{n} imports from bench/: {line.strip()}")
