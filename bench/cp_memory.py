@@ -36,7 +36,7 @@ import platform
 import time
 from pathlib import Path
 
-from mdsection import write_section
+from common import write_section
 
 MODEL = dict(vocab_size=64, hidden_size=128, num_hidden_layers=4, num_attention_heads=4, layout="hybrid",
              layer_group_size=2, intermediate_size=352, kv_lora_rank=32, qk_nope_head_dim=32, qk_rope_head_dim=16,

@@ -32,7 +32,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from mdsection import write_section
+from common import write_section
 
 ROOT = Path(__file__).resolve().parents[1]
 

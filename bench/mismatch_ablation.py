@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import time
 from pathlib import Path
 
@@ -38,22 +37,11 @@ import torch
 
 from ringzero.config.loader import load_config
 from ringzero.errors import RingzeroError
+from ringzero.pipeline.ablation import MISMATCH_ARMS as ARMS
+from ringzero.pipeline.ablation import ROLLBACK_ARM, arm_overrides, measure
 from ringzero.pipeline.execute import execute_stage
 from ringzero.stages.base import StageInputs
 from ringzero.store import open_store
-
-CORRECTED = "ppo_clip"
-ARMS = {
-    "sg_clip_is": ("sg_clip_is", []),
-    "ppo_clip": ("ppo_clip", []),
-    "tis": (CORRECTED, [{"kind": "tis", "cap": 2.0}]),
-    "seq_is": (CORRECTED, [{"kind": "seq_is", "cap": 2.0, "form": "product"}]),
-    "seq_is_geo": (CORRECTED, [{"kind": "seq_is", "cap": 2.0, "form": "geometric"}]),
-    "masked_is": (CORRECTED, [{"kind": "masked_is", "lower": 0.5, "upper": 2.0}]),
-    "icepop": (CORRECTED, [{"kind": "icepop", "lower": 0.5, "upper": 5.0}]),
-}
-"""Arm name -> (policy loss, corrections). Bounds are the peers' defaults (verl's TIS cap 2, IcePop [0.5, 5])."""
-ROLLBACK_ARM = "rollback"
 
 
 def parse_args() -> argparse.Namespace:
@@ -72,47 +60,6 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--rollback-limit", type=float, default=0.02, help="gap/ratio/max that triggers the rollback arm")
     p.add_argument("--write", action="store_true", help="write the table into BENCHMARKS.md")
     return p.parse_args()
-
-
-def arm_overrides(rl: str, arm: str, rollout: str, steps: int, prompts: int | None, limit: float) -> list[str]:
-    s = f"stages.{rl}"
-    out = ["precision.train=fp32-islands", f"precision.rollout={rollout}", f"{s}.steps={steps}",
-           f"{s}.min_steps={steps}", f"{s}.reward_plateau_steps=null", f"{s}.max_wall_minutes=null",
-           f"{s}.stop_when=[]", f"{s}.gate=[]"]
-    if prompts:
-        out.append(f"{s}.prompts_per_step={prompts}")
-    if arm == ROLLBACK_ARM:
-        return out + [f"{s}.loss.kind=sg_clip_is", f"{s}.loss.corrections=[]",
-                      f'{s}.rollback={{on: ["gap/ratio/max > {limit:g}"], remedy: raise_precision, max_rollbacks: 2}}']
-    kind, corrections = ARMS[arm]
-    return out + [f"{s}.loss.kind={kind}", f"{s}.loss.corrections={json.dumps(corrections)}"]
-
-
-def _mean(values) -> float:
-    values = [float(v) for v in values if v is not None and math.isfinite(float(v))]
-    return sum(values) / len(values) if values else float("nan")
-
-
-def measure(records: list[dict], summary: dict, base_accuracy: float) -> dict:
-    rewards = [r.get("reward/mean", float("nan")) for r in records]
-    windows = [_mean(rewards[i:i + 5]) for i in range(max(1, len(rewards) - 4))]
-    coverage = [r["grad/coverage"] * (1.0 - r.get("correction/token_masked_frac", 0.0))
-                for r in records if r.get("grad/coverage") is not None]
-    nonfinite = any(r.get("loss/nonfinite", 0) > 0 for r in records)
-    accuracy = summary.get("eval/accuracy", float("nan"))
-    collapsed = nonfinite or (windows[-1] < 0.5 * max(windows)) or accuracy < base_accuracy
-    rollbacks = [r for r in records if "rollback/reason" in r]
-    return {
-        "accuracy": accuracy, "trace_rate": summary.get("eval/trace_rate"), "len_mean": summary.get("eval/len_mean"),
-        "gap_p99": _mean(r.get("gap/ratio/p99") for r in records),
-        "gap_max": max((r.get("gap/ratio/max", 0.0) for r in records), default=float("nan")),
-        "coverage": _mean(coverage), "adv_nonzero": _mean(r.get("grad/adv_nonzero") for r in records),
-        "masked": _mean(r.get("correction/token_masked_frac", 0.0) for r in records),
-        "reward_last5": windows[-1], "collapsed": bool(collapsed), "nonfinite": nonfinite,
-        "rollbacks": [{"step": r["step"], "reason": r["rollback/reason"], "remedy": r.get("rollback/remedy")}
-                      for r in rollbacks],
-        "gap_p99_by_step": [r.get("gap/ratio/p99") for r in records],
-    }
 
 
 def main() -> None:
@@ -156,7 +103,7 @@ def main() -> None:
             path.write_text(json.dumps(results, indent=1))
     print(report(results))
     if args.write:
-        from mdsection import write_section
+        from common import write_section
 
         write_section(Path("BENCHMARKS.md"), "mismatch-ablation", report(results))
 

@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 import torch
-from mdsection import write_section
+from common import write_section
 
 from ringzero.model.config import ModelConfig, PrecisionPolicy
 from ringzero.model.hybrid import HybridLM

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 import torch
-from mdsection import write_section
+from common import hf_llama, write_section
 
 from ringzero.model.config import ModelConfig, PrecisionPolicy
 from ringzero.model.hybrid import HybridLM
@@ -37,16 +37,6 @@ TINY = dict(vocab_size=64, hidden_size=128, num_hidden_layers=4, num_attention_h
             kv_lora_rank=32, qk_nope_head_dim=32, qk_rope_head_dim=16, v_head_dim=32,
             head_dim=32, lightning_block_size=64)
 """The model of configs/tiny-cpu.yaml (hybrid: three Lightning layers, then one MLA layer)."""
-
-
-def hf_llama(cfg: ModelConfig):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    return LlamaForCausalLM(LlamaConfig(
-        vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
-        num_hidden_layers=cfg.num_hidden_layers, num_attention_heads=cfg.num_attention_heads, num_key_value_heads=cfg.num_attention_heads,
-        max_position_embeddings=cfg.max_position_embeddings, pad_token_id=0, bos_token_id=1, eos_token_id=None,
-    )).eval()
 
 
 @torch.inference_mode()

@@ -29,8 +29,7 @@ from pathlib import Path
 
 import requests
 import torch
-from mdsection import write_section
-from rollout_throughput import hf_llama
+from common import hf_llama, write_section
 
 from ringzero.config.loader import load_config
 from ringzero.model.config import PrecisionPolicy

@@ -28,7 +28,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from mdsection import write_section
+from common import write_section
 
 POLICIES = ("fp32-islands", "bf16", "fp32")
 TINY = dict(vocab_size=64, hidden_size=128, num_hidden_layers=4, num_attention_heads=4, intermediate_size=352, max_position_embeddings=512,

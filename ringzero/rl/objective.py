@@ -1,7 +1,7 @@
 """A stage's objective from its ``LossSettings``: the chosen policy loss plus ``kl_coef`` x k3 KL,
 both reduced by the chosen normalization.
 
-With ``correction`` (the rows of a ``ringzero.rl.corrections.BatchCorrection``): the policy ratio's
+With ``correction`` (the rows of a ``ringzero.rl.corrections.compose.BatchCorrection``): the policy ratio's
 denominator is the old policy's log-probs instead of the rollout's, each token's policy loss is
 multiplied by its correction weight before the reduction, and dropped tokens leave both terms."""
 

@@ -1,19 +1,15 @@
 """No rank keeps a full copy of the model: after the megatron engine builds a stage and takes a step, a rank
 holds its parameter shards and their optimizer state only (no serving HybridLM until something samples
-in-process), so its bytes at TP 2 are about half of TP 1's (``bench/megatron_memory.py``; the bound is the
+in-process), so its bytes at TP 2 are about half of TP 1's (``ringzero.stages.rank_memory``, ``bench/megatron_memory.py``; the bound is the
 issue's 1.15 x (TP 1 bytes) / tp). A serving model is still built on demand, with the trained weights."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-pytest.importorskip("megatron.core")
+from ringzero.stages.rank_memory import config, measure
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-from megatron_memory import measure  # noqa: E402
+pytest.importorskip("megatron.core")
 
 pytestmark = [pytest.mark.distributed, pytest.mark.xdist_group("megatron-stage")]
 
@@ -33,7 +29,6 @@ def test_bytes_per_rank_scale_with_tp_and_no_serving_copy_is_kept(two_ranks):
 
 def test_the_serving_model_is_built_on_demand_with_the_trained_weights(one_rank):
     import torch
-    from megatron_memory import config
 
     from ringzero.engines.builders import task_and_tokenizer
     from ringzero.parallel.runtime import single

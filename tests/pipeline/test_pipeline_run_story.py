@@ -1,14 +1,9 @@
-"""bench/run_story.py reads a finished run's manifest into the README's tables: the eval stage's input
+"""``ringzero.pipeline.story`` (``bench/run_story.py``) reads a finished run's manifest into the README's tables: the eval stage's input
 checkpoint and its compare rows, the gap per policy and third, and the targets as the run reported them."""
 
-import importlib.util
 import json
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-spec = importlib.util.spec_from_file_location("run_story", ROOT / "bench" / "run_story.py")
-run_story = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(run_story)
+from ringzero.pipeline import story as run_story
 
 
 def manifest() -> dict:

@@ -1,21 +1,18 @@
-"""Every arm of bench/mismatch_ablation.py is a valid stage config that runs the objective it is named for."""
+"""Every arm of bench/mismatch_ablation.py (``ringzero.pipeline.ablation``) is a valid stage config that runs the objective it is named for."""
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
 
 from ringzero.config.loader import load_config
+from ringzero.pipeline import ablation
 
 ROOT = Path(__file__).resolve().parents[2]
-spec = importlib.util.spec_from_file_location("mismatch_ablation", ROOT / "bench" / "mismatch_ablation.py")
-ablation = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(ablation)
 
 
-@pytest.mark.parametrize("arm", [*ablation.ARMS, ablation.ROLLBACK_ARM])
+@pytest.mark.parametrize("arm", [*ablation.MISMATCH_ARMS, ablation.ROLLBACK_ARM])
 def test_each_arm_loads_with_its_objective_and_no_early_stop(arm):
     cfg = load_config(ROOT / "configs" / "tiny-cpu.yaml",
                       ablation.arm_overrides("stage1", arm, "bf16", steps=7, prompts=4, limit=0.02))
@@ -27,7 +24,7 @@ def test_each_arm_loads_with_its_objective_and_no_early_stop(arm):
         assert stage.rollback.remedy == "raise_precision" and stage.rollback.on[0].metric == "gap/ratio/max"
         assert stage.loss.kind == "sg_clip_is" and stage.loss.corrections == []
         return
-    kind, corrections = ablation.ARMS[arm]
+    kind, corrections = ablation.MISMATCH_ARMS[arm]
     assert stage.loss.kind == kind
     assert len(stage.loss.corrections) == len(corrections)
     for got, want in zip(stage.loss.corrections, corrections, strict=True):

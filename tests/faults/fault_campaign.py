@@ -5,7 +5,7 @@ For each stage kind (pretrain, rl, distill, eval) a micro pipeline ends in a sta
 stages before it are computed once into a prefix store, so every trial runs the target stage only:
 1. copy the prefix store, start ``ringzero run``, kill it (SIGKILL at a uniformly random moment of the
    stage, or at a fault point: half-way through a shard write, just before a checkpoint's ``COMMITTED``
-   marker, just before or after the stage outcome, during the run manifest; ``bench/fault_points``);
+   marker, just before or after the stage outcome, during the run manifest; ``tests/faults/fault_points``);
 2. inspect the store as a reader would: every committed checkpoint must verify by checksum (``torn``
    counts those that do not, or an outcome document that does not decode), and the newest committed
    resume point is noted;
@@ -19,9 +19,9 @@ resumes), a corrupted shard (``ringzero store verify`` names it, the rerun refus
 restarted mid-run (moto's server in this process, which keeps its objects across the restart), for
 outages shorter and longer than the store's retry budget.
 
-    python bench/faults.py --trials 20 --out bench/results/faults.json     # the full campaign
-    python bench/faults.py --trials 2 --kinds pretrain,rl                   # a short one
-    python bench/faults.py --trials 0 --others 0 --s3 3                     # S3 outages only
+    python tests/faults/fault_campaign.py --trials 20 --out tests/faults/results/faults.json     # the full campaign
+    python tests/faults/fault_campaign.py --trials 2 --kinds pretrain,rl                   # a short one
+    python tests/faults/fault_campaign.py --trials 0 --others 0 --s3 3                     # S3 outages only
 
 Prints a Markdown table (trials, resumed, lost, torn, equal) and writes every trial's record as JSON.
 """
@@ -43,8 +43,8 @@ from pathlib import Path
 
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
-POINTS = ROOT / "bench" / "fault_points"
+ROOT = Path(__file__).resolve().parents[2]
+POINTS = ROOT / "tests" / "faults" / "fault_points"
 GUARD_S = 600  # only against a hung child
 MICRO_MODEL = {
     "vocab_size": 64, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "layout": "LM",

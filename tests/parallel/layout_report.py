@@ -1,22 +1,17 @@
 """Largest differences between training layouts: the micro run of the layout-invariance tests at
 (dp, cp) = (2, 1), (1, 2), (2, 2) against one process (pretrain losses, RL metrics, final weights).
 
-    python bench/layout_compare.py
+    python tests/parallel/layout_report.py
 """
 
 from __future__ import annotations
 
-import sys
 import tempfile
-from pathlib import Path
 
 import torch
+from layout_jobs import run_layout
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "parallel"))
-
-from layout_jobs import run_layout  # noqa: E402
-
-from ringzero.parallel.launch import RankPool  # noqa: E402
+from ringzero.parallel.launch import RankPool
 
 KEYS = ("loss/total", "ratio/p99", "ratio/max", "entropy/mean", "grad/norm")
 
