@@ -39,7 +39,7 @@ from ringzero.stages.heldout_eval import evaluate_heldout
 from ringzero.stages.lm_step import lm_step
 from ringzero.stages.progress import step_progress
 from ringzero.stages.summary_values import finite_only
-from ringzero.stages.train_state import load_resume_point, save_final, save_resume_point, weights_to_write
+from ringzero.stages.train_state import end_of_step, load_resume_point, save_final, weights_to_write
 from ringzero.stages.training_engine import training_engine
 
 log = structlog.get_logger(__name__)
@@ -99,14 +99,8 @@ def run(ctx: StageContext, stage: DistillStage, inputs: StageInputs) -> StageOut
                                            "grad/norm": report.grad_norm, "distill/epoch": epoch})
                 losses = []
             advance(value, tokens=ids_BS[:, 1:].numel())
-            saved = (step + 1) % steps_per_epoch == 0 and step + 1 < total
-            if saved:
-                save_resume_point(ctx.store, ctx.checkpoint_prefix, step + 1, model, optimizer)
-            if preemption.due(rt):
-                if not saved:
-                    save_resume_point(ctx.store, ctx.checkpoint_prefix, step + 1, model, optimizer)
-                log.info("distill.preempted", step=step + 1)
-                raise preemption.Preempted(stage.name, step + 1)
+            end_of_step(ctx, stage.name, step + 1, model, optimizer, rt,
+                        checkpoint=(step + 1) % steps_per_epoch == 0 and step + 1 < total)
 
     model.eval()
     uri = save_final(ctx.store, ctx.checkpoint_prefix, model, weights_to_write(ctx.store, optimizer),

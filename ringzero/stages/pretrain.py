@@ -26,7 +26,7 @@ from ringzero.stages.heldout_eval import evaluate_heldout
 from ringzero.stages.lm_step import lm_step
 from ringzero.stages.progress import step_progress
 from ringzero.stages.summary_values import finite_only
-from ringzero.stages.train_state import load_resume_point, save_final, save_resume_point, weights_to_write
+from ringzero.stages.train_state import end_of_step, load_resume_point, save_final, weights_to_write
 from ringzero.stages.training_engine import training_engine
 
 log = structlog.get_logger(__name__)
@@ -73,14 +73,8 @@ def run(ctx: StageContext, stage: PretrainStage, inputs: StageInputs) -> StageOu
                 })
                 losses, tokens, window_start = [], 0, time.time()
             advance(result.loss, tokens=batch_BS[:, 1:].numel())
-            saved = (step + 1) % stage.checkpoint_every == 0 and step + 1 < stage.steps
-            if saved:
-                save_resume_point(ctx.store, ctx.checkpoint_prefix, step + 1, model, optimizer)
-            if preemption.due(rt):
-                if not saved:
-                    save_resume_point(ctx.store, ctx.checkpoint_prefix, step + 1, model, optimizer)
-                log.info("pretrain.preempted", step=step + 1)
-                raise preemption.Preempted(stage.name, step + 1)
+            end_of_step(ctx, stage.name, step + 1, model, optimizer, rt,
+                        checkpoint=(step + 1) % stage.checkpoint_every == 0 and step + 1 < stage.steps)
 
     model.eval()
     final_loss = lm_step(model, windows.batch(stage.steps, stage.batch_size), rt,  # an unseen batch

@@ -30,7 +30,7 @@ from ringzero.stages.rl_session import build_session
 from ringzero.stages.rollback import guard_for
 from ringzero.stages.stop_conditions import StopConditions
 from ringzero.stages.summary_values import finite_only, mean_of_last, median_of
-from ringzero.stages.train_state import save_final, save_resume_point, weights_to_write
+from ringzero.stages.train_state import end_of_step, save_final, weights_to_write
 
 log = structlog.get_logger(__name__)
 
@@ -77,18 +77,13 @@ def run(ctx: StageContext, stage: RLStage, inputs: StageInputs) -> StageOutcome:
             p99s += list(finite_only({"ratio/p99": metrics.get("ratio/p99")}).values())
             wall_s = wall_before + time.time() - started
             why = stop.check(step, metrics, wall_s / 60)
-            saved = why is None and step % stage.checkpoint_every == 0 and step < stage.steps
-            preempted = why is None and preemption.due(rl.runtime)
-            if saved or preempted:
-                save_resume_point(ctx.store, ctx.checkpoint_prefix, step, rl.model, rl.optimizer,
-                                  {"stop": stop.state(), "history": history, "wall_s": wall_s, "ratio_p99": p99s,
-                                   **({} if guard is None else {"rollback": guard.state()})})
-            if preempted:
-                log.info("rl.preempted", step=step)
-                raise preemption.Preempted(stage.name, step)
             if why is not None:
                 reason = why
                 break
+            end_of_step(ctx, stage.name, step, rl.model, rl.optimizer, rl.runtime,
+                        checkpoint=step % stage.checkpoint_every == 0 and step < stage.steps,
+                        meta={"stop": stop.state(), "history": history, "wall_s": wall_s, "ratio_p99": p99s,
+                              **({} if guard is None else {"rollback": guard.state()})})
     rolled = {} if guard is None else {"rollback/count": float(guard.count)}
     uri = save_final(ctx.store, ctx.checkpoint_prefix, rl.model, weights_to_write(ctx.store, rl.optimizer),
                      {"stage": stage.name, "steps": step, "stop_reason": reason, **rolled}, tokenizer=rl.tokenizer)

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import structlog
 import torch
 
 from ringzero.engines.optimizer import TrainOptimizer
@@ -23,6 +24,9 @@ from ringzero.model.checkpoint import save_state
 from ringzero.model.hf_format import hf_config
 from ringzero.model.hybrid import HybridLM
 from ringzero.parallel.one_writer import writes_on_rank0
+from ringzero.stages import preemption
+
+log = structlog.get_logger(__name__)
 
 MODEL, OPTIM = "model.", "optim."
 
@@ -50,6 +54,21 @@ def save_resume_point(store, prefix: str, step: int, model: HybridLM, optimizer:
     tensors.update({OPTIM + k: v.contiguous() for k, v in optim_tensors.items()})
     full_meta = {"step": step, "optimizer": optim_meta, **(meta or {})}
     return store.save(step_name(prefix, step), tensors, hf_config(model.cfg, torch.float32), full_meta)
+
+
+def end_of_step(ctx, stage_name: str, step: int, model: HybridLM, optimizer: TrainOptimizer, runtime, *,
+                checkpoint: bool, meta: dict | None = None) -> bool:
+    """The tail of every training loop's step: a resume point when ``checkpoint`` says one is due or a
+    SIGTERM asked the job to stop (every rank asks, so the ranks agree), then the exit of a preempted
+    stage (``Preempted``, status 143) once that point is committed. ``step`` is the number of steps done.
+    Returns whether a resume point was saved."""
+    preempted = preemption.due(runtime)
+    if checkpoint or preempted:
+        save_resume_point(ctx.store, ctx.checkpoint_prefix, step, model, optimizer, meta)
+    if preempted:
+        log.info("stage.preempted", stage=stage_name, step=step)
+        raise preemption.Preempted(stage_name, step)
+    return checkpoint
 
 
 def load_resume_point(store, uri: str, optimizer: TrainOptimizer) -> ResumePoint:

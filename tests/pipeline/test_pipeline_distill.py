@@ -7,7 +7,7 @@ from micro_policy import MODEL, Micro, micro, patch_task
 from ringzero.config.stages import DistillStage
 from ringzero.errors import RingzeroError
 from ringzero.model.logprobs import token_logprobs
-from ringzero.stages import distill
+from ringzero.stages import distill, train_state
 from ringzero.stages.base import StageInputs
 from ringzero.stages.distill_data import Sample, epoch_order, response_loss, sft_batch, shortest_correct
 from ringzero.tokenizer import CharTokenizer
@@ -95,16 +95,16 @@ def test_an_interrupted_distillation_resumes_after_its_last_epoch_to_the_same_we
     patch_task(monkeypatch, distill)
     _, whole = run_distill(policy, tmp_path / "whole")
 
-    saved = distill.save_resume_point
+    saved = train_state.save_resume_point
 
     def crash_after_first_epoch(*args, **kwargs):
         saved(*args, **kwargs)
         raise KeyboardInterrupt("killed after the first resume point")
 
-    monkeypatch.setattr(distill, "save_resume_point", crash_after_first_epoch)
+    monkeypatch.setattr(train_state, "save_resume_point", crash_after_first_epoch)
     with pytest.raises(KeyboardInterrupt):
         run_distill(policy, tmp_path / "cut")
-    monkeypatch.setattr(distill, "save_resume_point", saved)
+    monkeypatch.setattr(train_state, "save_resume_point", saved)
     monkeypatch.setattr(distill, "collect", lambda *a, **k: pytest.fail("a resumed stage must not sample again"))
     trained = []
     real_step = distill.lm_step

@@ -11,6 +11,7 @@ import os
 import time
 
 from ringzero.stages import rl as real_rl
+from ringzero.stages import train_state
 
 HOLD_ENV = "RINGZERO_TEST_HOLD_AT"
 
@@ -18,7 +19,7 @@ HOLD_ENV = "RINGZERO_TEST_HOLD_AT"
 def rl(ctx, stage, inputs):
     name, _, step = os.environ.get(HOLD_ENV, "").partition(":")
     if name == stage.name:
-        commit = real_rl.save_resume_point
+        commit = train_state.save_resume_point
 
         def commit_then_hold(store, prefix, at_step, *args, **kwargs):
             uri = commit(store, prefix, at_step, *args, **kwargs)
@@ -26,5 +27,9 @@ def rl(ctx, stage, inputs):
                 time.sleep(0.05)
             return uri
 
-        real_rl.save_resume_point = commit_then_hold  # this process ends by being killed; nothing to restore
+        train_state.save_resume_point = commit_then_hold  # every stage commits through train_state
+        try:
+            return real_rl.run(ctx, stage, inputs)
+        finally:
+            train_state.save_resume_point = commit
     return real_rl.run(ctx, stage, inputs)
