@@ -36,6 +36,7 @@ test:
 
 lint: setup
 	$(BIN)/ruff check ringzero tests bench components pipelines
+	$(BIN)/ruff format --check ringzero tests bench components pipelines
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

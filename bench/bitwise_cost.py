@@ -4,7 +4,8 @@ The model is configs/tiny-cpu.yaml's (random weights, fp32, its 512-token contex
 ``--batch`` prompts of ``--prompt-len`` tokens decodes ``--new-tokens`` tokens each (no stop ids, so every
 row runs to its cap), T = 1, seeded; throughput is generated tokens per wall-clock second, the median of
 ``--repeats`` runs, modes interleaved. Normal mode decodes all rows together from caches; deterministic mode
-runs, per row and token, one batch-invariant forward over the whole context (``ringzero.rollout.engine.bitwise``).
+runs, per row and token, one batch-invariant forward over the whole context
+(``ringzero.rollout.engine.bitwise``).
 
 Also printed: the trainer side's scoring time of the same finished sequences, batched (``batch_invariant``
 off) vs batch-invariant (what a deterministic run's trainer calls), and the largest |logp_train -
@@ -46,11 +47,17 @@ def main() -> None:
     fp32 = PrecisionPolicy.preset("fp32")
     model = HybridLM(cfg, fp32).eval()
     gen = torch.Generator().manual_seed(1)
-    reqs = [GenerateRequest(torch.randint(3, cfg.vocab_size, (args.prompt_len,), generator=gen).tolist(),
-                            SamplingParams(max_new_tokens=args.new_tokens, seed=i, ignore_eos=True))
-            for i in range(args.batch)]
-    engines = {mode: EmbeddedEngine(model, policy=fp32, deterministic=mode == "deterministic", max_batch=args.batch)
-               for mode in ("normal", "deterministic")}
+    reqs = [
+        GenerateRequest(
+            torch.randint(3, cfg.vocab_size, (args.prompt_len,), generator=gen).tolist(),
+            SamplingParams(max_new_tokens=args.new_tokens, seed=i, ignore_eos=True),
+        )
+        for i in range(args.batch)
+    ]
+    engines = {
+        mode: EmbeddedEngine(model, policy=fp32, deterministic=mode == "deterministic", max_batch=args.batch)
+        for mode in ("normal", "deterministic")
+    }
     times: dict[str, list[float]] = {mode: [] for mode in engines}
     outputs = {}
     for _ in range(args.repeats):
@@ -60,9 +67,11 @@ def main() -> None:
             times[mode].append(time.perf_counter() - start)
     tokens = args.batch * args.new_tokens
     rate = {mode: tokens / statistics.median(ts) for mode, ts in times.items()}
-    print(f"tiny-cpu model (hidden {cfg.hidden_size}, {cfg.num_hidden_layers} layers, context "
-          f"{cfg.max_position_embeddings}), fp32, {args.threads} threads, batch {args.batch} x "
-          f"{args.new_tokens} new tokens, prompts of {args.prompt_len}, median of {args.repeats}")
+    print(
+        f"tiny-cpu model (hidden {cfg.hidden_size}, {cfg.num_hidden_layers} layers, context "
+        f"{cfg.max_position_embeddings}), fp32, {args.threads} threads, batch {args.batch} x "
+        f"{args.new_tokens} new tokens, prompts of {args.prompt_len}, median of {args.repeats}"
+    )
     for mode, r in rate.items():
         print(f"  {mode:>13}: {r:9.1f} tokens/s  ({statistics.median(times[mode]):.3f} s a batch)")
     print(f"  normal / deterministic: {rate['normal'] / rate['deterministic']:.1f}x")
@@ -75,10 +84,14 @@ def main() -> None:
             start = time.perf_counter()
             logp = score_sequences(model, seqs, plens, 1.0, batch_invariant=invariant)
             score_time[invariant] = time.perf_counter() - start
-    gap = max(float((t.double() - torch.tensor(c.output_logprobs, dtype=torch.float64)).abs().max())
-              for t, c in zip(logp, done, strict=True))
-    print(f"  trainer scoring of the batch: batched {score_time[False]:.3f} s, batch-invariant "
-          f"{score_time[True]:.3f} s; deterministic max |logp_train - logp_rollout| = {gap}")
+    gap = max(
+        float((t.double() - torch.tensor(c.output_logprobs, dtype=torch.float64)).abs().max())
+        for t, c in zip(logp, done, strict=True)
+    )
+    print(
+        f"  trainer scoring of the batch: batched {score_time[False]:.3f} s, batch-invariant "
+        f"{score_time[True]:.3f} s; deterministic max |logp_train - logp_rollout| = {gap}"
+    )
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ def write_section(path: Path, name: str, body: str, title: str = "# Benchmarks")
     text = path.read_text() if path.exists() else f"{title}\n"
     block = f"{start}\n{body.rstrip()}\n{end}"
     if start in text and end in text:
-        text = text[: text.index(start)] + block + text[text.index(end) + len(end):]
+        text = text[: text.index(start)] + block + text[text.index(end) + len(end) :]
     else:
         text = text.rstrip() + "\n\n" + block + "\n"
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -32,8 +32,17 @@ def write_section(path: Path, name: str, body: str, title: str = "# Benchmarks")
 def hf_llama(cfg: ModelConfig):
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    return LlamaForCausalLM(LlamaConfig(
-        vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
-        num_hidden_layers=cfg.num_hidden_layers, num_attention_heads=cfg.num_attention_heads, num_key_value_heads=cfg.num_attention_heads,
-        max_position_embeddings=cfg.max_position_embeddings, pad_token_id=0, bos_token_id=1, eos_token_id=None,
-    )).eval()
+    return LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=cfg.vocab_size,
+            hidden_size=cfg.hidden_size,
+            intermediate_size=cfg.intermediate_size,
+            num_hidden_layers=cfg.num_hidden_layers,
+            num_attention_heads=cfg.num_attention_heads,
+            num_key_value_heads=cfg.num_attention_heads,
+            max_position_embeddings=cfg.max_position_embeddings,
+            pad_token_id=0,
+            bos_token_id=1,
+            eos_token_id=None,
+        )
+    ).eval()

@@ -40,8 +40,10 @@ LING_MLA = {"H": 32, "n": 128, "p": 64, "v": 128, "r": 512}
 LING_LIGHTNING = {"H": 32, "k": 128, "v": 128, "block": 64}
 PAIRS = {"mla": ("ring", "a2a"), "lightning": ("ring", "allgather")}
 # Timed variants: (strategy, sharding). The zigzag ring is the reference at its causal load balance.
-TIMED_VARIANTS = {"mla": [("ring", "contiguous"), ("ring", "zigzag"), ("a2a", "contiguous")],
-                  "lightning": [("ring", "contiguous"), ("allgather", "contiguous")]}
+TIMED_VARIANTS = {
+    "mla": [("ring", "contiguous"), ("ring", "zigzag"), ("a2a", "contiguous")],
+    "lightning": [("ring", "contiguous"), ("allgather", "contiguous")],
+}
 
 
 def _inputs(layer: str, dims: dict, local_len: int, dtype, seed: int):
@@ -52,8 +54,14 @@ def _inputs(layer: str, dims: dict, local_len: int, dtype, seed: int):
 
     if layer == "mla":
         d, S = dims, local_len
-        return [rnd(1, S, d["H"], d["n"]), rnd(1, S, d["H"], d["p"]), rnd(1, S, d["r"]), rnd(1, S, d["p"]),
-                rnd(d["H"], d["n"], d["r"], scale=d["r"] ** -0.5), rnd(d["H"], d["v"], d["r"], scale=d["r"] ** -0.5)]
+        return [
+            rnd(1, S, d["H"], d["n"]),
+            rnd(1, S, d["H"], d["p"]),
+            rnd(1, S, d["r"]),
+            rnd(1, S, d["p"]),
+            rnd(d["H"], d["n"], d["r"], scale=d["r"] ** -0.5),
+            rnd(d["H"], d["v"], d["r"], scale=d["r"] ** -0.5),
+        ]
     d, S = dims, local_len
     return [rnd(1, S, d["H"], d["k"]), rnd(1, S, d["H"], d["k"]), rnd(1, S, d["H"], d["v"])]
 
@@ -65,8 +73,16 @@ def _call(layer, core, inputs, dims, positions, dtype):
     return core(*inputs, log_decay, dims["block"])
 
 
-def layer_job(ctx, layer: str, strategy: str, seq_len: int, dims: dict, iters: int, dtype: str = "float32",
-              mode: str = "contiguous"):
+def layer_job(
+    ctx,
+    layer: str,
+    strategy: str,
+    seq_len: int,
+    dims: dict,
+    iters: int,
+    dtype: str = "float32",
+    mode: str = "contiguous",
+):
     """``iters`` timed forward+backward calls after one warm-up; returns (seconds per call, fwd, bwd)."""
     P = ctx.world_size
     groups = ctx.groups(ParallelDims(dp=1, cp=P, world_size=P))
@@ -108,11 +124,23 @@ def timed_section(cps, seq_lens, iters, lightning_only=()) -> list[dict]:
                         per_rank = pool.run(layer_job, layer, strategy, seq_len, dims, iters, "float32", mode)
                         seconds = max(r[0] for r in per_rank)
                         sent = max(r[1]["bytes_sent"] + r[2]["bytes_sent"] for r in per_rank)
-                        rows.append({"cp": cp, "seq_len": seq_len, "layer": layer, "strategy": strategy,
-                                     "sharding": mode,
-                                     "seconds": seconds, "bytes_sent_max_rank": sent,
-                                     "steps_fwd": per_rank[0][1]["steps"], "steps_bwd": per_rank[0][2]["steps"]})
-                        print(f"# timed cp={cp} S={seq_len} {layer} {strategy} {mode}: {seconds:.3f} s", flush=True)
+                        rows.append(
+                            {
+                                "cp": cp,
+                                "seq_len": seq_len,
+                                "layer": layer,
+                                "strategy": strategy,
+                                "sharding": mode,
+                                "seconds": seconds,
+                                "bytes_sent_max_rank": sent,
+                                "steps_fwd": per_rank[0][1]["steps"],
+                                "steps_bwd": per_rank[0][2]["steps"],
+                            }
+                        )
+                        print(
+                            f"# timed cp={cp} S={seq_len} {layer} {strategy} {mode}: {seconds:.3f} s",
+                            flush=True,
+                        )
     return rows
 
 
@@ -127,12 +155,20 @@ def recorded_section(cps, seq_len=None) -> list[dict]:
                     for strategy in pair:
                         per_rank = pool.run(layer_job, layer, strategy, S, dims, 1, "bfloat16")
                         fwd, bwd = per_rank[0][1], per_rank[0][2]
-                        rows.append({"cp": cp, "seq_len": S, "layer": layer, "strategy": strategy,
-                                     "steps_fwd": fwd["steps"], "steps_bwd": bwd["steps"],
-                                     "bytes_fwd": max(r[1]["bytes_sent"] for r in per_rank),
-                                     "bytes_bwd": max(r[2]["bytes_sent"] for r in per_rank),
-                                     "path_fwd": max(r[1]["path_bytes"] for r in per_rank),
-                                     "path_bwd": max(r[2]["path_bytes"] for r in per_rank)})
+                        rows.append(
+                            {
+                                "cp": cp,
+                                "seq_len": S,
+                                "layer": layer,
+                                "strategy": strategy,
+                                "steps_fwd": fwd["steps"],
+                                "steps_bwd": bwd["steps"],
+                                "bytes_fwd": max(r[1]["bytes_sent"] for r in per_rank),
+                                "bytes_bwd": max(r[2]["bytes_sent"] for r in per_rank),
+                                "path_fwd": max(r[1]["path_bytes"] for r in per_rank),
+                                "path_bwd": max(r[2]["path_bytes"] for r in per_rank),
+                            }
+                        )
         print(f"# recorded cp={cp}", flush=True)
     return rows
 
@@ -155,55 +191,93 @@ def model_rows(recorded, target_seq, latency_s, bandwidth_Bps) -> list[dict]:
                 path_f = bytes_at(short, long, "path_fwd", target_seq)
                 path_b = bytes_at(short, long, "path_bwd", target_seq)
                 steps_f, steps_b = short["steps_fwd"], short["steps_bwd"]
-                out.append({"cp": cp, "layer": layer, "strategy": strategy, "steps_fwd": steps_f,
-                            "steps_bwd": steps_b, "bytes_fwd": fwd_b, "path_fwd": path_f, "path_bwd": path_b,
-                            "latency_fwd_s": steps_f * latency_s, "transfer_fwd_s": path_f / bandwidth_Bps,
-                            "comm_fwd_bwd_s": (steps_f + steps_b) * latency_s + (path_f + path_b) / bandwidth_Bps})
+                out.append(
+                    {
+                        "cp": cp,
+                        "layer": layer,
+                        "strategy": strategy,
+                        "steps_fwd": steps_f,
+                        "steps_bwd": steps_b,
+                        "bytes_fwd": fwd_b,
+                        "path_fwd": path_f,
+                        "path_bwd": path_b,
+                        "latency_fwd_s": steps_f * latency_s,
+                        "transfer_fwd_s": path_f / bandwidth_Bps,
+                        "comm_fwd_bwd_s": (steps_f + steps_b) * latency_s + (path_f + path_b) / bandwidth_Bps,
+                    }
+                )
     return out
 
 
 def print_markdown(timed, recorded, modeled, args) -> None:
     if timed:
         print("\n### Forward+backward wall time per core call (gloo loopback, fp32)\n")
-        print("| CP | seq | layer | strategy | sharding | steps fwd/bwd | bytes sent (max rank) | time (s) "
-              "| vs contiguous ring |")
+        print(
+            "| CP | seq | layer | strategy | sharding | steps fwd/bwd | bytes sent (max rank) | time (s) "
+            "| vs contiguous ring |"
+        )
         print("|---:|---:|---|---|---|---:|---:|---:|---:|")
-        ring = {(r["cp"], r["seq_len"], r["layer"]): r["seconds"] for r in timed
-                if r["strategy"] == "ring" and r["sharding"] == "contiguous"}
+        ring = {
+            (r["cp"], r["seq_len"], r["layer"]): r["seconds"]
+            for r in timed
+            if r["strategy"] == "ring" and r["sharding"] == "contiguous"
+        }
         for r in timed:
             ratio = r["seconds"] / ring[(r["cp"], r["seq_len"], r["layer"])]
-            print(f"| {r['cp']} | {r['seq_len']} | {r['layer']} | {r['strategy']} | {r['sharding']} "
-                  f"| {r['steps_fwd']}/{r['steps_bwd']} "
-                  f"| {_fmt_bytes(r['bytes_sent_max_rank'])} | {r['seconds']:.3f} | {ratio:.2f}x |")
+            print(
+                f"| {r['cp']} | {r['seq_len']} | {r['layer']} | {r['strategy']} | {r['sharding']} "
+                f"| {r['steps_fwd']}/{r['steps_bwd']} "
+                f"| {_fmt_bytes(r['bytes_sent_max_rank'])} | {r['seconds']:.3f} | {ratio:.2f}x |"
+            )
     rec = {(r["cp"], r["layer"], r["strategy"], r["seq_len"]): r for r in recorded}
     print("\n### Recorded MLA bytes, Ling-like dims (H=32, d_qk=192, d_v=128, r=512, d_r=64), bf16\n")
-    print("| CP | seq | a2a fwd bytes/rank | ring fwd bytes/rank | a2a/ring fwd | a2a/ring fwd+bwd | formula fwd |")
+    print(
+        "| CP | seq | a2a fwd bytes/rank | ring fwd bytes/rank | a2a/ring fwd | a2a/ring fwd+bwd | formula "
+        "fwd |"
+    )
     print("|---:|---:|---:|---:|---:|---:|---:|")
     d = LING_MLA
     for cp in sorted({r["cp"] for r in recorded}):
         S = 4 * cp
         a, g = rec[(cp, "mla", "a2a", S)], rec[(cp, "mla", "ring", S)]
         formula = (d["r"] + d["p"]) / (d["H"] * (d["n"] + d["p"] + d["v"])) + 1 / cp
-        print(f"| {cp} | {S} | {a['bytes_fwd']} | {g['bytes_fwd']} | {a['bytes_fwd'] / g['bytes_fwd']:.3f} | "
-              f"{(a['bytes_fwd'] + a['bytes_bwd']) / (g['bytes_fwd'] + g['bytes_bwd']):.3f} | {formula:.3f} |")
-    print(f"\n### Critical-path model: {args.latency_us:g} us per message, {args.bandwidth_gbs:g} GB/s per link, "
-          f"{args.target_seq} tokens, Ling-like dims, bf16\n")
-    print("| CP | layer | strategy | steps fwd | steps bwd | depth vs ring (fwd) | bytes/rank fwd | path bytes fwd "
-          "| fwd latency | fwd transfer | fwd+bwd comm |")
+        print(
+            f"| {cp} | {S} | {a['bytes_fwd']} | {g['bytes_fwd']} | {a['bytes_fwd'] / g['bytes_fwd']:.3f} | "
+            f"{(a['bytes_fwd'] + a['bytes_bwd']) / (g['bytes_fwd'] + g['bytes_bwd']):.3f} | {formula:.3f} |"
+        )
+    print(
+        f"\n### Critical-path model: {args.latency_us:g} us per message, {args.bandwidth_gbs:g} GB/s per "
+        "link, "
+        f"{args.target_seq} tokens, Ling-like dims, bf16\n"
+    )
+    print(
+        "| CP | layer | strategy | steps fwd | steps bwd | depth vs ring (fwd) | bytes/rank fwd | path bytes "
+        "fwd "
+        "| fwd latency | fwd transfer | fwd+bwd comm |"
+    )
     print("|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     ring_steps = {(m["cp"], m["layer"]): m["steps_fwd"] for m in modeled if m["strategy"] == "ring"}
     for m in modeled:
         depth = ring_steps[(m["cp"], m["layer"])] / m["steps_fwd"]
-        print(f"| {m['cp']} | {m['layer']} | {m['strategy']} | {m['steps_fwd']} | {m['steps_bwd']} | {depth:.1f}x | "
-              f"{_fmt_bytes(m['bytes_fwd'])} | {_fmt_bytes(m['path_fwd'])} | {m['latency_fwd_s'] * 1e6:.0f} us | "
-              f"{m['transfer_fwd_s'] * 1e3:.3f} ms | {m['comm_fwd_bwd_s'] * 1e3:.3f} ms |")
+        print(
+            f"| {m['cp']} | {m['layer']} | {m['strategy']} | {m['steps_fwd']} | {m['steps_bwd']} | "
+            f"{depth:.1f}x | "
+            f"{_fmt_bytes(m['bytes_fwd'])} | {_fmt_bytes(m['path_fwd'])} | {m['latency_fwd_s'] * 1e6:.0f} us "
+            "| "
+            f"{m['transfer_fwd_s'] * 1e3:.3f} ms | {m['comm_fwd_bwd_s'] * 1e3:.3f} ms |"
+        )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seq-lens", type=int, nargs="*", default=[2048, 8192])
-    parser.add_argument("--lightning-only-seq-lens", type=int, nargs="*", default=[],
-                        help="extra lengths for Lightning only (MLA's S^2 scores do not fit at 32k on a small host)")
+    parser.add_argument(
+        "--lightning-only-seq-lens",
+        type=int,
+        nargs="*",
+        default=[],
+        help="extra lengths for Lightning only (MLA's S^2 scores do not fit at 32k on a small host)",
+    )
     parser.add_argument("--cps", type=int, nargs="*", default=[2, 4])
     parser.add_argument("--iters", type=int, default=2, help="timed calls per case (the minimum is reported)")
     parser.add_argument("--model-cps", type=int, nargs="*", default=[4, 8, 16, 32])
@@ -212,16 +286,23 @@ def main() -> None:
     parser.add_argument("--bandwidth-gbs", type=float, default=50.0)
     parser.add_argument("--json", help="also write every row as JSON here")
     args = parser.parse_args()
-    timed = timed_section(args.cps, args.seq_lens, args.iters, args.lightning_only_seq_lens) \
-        if args.seq_lens or args.lightning_only_seq_lens else []
+    timed = (
+        timed_section(args.cps, args.seq_lens, args.iters, args.lightning_only_seq_lens)
+        if args.seq_lens or args.lightning_only_seq_lens
+        else []
+    )
     recorded = recorded_section(args.model_cps)
     modeled = model_rows(recorded, args.target_seq, args.latency_us * 1e-6, args.bandwidth_gbs * 1e9)
-    print(f"\nhost: {platform.machine()}, {torch.get_num_threads()} torch threads in the parent, "
-          f"torch {torch.__version__}; one intra-op thread per rank")
+    print(
+        f"\nhost: {platform.machine()}, {torch.get_num_threads()} torch threads in the parent, "
+        f"torch {torch.__version__}; one intra-op thread per rank"
+    )
     print_markdown(timed, recorded, modeled, args)
     if args.json:
         with open(args.json, "w") as fh:
-            json.dump({"args": vars(args), "timed": timed, "recorded": recorded, "modeled": modeled}, fh, indent=1)
+            json.dump(
+                {"args": vars(args), "timed": timed, "recorded": recorded, "modeled": modeled}, fh, indent=1
+            )
 
 
 if __name__ == "__main__":

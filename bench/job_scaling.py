@@ -43,23 +43,38 @@ def job_config(dp: int, cp: int, threads: int, args):
     from ringzero.config.loader import parse_config
 
     model = yaml.safe_load((ROOT / "configs/tiny-cpu.yaml").read_text())["model"]
-    return parse_config({
-        "run": {"name": "job-scaling", "seed": 0, "device": "cpu", "threads": threads},
-        "model": model,
-        "tokenizer": {"kind": "char"},
-        "precision": {"train": "fp32", "rollout": "fp32"},
-        "parallel": {"dp": dp, "cp": cp},
-        "task": {"kind": "arithmetic", "operation": "digitsum", "digits": 8, "eval_prompts": 4},
-        "stages": [
-            {"name": "base", "kind": "pretrain", "steps": 1000, "batch_size": args.batch, "micro_batch": args.batch,
-             "seq_len": args.seq_len},
-            {"name": "rl", "kind": "rl", "steps": 1000, "prompts_per_step": args.prompts,
-             "samples_per_prompt": args.samples, "minibatches": args.minibatches,
-             "micro_batch": args.prompts * args.samples, "sampling": {"max_new_tokens": args.max_new_tokens},
-             "optim": {"lr": 1e-5, "warmup_steps": 0},
-             "loss": {"kind": "sg_clip_is", "normalization": "token_sum", "kl_coef": 0.0}},
-        ],
-    })
+    return parse_config(
+        {
+            "run": {"name": "job-scaling", "seed": 0, "device": "cpu", "threads": threads},
+            "model": model,
+            "tokenizer": {"kind": "char"},
+            "precision": {"train": "fp32", "rollout": "fp32"},
+            "parallel": {"dp": dp, "cp": cp},
+            "task": {"kind": "arithmetic", "operation": "digitsum", "digits": 8, "eval_prompts": 4},
+            "stages": [
+                {
+                    "name": "base",
+                    "kind": "pretrain",
+                    "steps": 1000,
+                    "batch_size": args.batch,
+                    "micro_batch": args.batch,
+                    "seq_len": args.seq_len,
+                },
+                {
+                    "name": "rl",
+                    "kind": "rl",
+                    "steps": 1000,
+                    "prompts_per_step": args.prompts,
+                    "samples_per_prompt": args.samples,
+                    "minibatches": args.minibatches,
+                    "micro_batch": args.prompts * args.samples,
+                    "sampling": {"max_new_tokens": args.max_new_tokens},
+                    "optim": {"lr": 1e-5, "warmup_steps": 0},
+                    "loss": {"kind": "sg_clip_is", "normalization": "token_sum", "kl_coef": 0.0},
+                },
+            ],
+        }
+    )
 
 
 def _runtime(ctx, dp: int, cp: int):
@@ -117,8 +132,14 @@ def rl_job(ctx, dp: int, cp: int, threads: int, args, store_root: str) -> dict |
     times, generated, trained, parts = [], [], [], []
     with tempfile.TemporaryDirectory() as stage_dir:
         store = one_writer(open_store(f"file://{store_root}"), rt)
-        sctx = StageContext(cfg=cfg, store=store, stage_hash=f"scaling-{dp}x{cp}-{'0' * 16}",
-                            stage_dir=Path(stage_dir), metrics=MemoryMetricWriter(), runtime=rt)
+        sctx = StageContext(
+            cfg=cfg,
+            store=store,
+            stage_hash=f"scaling-{dp}x{cp}-{'0' * 16}",
+            stage_dir=Path(stage_dir),
+            metrics=MemoryMetricWriter(),
+            runtime=rt,
+        )
         session = build_session(sctx, rl_stage, StageInputs())
         for s in range(args.rl_warmup + args.rl_steps):
             rt.barrier()
@@ -134,8 +155,13 @@ def rl_job(ctx, dp: int, cp: int, threads: int, args, store_root: str) -> dict |
                 parts.append({k: m[k] for k in ("time/generate", "time/train", "time/sync")})
     if not rt.is_main:
         return None
-    return {"times": times, "generated": generated, "trained": trained, "parts": parts,
-            "threads": torch.get_num_threads()}
+    return {
+        "times": times,
+        "generated": generated,
+        "trained": trained,
+        "parts": parts,
+        "threads": torch.get_num_threads(),
+    }
 
 
 def run_layout(kind: str, dp: int, cp: int, threads: int, args) -> dict:
@@ -154,7 +180,9 @@ def run_layout(kind: str, dp: int, cp: int, threads: int, args) -> dict:
         rates = [t / s for t, s in zip(out["tokens"], out["times"], strict=True)]
     else:
         rates = [(g + t) / s for g, t, s in zip(out["generated"], out["trained"], out["times"], strict=True)]
-        out["gen_rate"] = statistics.median(g / s for g, s in zip(out["generated"], out["times"], strict=True))
+        out["gen_rate"] = statistics.median(
+            g / s for g, s in zip(out["generated"], out["times"], strict=True)
+        )
     out["rate"] = statistics.median(rates)
     out["step_s"] = statistics.median(out["times"])
     return out
@@ -162,7 +190,12 @@ def run_layout(kind: str, dp: int, cp: int, threads: int, args) -> dict:
 
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--cores", type=int, default=os.cpu_count(), help="cores shared by the ranks (threads = cores / nproc)")
+    p.add_argument(
+        "--cores",
+        type=int,
+        default=os.cpu_count(),
+        help="cores shared by the ranks (threads = cores / nproc)",
+    )
     p.add_argument("--batch", type=int, default=16, help="pretrain rows per step")
     p.add_argument("--seq-len", type=int, default=192, help="pretrain tokens per row")
     p.add_argument("--warmup", type=int, default=2, help="pretrain steps not counted")
@@ -183,52 +216,79 @@ def main() -> None:
     # (kind, dp, cp, threads per rank): cores / nproc, plus one rank on one thread, the share of the
     # machine each rank of an nproc-2 job gets
     full = args.cores
-    layouts = [("pretrain", 1, 1, full), ("pretrain", 1, 1, 1), ("pretrain", 2, 1, full // 2),
-               ("pretrain", 1, 2, full // 2), ("rl", 1, 1, full), ("rl", 1, 1, 1), ("rl", 2, 1, full // 2)]
+    layouts = [
+        ("pretrain", 1, 1, full),
+        ("pretrain", 1, 1, 1),
+        ("pretrain", 2, 1, full // 2),
+        ("pretrain", 1, 2, full // 2),
+        ("rl", 1, 1, full),
+        ("rl", 1, 1, 1),
+        ("rl", 2, 1, full // 2),
+    ]
     t_start = time.perf_counter()
     results = []
     for kind, dp, cp, threads in layouts:
         r = run_layout(kind, dp, cp, max(1, threads), args)
         results.append(r)
-        print(f"{kind} dp={dp} cp={cp}: {r['rate']:.0f} tok/s, {r['step_s']:.3f} s/step "
-              f"({r['threads']} threads/rank, layout {r['wall_s']:.0f} s)", flush=True)
+        print(
+            f"{kind} dp={dp} cp={cp}: {r['rate']:.0f} tok/s, {r['step_s']:.3f} s/step "
+            f"({r['threads']} threads/rank, layout {r['wall_s']:.0f} s)",
+            flush=True,
+        )
     total_s = time.perf_counter() - t_start
 
     def rate_of(kind: str, threads: int) -> float:
-        return next(r["rate"] for r in results if r["kind"] == kind and r["nproc"] == 1 and r["threads"] == threads)
+        return next(
+            r["rate"] for r in results if r["kind"] == kind and r["nproc"] == 1 and r["threads"] == threads
+        )
 
-    rows = [f"| step | nproc | dp | cp | threads per rank | median s/step | tokens/step | tokens/s | "
-            f"vs nproc 1, {full} threads | vs nproc 1, 1 thread | generated tok/s | generate / train / sync s |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    rows = [
+        f"| step | nproc | dp | cp | threads per rank | median s/step | tokens/step | tokens/s | "
+        f"vs nproc 1, {full} threads | vs nproc 1, 1 thread | generated tok/s | generate / train / sync s |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
     for r in results:
         if r["kind"] == "pretrain":
             per_step, gen, split = str(r["tokens"][0]), "-", "-"
         else:
-            per_step = f"{statistics.median(g + t for g, t in zip(r['generated'], r['trained'], strict=True)):.0f}"
+            per_step = (
+                f"{statistics.median(g + t for g, t in zip(r['generated'], r['trained'], strict=True)):.0f}"
+            )
             gen = f"{r['gen_rate']:.0f}"
-            split = " / ".join(f"{statistics.median(p[k] for p in r['parts']):.2f}"
-                               for k in ("time/generate", "time/train", "time/sync"))
-        rows.append(f"| {r['kind']} | {r['nproc']} | {r['dp']} | {r['cp']} | {r['threads']} | {r['step_s']:.3f} | "
-                    f"{per_step} | {r['rate']:.0f} | {r['rate'] / rate_of(r['kind'], full):.2f}x | "
-                    f"{r['rate'] / rate_of(r['kind'], 1):.2f}x | {gen} | {split} |")
+            split = " / ".join(
+                f"{statistics.median(p[k] for p in r['parts']):.2f}"
+                for k in ("time/generate", "time/train", "time/sync")
+            )
+        rows.append(
+            f"| {r['kind']} | {r['nproc']} | {r['dp']} | {r['cp']} | {r['threads']} | {r['step_s']:.3f} | "
+            f"{per_step} | {r['rate']:.0f} | {r['rate'] / rate_of(r['kind'], full):.2f}x | "
+            f"{r['rate'] / rate_of(r['kind'], 1):.2f}x | {gen} | {split} |"
+        )
     cmd = "python bench/job_scaling.py" + (f" --md {args.md}" if args.md else "")
     import torch
 
-    body = "\n".join([
-        "## Pretrain and RL step throughput at nproc 1 and 2 (`bench/job_scaling.py`)",
-        "",
-        f"`{cmd}` (torch {torch.__version__}, {platform.machine()}, {args.cores} cores shared by the ranks, "
-        f"threads per rank = {args.cores} / nproc; the whole run took {total_s:.0f} s)",
-        "",
-        f"Model: configs/tiny-cpu.yaml's (hidden_size 128, layers L M L M, vocab 64), fresh init, fp32. Pretrain: "
-        f"{args.batch} rows x {args.seq_len} tokens per step. RL: {args.prompts} prompts x {args.samples} samples, "
-        f"at most {args.max_new_tokens} new tokens, {args.minibatches} minibatches, token-level `sg_clip_is`, no KL; "
-        "RL tokens/step = generated + trained (prompt + response of every row). Median of "
-        f"{args.steps} pretrain / {args.rl_steps} RL steps after {args.warmup} / {args.rl_warmup} warm-up steps, "
-        "timed on rank 0 between barriers.",
-        "",
-        *rows,
-    ])
+    body = "\n".join(
+        [
+            "## Pretrain and RL step throughput at nproc 1 and 2 (`bench/job_scaling.py`)",
+            "",
+            f"`{cmd}` (torch {torch.__version__}, {platform.machine()}, {args.cores} cores shared by the "
+            "ranks, "
+            f"threads per rank = {args.cores} / nproc; the whole run took {total_s:.0f} s)",
+            "",
+            "Model: configs/tiny-cpu.yaml's (hidden_size 128, layers L M L M, vocab 64), fresh init, fp32. "
+            "Pretrain: "
+            f"{args.batch} rows x {args.seq_len} tokens per step. RL: {args.prompts} prompts x "
+            f"{args.samples} samples, "
+            f"at most {args.max_new_tokens} new tokens, {args.minibatches} minibatches, token-level "
+            "`sg_clip_is`, no KL; "
+            "RL tokens/step = generated + trained (prompt + response of every row). Median of "
+            f"{args.steps} pretrain / {args.rl_steps} RL steps after {args.warmup} / {args.rl_warmup} "
+            "warm-up steps, "
+            "timed on rank 0 between barriers.",
+            "",
+            *rows,
+        ]
+    )
     print(body)
     if args.md:
         write_section(args.md, "job-scaling", body, title="# Scaling of one stage job over local ranks")

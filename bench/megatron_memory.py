@@ -26,7 +26,8 @@ import sys
 from ringzero.stages.rank_memory import config, measure
 
 SHARD_BYTES = 8 * 2**20
-"""Checkpoint shard files of 8 MiB: a tenth of this model, as a real checkpoint's 5 GB files are of a large one."""
+"""Checkpoint shard files of 8 MiB: a tenth of this model, as a real checkpoint's 5 GB files are of a large
+one."""
 
 
 def write_checkpoint(root: str, hidden: int, layers: int, heads: int, optimizer: str) -> str:
@@ -37,8 +38,11 @@ def write_checkpoint(root: str, hidden: int, layers: int, heads: int, optimizer:
     from ringzero.store import open_store
 
     cfg = config(1, hidden, layers, heads, optimizer)
-    return save_model(open_store(root, max_shard_bytes=SHARD_BYTES), "start",
-                      fresh_model(cfg, PrecisionPolicy.preset("fp32")))
+    return save_model(
+        open_store(root, max_shard_bytes=SHARD_BYTES),
+        "start",
+        fresh_model(cfg, PrecisionPolicy.preset("fp32")),
+    )
 
 
 def layouts(text: str) -> list[tuple[int, int]]:
@@ -56,8 +60,12 @@ def main() -> int:
     p.add_argument("--heads", type=int, default=8)
     p.add_argument("--tp", default="1,2,4", help="TP sizes (dp 1, pp 1); --layouts overrides")
     p.add_argument("--layouts", default=None, help="e.g. tp1,tp2,tp4,tp1xpp2")
-    p.add_argument("--optimizer", choices=("ringzero", "megatron"), default="ringzero",
-                   help="ringzero's ShardedTrainOptimizer or megatron's DistributedOptimizer")
+    p.add_argument(
+        "--optimizer",
+        choices=("ringzero", "megatron"),
+        default="ringzero",
+        help="ringzero's ShardedTrainOptimizer or megatron's DistributedOptimizer",
+    )
     p.add_argument("--from-checkpoint", action="store_true", help="build from a committed checkpoint")
     p.add_argument("--load", choices=("streamed", "full"), default="streamed")
     args = p.parse_args()
@@ -69,26 +77,43 @@ def main() -> int:
     tmp = tempfile.TemporaryDirectory()
     checkpoint = None
     if args.from_checkpoint:
-        checkpoint = write_checkpoint(f"file://{tmp.name}", args.hidden, args.layers, args.heads, args.optimizer)
+        checkpoint = write_checkpoint(
+            f"file://{tmp.name}", args.hidden, args.layers, args.heads, args.optimizer
+        )
     rows = []
     for tp, pp in plan:
         with RankPool(tp * pp, timeout_s=600) as pool:
-            per_rank = pool.run(measure, tp, args.hidden, args.layers, args.heads, args.optimizer, pp, checkpoint,
-                                args.load)
-        rows.append((tp, pp, max(r["total"] for r in per_rank), max(r["model"] for r in per_rank),
-                     any(r["serving"] for r in per_rank), per_rank[0]["full_fp32"],
-                     max(r["build_peak"] for r in per_rank)))
+            per_rank = pool.run(
+                measure, tp, args.hidden, args.layers, args.heads, args.optimizer, pp, checkpoint, args.load
+            )
+        rows.append(
+            (
+                tp,
+                pp,
+                max(r["total"] for r in per_rank),
+                max(r["model"] for r in per_rank),
+                any(r["serving"] for r in per_rank),
+                per_rank[0]["full_fp32"],
+                max(r["build_peak"] for r in per_rank),
+            )
+        )
         print(f"tp {tp} pp {pp}: {rows[-1][2] / 2**20:.1f} MiB per rank", flush=True)
     base = rows[0][2] * rows[0][0] * rows[0][1]
     source = f"a committed checkpoint, {args.load} load" if checkpoint else "a fresh model"
-    print(f"\nmodel: hidden {args.hidden}, {args.layers} layers, {args.heads} heads; fp32-islands (bf16 body); "
-          f"optimizer: {args.optimizer}; dp 1; built from {source}\n")
-    print("| tp | pp | bytes per rank (MiB) | of which parameters + buffers | / (one-rank bytes / ranks) | "
-          "serving copy | with a full fp32 copy (before) | peak RSS growth during the build (MiB) |")
+    print(
+        f"\nmodel: hidden {args.hidden}, {args.layers} layers, {args.heads} heads; fp32-islands (bf16 body); "
+        f"optimizer: {args.optimizer}; dp 1; built from {source}\n"
+    )
+    print(
+        "| tp | pp | bytes per rank (MiB) | of which parameters + buffers | / (one-rank bytes / ranks) | "
+        "serving copy | with a full fp32 copy (before) | peak RSS growth during the build (MiB) |"
+    )
     print("|---:|---:|---:|---:|---:|---|---:|---:|")
     for tp, pp, total, model, serving, full, peak in rows:
-        print(f"| {tp} | {pp} | {total / 2**20:.1f} | {model / 2**20:.1f} | {total / (base / (tp * pp)):.3f} | "
-              f"{'yes' if serving else 'none'} | {(total + full) / 2**20:.1f} | {peak / 2**20:.1f} |")
+        print(
+            f"| {tp} | {pp} | {total / 2**20:.1f} | {model / 2**20:.1f} | {total / (base / (tp * pp)):.3f} | "
+            f"{'yes' if serving else 'none'} | {(total + full) / 2**20:.1f} | {peak / 2**20:.1f} |"
+        )
     print(f"\nfull fp32 model: {rows[0][5] / 2**20:.1f} MiB")
     return 0
 

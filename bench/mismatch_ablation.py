@@ -1,4 +1,5 @@
-"""Train/rollout mismatch corrections, side by side: the tiny stage 1 under each, from the same base and seeds.
+"""Train/rollout mismatch corrections, side by side: the tiny stage 1 under each, from the same base and
+seeds.
 
 The trainer runs ``fp32-islands`` (bf16 body, fp32 softmax and LM head); the rollout engine runs ``bf16``
 (a real engine gap: the islands differ), then ``fp32-islands`` too (the gap left is kernel order). Each
@@ -54,10 +55,15 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=10, help="RL steps of every arm")
     p.add_argument("--prompts", type=int, default=8, help="prompts per step (0: the stage's)")
     p.add_argument("--eval-prompts", type=int, default=64, help="held-out prompts measured after each arm")
-    p.add_argument("--arms", default="sg_clip_is,ppo_clip,tis,seq_is,masked_is,icepop," + ROLLBACK_ARM,
-                   help=f"comma-separated, of {','.join([*ARMS, ROLLBACK_ARM])}")
+    p.add_argument(
+        "--arms",
+        default="sg_clip_is,ppo_clip,tis,seq_is,masked_is,icepop," + ROLLBACK_ARM,
+        help=f"comma-separated, of {','.join([*ARMS, ROLLBACK_ARM])}",
+    )
     p.add_argument("--rollouts", default="bf16,fp32-islands", help="rollout precision policies to run")
-    p.add_argument("--rollback-limit", type=float, default=0.02, help="gap/ratio/max that triggers the rollback arm")
+    p.add_argument(
+        "--rollback-limit", type=float, default=0.02, help="gap/ratio/max that triggers the rollback arm"
+    )
     p.add_argument("--write", action="store_true", help="write the table into BENCHMARKS.md")
     return p.parse_args()
 
@@ -75,8 +81,12 @@ def main() -> None:
     uri = base.outcome.output_uri
     inputs = StageInputs(init_uri=uri, reference_uri=uri, base_uri=uri)
     base_accuracy = base.outcome.summary.get("eval/accuracy", float("nan"))
-    results = {"config": args.config, "steps": args.steps, "base": {"accuracy": base_accuracy,
-               "trace_rate": base.outcome.summary.get("eval/trace_rate")}, "arms": {}}
+    results = {
+        "config": args.config,
+        "steps": args.steps,
+        "base": {"accuracy": base_accuracy, "trace_rate": base.outcome.summary.get("eval/trace_rate")},
+        "arms": {},
+    }
     path = out / "results.json"
     if path.exists():  # reruns of a subset keep the other arms' rows
         results["arms"] = json.loads(path.read_text()).get("arms", {})
@@ -84,11 +94,15 @@ def main() -> None:
         for arm in args.arms.split(","):
             if arm == ROLLBACK_ARM and rollout != "bf16":
                 continue  # the rollback arm needs the gap a bf16 engine opens
-            arm_cfg = load_config(args.config, common + arm_overrides(args.rl, arm, rollout, args.steps, args.prompts,
-                                                                       args.rollback_limit))
+            arm_cfg = load_config(
+                args.config,
+                common + arm_overrides(args.rl, arm, rollout, args.steps, args.prompts, args.rollback_limit),
+            )
             started = time.time()
             try:
-                ex = execute_stage(arm_cfg, store, arm_cfg.stage(args.rl), inputs, out / "run" / f"{arm}-{rollout}")
+                ex = execute_stage(
+                    arm_cfg, store, arm_cfg.stage(args.rl), inputs, out / "run" / f"{arm}-{rollout}"
+                )
             except RingzeroError as exc:  # e.g. the rollback arm spending its budget: a result, not a crash
                 results["arms"][f"{arm} | {rollout}"] = {"failed": str(exc)}
                 path.write_text(json.dumps(results, indent=1))
@@ -97,9 +111,11 @@ def main() -> None:
             row = measure(ex.metrics, ex.outcome.summary, base_accuracy)
             row.update(minutes=(time.time() - started) / 60, stage_minutes=ex.outcome.wall_s / 60)
             results["arms"][f"{arm} | {rollout}"] = row
-            print(f"{arm:>11} {rollout:>12}: acc {row['accuracy']:.3f} trace {row['trace_rate']:.3f} "
-                  f"gap p99 {row['gap_p99']:.2e} coverage {row['coverage']:.3f} collapsed {row['collapsed']}",
-                  flush=True)
+            print(
+                f"{arm:>11} {rollout:>12}: acc {row['accuracy']:.3f} trace {row['trace_rate']:.3f} "
+                f"gap p99 {row['gap_p99']:.2e} coverage {row['coverage']:.3f} collapsed {row['collapsed']}",
+                flush=True,
+            )
             path.write_text(json.dumps(results, indent=1))
     print(report(results))
     if args.write:
@@ -109,18 +125,24 @@ def main() -> None:
 
 
 def report(r: dict) -> str:
-    lines = [f"Base: held-out accuracy {r['base']['accuracy']:.3f}, trace rate {r['base']['trace_rate']:.3f}; "
-             f"every arm {r['steps']} stage-1 steps from it, same seeds.", "",
-             "| arm | rollout | held-out acc | trace rate | len | gap p99 (mean) | gap max | grad coverage | "
-             "adv != 0 | dropped | collapsed | minutes |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|"]
+    lines = [
+        f"Base: held-out accuracy {r['base']['accuracy']:.3f}, trace rate {r['base']['trace_rate']:.3f}; "
+        f"every arm {r['steps']} stage-1 steps from it, same seeds.",
+        "",
+        "| arm | rollout | held-out acc | trace rate | len | gap p99 (mean) | gap max | grad coverage | "
+        "adv != 0 | dropped | collapsed | minutes |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|",
+    ]
     for name, a in r["arms"].items():
         arm, rollout = name.split(" | ")
         if "failed" in a:
             lines.append(f"| {arm} | {rollout} | failed: {a['failed']} |" + " |" * 9)
             continue
-        lines.append(f"| {arm} | {rollout} | {a['accuracy']:.3f} | {a['trace_rate']:.3f} | {a['len_mean']:.0f} | "
-                     f"{a['gap_p99']:.2e} | {a['gap_max']:.2e} | {a['coverage']:.3f} | {a['adv_nonzero']:.3f} | "
-                     f"{a['masked']:.4f} | {'yes' if a['collapsed'] else 'no'} | {a['stage_minutes']:.1f} |")
+        lines.append(
+            f"| {arm} | {rollout} | {a['accuracy']:.3f} | {a['trace_rate']:.3f} | {a['len_mean']:.0f} | "
+            f"{a['gap_p99']:.2e} | {a['gap_max']:.2e} | {a['coverage']:.3f} | {a['adv_nonzero']:.3f} | "
+            f"{a['masked']:.4f} | {'yes' if a['collapsed'] else 'no'} | {a['stage_minutes']:.1f} |"
+        )
     for name, a in r["arms"].items():
         for e in a.get("rollbacks", []):
             lines.append(f"\n`{name}`: rollback at step {e['step']} ({e['reason']}; remedy {e['remedy']})")

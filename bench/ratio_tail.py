@@ -38,9 +38,19 @@ from ringzero.rollout.engine.gap import measure_gap
 from ringzero.rollout.types import SamplingParams
 from ringzero.tokenizer import CharTokenizer
 
-TINY = dict(vocab_size=64, hidden_size=128, num_hidden_layers=4, num_attention_heads=4, intermediate_size=352,
-            kv_lora_rank=32, qk_nope_head_dim=32, qk_rope_head_dim=16, v_head_dim=32,
-            head_dim=32, lightning_block_size=64)
+TINY = dict(
+    vocab_size=64,
+    hidden_size=128,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    intermediate_size=352,
+    kv_lora_rank=32,
+    qk_nope_head_dim=32,
+    qk_rope_head_dim=16,
+    v_head_dim=32,
+    head_dim=32,
+    lightning_block_size=64,
+)
 """The model of configs/tiny-cpu.yaml (hybrid: three Lightning layers, then one MLA layer)."""
 
 PAIRS = [  # (label, train preset, rollout preset, deterministic)
@@ -64,7 +74,7 @@ def corpus_batches(batch: int, seq_len: int, seed: int):
     while True:
         while len(buffer) < batch * (seq_len + 1):
             buffer += tok.encode(next(docs) + DOC_SEPARATOR)
-        window, buffer = buffer[: batch * (seq_len + 1)], buffer[batch * (seq_len + 1):]
+        window, buffer = buffer[: batch * (seq_len + 1)], buffer[batch * (seq_len + 1) :]
         yield torch.tensor(window).view(batch, seq_len + 1)
 
 
@@ -121,28 +131,49 @@ def checkpoint_model(uri: str, store_uri: str | None, room: int) -> HybridLM:
     return model
 
 
-def measure(model: HybridLM, lengths: list[int], samples: dict[int, int], temperature: float, seed: int,
-            make_prompts=prompts):
+def measure(
+    model: HybridLM,
+    lengths: list[int],
+    samples: dict[int, int],
+    temperature: float,
+    seed: int,
+    make_prompts=prompts,
+):
     rows = []
     for label, train, rollout, det in PAIRS:
         for length in lengths:
             started = time.perf_counter()
             # A seed per length: otherwise a long trajectory would begin with a shorter one's tokens.
             report = measure_gap(
-                model, make_prompts(samples[length], seed + length),
+                model,
+                make_prompts(samples[length], seed + length),
                 SamplingParams(max_new_tokens=length, temperature=temperature),
-                train_policy=PrecisionPolicy.preset(train), rollout_policy=PrecisionPolicy.preset(rollout),
-                deterministic=det, length_edges=lengths, seed=seed + length, micro_batch=max(1, 2048 // length),
+                train_policy=PrecisionPolicy.preset(train),
+                rollout_policy=PrecisionPolicy.preset(rollout),
+                deterministic=det,
+                length_edges=lengths,
+                seed=seed + length,
+                micro_batch=max(1, 2048 // length),
             )
-            rows.append({"pair": label, "length": length, "seconds": round(time.perf_counter() - started, 1),
-                         **report["all"], "by_position": report["by_position"]})
+            rows.append(
+                {
+                    "pair": label,
+                    "length": length,
+                    "seconds": round(time.perf_counter() - started, 1),
+                    **report["all"],
+                    "by_position": report["by_position"],
+                }
+            )
             print(json.dumps({k: v for k, v in rows[-1].items() if k != "by_position"}), flush=True)
     return rows
 
 
 def table(rows: list[dict]) -> list[str]:
-    head = ("| pair (train = rollout) | length | tokens | NLL | " + " | ".join(f"\\|r-1\\| {s}" for s in STATS)
-            + " | \\|log r\\| p99 | \\|log r\\| max |")
+    head = (
+        "| pair (train = rollout) | length | tokens | NLL | "
+        + " | ".join(f"\\|r-1\\| {s}" for s in STATS)
+        + " | \\|log r\\| p99 | \\|log r\\| max |"
+    )
     lines = [head, "|" + "---|" * (4 + len(STATS) + 2)]
     for r in rows:
         cells = [r["pair"], str(r["length"]), str(r["tokens"]), f"{r['train_nll/mean']:.2f}"]
@@ -161,8 +192,11 @@ def islands_vs_bf16(rows: list[dict]) -> list[str]:
         p99 = isl["ratio/p99"] / bf["ratio/p99"] if bf["ratio/p99"] else float("nan")
         mx = isl["ratio/max"] / bf["ratio/max"] if bf["ratio/max"] else float("nan")
         verdict = "meets" if p99 <= 1 / 3 and mx <= 1 / 3 else "misses"
-        out.append(f"- length {length}: fp32-islands / bf16 = {p99:.2f} at p99, {mx:.2f} at max "
-                   f"({verdict} the 1/3 target); deterministic max |r-1| = {by[('deterministic', length)]['ratio/max']:g}")
+        out.append(
+            f"- length {length}: fp32-islands / bf16 = {p99:.2f} at p99, {mx:.2f} at max "
+            f"({verdict} the 1/3 target); deterministic max |r-1| = "
+            f"{by[('deterministic', length)]['ratio/max']:g}"
+        )
     return out
 
 
@@ -170,9 +204,13 @@ def position_table(rows: list[dict]) -> list[str]:
     """Inside the longest trajectories: the tail per position bucket, fp32-islands next to bf16."""
     longest = max(r["length"] for r in rows)
     by = {r["pair"]: r["by_position"] for r in rows if r["length"] == longest}
-    lines = [f"Inside the {longest}-token trajectories, by token position:", "",
-             "| positions | tokens | islands p99 | bf16 p99 | ratio | islands p99.9 | bf16 p99.9 | ratio "
-             "| islands max | bf16 max | ratio |", "|" + "---|" * 11]
+    lines = [
+        f"Inside the {longest}-token trajectories, by token position:",
+        "",
+        "| positions | tokens | islands p99 | bf16 p99 | ratio | islands p99.9 | bf16 p99.9 | ratio "
+        "| islands max | bf16 max | ratio |",
+        "|" + "---|" * 11,
+    ]
     for label, isl in by["fp32-islands"].items():
         bf = by["bf16"][label]
         cells = [label, str(isl["tokens"])]
@@ -183,22 +221,29 @@ def position_table(rows: list[dict]) -> list[str]:
     return lines
 
 
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--checkpoint", help="committed checkpoint to measure instead of training one: a URI, or a "
-                   "name in --store")
+    p.add_argument(
+        "--checkpoint",
+        help="committed checkpoint to measure instead of training one: a URI, or a name in --store",
+    )
     p.add_argument("--store", help="checkpoint store root (file://... or s3://...) holding --checkpoint")
-    p.add_argument("--config", type=Path, help="run config whose task's held-out prompts are continued "
-                   "(default: addition prompts)")
+    p.add_argument(
+        "--config",
+        type=Path,
+        help="run config whose task's held-out prompts are continued (default: addition prompts)",
+    )
     p.add_argument("--train-steps", type=int, default=400)
     p.add_argument("--train-batch", type=int, default=16)
     p.add_argument("--train-seq-len", type=int, default=256)
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--lengths", default="256,1024,4096", help="comma-separated trajectory lengths")
-    p.add_argument("--tokens-per-length", type=int, default=8192,
-                   help="tokens sampled per (pair, length): trajectories = this / length (at least 1)")
+    p.add_argument(
+        "--tokens-per-length",
+        type=int,
+        default=8192,
+        help="tokens sampled per (pair, length): trajectories = this / length (at least 1)",
+    )
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--no-random-init", action="store_true", help="skip the random-init contrast")
     p.add_argument("--seed", type=int, default=0)
@@ -223,10 +268,14 @@ def main() -> None:
         trained = HybridLM(cfg, fp32)
         trained.reset_parameters(torch.Generator().manual_seed(args.seed))
         started = time.perf_counter()
-        losses = train_briefly(trained, args.train_steps, args.train_batch, args.train_seq_len, args.lr, args.seed)
-        origin = (f"tiny model trained {args.train_steps} steps (batch {args.train_batch} x {args.train_seq_len} "
-                  f"chars, AdamW lr {args.lr}, fp32) in {time.perf_counter() - started:.0f} s; "
-                  f"loss every 50 steps: {losses}")
+        losses = train_briefly(
+            trained, args.train_steps, args.train_batch, args.train_seq_len, args.lr, args.seed
+        )
+        origin = (
+            f"tiny model trained {args.train_steps} steps (batch {args.train_batch} x {args.train_seq_len} "
+            f"chars, AdamW lr {args.lr}, fp32) in {time.perf_counter() - started:.0f} s; "
+            f"loss every 50 steps: {losses}"
+        )
         print(origin, flush=True)
     trained.eval()
     results = {"trained": measure(trained, lengths, samples, args.temperature, args.seed, make_prompts)}
@@ -237,7 +286,9 @@ def main() -> None:
 
     cmd = "python bench/ratio_tail.py " + " ".join(
         f"--{k.replace('_', '-')}" + ("" if v is True else f" {v}")
-        for k, v in vars(args).items() if k != "md" and v not in (None, False))
+        for k, v in vars(args).items()
+        if k != "md" and v not in (None, False)
+    )
     parts = [
         "## Train/rollout ratio tail per precision pair",
         "",
@@ -245,15 +296,27 @@ def main() -> None:
         "",
         f"Weights: {origin}. Trajectories sampled at T = {args.temperature} by the embedded engine "
         f"(cached decoding) under the rollout policy, rescored by the training path (parallel teacher-forced "
-        f"forward) under the train policy; {args.tokens_per_length} tokens per row (trajectories = tokens / length). "
+        f"forward) under the train policy; {args.tokens_per_length} tokens per row (trajectories = tokens / "
+        "length). "
         f"NLL is the mean -log p of the sampled tokens under the train policy (low = peaked logits). "
-        + (f"Training windows are {args.train_seq_len} characters: later positions are extrapolation. "
-           if not args.checkpoint else "")
+        + (
+            f"Training windows are {args.train_seq_len} characters: later positions are extrapolation. "
+            if not args.checkpoint
+            else ""
+        )
         + f"torch {torch.__version__}, {args.threads} thread(s), load average {os.getloadavg()[0]:.1f}.",
     ]
     for kind, rows in results.items():
-        parts += ["", f"### {kind} weights", "", *table(rows), "", *islands_vs_bf16(rows), "",
-                  *position_table(rows)]
+        parts += [
+            "",
+            f"### {kind} weights",
+            "",
+            *table(rows),
+            "",
+            *islands_vs_bf16(rows),
+            "",
+            *position_table(rows),
+        ]
     body = "\n".join(parts)
     print(body)
     if args.md:

@@ -72,14 +72,32 @@ def time_ringzero(cfg, args) -> dict:
     model = HybridLM(cfg.model, policy)
     # No tokenizer in the engine: its eos would stop rows early, and TRL is told to run to full length too.
     engine = EmbeddedEngine(model, None, policy, max_batch=args.prompts * args.samples, seed=0)
-    optimizer = TrainOptimizer(model, OptimSettings(lr=LR, warmup_steps=0), total_steps=1000, schedule="constant")
+    optimizer = TrainOptimizer(
+        model, OptimSettings(lr=LR, warmup_steps=0), total_steps=1000, schedule="constant"
+    )
     loss = LossSettings(kind="sg_clip_is", eps_high=EPS_HIGH, normalization="token_sum", kl_coef=0.0)
-    trainer = PolicyTrainer(model, optimizer, loss, minibatches=args.minibatches, max_new_tokens=args.max_new_tokens,
-                            temperature=1.0, pad_id=tokenizer.pad_id)
-    step = RLStep(client=engine, trainer=trainer, task=task, tokenizer=tokenizer, reward=TaskReward(task),
-                  sampling=SamplingSettings(max_new_tokens=args.max_new_tokens),
-                  shape=StepShape(args.prompts, args.samples), seed=0,
-                  push=lambda s: WeightPusher("in_process").push(engine, optimizer.master_state_dict(), f"step-{s + 1}"))
+    trainer = PolicyTrainer(
+        model,
+        optimizer,
+        loss,
+        minibatches=args.minibatches,
+        max_new_tokens=args.max_new_tokens,
+        temperature=1.0,
+        pad_id=tokenizer.pad_id,
+    )
+    step = RLStep(
+        client=engine,
+        trainer=trainer,
+        task=task,
+        tokenizer=tokenizer,
+        reward=TaskReward(task),
+        sampling=SamplingSettings(max_new_tokens=args.max_new_tokens),
+        shape=StepShape(args.prompts, args.samples),
+        seed=0,
+        push=lambda s: WeightPusher("in_process").push(
+            engine, optimizer.master_state_dict(), f"step-{s + 1}"
+        ),
+    )
     times, parts, tokens = [], [], []
     for s in range(args.steps + 1):
         t0 = time.perf_counter()
@@ -102,7 +120,9 @@ def hf_tokenizer():
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
     tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")  # one token per character
     tok.decoder = decoders.Fuse()
-    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<bos>", eos_token="<eos>")
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="<pad>", bos_token="<bos>", eos_token="<eos>"
+    )
 
 
 def time_trl(cfg, args) -> dict:
@@ -112,11 +132,21 @@ def time_trl(cfg, args) -> dict:
 
     torch.manual_seed(0)
     m = cfg.model
-    llama = LlamaForCausalLM(LlamaConfig(
-        vocab_size=m.vocab_size, hidden_size=m.hidden_size, intermediate_size=m.intermediate_size, num_hidden_layers=m.num_hidden_layers,
-        num_attention_heads=m.num_attention_heads, num_key_value_heads=m.num_attention_heads, max_position_embeddings=m.max_position_embeddings,
-        tie_word_embeddings=m.tie_word_embeddings, pad_token_id=0, bos_token_id=1, eos_token_id=2,
-    )).float()
+    llama = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=m.vocab_size,
+            hidden_size=m.hidden_size,
+            intermediate_size=m.intermediate_size,
+            num_hidden_layers=m.num_hidden_layers,
+            num_attention_heads=m.num_attention_heads,
+            num_key_value_heads=m.num_attention_heads,
+            max_position_embeddings=m.max_position_embeddings,
+            tie_word_embeddings=m.tie_word_embeddings,
+            pad_token_id=0,
+            bos_token_id=1,
+            eos_token_id=2,
+        )
+    ).float()
     task, probs = problems(cfg, args.prompts * (args.steps + 1))
     by_prompt = {p.prompt: p for p in probs}
     dataset = Dataset.from_list([{"prompt": p.prompt} for p in probs])
@@ -133,22 +163,51 @@ def time_trl(cfg, args) -> dict:
     responses = args.prompts * args.samples
     with tempfile.TemporaryDirectory() as out:
         config = GRPOConfig(
-            output_dir=out, use_cpu=True, bf16=False, fp16=False, report_to=[], save_strategy="no", logging_steps=10**6,
-            per_device_train_batch_size=responses // args.minibatches, steps_per_generation=args.minibatches,
-            num_generations=args.samples, max_completion_length=args.max_new_tokens,
-            generation_kwargs={"min_new_tokens": args.max_new_tokens},  # no early eos: the same lengths as ringzero
-            max_steps=(args.steps + 1) * args.minibatches, learning_rate=LR, lr_scheduler_type="constant",
-            warmup_steps=0, beta=0.0, loss_type="cispo", epsilon_high=EPS_HIGH, shuffle_dataset=False,
-            temperature=1.0, top_p=1.0, top_k=0, dataloader_num_workers=0, seed=0, disable_tqdm=True,
+            output_dir=out,
+            use_cpu=True,
+            bf16=False,
+            fp16=False,
+            report_to=[],
+            save_strategy="no",
+            logging_steps=10**6,
+            per_device_train_batch_size=responses // args.minibatches,
+            steps_per_generation=args.minibatches,
+            num_generations=args.samples,
+            max_completion_length=args.max_new_tokens,
+            generation_kwargs={
+                "min_new_tokens": args.max_new_tokens
+            },  # no early eos: the same lengths as ringzero
+            max_steps=(args.steps + 1) * args.minibatches,
+            learning_rate=LR,
+            lr_scheduler_type="constant",
+            warmup_steps=0,
+            beta=0.0,
+            loss_type="cispo",
+            epsilon_high=EPS_HIGH,
+            shuffle_dataset=False,
+            temperature=1.0,
+            top_p=1.0,
+            top_k=0,
+            dataloader_num_workers=0,
+            seed=0,
+            disable_tqdm=True,
             gradient_checkpointing=False,  # TRL turns it on by default; ringzero keeps activations too
         )
-        trainer = GRPOTrainer(model=llama, reward_funcs=reward, args=config, train_dataset=dataset,
-                              processing_class=hf_tokenizer(), callbacks=[StepClock()])
+        trainer = GRPOTrainer(
+            model=llama,
+            reward_funcs=reward,
+            args=config,
+            train_dataset=dataset,
+            processing_class=hf_tokenizer(),
+            callbacks=[StepClock()],
+        )
         start = time.perf_counter()
         trainer.train()
-    boundaries = [start] + ends[args.minibatches - 1:: args.minibatches]
+    boundaries = [start] + ends[args.minibatches - 1 :: args.minibatches]
     times = [b - a for a, b in zip(boundaries[1:], boundaries[2:], strict=False)]  # drop the warm-up step
-    prompt_tokens = sum(len(hf_tokenizer()(p.prompt)["input_ids"]) for p in probs[: args.prompts]) * args.samples
+    prompt_tokens = (
+        sum(len(hf_tokenizer()(p.prompt)["input_ids"]) for p in probs[: args.prompts]) * args.samples
+    )
     tokens = [(responses * args.max_new_tokens, prompt_tokens)] * len(times)
     return summarize("trl", times, tokens, None)
 
@@ -156,8 +215,13 @@ def time_trl(cfg, args) -> dict:
 def summarize(name: str, times: list[float], tokens: list[tuple[int, int]], parts) -> dict:
     completion = sum(t[0] for t in tokens)
     total = sum(t[0] + t[1] for t in tokens)
-    out = {"engine": name, "steps": len(times), "s_per_step": sum(times) / len(times),
-           "completion_tokens_per_s": completion / sum(times), "all_tokens_per_s": total / sum(times)}
+    out = {
+        "engine": name,
+        "steps": len(times),
+        "s_per_step": sum(times) / len(times),
+        "completion_tokens_per_s": completion / sum(times),
+        "all_tokens_per_s": total / sum(times),
+    }
     if parts:
         for key in parts[0]:
             out[key] = sum(p[key] for p in parts) / len(parts)
@@ -172,9 +236,15 @@ def main() -> None:
     ratio = results[0]["completion_tokens_per_s"] / results[1]["completion_tokens_per_s"]
     print("| engine | s/step | completion tok/s | prompt+completion tok/s |\n|---|---:|---:|---:|")
     for r in results:
-        print(f"| {r['engine']} | {r['s_per_step']:.2f} | {r['completion_tokens_per_s']:.0f} | {r['all_tokens_per_s']:.0f} |")
+        print(
+            f"| {r['engine']} | {r['s_per_step']:.2f} | {r['completion_tokens_per_s']:.0f} | "
+            f"{r['all_tokens_per_s']:.0f} |"
+        )
     print(f"\nringzero / TRL (completion tokens/s): {ratio:.2f}x")
-    print("ringzero step parts (s): " + ", ".join(f"{k} {v:.2f}" for k, v in results[0].items() if k.startswith("time/")))
+    print(
+        "ringzero step parts (s): "
+        + ", ".join(f"{k} {v:.2f}" for k, v in results[0].items() if k.startswith("time/"))
+    )
     if args.json:
         with open(args.json, "w") as fh:
             json.dump({"args": vars(args), "results": results, "ratio": ratio}, fh, indent=1)

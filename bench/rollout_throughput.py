@@ -33,9 +33,19 @@ from ringzero.model.hybrid import HybridLM
 from ringzero.rollout.engine.embedded import EmbeddedEngine
 from ringzero.rollout.types import GenerateRequest, SamplingParams
 
-TINY = dict(vocab_size=64, hidden_size=128, num_hidden_layers=4, num_attention_heads=4, intermediate_size=352,
-            kv_lora_rank=32, qk_nope_head_dim=32, qk_rope_head_dim=16, v_head_dim=32,
-            head_dim=32, lightning_block_size=64)
+TINY = dict(
+    vocab_size=64,
+    hidden_size=128,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    intermediate_size=352,
+    kv_lora_rank=32,
+    qk_nope_head_dim=32,
+    qk_rope_head_dim=16,
+    v_head_dim=32,
+    head_dim=32,
+    lightning_block_size=64,
+)
 """The model of configs/tiny-cpu.yaml (hybrid: three Lightning layers, then one MLA layer)."""
 
 
@@ -64,10 +74,13 @@ def tiny_model(context: int) -> HybridLM:
 
 
 def fixed_prompts(batch: int, prompt_len: int, new_tokens: int, vocab_size: int):
-    """``(prompts [batch, prompt_len], requests)``: seeded random prompts, each request run to ``new_tokens``."""
+    """``(prompts [batch, prompt_len], requests)``: seeded random prompts, each request run to
+    ``new_tokens``."""
     prompts_BP = torch.randint(3, vocab_size, (batch, prompt_len), generator=torch.Generator().manual_seed(1))
-    requests = [GenerateRequest(p, SamplingParams(max_new_tokens=new_tokens, seed=i))
-                for i, p in enumerate(prompts_BP.tolist())]
+    requests = [
+        GenerateRequest(p, SamplingParams(max_new_tokens=new_tokens, seed=i))
+        for i, p in enumerate(prompts_BP.tolist())
+    ]
     return prompts_BP, requests
 
 
@@ -81,8 +94,14 @@ def run(batch: int, prompt_len: int, new_tokens: int, repeats: int, with_naive: 
 
     def hf_generate():
         with torch.inference_mode():
-            out = hf.generate(prompts_BP, attention_mask=torch.ones_like(prompts_BP), do_sample=True, top_k=0,
-                              max_new_tokens=new_tokens, min_new_tokens=new_tokens)
+            out = hf.generate(
+                prompts_BP,
+                attention_mask=torch.ones_like(prompts_BP),
+                do_sample=True,
+                top_k=0,
+                max_new_tokens=new_tokens,
+                min_new_tokens=new_tokens,
+            )
         assert out.shape == (batch, prompt_len + new_tokens)
 
     def engine_generate():
@@ -104,15 +123,17 @@ def run(batch: int, prompt_len: int, new_tokens: int, repeats: int, with_naive: 
     return out
 
 
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--prompt-len", type=int, default=16)
     p.add_argument("--new-tokens", default="128,512", help="comma-separated generation lengths")
-    p.add_argument("--naive-up-to", type=int, default=128,
-                   help="run naive recomputation only for lengths up to this (its cost grows quadratically)")
+    p.add_argument(
+        "--naive-up-to",
+        type=int,
+        default=128,
+        help="run naive recomputation only for lengths up to this (its cost grows quadratically)",
+    )
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--md", type=Path, help="write the results as a markdown section into this file")
@@ -125,26 +146,34 @@ def main() -> None:
         r = run(args.batch, args.prompt_len, n, args.repeats, with_naive=n <= args.naive_up_to)
         naive = f"{r['naive']:,.0f}" if "naive" in r else "not run"
         ratios = ", ".join(f"{x:.2f}" for x in r["engine_over_hf_per_repeat"])
-        rows.append(f"| {args.batch} | {args.prompt_len} | {n} | {r['engine']:,.0f} | {naive} | {r['hf']:,.0f} "
-                    f"| {r['engine'] / r['hf']:.2f}x ({ratios}) |")
+        rows.append(
+            f"| {args.batch} | {args.prompt_len} | {n} | {r['engine']:,.0f} | {naive} | {r['hf']:,.0f} "
+            f"| {r['engine'] / r['hf']:.2f}x ({ratios}) |"
+        )
         print(rows[-1], flush=True)
     load_after = os.getloadavg()[0]
 
     cmd = "python bench/rollout_throughput.py " + " ".join(
-        f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k != "md" and v is not None)
-    body = "\n".join([
-        "## Rollout throughput (CPU, fp32)",
-        "",
-        f"`{cmd}`",
-        "",
-        f"torch {torch.__version__}, {args.threads} thread(s); tiny model hidden_size 128, 4 layers (3 Lightning + "
-        f"1 MLA), 4 heads, MLP 352, vocab 64, random weights. 1-minute load average {load_before:.1f} before, "
-        f"{load_after:.1f} after (a shared 2-core machine).",
-        "",
-        "| batch | prompt | new tokens | engine tok/s | naive tok/s | HF generate tok/s | engine / HF (per repeat) |",
-        "|---|---|---|---|---|---|---|",
-        *rows,
-    ])
+        f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k != "md" and v is not None
+    )
+    body = "\n".join(
+        [
+            "## Rollout throughput (CPU, fp32)",
+            "",
+            f"`{cmd}`",
+            "",
+            f"torch {torch.__version__}, {args.threads} thread(s); tiny model hidden_size 128, 4 layers (3 "
+            "Lightning + "
+            f"1 MLA), 4 heads, MLP 352, vocab 64, random weights. 1-minute load average {load_before:.1f} "
+            "before, "
+            f"{load_after:.1f} after (a shared 2-core machine).",
+            "",
+            "| batch | prompt | new tokens | engine tok/s | naive tok/s | HF generate tok/s | engine / HF "
+            "(per repeat) |",
+            "|---|---|---|---|---|---|---|",
+            *rows,
+        ]
+    )
     print(body)
     if args.md:
         write_section(args.md, "throughput", body)

@@ -59,9 +59,29 @@ class Server:
         self.port = free_port()
         env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "ringzero.cli.main", "--log-level", "warning", "serve", "--init", "random",
-             "--config", str(self.config), "--precision", "fp32", "--port", str(self.port), "--max-batch", str(max_batch)],
-            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            [
+                sys.executable,
+                "-m",
+                "ringzero.cli.main",
+                "--log-level",
+                "warning",
+                "serve",
+                "--init",
+                "random",
+                "--config",
+                str(self.config),
+                "--precision",
+                "fp32",
+                "--port",
+                str(self.port),
+                "--max-batch",
+                str(max_batch),
+            ],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         self.url = f"http://127.0.0.1:{self.port}"
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
@@ -76,8 +96,13 @@ class Server:
         raise RuntimeError("ringzero serve did not come up in 120 s")
 
     def generate(self, prompts: list[list[int]], new_tokens: int) -> int:
-        body = {"input_ids": prompts, "sampling_params": [
-            {"max_new_tokens": new_tokens, "ignore_eos": True, "sampling_seed": i} for i in range(len(prompts))]}
+        body = {
+            "input_ids": prompts,
+            "sampling_params": [
+                {"max_new_tokens": new_tokens, "ignore_eos": True, "sampling_seed": i}
+                for i in range(len(prompts))
+            ],
+        }
         answer = requests.post(self.url + "/generate", json=body, timeout=1800)
         answer.raise_for_status()
         return sum(len(item["output_ids"]) for item in answer.json())
@@ -100,27 +125,34 @@ def measure(threads: int, batch: int, prompt_len: int, lengths: list[int], repea
     model = shipped_model(prompt_len + max(lengths))
     engine = EmbeddedEngine(model, None, model.policy, max_batch=batch)
     hf = hf_llama(model.cfg)
-    prompts_BP = torch.randint(3, model.cfg.vocab_size, (batch, prompt_len), generator=torch.Generator().manual_seed(1))
+    prompts_BP = torch.randint(
+        3, model.cfg.vocab_size, (batch, prompt_len), generator=torch.Generator().manual_seed(1)
+    )
     server = Server(threads, batch, prompt_len + max(lengths))
     rows = []
     try:
         for new in lengths:
             tok = measure_length(server, engine, hf, prompts_BP, new, repeats)
             rows.append({"threads": threads, "new": new, **tok})
-            print(f"threads {threads} new {new}: " + ", ".join(f"{k} {v:,.0f} tok/s" for k, v in tok.items()),
-                  flush=True)
+            print(
+                f"threads {threads} new {new}: " + ", ".join(f"{k} {v:,.0f} tok/s" for k, v in tok.items()),
+                flush=True,
+            )
     finally:
         server.close()
     return rows
 
 
-def measure_length(server: Server, engine: EmbeddedEngine, hf, prompts_BP: torch.Tensor, new: int,
-                   repeats: int) -> dict[str, float]:
+def measure_length(
+    server: Server, engine: EmbeddedEngine, hf, prompts_BP: torch.Tensor, new: int, repeats: int
+) -> dict[str, float]:
     """Tokens/s of the three generators for ``new`` tokens per prompt (medians of interleaved runs)."""
     batch, prompt_len = prompts_BP.shape
     prompts = prompts_BP.tolist()
-    requests_ = [GenerateRequest(p, SamplingParams(max_new_tokens=new, seed=i, ignore_eos=True))
-                 for i, p in enumerate(prompts)]
+    requests_ = [
+        GenerateRequest(p, SamplingParams(max_new_tokens=new, seed=i, ignore_eos=True))
+        for i, p in enumerate(prompts)
+    ]
 
     def run_server():
         assert server.generate(prompts, new) == batch * new
@@ -131,8 +163,14 @@ def measure_length(server: Server, engine: EmbeddedEngine, hf, prompts_BP: torch
 
     def run_hf():
         with torch.inference_mode():
-            out = hf.generate(prompts_BP, attention_mask=torch.ones_like(prompts_BP), do_sample=True,
-                              top_k=0, max_new_tokens=new, min_new_tokens=new)
+            out = hf.generate(
+                prompts_BP,
+                attention_mask=torch.ones_like(prompts_BP),
+                do_sample=True,
+                top_k=0,
+                max_new_tokens=new,
+                min_new_tokens=new,
+            )
         assert out.shape == (batch, prompt_len + new)
 
     runners = {"server": run_server, "in-process": run_engine, "hf": run_hf}
@@ -148,14 +186,21 @@ def measure_length(server: Server, engine: EmbeddedEngine, hf, prompts_BP: torch
 
 
 def table(rows: list[dict], batch: int, prompt_len: int) -> str:
-    lines = [f"Batch {batch} prompts of {prompt_len} tokens, `ignore_eos`, fp32, the model of "
-             "`configs/tiny-cpu.yaml` (random weights), medians of interleaved runs.", "",
-             "| threads | new tokens | server tok/s | in-process tok/s | HF generate tok/s | server / in-process | "
-             "server / HF | in-process / HF |", "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        f"Batch {batch} prompts of {prompt_len} tokens, `ignore_eos`, fp32, the model of "
+        "`configs/tiny-cpu.yaml` (random weights), medians of interleaved runs.",
+        "",
+        "| threads | new tokens | server tok/s | in-process tok/s | HF generate tok/s | server / in-process "
+        "| "
+        "server / HF | in-process / HF |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for r in rows:
-        lines.append(f"| {r['threads']} | {r['new']} | {r['server']:,.0f} | {r['in-process']:,.0f} | {r['hf']:,.0f} | "
-                     f"{r['server'] / r['in-process']:.2f} | {r['server'] / r['hf']:.2f}x | "
-                     f"{r['in-process'] / r['hf']:.2f}x |")
+        lines.append(
+            f"| {r['threads']} | {r['new']} | {r['server']:,.0f} | {r['in-process']:,.0f} | {r['hf']:,.0f} | "
+            f"{r['server'] / r['in-process']:.2f} | {r['server'] / r['hf']:.2f}x | "
+            f"{r['in-process'] / r['hf']:.2f}x |"
+        )
     return "\n".join(lines)
 
 
@@ -172,11 +217,17 @@ def main() -> None:
     rows = []
     for threads in [int(x) for x in args.threads.split(",")]:
         rows += measure(threads, args.batch, args.prompt_len, lengths, args.repeats)
-    text = table(rows, args.batch, args.prompt_len) + f"\n\nLoad average after the run: {os.getloadavg()[0]:.2f}."
+    text = (
+        table(rows, args.batch, args.prompt_len)
+        + f"\n\nLoad average after the run: {os.getloadavg()[0]:.2f}."
+    )
     print(text)
     if args.md:
-        write_section(args.md, "serve-throughput", "## Server, in-process engine and HF generate\n\n`python "
-                      "bench/serve_throughput.py`\n\n" + text)
+        write_section(
+            args.md,
+            "serve-throughput",
+            "## Server, in-process engine and HF generate\n\n`python bench/serve_throughput.py`\n\n" + text,
+        )
 
 
 if __name__ == "__main__":

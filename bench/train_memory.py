@@ -31,9 +31,20 @@ from pathlib import Path
 from common import write_section
 
 POLICIES = ("fp32-islands", "bf16", "fp32")
-TINY = dict(vocab_size=64, hidden_size=128, num_hidden_layers=4, num_attention_heads=4, intermediate_size=352, max_position_embeddings=512,
-            kv_lora_rank=32, qk_nope_head_dim=32, qk_rope_head_dim=16, v_head_dim=32,
-            head_dim=32, lightning_block_size=64)
+TINY = dict(
+    vocab_size=64,
+    hidden_size=128,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    intermediate_size=352,
+    max_position_embeddings=512,
+    kv_lora_rank=32,
+    qk_nope_head_dim=32,
+    qk_rope_head_dim=16,
+    v_head_dim=32,
+    head_dim=32,
+    lightning_block_size=64,
+)
 """The model of configs/tiny-cpu.yaml (hybrid: three Lightning layers, then one MLA layer)."""
 
 
@@ -78,8 +89,9 @@ def worker(policy_name: str, method: str, batch: int, seq_len: int) -> dict:
         from torch.profiler import ProfilerActivity, profile
         from torch.profiler._memory_profiler import MemoryProfileTimeline
 
-        with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True,
-                     with_stack=True) as prof:
+        with profile(
+            activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True, with_stack=True
+        ) as prof:
             step()
         _, sizes = MemoryProfileTimeline(prof._memory_profile())._coalesce_timeline(torch.device("cpu"))
         out["peak_bytes"] = int(max(sum(s) for s in sizes))
@@ -88,19 +100,29 @@ def worker(policy_name: str, method: str, batch: int, seq_len: int) -> dict:
 
 def measure(policy: str, method: str, batch: int, seq_len: int) -> dict:
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, __file__, "--worker", policy, "--method", method,
-           "--batch", str(batch), "--seq-len", str(seq_len)]
+    cmd = [
+        sys.executable,
+        __file__,
+        "--worker",
+        policy,
+        "--method",
+        method,
+        "--batch",
+        str(batch),
+        "--seq-len",
+        str(seq_len),
+    ]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
-
-
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--seq-len", type=int, default=160)
-    p.add_argument("--repeats", type=int, default=3, help="subprocesses per (policy, method); the median is kept")
+    p.add_argument(
+        "--repeats", type=int, default=3, help="subprocesses per (policy, method); the median is kept"
+    )
     p.add_argument("--worker", choices=POLICIES, help=argparse.SUPPRESS)
     p.add_argument("--method", choices=["tensors", "rss"], default="tensors", help=argparse.SUPPRESS)
     p.add_argument("--md", type=Path, help="write the results as a markdown section into this file")
@@ -122,24 +144,35 @@ def main() -> None:
     rows = []
     for policy in POLICIES:
         over = {m: peaks[(policy, m)] / peaks[("bf16", m)] - 1 for m in ("tensors", "rss")}
-        rows.append(f"| {policy} | {params[policy] * mib:.2f} | {peaks[(policy, 'tensors')] * mib:.2f} | "
-                    f"{over['tensors']:+.1%} | {peaks[(policy, 'rss')] * mib:.2f} | {over['rss']:+.1%} |")
-    cmd = f"python bench/train_memory.py --batch {args.batch} --seq-len {args.seq_len} --repeats {args.repeats}"
-    body = "\n".join([
-        "## Peak memory of one training step: fp32-islands vs bf16",
-        "",
-        f"`{cmd}`",
-        "",
-        f"Tiny model (hidden_size 128, 4 layers: 3 Lightning + 1 MLA, vocab 64), batch {args.batch} x {args.seq_len} "
-        f"tokens, forward + backward + first AdamW step, one thread, median of {args.repeats} fresh processes. "
-        "`tensors`: peak live tensor bytes on torch's profiler memory timeline (weights, grads, AdamW state, "
-        "saved activations, temporaries). `rss`: resident high-water mark during the step minus the resident "
-        "size before it (every block > 64 KiB mmapped so frees return memory at once); it excludes the weights.",
-        "",
-        "| policy | weights MiB | peak tensors MiB | vs bf16 | peak RSS growth MiB | vs bf16 |",
-        "|---|---|---|---|---|---|",
-        *rows,
-    ])
+        rows.append(
+            f"| {policy} | {params[policy] * mib:.2f} | {peaks[(policy, 'tensors')] * mib:.2f} | "
+            f"{over['tensors']:+.1%} | {peaks[(policy, 'rss')] * mib:.2f} | {over['rss']:+.1%} |"
+        )
+    cmd = (
+        f"python bench/train_memory.py --batch {args.batch} --seq-len {args.seq_len} --repeats {args.repeats}"
+    )
+    body = "\n".join(
+        [
+            "## Peak memory of one training step: fp32-islands vs bf16",
+            "",
+            f"`{cmd}`",
+            "",
+            f"Tiny model (hidden_size 128, 4 layers: 3 Lightning + 1 MLA, vocab 64), batch {args.batch} x "
+            f"{args.seq_len} "
+            f"tokens, forward + backward + first AdamW step, one thread, median of {args.repeats} fresh "
+            "processes. "
+            "`tensors`: peak live tensor bytes on torch's profiler memory timeline (weights, grads, AdamW "
+            "state, "
+            "saved activations, temporaries). `rss`: resident high-water mark during the step minus the "
+            "resident "
+            "size before it (every block > 64 KiB mmapped so frees return memory at once); it excludes the "
+            "weights.",
+            "",
+            "| policy | weights MiB | peak tensors MiB | vs bf16 | peak RSS growth MiB | vs bf16 |",
+            "|---|---|---|---|---|---|",
+            *rows,
+        ]
+    )
     print(body)
     if args.md:
         write_section(args.md, "train-memory", body)

@@ -1,4 +1,5 @@
-"""Zero RL on the tiny CPU config: pretrain the base, run stage-1 RL from it, measure both on held-out prompts.
+"""Zero RL on the tiny CPU config: pretrain the base, run stage-1 RL from it, measure both on held-out
+prompts.
 
 Targets (issue: zero RL on a CPU): held-out accuracy up by >= 25 points absolute, trace usage from
 <= 10% to >= 50%, mean response length >= 1.5x the base's, within 15 minutes of RL.
@@ -10,8 +11,8 @@ while the trainer runs ``fp32-islands``: short RL runs from the same base, same 
 
 Stages are cached by identity in the store (``--store``, default ``--out``'s): a second invocation
 reuses the base (and the RL run) and only redoes what changed; ``--store file://runs/store`` measures
-the very base and stage 1 that ``make run`` produced. Wall times on a shared machine are inflated; the CPU time of the
-process divided by its threads is printed beside them as the uncontended estimate.
+the very base and stage 1 that ``make run`` produced. Wall times on a shared machine are inflated; the CPU
+time of the process divided by its threads is printed beside them as the uncontended estimate.
 """
 
 from __future__ import annotations
@@ -33,13 +34,28 @@ from ringzero.store import open_store
 from ringzero.tasks import make_task
 from ringzero.tokenizer import build_tokenizer
 
-PLOTTED = (("reward/mean", "reward (mean)"), ("trace/rate", "trace usage"), ("len/mean", "response length (tokens)"),
-           ("ratio/p99", "|r - 1| p99"))
-TAIL_KEYS = ("ratio/first_minibatch_max", "ratio/p99", "ratio/p99.9", "ratio/max", "logratio/p99",
-             "ratio/above_clip_frac")
-HELDOUT = (("eval/accuracy", "accuracy (T=1)"), ("eval/greedy_accuracy", "accuracy (greedy)"),
-           ("eval/trace_rate", "trace usage (T=1)"), ("eval/trace_accuracy", "accuracy when tracing"),
-           ("eval/forced_trace_accuracy", "accuracy with a forced trace"), ("eval/len_mean", "mean length (tokens)"))
+PLOTTED = (
+    ("reward/mean", "reward (mean)"),
+    ("trace/rate", "trace usage"),
+    ("len/mean", "response length (tokens)"),
+    ("ratio/p99", "|r - 1| p99"),
+)
+TAIL_KEYS = (
+    "ratio/first_minibatch_max",
+    "ratio/p99",
+    "ratio/p99.9",
+    "ratio/max",
+    "logratio/p99",
+    "ratio/above_clip_frac",
+)
+HELDOUT = (
+    ("eval/accuracy", "accuracy (T=1)"),
+    ("eval/greedy_accuracy", "accuracy (greedy)"),
+    ("eval/trace_rate", "trace usage (T=1)"),
+    ("eval/trace_accuracy", "accuracy when tracing"),
+    ("eval/forced_trace_accuracy", "accuracy with a forced trace"),
+    ("eval/len_mean", "mean length (tokens)"),
+)
 
 
 STEP = re.compile(r"([a-z])=(\d)( (\d)\+(\d)=(\d+))?>(\d)")
@@ -53,11 +69,15 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--pretrain", default="base", help="name of the pretrain stage in the config")
     p.add_argument("--rl", default="stage1", help="name of the RL stage in the config")
     p.add_argument("--store", default=None, help="checkpoint store URI (default: file://OUT/store)")
-    p.add_argument("--rl-minutes", type=float, default=None, help="wall budget of the RL stage (default: the config's)")
+    p.add_argument(
+        "--rl-minutes", type=float, default=None, help="wall budget of the RL stage (default: the config's)"
+    )
     p.add_argument("--gap-steps", type=int, default=5, help="steps of each ratio-tail run (0 = skip them)")
     p.add_argument("--gap-prompts", type=int, default=8, help="prompts per step of the ratio-tail runs")
     p.add_argument("--plot", default="docs/img/zero_rl_tiny.png")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override (repeatable)")
+    p.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="config override (repeatable)"
+    )
     return p.parse_args()
 
 
@@ -96,28 +116,51 @@ def main() -> None:
     inputs = StageInputs(init_uri=base_uri, reference_uri=base_uri, base_uri=base_uri)
     rl, rl_clock = run_stage(cfg, store, run_dir, rl_stage, inputs)
 
-    tails = {"main run (train " + cfg.precision.train.name() + ", rollout " + cfg.precision.rollout.name() + ")":
-             mean_tail(rl.metrics)}
+    tails = {
+        "main run (train "
+        + cfg.precision.train.name()
+        + ", rollout "
+        + cfg.precision.rollout.name()
+        + ")": mean_tail(rl.metrics)
+    }
     for rollout in ("bf16", "fp32-islands"):
         if not args.gap_steps:
             break
-        gap_cfg = load_config(args.config, overrides + [
-            "precision.train=fp32-islands", f"precision.rollout={rollout}", f"stages.{args.rl}.steps={args.gap_steps}",
-            f"stages.{args.rl}.prompts_per_step={args.gap_prompts}", f"stages.{args.rl}.min_steps={args.gap_steps}",
-        ])
+        gap_cfg = load_config(
+            args.config,
+            overrides
+            + [
+                "precision.train=fp32-islands",
+                f"precision.rollout={rollout}",
+                f"stages.{args.rl}.steps={args.gap_steps}",
+                f"stages.{args.rl}.prompts_per_step={args.gap_prompts}",
+                f"stages.{args.rl}.min_steps={args.gap_steps}",
+            ],
+        )
         gap, _ = run_stage(gap_cfg, store, run_dir / f"gap-{rollout}", gap_cfg.stage(args.rl), inputs)
         tails[f"train fp32-islands, rollout {rollout}"] = mean_tail(gap.metrics)
 
-    roles = {name: trace_roles(load_model(uri, cfg.precision.train).model, cfg)
-             for name, uri in (("base", base_uri), ("rl", rl.outcome.output_uri))}
+    roles = {
+        name: trace_roles(load_model(uri, cfg.precision.train).model, cfg)
+        for name, uri in (("base", base_uri), ("rl", rl.outcome.output_uri))
+    }
     results = {
-        "config": args.config, "threads": threads, "trace_roles": roles,
+        "config": args.config,
+        "threads": threads,
+        "trace_roles": roles,
         "base": {k: base.outcome.summary.get(k) for k, _ in HELDOUT},
         "rl": {k: rl.outcome.summary.get(k) for k, _ in HELDOUT},
-        "rl_steps": rl.outcome.steps, "rl_stop_reason": rl.outcome.stop_reason,
-        "pretrain_minutes": {"wall": base.outcome.wall_s / 60, "this_call_cpu_per_thread": base_clock.cpu / threads / 60},
-        "rl_minutes": {"wall": rl.outcome.wall_s / 60, "this_call_cpu_per_thread": rl_clock.cpu / threads / 60,
-                       "loop_wall": sum(r.get("time/step", 0.0) for r in rl.metrics) / 60},
+        "rl_steps": rl.outcome.steps,
+        "rl_stop_reason": rl.outcome.stop_reason,
+        "pretrain_minutes": {
+            "wall": base.outcome.wall_s / 60,
+            "this_call_cpu_per_thread": base_clock.cpu / threads / 60,
+        },
+        "rl_minutes": {
+            "wall": rl.outcome.wall_s / 60,
+            "this_call_cpu_per_thread": rl_clock.cpu / threads / 60,
+            "loop_wall": sum(r.get("time/step", 0.0) for r in rl.metrics) / 60,
+        },
         "ratio_tail": tails,
     }
     (out / "results.json").write_text(json.dumps(results, indent=1))
@@ -138,10 +181,14 @@ def trace_roles(model, cfg, prompts: int = 64) -> dict[str, float]:
             predicted = model(torch.tensor([ids[:-1]])).argmax(-1)[0].tolist()
             roles = ["format"] * len(response)
             for m in STEP.finditer(response):
-                roles[m.start(1)], roles[m.start(2)], roles[m.start(7)] = "label", "question_digit", f"{form}_state"
+                roles[m.start(1)], roles[m.start(2)], roles[m.start(7)] = (
+                    "label",
+                    "question_digit",
+                    f"{form}_state",
+                )
                 if m.group(3):
                     roles[m.start(4)], roles[m.start(5)] = "previous_state", "repeated_digit"
-                    roles[m.start(6):m.end(6)] = ["sum"] * len(m.group(6))
+                    roles[m.start(6) : m.end(6)] = ["sum"] * len(m.group(6))
             first = len(ids) - len(response)
             for j, role in enumerate(roles):
                 hits[role].append(predicted[first - 1 + j] == ids[first + j])
@@ -184,15 +231,31 @@ def report(r: dict) -> str:
     lines = ["| held-out (128 prompts) | base | after stage-1 RL |", "|---|---:|---:|"]
     lines += [f"| {label} | {_fmt(r['base'].get(k))} | {_fmt(r['rl'].get(k))} |" for k, label in HELDOUT]
     pm, rm = r["pretrain_minutes"], r["rl_minutes"]
-    lines += ["", f"RL: {r['rl_steps']} steps, stop reason: {r['rl_stop_reason']}",
-              f"minutes (wall / this call's CPU per thread): pretrain {pm['wall']:.1f} / {pm['this_call_cpu_per_thread']:.1f}, "
-              f"RL {rm['wall']:.1f} / {rm['this_call_cpu_per_thread']:.1f} (RL loop alone {rm['loop_wall']:.1f} wall)",
-              "", "| ratio tail (mean over steps) | " + " | ".join(TAIL_KEYS) + " |",
-              "|---|" + "---:|" * len(TAIL_KEYS)]
-    lines += [f"| {name} | " + " | ".join(f"{t[k]:.2e}" for k in TAIL_KEYS) + " |" for name, t in r["ratio_tail"].items()]
+    lines += [
+        "",
+        f"RL: {r['rl_steps']} steps, stop reason: {r['rl_stop_reason']}",
+        f"minutes (wall / this call's CPU per thread): pretrain {pm['wall']:.1f} / "
+        f"{pm['this_call_cpu_per_thread']:.1f}, "
+        f"RL {rm['wall']:.1f} / {rm['this_call_cpu_per_thread']:.1f} (RL loop alone {rm['loop_wall']:.1f} "
+        "wall)",
+        "",
+        "| ratio tail (mean over steps) | " + " | ".join(TAIL_KEYS) + " |",
+        "|---|" + "---:|" * len(TAIL_KEYS),
+    ]
+    lines += [
+        f"| {name} | " + " | ".join(f"{t[k]:.2e}" for k in TAIL_KEYS) + " |"
+        for name, t in r["ratio_tail"].items()
+    ]
     roles = sorted(r["trace_roles"]["base"])
-    lines += ["", "| teacher-forced accuracy on correct traces | " + " | ".join(roles) + " |", "|---|" + "---:|" * len(roles)]
-    lines += [f"| {name} | " + " | ".join(f"{acc[k]:.3f}" for k in roles) + " |" for name, acc in r["trace_roles"].items()]
+    lines += [
+        "",
+        "| teacher-forced accuracy on correct traces | " + " | ".join(roles) + " |",
+        "|---|" + "---:|" * len(roles),
+    ]
+    lines += [
+        f"| {name} | " + " | ".join(f"{acc[k]:.3f}" for k in roles) + " |"
+        for name, acc in r["trace_roles"].items()
+    ]
     return "\n".join(lines)
 
 

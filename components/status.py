@@ -4,9 +4,14 @@ from kfp.dsl import HTML, Markdown, Output, PipelineTaskFinalStatus
 
 
 def record_status(
-    run_config: str, run_id: str, status: PipelineTaskFinalStatus, summary: Output[Markdown], report: Output[HTML],
+    run_config: str,
+    run_id: str,
+    status: PipelineTaskFinalStatus,
+    summary: Output[Markdown],
+    report: Output[HTML],
 ) -> str:
-    """succeeded, gate_failed (a gate stopped the run), failed or cancelled; the report covers the whole run."""
+    """succeeded, gate_failed (a gate stopped the run), failed or cancelled; the report covers the whole
+    run."""
     from ringzero.kfp.tasks import record_final_status
     from ringzero.logs import setup_logging
 

@@ -1,1 +1,2 @@
-"""The staged ringzero run as a Kubeflow pipeline: built from a run config, compiled, run locally or submitted."""
+"""The staged ringzero run as a Kubeflow pipeline: built from a run config, compiled, run locally or
+submitted."""

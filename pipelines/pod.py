@@ -12,7 +12,9 @@ S3_FILE_ENV = {"access": "RINGZERO_S3_ACCESS_KEY_FILE", "secret": "RINGZERO_S3_S
 S3_SECRET_DIR = "/etc/ringzero/s3"
 
 
-def apply_pod_settings(task: PipelineTask, settings: KfpSettings, *, runs_stage: bool, uses_store: bool) -> PipelineTask:
+def apply_pod_settings(
+    task: PipelineTask, settings: KfpSettings, *, runs_stage: bool, uses_store: bool
+) -> PipelineTask:
     """Resources, placement and credentials of one step.
 
     ``runs_stage``: the step executes a stage; in in-process mode its pod does the training, so it gets

@@ -27,7 +27,9 @@ def run_local(cfg: RunConfig, settings: KfpSettings, pipeline_root: Path) -> str
 
     from ringzero.store import open_store
 
-    local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(pipeline_root), raise_on_error=False)
+    local.init(
+        runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(pipeline_root), raise_on_error=False
+    )
     pipeline = build_pipeline(cfg, settings.model_copy(update={"mode": "in-process"}))
     with warnings.catch_warnings():
         # The runner warns when an image name lacks "python"; it never uses the image, only this interpreter.
@@ -40,8 +42,13 @@ def run_local(cfg: RunConfig, settings: KfpSettings, pipeline_root: Path) -> str
     return manifest.get("status", "unknown (no run manifest was written)")
 
 
-def submit(cfg: RunConfig, settings: KfpSettings, host: str, experiment: str | None = None,
-           namespace: str | None = None) -> str:
+def submit(
+    cfg: RunConfig,
+    settings: KfpSettings,
+    host: str,
+    experiment: str | None = None,
+    namespace: str | None = None,
+) -> str:
     """Create a run on the KFP API at ``host``; returns its run id."""
     if not cfg.storage.root.startswith("s3://"):
         raise RingzeroError(
@@ -49,13 +56,18 @@ def submit(cfg: RunConfig, settings: KfpSettings, host: str, experiment: str | N
             "filesystem; give an s3:// store"
         )
     if settings.s3_secret is None:
-        raise RingzeroError("kfp.s3_secret is not set: the steps would have no credentials for the s3:// store")
+        raise RingzeroError(
+            "kfp.s3_secret is not set: the steps would have no credentials for the s3:// store"
+        )
     import kfp
 
     try:
         client = kfp.Client(host=host, namespace=namespace)
         result = client.create_run_from_pipeline_func(
-            build_pipeline(cfg, settings), arguments={}, experiment_name=experiment, namespace=namespace,
+            build_pipeline(cfg, settings),
+            arguments={},
+            experiment_name=experiment,
+            namespace=namespace,
             service_account=settings.service_account,
         )
     except Exception as exc:  # the client raises urllib3, ApiException and ValueError alike

@@ -1,4 +1,5 @@
-"""Build the staged pipeline from a run config: one step per stage in config order, gated, with an exit handler.
+"""Build the staged pipeline from a run config: one step per stage in config order, gated, with an exit
+handler.
 
 Shape, for the tiny config::
 
@@ -49,7 +50,12 @@ def _add_stages(cfg: RunConfig, settings: KfpSettings, comps: Components, run_co
     latest, base = "", ""
     with contextlib.ExitStack() as gates_passed:
         for i, stage in enumerate(cfg.stages):
-            args = {"run_config": run_config, "stage_name": stage.name, "mode": settings.mode, "run_id": run_id}
+            args = {
+                "run_config": run_config,
+                "stage_name": stage.name,
+                "mode": settings.mode,
+                "run_id": run_id,
+            }
             init = _ref(stage, "init", stage.init, checkpoints) if stage.init else latest
             args.update(init_uri=init, base_uri=base)
             if stage.kind in ("pretrain", "distill"):
@@ -57,7 +63,9 @@ def _add_stages(cfg: RunConfig, settings: KfpSettings, comps: Components, run_co
             if stage.kind == "rl":
                 args["reference_uri"] = _ref(stage, "reference", stage.reference, checkpoints) or init
             if stage.kind == "eval":
-                args["compare_uris"] = {name: _ref(stage, "compare", name, checkpoints) for name in stage.compare}
+                args["compare_uris"] = {
+                    name: _ref(stage, "compare", name, checkpoints) for name in stage.compare
+                }
             task = comps.stages[stage.kind](**args).set_display_name(stage.name)
             apply_pod_settings(task, settings, runs_stage=True, uses_store=True)
             if stage.kind in MAKES_CHECKPOINT:
@@ -70,8 +78,10 @@ def _add_stages(cfg: RunConfig, settings: KfpSettings, comps: Components, run_co
                 ).set_display_name(f"{stage.name}-gate")
                 apply_pod_settings(verdict, settings, runs_stage=False, uses_store=False)
                 if i + 1 < len(cfg.stages):
-                    # Everything after a gate sits inside its condition: a failed gate runs nothing downstream.
-                    gates_passed.enter_context(dsl.If(verdict.outputs["Output"] == True, name=f"{stage.name}-passed"))  # noqa: E712
+                    # Everything after a gate sits inside its condition: a failed gate runs nothing
+                    # downstream.
+                    passed = verdict.outputs["Output"] == True  # noqa: E712 - a KFP condition, not a bool
+                    gates_passed.enter_context(dsl.If(passed, name=f"{stage.name}-passed"))
 
 
 def _ref(stage, field: str, ref: str | None, checkpoints: dict):
@@ -79,5 +89,7 @@ def _ref(stage, field: str, ref: str | None, checkpoints: dict):
     if ref is None or "://" in ref:
         return ref
     if ref not in checkpoints:
-        raise RingzeroError(f"stage {stage.name!r}: {field} {ref!r} is not an earlier stage that makes a checkpoint")
+        raise RingzeroError(
+            f"stage {stage.name!r}: {field} {ref!r} is not an earlier stage that makes a checkpoint"
+        )
     return checkpoints[ref]

@@ -53,8 +53,9 @@ def setup_logging(level: str = "info", run_dir: str | Path | None = None) -> Non
             foreign_pre_chain=shared,
             processors=[
                 structlog.stdlib.ProcessorFormatter.remove_processors_meta,
-                structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty(),
-                                              exception_formatter=_console_tracebacks(_state["show_locals"])),
+                structlog.dev.ConsoleRenderer(
+                    colors=sys.stderr.isatty(), exception_formatter=_console_tracebacks(_state["show_locals"])
+                ),
             ],
         )
     )

@@ -73,7 +73,8 @@ class MemoryMetricWriter(MetricWriter):
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
-    """Read a metrics JSONL file; a torn last line (crash mid-write) is ignored, any other bad line is an error."""
+    """Read a metrics JSONL file; a torn last line (crash mid-write) is ignored, any other bad line is an
+    error."""
     lines = Path(path).read_text().splitlines()
     out = []
     for i, line in enumerate(lines):

@@ -19,10 +19,26 @@ import pytest
 
 MISSING = "missing requirement:"
 # Top-level modules of the packages `make install` puts in CI's environment (pyproject dev/test/kfp extras).
-CI_PROVIDED = frozenset({
-    "pytest", "xdist", "pytest_timeout", "hypothesis", "moto", "boto3", "requests", "openai", "jsonschema",
-    "kubernetes_validate", "transformers", "tokenizers", "megatron", "einops", "kfp", "kubernetes",
-})
+CI_PROVIDED = frozenset(
+    {
+        "pytest",
+        "xdist",
+        "pytest_timeout",
+        "hypothesis",
+        "moto",
+        "boto3",
+        "requests",
+        "openai",
+        "jsonschema",
+        "kubernetes_validate",
+        "transformers",
+        "tokenizers",
+        "megatron",
+        "einops",
+        "kfp",
+        "kubernetes",
+    }
+)
 
 
 def on_ci() -> bool:

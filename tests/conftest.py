@@ -29,7 +29,8 @@ def _skip_reason(report) -> str:
 
 
 def _ci_should_have(reason: str) -> bool:
-    """A skip for something CI provides: ``ci_require``'s marked reasons, or an importorskip of its packages."""
+    """A skip for something CI provides: ``ci_require``'s marked reasons, or an importorskip of its
+    packages."""
     if MISSING in reason:
         return True
     found = _IMPORTORSKIP.search(reason)

@@ -56,8 +56,22 @@ from torch.utils._pytree import tree_flatten
 
 _REAL_GENERATOR = torch.Generator
 
-HOST_READS = frozenset({"tolist", "item", "numpy", "__array__", "__bool__", "__int__", "__float__",
-                        "__index__", "__complex__", "__repr__", "__str__", "__format__"})
+HOST_READS = frozenset(
+    {
+        "tolist",
+        "item",
+        "numpy",
+        "__array__",
+        "__bool__",
+        "__int__",
+        "__float__",
+        "__index__",
+        "__complex__",
+        "__repr__",
+        "__str__",
+        "__format__",
+    }
+)
 """``Tensor`` methods that copy values to the host and return Python (or numpy) values."""
 
 _NEEDS_DATA = HOST_READS - {"__repr__", "__str__", "__format__"}  # meta can print itself, not read itself
@@ -95,8 +109,10 @@ class _Trap(TorchFunctionMode):
         device = self.log.device
         for x in leaves:
             if isinstance(x, torch.Tensor) and not _on(x.device, device):
-                self._fail(f"device_trap({device}): {op} uses a tensor on {x.device} "
-                           f"(shape {list(x.shape)}, {x.dtype}) inside a {device} path")
+                self._fail(
+                    f"device_trap({device}): {op} uses a tensor on {x.device} "
+                    f"(shape {list(x.shape)}, {x.dtype}) inside a {device} path"
+                )
             if isinstance(x, _REAL_GENERATOR) and id(x) not in self.stand_ins and not _on(x.device, device):
                 self._fail(f"device_trap({device}): {op} draws with a generator on {x.device}")
 
@@ -110,7 +126,9 @@ class _Trap(TorchFunctionMode):
         else:
             target = kwargs.get("device")
         if target is not None and not _on(torch.device(target), device):
-            self._fail(f"device_trap({device}): {op} made a tensor on {torch.device(target)} inside a {device} path")
+            self._fail(
+                f"device_trap({device}): {op} made a tensor on {torch.device(target)} inside a {device} path"
+            )
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         # The mode is off while this runs: torch calls made here are not checked.
@@ -123,8 +141,10 @@ class _Trap(TorchFunctionMode):
         self._check_target(op, short, args, kwargs)
         if short in HOST_READS and args and isinstance(args[0], torch.Tensor):
             if not self.allow_host_reads:
-                self._fail(f"device_trap({self.log.device}): {op} reads a {self.log.device} tensor back to "
-                           f"the host (allow_host_reads=False)")
+                self._fail(
+                    f"device_trap({self.log.device}): {op} reads a {self.log.device} tensor back to "
+                    f"the host (allow_host_reads=False)"
+                )
             self.log.host_reads.append(op)
             if args[0].device.type == "meta" and short in _NEEDS_DATA:
                 stand_in = torch.zeros(args[0].shape, dtype=args[0].dtype)
@@ -133,8 +153,10 @@ class _Trap(TorchFunctionMode):
         out = func(*args, **kwargs)
         for x in tree_flatten(out)[0]:
             if isinstance(x, torch.Tensor) and not _on(x.device, self.log.device):
-                self._fail(f"device_trap({self.log.device}): {op} made a tensor on {x.device} "
-                           f"(shape {list(x.shape)}, {x.dtype}) inside a {self.log.device} path")
+                self._fail(
+                    f"device_trap({self.log.device}): {op} made a tensor on {x.device} "
+                    f"(shape {list(x.shape)}, {x.dtype}) inside a {self.log.device} path"
+                )
         return out
 
 
@@ -159,7 +181,8 @@ def _meta_generators(stand_ins: dict[int, torch.Generator]) -> Iterator[None]:
 
 @contextlib.contextmanager
 def device_trap(device: torch.device | str, allow_host_reads: bool = True) -> Iterator[TrapLog]:
-    """Raise ``AssertionError`` naming the op when a tensor off ``device`` is made or used (see module doc)."""
+    """Raise ``AssertionError`` naming the op when a tensor off ``device`` is made or used (see module
+    doc)."""
     log = TrapLog(torch.device(device))
     stand_ins: dict[int, torch.Generator] = {}
     with contextlib.ExitStack() as stack:

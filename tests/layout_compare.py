@@ -19,14 +19,21 @@ MIN_RL_MOVE = 1e-6
 
 def rl_moved(run: dict) -> float:
     """Largest |RL weights - RL's initial weights| over the tensors both hold."""
-    return max(float((run["rl_weights"][k] - run["rl_init"][k]).abs().max()) for k in run["rl_weights"]
-               if k in run["rl_init"])
+    return max(
+        float((run["rl_weights"][k] - run["rl_init"][k]).abs().max())
+        for k in run["rl_weights"]
+        if k in run["rl_init"]
+    )
 
 
 def assert_same(ref: dict, got: dict, label: str, step_keys: tuple[str, ...]) -> None:
-    assert rl_moved(ref) > MIN_RL_MOVE, f"{label}: the reference's RL did not move its weights ({rl_moved(ref):.3g})"
+    assert rl_moved(ref) > MIN_RL_MOVE, (
+        f"{label}: the reference's RL did not move its weights ({rl_moved(ref):.3g})"
+    )
     for step, (a, b) in enumerate(zip(ref["pretrain_losses"], got["pretrain_losses"], strict=True)):
-        assert math.isclose(a, b, rel_tol=1e-5, abs_tol=1e-6), f"{label}: pretrain loss at step {step}: {a} vs {b}"
+        assert math.isclose(a, b, rel_tol=1e-5, abs_tol=1e-6), (
+            f"{label}: pretrain loss at step {step}: {a} vs {b}"
+        )
     assert ref["pretrained"].keys() == got["pretrained"].keys(), f"{label}: pretrained tensors differ by name"
     for name, value in ref["pretrained"].items():
         check = compare(got["pretrained"][name], value, torch.float32)
@@ -37,7 +44,9 @@ def assert_same(ref: dict, got: dict, label: str, step_keys: tuple[str, ...]) ->
             missing = [side for side, m in (("reference", a), ("layout", b)) if key not in m["metrics"]]
             assert not missing, f"{label}: RL step {step}: {key} missing on the {' and '.join(missing)}"
             x, y = a["metrics"][key], b["metrics"][key]
-            assert math.isclose(x, y, rel_tol=1e-4, abs_tol=1e-5), f"{label}: RL step {step} {key}: {x} vs {y}"
+            assert math.isclose(x, y, rel_tol=1e-4, abs_tol=1e-5), (
+                f"{label}: RL step {step} {key}: {x} vs {y}"
+            )
     missing = sorted(set(ref["rl_weights"]) - set(got["rl_weights"]))
     assert not missing, f"{label}: RL weights missing from the layout: {missing}"
     for name, value in ref["rl_weights"].items():

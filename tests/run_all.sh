@@ -41,5 +41,6 @@ STARTING=
 . "$EXPORTS"
 
 "$BIN"/ruff check ringzero tests bench components pipelines
+"$BIN"/ruff format --check --quiet ringzero tests bench components pipelines
 # the 25 slowest tests after every run, so the next slowdown is seen
 "$BIN"/python -m pytest -n "${PYTEST_WORKERS:-2}" --dist loadgroup --durations=25 "$@"

@@ -13,7 +13,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SOURCES = [p for d in ("ringzero", "bench", "components", "pipelines") for p in sorted((ROOT / d).rglob("*.py"))]
+SOURCES = [
+    p for d in ("ringzero", "bench", "components", "pipelines") for p in sorted((ROOT / d).rglob("*.py"))
+]
 DOCS = [ROOT / "README.md", ROOT / "BENCHMARKS.md", *sorted((ROOT / "docs").rglob("*.md"))]
 
 
@@ -25,7 +27,9 @@ def private_imports(path: Path, root: Path = ROOT) -> list[str]:
         if isinstance(node, ast.ImportFrom):
             for alias in node.names:
                 if alias.name.startswith("_") and not alias.name.startswith("__"):
-                    out.append(f"{path.relative_to(root)}:{node.lineno} imports {alias.name} from {node.module}")
+                    out.append(
+                        f"{path.relative_to(root)}:{node.lineno} imports {alias.name} from {node.module}"
+                    )
     return out
 
 
@@ -77,16 +81,23 @@ def test_every_dotted_ringzero_name_in_docs_and_docstrings_exists():
     assert stale == {}
 
 
-PATH = re.compile(r"(?<![\w./:-])((?:ringzero|bench|tests|docs|components|pipelines|helm|images|configs)/"
-                  r"[\w./-]*\w)")
+PATH = re.compile(
+    r"(?<![\w./:-])((?:ringzero|bench|tests|docs|components|pipelines|helm|images|configs)/"
+    r"[\w./-]*\w)"
+)
 
 
 def cited_paths() -> dict[str, set[str]]:
     out: dict[str, set[str]] = {}
     for path in [*DOCS, *(p for p in SOURCES if p.is_relative_to(ROOT / "ringzero"))]:
         for cited in PATH.findall(path.read_text()):
-            if any(ch in cited for ch in "*<>{}") or cited.endswith((".", "-")) or re.search(r"/[A-Z_]+\b", cited):
-                continue  # a pattern or a placeholder (``bench/NAME.py``), not a path; ``COMMIT:path`` is history
+            if (
+                any(ch in cited for ch in "*<>{}")
+                or cited.endswith((".", "-"))
+                or re.search(r"/[A-Z_]+\b", cited)
+            ):
+                # a pattern or a placeholder (``bench/NAME.py``), not a path; ``COMMIT:path`` is history
+                continue
             out.setdefault(cited, set()).add(str(path.relative_to(ROOT)))
     return out
 
@@ -94,7 +105,11 @@ def cited_paths() -> dict[str, set[str]]:
 def exists(cited: str) -> bool:
     """A file or folder, or a module path followed by a name in it (``ringzero/stages/rl.run``)."""
     target = ROOT / cited
-    return target.exists() or target.with_suffix(".py").exists() or (ROOT / cited.split(".")[0]).with_suffix(".py").exists()
+    return (
+        target.exists()
+        or target.with_suffix(".py").exists()
+        or (ROOT / cited.split(".")[0]).with_suffix(".py").exists()
+    )
 
 
 def test_every_repository_path_the_docs_cite_exists():
@@ -125,12 +140,18 @@ def test_bench_edits_no_sys_path_and_imports_no_test_code(path):
     text = path.read_text()
     assert "sys.path" not in text, f"{path.relative_to(ROOT)} edits sys.path"
     imported = imported_modules(path)
-    assert not {m for m in imported if m.split(".")[0] in ("tests", "conftest", "stage_kit", "layout_compare")}
+    assert not {
+        m for m in imported if m.split(".")[0] in ("tests", "conftest", "stage_kit", "layout_compare")
+    }
     siblings = {m for m in imported if m in bench_modules()} - {"common"}
-    assert not siblings, f"{path.relative_to(ROOT)} imports bench scripts {sorted(siblings)}: share through common"
+    assert not siblings, (
+        f"{path.relative_to(ROOT)} imports bench scripts {sorted(siblings)}: share through common"
+    )
 
 
-@pytest.mark.parametrize("path", sorted((ROOT / "tests").rglob("*.py")), ids=lambda p: str(p.relative_to(ROOT)))
+@pytest.mark.parametrize(
+    "path", sorted((ROOT / "tests").rglob("*.py")), ids=lambda p: str(p.relative_to(ROOT))
+)
 def test_tests_import_nothing_from_bench(path):
     """Tests may run a bench script as a program (the GPU check's smoke mode); they never import one."""
     if path == Path(__file__).resolve():

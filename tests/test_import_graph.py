@@ -30,7 +30,9 @@ def import_graph() -> dict[str, set[str]]:
                 base = node.module or ""
                 if node.level:
                     parts = package.split(".")
-                    base = ".".join(parts[:len(parts) - node.level + 1] + ([node.module] if node.module else []))
+                    base = ".".join(
+                        parts[: len(parts) - node.level + 1] + ([node.module] if node.module else [])
+                    )
                 targets = [base, *(f"{base}.{a.name}" for a in node.names)]
             elif isinstance(node, ast.Import):
                 targets = [a.name for a in node.names]

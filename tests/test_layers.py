@@ -50,13 +50,19 @@ def upward_edges(graph: dict[str, set[str]], levels: list[list[str]]) -> list[st
 
 def test_the_detector_sees_an_arrow_up_and_a_module_in_no_room():
     levels = [["errors"], ["model"], ["rollout"], ["rollout/clients", "rollout/replicas"], ["rollout/engine"]]
-    graph = {"ringzero.model.hybrid": {"ringzero.errors", "ringzero.rollout.engine.gap"},
-             "ringzero.rollout.replicas.replica_set": {"ringzero.rollout.clients.http_client", "ringzero.rollout.types"},
-             "ringzero.rollout.engine.gap": {"ringzero.rollout.types", "ringzero.model.hybrid"},
-             "ringzero.cli.main": {"ringzero.errors"}}
+    graph = {
+        "ringzero.model.hybrid": {"ringzero.errors", "ringzero.rollout.engine.gap"},
+        "ringzero.rollout.replicas.replica_set": {
+            "ringzero.rollout.clients.http_client",
+            "ringzero.rollout.types",
+        },
+        "ringzero.rollout.engine.gap": {"ringzero.rollout.types", "ringzero.model.hybrid"},
+        "ringzero.cli.main": {"ringzero.errors"},
+    }
     assert upward_edges(graph, levels) == [
         "ringzero.cli.main: in no room of the layers block",
-        "ringzero.model.hybrid (model, floor 1) imports ringzero.rollout.engine.gap (rollout/engine, floor 4)",
+        "ringzero.model.hybrid (model, floor 1) imports ringzero.rollout.engine.gap (rollout/engine, floor "
+        "4)",
         "ringzero.rollout.replicas.replica_set (rollout/replicas, floor 3) imports "
         "ringzero.rollout.clients.http_client (rollout/clients, floor 3)",
     ]
@@ -69,14 +75,18 @@ def test_every_room_in_the_block_exists_once():
     assert len(rooms) == len(set(rooms))
     for room in rooms:
         path = PACKAGE / room
-        assert path.is_dir() or path.with_suffix(".py").is_file(), f"layers block names {room}: no such module"
+        assert path.is_dir() or path.with_suffix(".py").is_file(), (
+            f"layers block names {room}: no such module"
+        )
 
 
 def test_ringzero_imports_point_down_the_floors_of_the_architecture_page():
     assert upward_edges(import_graph(), floors(ARCHITECTURE.read_text())) == []
 
 
-@pytest.mark.parametrize("package", sorted(p.name for p in PACKAGE.iterdir() if p.is_dir() and p.name != "__pycache__"))
+@pytest.mark.parametrize(
+    "package", sorted(p.name for p in PACKAGE.iterdir() if p.is_dir() and p.name != "__pycache__")
+)
 def test_every_package_is_placed(package):
     rooms = [room for level in floors(ARCHITECTURE.read_text()) for room in level]
     assert room_of(f"ringzero.{package}.x", rooms) is not None, f"ringzero/{package} is on no floor"

@@ -29,10 +29,27 @@ from ringzero.rl.tail_metrics import QUANTILES, quantiles
 from ringzero.rollout.engine.embedded import EmbeddedEngine
 from ringzero.rollout.types import GenerateRequest, SamplingParams
 
-MOE = dict(vocab_size=64, hidden_size=64, num_hidden_layers=4, num_attention_heads=2, layer_group_size=2,
-           head_dim=16, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, kv_lora_rank=16,
-           intermediate_size=96, group_norm_size=2, num_experts=4, n_group=2, topk_group=1,
-           num_experts_per_tok=2, moe_intermediate_size=32, first_k_dense_replace=1, max_position_embeddings=128)
+MOE = dict(
+    vocab_size=64,
+    hidden_size=64,
+    num_hidden_layers=4,
+    num_attention_heads=2,
+    layer_group_size=2,
+    head_dim=16,
+    qk_rope_head_dim=8,
+    qk_nope_head_dim=16,
+    v_head_dim=16,
+    kv_lora_rank=16,
+    intermediate_size=96,
+    group_norm_size=2,
+    num_experts=4,
+    n_group=2,
+    topk_group=1,
+    num_experts_per_tok=2,
+    moe_intermediate_size=32,
+    first_k_dense_replace=1,
+    max_position_embeddings=128,
+)
 
 
 def percentiles(device: torch.device, n: int) -> dict:
@@ -40,17 +57,27 @@ def percentiles(device: torch.device, n: int) -> dict:
     want = np.quantile(values.numpy(), QUANTILES).tolist()
     started = time.time()
     got = quantiles(values.to(device), QUANTILES)
-    return {"values": n, "max_abs_diff_vs_numpy": max(abs(a - b) for a, b in zip(got, want, strict=True)),
-            "seconds": round(time.time() - started, 3)}
+    return {
+        "values": n,
+        "max_abs_diff_vs_numpy": max(abs(a - b) for a, b in zip(got, want, strict=True)),
+        "seconds": round(time.time() - started, 3),
+    }
 
 
 def bitwise(device: torch.device, preset: str, rows: int) -> dict:
-    master = random_weights_(HybridLM(ModelConfig.model_validate(MOE), PrecisionPolicy.preset("fp32")),
-                             torch.Generator().manual_seed(0)).to(device)
+    master = random_weights_(
+        HybridLM(ModelConfig.model_validate(MOE), PrecisionPolicy.preset("fp32")),
+        torch.Generator().manual_seed(0),
+    ).to(device)
     policy = PrecisionPolicy.preset(preset)
     g = torch.Generator().manual_seed(1)
-    reqs = [GenerateRequest(torch.randint(3, 64, (12,), generator=g).tolist(),
-                            SamplingParams(max_new_tokens=24, temperature=1.0, seed=i)) for i in range(rows)]
+    reqs = [
+        GenerateRequest(
+            torch.randint(3, 64, (12,), generator=g).tolist(),
+            SamplingParams(max_new_tokens=24, temperature=1.0, seed=i),
+        )
+        for i in range(rows)
+    ]
     engine = EmbeddedEngine(master, policy=policy, deterministic=True, max_batch=rows, seed=0)
     started = time.time()
     completions = [c for group in engine.generate(reqs) for c in group]
@@ -58,12 +85,20 @@ def bitwise(device: torch.device, preset: str, rows: int) -> dict:
     trainer = copy_under_policy(master, policy)
     unequal = 0
     for c in completions:
-        (train,) = score_sequences(trainer, [c.prompt_ids + c.output_ids], [len(c.prompt_ids)], 1.0,
-                                   batch_invariant=True)
-        unequal += int(not torch.equal(train.detach().cpu(), torch.tensor(c.output_logprobs, dtype=train.dtype)))
+        (train,) = score_sequences(
+            trainer, [c.prompt_ids + c.output_ids], [len(c.prompt_ids)], 1.0, batch_invariant=True
+        )
+        unequal += int(
+            not torch.equal(train.detach().cpu(), torch.tensor(c.output_logprobs, dtype=train.dtype))
+        )
     tokens = sum(len(c.output_ids) for c in completions)
-    return {"preset": preset, "rows": len(completions), "tokens": tokens, "rows_not_bitwise": unequal,
-            "tokens_per_s": round(tokens / seconds, 1)}
+    return {
+        "preset": preset,
+        "rows": len(completions),
+        "tokens": tokens,
+        "rows_not_bitwise": unequal,
+        "tokens_per_s": round(tokens / seconds, 1),
+    }
 
 
 def main() -> None:
@@ -71,9 +106,11 @@ def main() -> None:
     p.add_argument("--smoke", action="store_true")
     args, _ = p.parse_known_args()
     device = torch.device("cpu" if args.smoke or not torch.cuda.is_available() else "cuda")
-    out = {"device": torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu",
-           "percentiles": percentiles(device, 1 << (12 if args.smoke else 25)),
-           "bitwise": [bitwise(device, preset, 2 if args.smoke else 8) for preset in ("fp32", "bf16")]}
+    out = {
+        "device": torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu",
+        "percentiles": percentiles(device, 1 << (12 if args.smoke else 25)),
+        "bitwise": [bitwise(device, preset, 2 if args.smoke else 8) for preset in ("fp32", "bf16")],
+    }
     print(json.dumps(out, indent=2))
     target = Path(os.environ.get("OUT", "bench-gpu-out"))
     target.mkdir(parents=True, exist_ok=True)

@@ -36,13 +36,40 @@ from ringzero.stages.base import StageContext, StageInputs
 from ringzero.stages.rl_session import build_session
 from ringzero.store import open_store
 
-MODEL = dict(vocab_size=64, hidden_size=512, num_hidden_layers=8, num_attention_heads=8, layer_group_size=4,
-             head_dim=64, qk_rope_head_dim=32, qk_nope_head_dim=64, v_head_dim=64, kv_lora_rank=128,
-             q_lora_rank=192, intermediate_size=1408, group_norm_size=4, lightning_block_size=64,
-             max_position_embeddings=1024)
-SMOKE = dict(MODEL, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, layer_group_size=2, head_dim=8,
-             qk_rope_head_dim=4, qk_nope_head_dim=8, v_head_dim=8, kv_lora_rank=8, q_lora_rank=None,
-             intermediate_size=48, group_norm_size=2, lightning_block_size=8, max_position_embeddings=128)
+MODEL = dict(
+    vocab_size=64,
+    hidden_size=512,
+    num_hidden_layers=8,
+    num_attention_heads=8,
+    layer_group_size=4,
+    head_dim=64,
+    qk_rope_head_dim=32,
+    qk_nope_head_dim=64,
+    v_head_dim=64,
+    kv_lora_rank=128,
+    q_lora_rank=192,
+    intermediate_size=1408,
+    group_norm_size=4,
+    lightning_block_size=64,
+    max_position_embeddings=1024,
+)
+SMOKE = dict(
+    MODEL,
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    layer_group_size=2,
+    head_dim=8,
+    qk_rope_head_dim=4,
+    qk_nope_head_dim=8,
+    v_head_dim=8,
+    kv_lora_rank=8,
+    q_lora_rank=None,
+    intermediate_size=48,
+    group_norm_size=2,
+    lightning_block_size=8,
+    max_position_embeddings=128,
+)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -79,39 +106,77 @@ def parity(cfg: ModelConfig, device: torch.device, preset: str) -> dict:
     ref = ref.to(device)
     mlm = MegatronLM(cfg, policy, device).to(device)  # shards allocated on the GPU, as the engine does
     load_hybrid_state_(mlm, ref.state_dict())
-    ids = torch.randint(0, cfg.vocab_size, (4, min(256, cfg.max_position_embeddings)), device=device,
-                        generator=torch.Generator(device=device).manual_seed(1))
+    ids = torch.randint(
+        0,
+        cfg.vocab_size,
+        (4, min(256, cfg.max_position_embeddings)),
+        device=device,
+        generator=torch.Generator(device=device).manual_seed(1),
+    )
     out = {}
     for name, model in (("torch", ref), ("megatron", mlm)):
         lp = token_logprobs(model(ids)[:, :-1].float(), ids[:, 1:])
         lp.sum().backward()
         out[name] = lp.detach()
     diff = (out["megatron"] - out["torch"]).abs()
-    report = {"policy": preset, "logprob_max_abs": float(diff.max()),
-              "logprob_max_rel": float(diff.max() / out["torch"].abs().max())}
+    report = {
+        "policy": preset,
+        "logprob_max_abs": float(diff.max()),
+        "logprob_max_rel": float(diff.max() / out["torch"].abs().max()),
+    }
     if preset == "fp32":
         grads = hybrid_grads(mlm)
-        worst = max(((n, float((grads[n] - p.grad).abs().max() / p.grad.abs().max().clamp(min=1e-30)))
-                     for n, p in ref.named_parameters()), key=lambda t: t[1])
+        worst = max(
+            (
+                (n, float((grads[n] - p.grad).abs().max() / p.grad.abs().max().clamp(min=1e-30)))
+                for n, p in ref.named_parameters()
+            ),
+            key=lambda t: t[1],
+        )
         report["grad_worst_rel"] = {"param": worst[0], "rel": worst[1]}
     return report
 
 
 def speed(model: dict, device: torch.device, kind: str, steps: int, smoke: bool) -> dict:
-    cfg = parse_config({
-        "run": {"name": "megatron-check", "seed": 0, "device": device.type},
-        "model": model, "precision": {"train": "fp32-islands", "rollout": "fp32-islands"},
-        "engines": {"training": {"kind": kind}},
-        "task": {"kind": "arithmetic", "operation": "digitsum", "digits": 3 if smoke else 8, "eval_prompts": 4},
-        "stages": [{"name": "rl", "kind": "rl", "steps": steps, "prompts_per_step": 2 if smoke else 16,
-                    "samples_per_prompt": 4 if smoke else 8, "minibatches": 2, "micro_batch": 4 if smoke else 32,
-                    "sampling": {"max_new_tokens": 8 if smoke else 128}, "optim": {"lr": 1e-4, "warmup_steps": 0},
-                    "loss": {"kind": "sg_clip_is", "kl_coef": 0.0}}],
-    }, "megatron-check")
+    cfg = parse_config(
+        {
+            "run": {"name": "megatron-check", "seed": 0, "device": device.type},
+            "model": model,
+            "precision": {"train": "fp32-islands", "rollout": "fp32-islands"},
+            "engines": {"training": {"kind": kind}},
+            "task": {
+                "kind": "arithmetic",
+                "operation": "digitsum",
+                "digits": 3 if smoke else 8,
+                "eval_prompts": 4,
+            },
+            "stages": [
+                {
+                    "name": "rl",
+                    "kind": "rl",
+                    "steps": steps,
+                    "prompts_per_step": 2 if smoke else 16,
+                    "samples_per_prompt": 4 if smoke else 8,
+                    "minibatches": 2,
+                    "micro_batch": 4 if smoke else 32,
+                    "sampling": {"max_new_tokens": 8 if smoke else 128},
+                    "optim": {"lr": 1e-4, "warmup_steps": 0},
+                    "loss": {"kind": "sg_clip_is", "kl_coef": 0.0},
+                }
+            ],
+        },
+        "megatron-check",
+    )
     rt = Runtime(device=device, dims=ParallelDims(dp=1, cp=1, world_size=1))
     with tempfile.TemporaryDirectory() as root:
-        ctx = StageContext(cfg=cfg, store=open_store(f"file://{root}/store"), stage_hash="m" * 16, stage_dir=root,
-                           metrics=MemoryMetricWriter(), runtime=rt)
+        ctx = StageContext(
+            cfg=cfg,
+            store=open_store(f"file://{root}/store"),
+            stage_hash="m" * 16,
+            stage_dir=root,
+            metrics=MemoryMetricWriter(),
+            runtime=rt,
+        )
         session = build_session(ctx, cfg.stages[0], StageInputs())
         times, tokens = [], []
         for step in range(steps):
@@ -124,8 +189,12 @@ def speed(model: dict, device: torch.device, kind: str, steps: int, smoke: bool)
             times.append(time.time() - started)
             tokens.append(float(session.stepper.last_batch.mask_NT.sum()))
     later = times[1:] or times  # the first step pays for warm-up
-    return {"engine": kind, "seconds_per_step": sum(later) / len(later),
-            "response_tokens_per_s": sum(tokens[1:] or tokens) / sum(later), "last_loss": metrics.get("loss/total")}
+    return {
+        "engine": kind,
+        "seconds_per_step": sum(later) / len(later),
+        "response_tokens_per_s": sum(tokens[1:] or tokens) / sum(later),
+        "last_loss": metrics.get("loss/total"),
+    }
 
 
 def main() -> None:
@@ -135,14 +204,24 @@ def main() -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     model = SMOKE if args.smoke else MODEL
     join_one_rank()
-    result = {"device": torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu",
-              "parity_tp1": [parity(ModelConfig.model_validate(model), device, p) for p in ("fp32", "fp32-islands")],
-              "speed": [speed(model, device, k, 2 if args.smoke else args.steps, args.smoke)
-                        for k in ("torch", "megatron")]}
+    result = {
+        "device": torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu",
+        "parity_tp1": [
+            parity(ModelConfig.model_validate(model), device, p) for p in ("fp32", "fp32-islands")
+        ],
+        "speed": [
+            speed(model, device, k, 2 if args.smoke else args.steps, args.smoke)
+            for k in ("torch", "megatron")
+        ],
+    }
     gpus = torch.cuda.device_count() if device.type == "cuda" else 0
-    result["tp2"] = ("not run: one device here; TP 2 needs two (one NCCL rank per GPU): "
-                     "torchrun --nproc-per-node 2 -m ringzero.cli.main run configs/micro-megatron.yaml "
-                     "--set engines.training.tp=2" if gpus < 2 else "run it with the torchrun line above")
+    result["tp2"] = (
+        "not run: one device here; TP 2 needs two (one NCCL rank per GPU): "
+        "torchrun --nproc-per-node 2 -m ringzero.cli.main run configs/micro-megatron.yaml "
+        "--set engines.training.tp=2"
+        if gpus < 2
+        else "run it with the torchrun line above"
+    )
     (out_dir / "megatron_check.json").write_text(json.dumps(result, indent=1))
     print(json.dumps(result, indent=1))
 

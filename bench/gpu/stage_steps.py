@@ -9,11 +9,11 @@ updates, weight push). Each precision case runs both:
 - ``bf16``: both all-bf16, the comparison for the ratio tail.
 
 The model is the tiny config's scaled up (``--hidden-size 512``, 8 layers alternating Lightning and MLA,
-8 heads, the 64-symbol char tokenizer, ``max_position_embeddings`` = ``--seq-len`` 2048), fresh init (seeded, the
-same weights in both cases). Pretrain: ``--batch`` rows x ``--seq-len`` tokens of the task corpus.
-RL: ``--prompts`` x ``--samples`` digit-sum responses of exactly ``--max-new-tokens`` tokens (stop
-string and eos switched off, so every case decodes the same lengths), ``--minibatches`` updates
-(default 1: the ratio then measures the train/rollout engine gap alone, the policy has not moved).
+8 heads, the 64-symbol char tokenizer, ``max_position_embeddings`` = ``--seq-len`` 2048), fresh init (seeded,
+the same weights in both cases). Pretrain: ``--batch`` rows x ``--seq-len`` tokens of the task corpus. RL:
+``--prompts`` x ``--samples`` digit-sum responses of exactly ``--max-new-tokens`` tokens (stop string and eos
+switched off, so every case decodes the same lengths), ``--minibatches`` updates (default 1: the ratio then
+measures the train/rollout engine gap alone, the policy has not moved).
 
 Reported per case: pretrain tokens/s (rows x target tokens / step time), RL tokens/s (generated +
 trained tokens, i.e. responses + prompt and response of every trained row, / step time) and generated
@@ -62,13 +62,22 @@ class NoEos:
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--smoke", action="store_true", help="tiny sizes on the CPU (a check that the script runs)")
-    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default=None, help="default: cuda, cpu with --smoke")
+    p.add_argument(
+        "--smoke", action="store_true", help="tiny sizes on the CPU (a check that the script runs)"
+    )
+    p.add_argument(
+        "--device", choices=["auto", "cpu", "cuda"], default=None, help="default: cuda, cpu with --smoke"
+    )
     p.add_argument("--cases", nargs="+", choices=list(CASES), default=list(CASES))
     p.add_argument("--hidden-size", type=int, default=512)
     p.add_argument("--layers", type=int, default=8)
     p.add_argument("--heads", type=int, default=8)
-    p.add_argument("--seq-len", type=int, default=2048, help="pretrain row length and the model's max_position_embeddings")
+    p.add_argument(
+        "--seq-len",
+        type=int,
+        default=2048,
+        help="pretrain row length and the model's max_position_embeddings",
+    )
     p.add_argument("--batch", type=int, default=8, help="pretrain rows per step")
     p.add_argument("--micro-batch", type=int, default=8, help="rows per forward/backward (pretrain and RL)")
     p.add_argument("--warmup", type=int, default=2, help="pretrain steps not counted")
@@ -79,10 +88,18 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--minibatches", type=int, default=1)
     p.add_argument("--rl-warmup", type=int, default=1, help="RL steps not counted")
     p.add_argument("--rl-steps", type=int, default=3, help="RL steps counted")
-    p.add_argument("--attention-impl", choices=["explicit", "sdpa"], default="sdpa",
-                   help="MLA attention of the parallel form (sdpa keeps the island through fp32 inputs)")
-    p.add_argument("--budget-s", type=float, default=120.0,
-                   help="start no new phase after this many seconds (the run stays within the device lease)")
+    p.add_argument(
+        "--attention-impl",
+        choices=["explicit", "sdpa"],
+        default="sdpa",
+        help="MLA attention of the parallel form (sdpa keeps the island through fp32 inputs)",
+    )
+    p.add_argument(
+        "--budget-s",
+        type=float,
+        default=120.0,
+        help="start no new phase after this many seconds (the run stays within the device lease)",
+    )
     p.add_argument("--out", type=Path, default=None, help="default: $OUT, else ./bench-gpu-out")
     args = p.parse_args(argv)
     if args.smoke:
@@ -98,10 +115,19 @@ def model_section(args) -> dict:
     d, h = args.hidden_size, args.heads
     head = d // h
     return {
-        "vocab_size": 64, "hidden_size": d, "num_hidden_layers": args.layers, "num_attention_heads": h,
-        "layout": "hybrid", "layer_group_size": 2, "kv_lora_rank": d // 4, "qk_nope_head_dim": head,
-        "qk_rope_head_dim": head // 2, "v_head_dim": head, "mla_attention_impl": args.attention_impl,
-        "head_dim": head, "lightning_block_size": min(64, args.seq_len),
+        "vocab_size": 64,
+        "hidden_size": d,
+        "num_hidden_layers": args.layers,
+        "num_attention_heads": h,
+        "layout": "hybrid",
+        "layer_group_size": 2,
+        "kv_lora_rank": d // 4,
+        "qk_nope_head_dim": head,
+        "qk_rope_head_dim": head // 2,
+        "v_head_dim": head,
+        "mla_attention_impl": args.attention_impl,
+        "head_dim": head,
+        "lightning_block_size": min(64, args.seq_len),
         "intermediate_size": (11 * d // 4 + 63) // 64 * 64 if not args.smoke else 3 * d,
         "max_position_embeddings": args.seq_len,
     }
@@ -110,22 +136,38 @@ def model_section(args) -> dict:
 def run_config(args, train: str, rollout: str):
     from ringzero.config.loader import parse_config
 
-    return parse_config({
-        "run": {"name": "gpu-stage-steps", "seed": 0, "device": args.device},
-        "model": model_section(args),
-        "tokenizer": {"kind": "char"},
-        "precision": {"train": train, "rollout": rollout},
-        "parallel": {"dp": 1, "cp": 1},
-        "task": {"kind": "arithmetic", "operation": "digitsum", "digits": 8, "eval_prompts": 4},
-        "stages": [
-            {"name": "base", "kind": "pretrain", "steps": 1000, "batch_size": args.batch,
-             "micro_batch": args.micro_batch, "seq_len": args.seq_len},
-            {"name": "rl", "kind": "rl", "steps": 1000, "prompts_per_step": args.prompts,
-             "samples_per_prompt": args.samples, "minibatches": args.minibatches, "micro_batch": args.micro_batch,
-             "sampling": {"max_new_tokens": args.max_new_tokens}, "optim": {"lr": 1e-5, "warmup_steps": 0},
-             "loss": {"kind": "sg_clip_is", "normalization": "token_sum", "kl_coef": 0.0}},
-        ],
-    })
+    return parse_config(
+        {
+            "run": {"name": "gpu-stage-steps", "seed": 0, "device": args.device},
+            "model": model_section(args),
+            "tokenizer": {"kind": "char"},
+            "precision": {"train": train, "rollout": rollout},
+            "parallel": {"dp": 1, "cp": 1},
+            "task": {"kind": "arithmetic", "operation": "digitsum", "digits": 8, "eval_prompts": 4},
+            "stages": [
+                {
+                    "name": "base",
+                    "kind": "pretrain",
+                    "steps": 1000,
+                    "batch_size": args.batch,
+                    "micro_batch": args.micro_batch,
+                    "seq_len": args.seq_len,
+                },
+                {
+                    "name": "rl",
+                    "kind": "rl",
+                    "steps": 1000,
+                    "prompts_per_step": args.prompts,
+                    "samples_per_prompt": args.samples,
+                    "minibatches": args.minibatches,
+                    "micro_batch": args.micro_batch,
+                    "sampling": {"max_new_tokens": args.max_new_tokens},
+                    "optim": {"lr": 1e-5, "warmup_steps": 0},
+                    "loss": {"kind": "sg_clip_is", "normalization": "token_sum", "kl_coef": 0.0},
+                },
+            ],
+        }
+    )
 
 
 def _sync(device: torch.device) -> None:
@@ -142,8 +184,10 @@ def _reset_peak(device: torch.device) -> None:
 def _peak(device: torch.device) -> dict:
     if device.type != "cuda":
         return {"peak_allocated_bytes": None, "peak_reserved_bytes": None}
-    return {"peak_allocated_bytes": torch.cuda.max_memory_allocated(device),
-            "peak_reserved_bytes": torch.cuda.max_memory_reserved(device)}
+    return {
+        "peak_allocated_bytes": torch.cuda.max_memory_allocated(device),
+        "peak_reserved_bytes": torch.cuda.max_memory_reserved(device),
+    }
 
 
 def pretrain_phase(cfg, rt, args) -> dict:
@@ -169,8 +213,14 @@ def pretrain_phase(cfg, rt, args) -> dict:
             times.append(time.perf_counter() - t0)
             losses.append(result.loss)
             tokens = ids.shape[0] * (ids.shape[1] - 1)
-    out = {"tokens_per_step": tokens, "step_s": statistics.median(times), "tokens_per_s": tokens / statistics.median(times),
-           "losses": losses, "params": sum(p.numel() for p in model.parameters()), **_peak(rt.device)}
+    out = {
+        "tokens_per_step": tokens,
+        "step_s": statistics.median(times),
+        "tokens_per_s": tokens / statistics.median(times),
+        "losses": losses,
+        "params": sum(p.numel() for p in model.parameters()),
+        **_peak(rt.device),
+    }
     del model, optimizer
     return out
 
@@ -184,8 +234,14 @@ def rl_phase(cfg, rt, args) -> dict:
     rl_stage = cfg.stages[1]
     _reset_peak(rt.device)
     with tempfile.TemporaryDirectory() as store_root, tempfile.TemporaryDirectory() as stage_dir:
-        sctx = StageContext(cfg=cfg, store=open_store(f"file://{store_root}"), stage_hash=f"gpu-{'0' * 16}",
-                            stage_dir=Path(stage_dir), metrics=MemoryMetricWriter(), runtime=rt)
+        sctx = StageContext(
+            cfg=cfg,
+            store=open_store(f"file://{store_root}"),
+            stage_hash=f"gpu-{'0' * 16}",
+            stage_dir=Path(stage_dir),
+            metrics=MemoryMetricWriter(),
+            runtime=rt,
+        )
         session = build_session(sctx, rl_stage, StageInputs())
         # Every response runs to max_new_tokens: no stop string, no eos (the same lengths in every case).
         session.stepper.task.stop = ()
@@ -202,9 +258,15 @@ def rl_phase(cfg, rt, args) -> dict:
             batch = session.stepper.last_batch
             generated = sum(batch.lengths)
             trained = generated + sum(len(p) for p in batch.prompt_ids)
-            steps.append({"step_s": wall, "generated": generated, "trained": trained,
-                          **{k: m[k] for k in ("time/generate", "time/train", "time/sync") if k in m},
-                          **{k: m.get(k, float("nan")) for k in RATIO_KEYS}})
+            steps.append(
+                {
+                    "step_s": wall,
+                    "generated": generated,
+                    "trained": trained,
+                    **{k: m[k] for k in ("time/generate", "time/train", "time/sync") if k in m},
+                    **{k: m.get(k, float("nan")) for k in RATIO_KEYS},
+                }
+            )
         del session
     med = statistics.median
     step_s = med(s["step_s"] for s in steps)
@@ -224,8 +286,13 @@ def rl_phase(cfg, rt, args) -> dict:
 
 
 def environment(rt) -> dict:
-    env = {"torch": torch.__version__, "python": platform.python_version(), "machine": platform.machine(),
-           "device": str(rt.device), "cuda": torch.version.cuda}
+    env = {
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "device": str(rt.device),
+        "cuda": torch.version.cuda,
+    }
     if rt.device.type == "cuda":
         env["gpu"] = torch.cuda.get_device_name(rt.device)
         env["gpu_memory_bytes"] = torch.cuda.get_device_properties(rt.device).total_memory
@@ -244,8 +311,10 @@ def markdown(report: dict) -> str:
         f"`{report['command']}` ({env.get('gpu', env['device'])}, torch {env['torch']}, CUDA {env['cuda']}; "
         f"{report['wall_s']:.0f} s)",
         "",
-        f"Model: hidden_size {a['hidden_size']}, {a['layers']} layers (Lightning / MLA alternating), {a['heads']} heads, "
-        f"vocab 64, {report.get('params', 0) / 1e6:.2f}M parameters, fresh init, MLA `{a['attention_impl']}`. "
+        f"Model: hidden_size {a['hidden_size']}, {a['layers']} layers (Lightning / MLA alternating), "
+        f"{a['heads']} heads, "
+        f"vocab 64, {report.get('params', 0) / 1e6:.2f}M parameters, fresh init, MLA "
+        f"`{a['attention_impl']}`. "
         f"Pretrain: {a['batch']} x {a['seq_len']} tokens per step (micro-batch {a['micro_batch']}). "
         f"RL: {a['prompts']} x {a['samples']} responses of {a['max_new_tokens']} tokens, {a['minibatches']} "
         "minibatch(es); tokens/s = (generated + trained) / step. Medians of "
@@ -260,10 +329,16 @@ def markdown(report: dict) -> str:
         cells = [f"{case['train']} / {case['rollout']}"]
         cells += [f"{pre['tokens_per_s']:.0f}", _gib(pre["peak_allocated_bytes"])] if pre else ["not run"] * 2
         if rl:
-            cells += [f"{rl['tokens_per_s']:.0f}", f"{rl['generated_per_s']:.0f}",
-                      f"{rl['step_s']:.2f} ({rl['time/generate']:.2f} / {rl['time/train']:.2f} / {rl['time/sync']:.2f})",
-                      _gib(rl["peak_allocated_bytes"]), f"{rl['ratio/p99']:.2e}", f"{rl['ratio/p99.9']:.2e}",
-                      f"{rl['ratio/max']:.2e} ({rl['ratio/max_worst']:.2e})"]
+            cells += [
+                f"{rl['tokens_per_s']:.0f}",
+                f"{rl['generated_per_s']:.0f}",
+                f"{rl['step_s']:.2f} ({rl['time/generate']:.2f} / {rl['time/train']:.2f} / "
+                f"{rl['time/sync']:.2f})",
+                _gib(rl["peak_allocated_bytes"]),
+                f"{rl['ratio/p99']:.2e}",
+                f"{rl['ratio/p99.9']:.2e}",
+                f"{rl['ratio/max']:.2e} ({rl['ratio/max_worst']:.2e})",
+            ]
         else:
             cells += ["not run"] * 7
         lines.append("| " + " | ".join(cells) + " |")
@@ -289,11 +364,19 @@ def main(argv=None) -> int:
         torch.backends.cudnn.allow_tf32 = False
     rt = single(device)
     t_start = time.perf_counter()
-    report = {"command": "python bench/gpu/stage_steps.py " + " ".join(sys.argv[1:] if argv is None else argv),
-              "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
-              "env": environment(rt), "cases": {}, "skipped": [], "wall_s": 0.0}
-    print(f"device {rt.device} ({report['env'].get('gpu', platform.processor() or platform.machine())}), "
-          f"torch {torch.__version__}; results to {args.out}", flush=True)
+    report = {
+        "command": "python bench/gpu/stage_steps.py " + " ".join(sys.argv[1:] if argv is None else argv),
+        "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+        "env": environment(rt),
+        "cases": {},
+        "skipped": [],
+        "wall_s": 0.0,
+    }
+    print(
+        f"device {rt.device} ({report['env'].get('gpu', platform.processor() or platform.machine())}), "
+        f"torch {torch.__version__}; results to {args.out}",
+        flush=True,
+    )
     for name in args.cases:
         train, rollout = CASES[name]
         cfg = run_config(args, train, rollout)
@@ -309,10 +392,16 @@ def main(argv=None) -> int:
             if phase == "pretrain":
                 report["params"] = result["params"]
             case[phase] = result
-            ratio = (f", ratio/p99 {result['ratio/p99']:.2e}, ratio/max {result['ratio/max']:.2e}"
-                     if phase == "rl" else "")
-            print(f"{name} {phase}: {result['tokens_per_s']:.0f} tok/s, {result['step_s']:.3f} s/step, peak "
-                  f"{_gib(result['peak_allocated_bytes'])} GiB{ratio} [{time.perf_counter() - t0:.0f} s]", flush=True)
+            ratio = (
+                f", ratio/p99 {result['ratio/p99']:.2e}, ratio/max {result['ratio/max']:.2e}"
+                if phase == "rl"
+                else ""
+            )
+            print(
+                f"{name} {phase}: {result['tokens_per_s']:.0f} tok/s, {result['step_s']:.3f} s/step, peak "
+                f"{_gib(result['peak_allocated_bytes'])} GiB{ratio} [{time.perf_counter() - t0:.0f} s]",
+                flush=True,
+            )
             report["wall_s"] = time.perf_counter() - t_start
             write(report, args.out)
     report["wall_s"] = time.perf_counter() - t_start

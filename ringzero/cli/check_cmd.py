@@ -25,7 +25,9 @@ def check_subcommands(sub):
     """The ``check`` parser's sub-parsers action, shared by every module that adds a check."""
     parser = sub.choices.get("check")
     if parser is None:
-        parser = sub.add_parser("check", help="self-checks: decoding forms, train/rollout gap, context parallelism")
+        parser = sub.add_parser(
+            "check", help="self-checks: decoding forms, train/rollout gap, context parallelism"
+        )
         parser.checks = parser.add_subparsers(dest="check_command", metavar="CHECK")
         parser.checks.required = True
     return parser.checks
@@ -33,16 +35,22 @@ def check_subcommands(sub):
 
 def register(sub) -> None:
     p = check_subcommands(sub).add_parser(
-        "decode", help="parallel (training) form vs decoding forms on random weights",
+        "decode",
+        help="parallel (training) form vs decoding forms on random weights",
         description="Runs one left-padded batch through the parallel form and through token-by-token and "
         "chunked-prefill decoding; prints the max abs/rel error; exits 1 past the dtype's tolerance.",
     )
     p.add_argument("--layer", choices=["mla", "lightning", "model"], default="model")
     p.add_argument("--dtype", choices=["float64", "float32"], default="float64")
-    p.add_argument("--config", metavar="FILE",
-                   help="YAML: a run config (its model section is used) or a bare model section")
+    p.add_argument(
+        "--config",
+        metavar="FILE",
+        help="YAML: a run config (its model section is used) or a bare model section",
+    )
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--seq-len", type=int, default=None, help="columns per row (default 2 Lightning blocks + 5)")
+    p.add_argument(
+        "--seq-len", type=int, default=None, help="columns per row (default 2 Lightning blocks + 5)"
+    )
     p.add_argument("--json", action="store_true", help="print the full result as JSON")
     p.set_defaults(handler=_decode)
 
@@ -79,6 +87,8 @@ def _decode(args: argparse.Namespace) -> int:
         print(json.dumps(result, indent=2))
     else:
         verdict = "ok" if result["ok"] else "FAIL"
-        print(f"{verdict}: check decode {args.layer} {args.dtype}: max abs {result['max_abs']:.3e}, "
-              f"max rel {result['max_rel']:.3e} (atol {result['atol']:g}, rtol {result['rtol']:g})")
+        print(
+            f"{verdict}: check decode {args.layer} {args.dtype}: max abs {result['max_abs']:.3e}, "
+            f"max rel {result['max_rel']:.3e} (atol {result['atol']:g}, rtol {result['rtol']:g})"
+        )
     return 0 if result["ok"] else 1

@@ -14,14 +14,24 @@ def register(sub) -> None:
     csub.required = True
     plan = csub.add_parser("plan", help="print each stage's objects and requests, and whether the run fits")
     add_config_args(plan)
-    plan.add_argument("--values", action="append", default=[], metavar="FILE",
-                      help="Helm values file of the install (repeatable, merged over the chart's values.yaml)")
+    plan.add_argument(
+        "--values",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="Helm values file of the install (repeatable, merged over the chart's values.yaml)",
+    )
     plan.add_argument("--release", default="ringzero", help="Helm release name (names the service account)")
     plan.add_argument("--nodes", type=int, default=None, help="GPU nodes the run may use")
     plan.add_argument("--gpus-per-node", type=int, default=None, help="allocatable GPUs of each node")
-    plan.add_argument("--cpu-per-node", default=None, help="allocatable CPU of each node (quantity; default unchecked)")
-    plan.add_argument("--memory-per-node", default=None,
-                      help="allocatable memory of each node (quantity, e.g. 2000Gi; default unchecked)")
+    plan.add_argument(
+        "--cpu-per-node", default=None, help="allocatable CPU of each node (quantity; default unchecked)"
+    )
+    plan.add_argument(
+        "--memory-per-node",
+        default=None,
+        help="allocatable memory of each node (quantity, e.g. 2000Gi; default unchecked)",
+    )
     plan.add_argument("--json", action="store_true", help="print the plan as JSON")
     plan.set_defaults(handler=_plan)
 
@@ -52,6 +62,8 @@ def _plan(args) -> int:
     bad = [p for p in plans if not p.fits]
     if bad:
         first = bad[0]
-        raise RingzeroError(f"the run does not fit: stage {first.stage!r}: {first.problem or first.short}"
-                            + (f" (and {len(bad) - 1} more stage{'s' if len(bad) > 2 else ''})" if len(bad) > 1 else ""))
+        raise RingzeroError(
+            f"the run does not fit: stage {first.stage!r}: {first.problem or first.short}"
+            + (f" (and {len(bad) - 1} more stage{'s' if len(bad) > 2 else ''})" if len(bad) > 1 else "")
+        )
     return 0

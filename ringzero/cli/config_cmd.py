@@ -11,7 +11,11 @@ def add_config_args(p: argparse.ArgumentParser) -> None:
     """The run-file argument and ``--set`` overrides, shared by every command that takes a run config."""
     p.add_argument("config", help="run config YAML")
     p.add_argument(
-        "--set", dest="overrides", action="append", default=[], metavar="PATH=VALUE",
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="PATH=VALUE",
         help="override a field, e.g. --set stages.stage1.steps=10 (repeatable; VALUE is YAML)",
     )
 

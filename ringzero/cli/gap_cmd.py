@@ -20,7 +20,8 @@ PRESET_NAMES = ["fp32-islands", "bf16", "fp32", "fp64"]
 
 def register(sub) -> None:
     p = check_subcommands(sub).add_parser(
-        "gap", help="train/rollout importance-ratio tail: rollout engine vs training path",
+        "gap",
+        help="train/rollout importance-ratio tail: rollout engine vs training path",
         description="Samples with the rollout engine, recomputes log-probs with the training path (parallel, "
         "teacher-forced) and prints mean/p50/p90/p99/p99.9/max of |r-1| and |log r|, overall and per "
         "trajectory-length bucket.",
@@ -28,13 +29,18 @@ def register(sub) -> None:
     add_model_source_args(p, "model for --init random: a run config or a model section")
     p.add_argument("--train-policy", choices=PRESET_NAMES, default="fp32-islands")
     p.add_argument("--rollout-policy", choices=PRESET_NAMES, default="fp32-islands")
-    p.add_argument("--deterministic", action="store_true",
-                   help="rollout engine in deterministic mode (needs equal policies): the ratio must be exactly 1")
+    p.add_argument(
+        "--deterministic",
+        action="store_true",
+        help="rollout engine in deterministic mode (needs equal policies): the ratio must be exactly 1",
+    )
     p.add_argument("--samples", type=int, default=16, help="trajectories, one per random prompt")
     p.add_argument("--prompt-len", type=int, default=8, help="tokens per random prompt")
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--length-edges", default="256,1024,4096", help="comma-separated trajectory-length bucket edges")
+    p.add_argument(
+        "--length-edges", default="256,1024,4096", help="comma-separated trajectory-length bucket edges"
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="print the full report as JSON")
     p.set_defaults(handler=_gap)
@@ -73,7 +79,12 @@ def _gap(args: argparse.Namespace) -> int:
     prompts = torch.randint(0, model.cfg.vocab_size, (args.samples, args.prompt_len), generator=gen).tolist()
     params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature)
     report = measure_gap(
-        model, prompts, params, deterministic=args.deterministic, length_edges=edges, seed=args.seed,
+        model,
+        prompts,
+        params,
+        deterministic=args.deterministic,
+        length_edges=edges,
+        seed=args.seed,
         train_policy=PrecisionPolicy.preset(args.train_policy),
         rollout_policy=PrecisionPolicy.preset(args.rollout_policy),
     )
@@ -82,8 +93,10 @@ def _gap(args: argparse.Namespace) -> int:
         print(json.dumps(report, indent=2))
     else:
         a = report["all"]
-        print(f"check gap train {report['train_policy']} / rollout {report['rollout_policy']}"
-              f"{' (deterministic)' if args.deterministic else ''}: {report['samples']} trajectories, "
-              f"{report['tokens']} tokens; |r-1| mean {a['ratio/mean']:.3e} p99 {a['ratio/p99']:.3e} "
-              f"max {a['ratio/max']:.3e}")
+        print(
+            f"check gap train {report['train_policy']} / rollout {report['rollout_policy']}"
+            f"{' (deterministic)' if args.deterministic else ''}: {report['samples']} trajectories, "
+            f"{report['tokens']} tokens; |r-1| mean {a['ratio/mean']:.3e} p99 {a['ratio/p99']:.3e} "
+            f"max {a['ratio/max']:.3e}"
+        )
     return 0

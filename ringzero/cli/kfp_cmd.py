@@ -27,14 +27,19 @@ def register(sub) -> None:
 
     r = ksub.add_parser("run-local", help="run the pipeline with the KFP local subprocess runner")
     add_config_args(r)
-    r.add_argument("--pipeline-root", type=Path, default=None,
-                   help="where step outputs go (default: RUN_DIR/kfp-local)")
+    r.add_argument(
+        "--pipeline-root", type=Path, default=None, help="where step outputs go (default: RUN_DIR/kfp-local)"
+    )
     r.set_defaults(handler=_run_local)
 
     s = ksub.add_parser("submit", help="submit a run to a KFP endpoint")
     add_config_args(s)
-    s.add_argument("--host", default=None, help="KFP API URL, e.g. http://localhost:8080 through a port-forward "
-                   "(default with --release: the release's pipeline.kfpHost, reachable from inside the cluster)")
+    s.add_argument(
+        "--host",
+        default=None,
+        help="KFP API URL, e.g. http://localhost:8080 through a port-forward "
+        "(default with --release: the release's pipeline.kfpHost, reachable from inside the cluster)",
+    )
     s.add_argument("--experiment", default=None, help="experiment name (default: the endpoint's default)")
     s.add_argument("--namespace", default=None, help="namespace of a multi-user KFP install")
     _add_install_args(s)
@@ -43,13 +48,26 @@ def register(sub) -> None:
 
 def _add_install_args(p) -> None:
     where = p.add_mutually_exclusive_group()
-    where.add_argument("--release", default=None, metavar="NAME",
-                       help="take the store, images, service account and cluster settings from this Helm release "
-                       "(its ConfigMaps, through the kubeconfig); CONFIG may then name one of its run configs")
-    where.add_argument("--install", type=Path, default=None, metavar="DIR",
-                       help="the same from the release's cluster ConfigMap mounted at DIR (the upload Job)")
-    p.add_argument("--release-namespace", default=None, metavar="NS",
-                   help="namespace of --release (default: the kubeconfig context's)")
+    where.add_argument(
+        "--release",
+        default=None,
+        metavar="NAME",
+        help="take the store, images, service account and cluster settings from this Helm release "
+        "(its ConfigMaps, through the kubeconfig); CONFIG may then name one of its run configs",
+    )
+    where.add_argument(
+        "--install",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="the same from the release's cluster ConfigMap mounted at DIR (the upload Job)",
+    )
+    p.add_argument(
+        "--release-namespace",
+        default=None,
+        metavar="NS",
+        help="namespace of --release (default: the kubeconfig context's)",
+    )
 
 
 def pipelines_module(name: str):
@@ -119,7 +137,9 @@ def _submit(args) -> int:
     cfg, settings = _load(args, installed)
     host = args.host or (installed.kfp_host if installed else None)
     if host is None:
-        raise RingzeroError("--host: the KFP API URL to submit to (or --release, whose pipeline.kfpHost is taken)")
+        raise RingzeroError(
+            "--host: the KFP API URL to submit to (or --release, whose pipeline.kfpHost is taken)"
+        )
     run_id = pipelines_module("runner").submit(cfg, settings, host, args.experiment, args.namespace)
     account = f" as service account {settings.service_account}" if settings.service_account else ""
     print(f"submitted run {cfg.run.name!r} to {host}{account}: run id {run_id}")

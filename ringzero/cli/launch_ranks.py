@@ -21,15 +21,30 @@ from ringzero.errors import RingzeroError
 
 
 def add_nproc_arg(p) -> None:
-    p.add_argument("--nproc", type=int, default=None, metavar="N",
-                   help="start N local ranks through torchrun (gloo on CPU, NCCL on CUDA); must equal "
-                        "parallel.dp x parallel.cp x engines.training.tp x engines.training.pp")
+    p.add_argument(
+        "--nproc",
+        type=int,
+        default=None,
+        metavar="N",
+        help="start N local ranks through torchrun (gloo on CPU, NCCL on CUDA); must equal "
+        "parallel.dp x parallel.cp x engines.training.tp x engines.training.pp",
+    )
 
 
 def torchrun_argv(nproc: int, argv: list[str]) -> list[str]:
-    """The torchrun command line that runs ``ringzero <argv>`` (``--nproc`` already stripped) on ``nproc`` ranks."""
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-            "--max-restarts=0", "-m", "ringzero.cli.main", *argv]
+    """The torchrun command line that runs ``ringzero <argv>`` (``--nproc`` already stripped) on ``nproc``
+    ranks."""
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={nproc}",
+        "--max-restarts=0",
+        "-m",
+        "ringzero.cli.main",
+        *argv,
+    ]
 
 
 def strip_nproc(argv: list[str]) -> list[str]:

@@ -18,6 +18,7 @@ COMMAND_MODULES = [
     "ringzero.cli.config_cmd",
     "ringzero.cli.store_cmd",
     "ringzero.cli.run_cmd",
+    "ringzero.cli.ablate_cmd",
     "ringzero.cli.check_cmd",
     "ringzero.cli.gap_cmd",
     "ringzero.cli.cp_cmd",

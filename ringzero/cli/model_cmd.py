@@ -1,9 +1,9 @@
 """``ringzero export | import | convert``: Ling 2.5 model folders in and out of the checkpoint store.
 
-    ringzero export --checkpoint file://runs/store/stages/0123/final DIR   # a folder SGLang serves
-    ringzero export --init random --config configs/tiny-cpu.yaml DIR
-    ringzero import DIR --to file://runs/store/bases/ling-2.5              # a downloaded Ring/Ling 2.5
-    ringzero convert OLD_URI --to NEW_URI                                   # ringzero's earlier format
+ringzero export --checkpoint file://runs/store/stages/0123/final DIR   # a folder SGLang serves
+ringzero export --init random --config configs/tiny-cpu.yaml DIR
+ringzero import DIR --to file://runs/store/bases/ling-2.5              # a downloaded Ring/Ling 2.5
+ringzero convert OLD_URI --to NEW_URI                                   # ringzero's earlier format
 """
 
 from __future__ import annotations
@@ -14,30 +14,51 @@ from ringzero.cli.model_source import add_model_source_args, load_source_model, 
 
 
 def register(sub) -> None:
-    p = sub.add_parser("export", help="write a checkpoint (or a random init) as a local Ling 2.5 model folder",
-                       description="The folder holds config.json (BailingMoeV2_5ForCausalLM), safetensors under "
-                       "the reference's names, generation_config.json and the tokenizer: what "
-                       "`sglang.launch_server --model-path DIR` and `ringzero serve --model-path DIR` load.")
-    add_model_source_args(p, "run config or bare model section (with --init random); its tokenizer is exported")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a field of --config (run configs only), e.g. model.num_hidden_layers=8")
+    p = sub.add_parser(
+        "export",
+        help="write a checkpoint (or a random init) as a local Ling 2.5 model folder",
+        description="The folder holds config.json (BailingMoeV2_5ForCausalLM), safetensors under "
+        "the reference's names, generation_config.json and the tokenizer: what "
+        "`sglang.launch_server --model-path DIR` and `ringzero serve --model-path DIR` load.",
+    )
+    add_model_source_args(
+        p, "run config or bare model section (with --init random); its tokenizer is exported"
+    )
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a field of --config (run configs only), e.g. model.num_hidden_layers=8",
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of --init random")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", help="stored tensor dtype")
     p.add_argument("dir", help="the folder to create (must not exist or be empty)")
     p.set_defaults(handler=_export)
 
-    p = sub.add_parser("import", help="commit a local Ling 2.5 / Ring 2.5 folder into the store",
-                       description="Checks config.json and every tensor's name and shape against it (naming each "
-                       "problem) before copying anything, then commits the folder as a checkpoint.")
+    p = sub.add_parser(
+        "import",
+        help="commit a local Ling 2.5 / Ring 2.5 folder into the store",
+        description="Checks config.json and every tensor's name and shape against it (naming each "
+        "problem) before copying anything, then commits the folder as a checkpoint.",
+    )
     p.add_argument("dir", help="a Hugging Face model folder of BailingMoeV2_5ForCausalLM")
-    p.add_argument("--to", required=True, metavar="URI", help="checkpoint URI to commit, file://... or s3://...")
-    p.add_argument("--config", metavar="FILE", help="run config whose storage.s3 settings reach an s3:// store")
+    p.add_argument(
+        "--to", required=True, metavar="URI", help="checkpoint URI to commit, file://... or s3://..."
+    )
+    p.add_argument(
+        "--config", metavar="FILE", help="run config whose storage.s3 settings reach an s3:// store"
+    )
     p.set_defaults(handler=_import)
 
     p = sub.add_parser("convert", help="rewrite a checkpoint of ringzero's earlier format as Ling 2.5")
-    p.add_argument("source", metavar="URI", help="checkpoint written by an earlier ringzero (RingzeroHybridLM)")
+    p.add_argument(
+        "source", metavar="URI", help="checkpoint written by an earlier ringzero (RingzeroHybridLM)"
+    )
     p.add_argument("--to", required=True, metavar="URI", help="checkpoint URI to commit")
-    p.add_argument("--config", metavar="FILE", help="run config whose storage.s3 settings reach an s3:// store")
+    p.add_argument(
+        "--config", metavar="FILE", help="run config whose storage.s3 settings reach an s3:// store"
+    )
     p.set_defaults(handler=_convert)
 
 
@@ -86,8 +107,10 @@ def _export(args: argparse.Namespace) -> int:
             model_cfg = model_config_from_file(args.config)
     model, label = load_source_model(args, PrecisionPolicy.preset("fp32"), model_cfg)
     if not model.cfg.reference_layout():
-        raise RingzeroError(f"layout {model.cfg.layout!r} is not one the Ling 2.5 reference builds from "
-                            f"layer_group_size; only such models export")
+        raise RingzeroError(
+            f"layout {model.cfg.layout!r} is not one the Ling 2.5 reference builds from "
+            f"layer_group_size; only such models export"
+        )
     files = write_folder(args.dir, model.cfg, model.state_dict(), tokenizer, getattr(torch, args.dtype))
     print(f"exported {label} to {args.dir}: {', '.join(sorted(files))}")
     return 0

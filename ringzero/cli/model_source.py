@@ -14,8 +14,12 @@ from ringzero.errors import RingzeroError
 
 def add_model_source_args(p: argparse.ArgumentParser, config_help: str) -> None:
     source = p.add_mutually_exclusive_group(required=True)
-    source.add_argument("--checkpoint", metavar="URI", help="committed model checkpoint (file://... or s3://...)")
-    source.add_argument("--model-path", metavar="DIR", help="local Ling 2.5 model folder (what `ringzero export` writes)")
+    source.add_argument(
+        "--checkpoint", metavar="URI", help="committed model checkpoint (file://... or s3://...)"
+    )
+    source.add_argument(
+        "--model-path", metavar="DIR", help="local Ling 2.5 model folder (what `ringzero export` writes)"
+    )
     source.add_argument("--init", choices=["random"], help="random weights of --config's model section")
     p.add_argument("--config", metavar="FILE", help=config_help)
 

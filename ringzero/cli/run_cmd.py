@@ -1,4 +1,5 @@
-"""``ringzero run CONFIG`` (the whole staged run) and ``ringzero stage run`` (one stage, as a cluster job runs it)."""
+"""``ringzero run CONFIG`` (the whole staged run) and ``ringzero stage run`` (one stage, as a cluster job runs
+it)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,9 @@ from ringzero.cli.launch_ranks import add_nproc_arg, relaunch
 def register(sub) -> None:
     p = sub.add_parser("run", help="run every configured stage in order (skips stages already committed)")
     add_config_args(p)
-    p.add_argument("--force", action="append", default=[], metavar="STAGE", help="rerun this stage even if cached")
+    p.add_argument(
+        "--force", action="append", default=[], metavar="STAGE", help="rerun this stage even if cached"
+    )
     add_nproc_arg(p)
     p.set_defaults(handler=_run)
 
@@ -26,8 +29,12 @@ def register(sub) -> None:
     r.add_argument("--init", default=None, help="input checkpoint URI")
     r.add_argument("--reference", default=None, help="KL reference checkpoint URI (RL stages)")
     r.add_argument("--base", default=None, help="the run's pretrained base URI")
-    r.add_argument("--compare", action="append", default=[], metavar="NAME=URI", help="eval: checkpoints to compare")
-    r.add_argument("--result", default=None, help="write the stage result (outputs, summary, gate) as JSON here")
+    r.add_argument(
+        "--compare", action="append", default=[], metavar="NAME=URI", help="eval: checkpoints to compare"
+    )
+    r.add_argument(
+        "--result", default=None, help="write the stage result (outputs, summary, gate) as JSON here"
+    )
     add_nproc_arg(r)
     r.set_defaults(handler=_stage_run)
 
@@ -48,8 +55,13 @@ def open_run(args):
     # SIGTERM (a pod deleted, torchrun stopping the survivors of a failed job): a step loop saves and
     # exits, anything else exits through Python so the stage lease and open files are released.
     preemption.install(cfg.run.sigterm_grace_s)
-    runtime = from_env(cfg.parallel, cfg.run.device, tp=cfg.engines.training.tp, ep=cfg.engines.training.ep,
-                       pp=cfg.engines.training.pp)
+    runtime = from_env(
+        cfg.parallel,
+        cfg.run.device,
+        tp=cfg.engines.training.tp,
+        ep=cfg.engines.training.ep,
+        pp=cfg.engines.training.pp,
+    )
     run_dir = Path(cfg.run.run_dir)
     quiet_for_rank(runtime.rank)
     attach_run_log(run_dir, rank=runtime.rank)
@@ -72,8 +84,10 @@ def _preflight(args) -> None:
     training = cfg.engines.training
     names, values, need = world_product(cfg.parallel.dp, cfg.parallel.cp, training.tp, training.pp)
     if need != args.nproc:
-        raise RingzeroError(f"--nproc {args.nproc}: the config's {names} = {values} = {need} ranks; start it "
-                            f"with --nproc {need} or set the degrees so that their product is {args.nproc}")
+        raise RingzeroError(
+            f"--nproc {args.nproc}: the config's {names} = {values} = {need} ranks; start it "
+            f"with --nproc {need} or set the degrees so that their product is {args.nproc}"
+        )
 
 
 def _run(args) -> int:
@@ -106,7 +120,9 @@ def _stage_run(args) -> int:
     try:
         stage = cfg.stage(args.stage)
     except KeyError:
-        raise RingzeroError(f"--stage {args.stage!r}: no such stage; stages: {[s.name for s in cfg.stages]}") from None
+        raise RingzeroError(
+            f"--stage {args.stage!r}: no such stage; stages: {[s.name for s in cfg.stages]}"
+        ) from None
     compare = {}
     for item in args.compare:
         name, sep, uri = item.partition("=")
@@ -120,9 +136,15 @@ def _stage_run(args) -> int:
     shutdown(runtime)
     if not runtime.is_main:
         return 0 if ex.gate.passed else 3
-    result = {"stage": ex.name, "stage_hash": ex.stage_hash, "output_uri": ex.outcome.output_uri,
-              "summary": ex.outcome.summary, "stop_reason": ex.outcome.stop_reason, "skipped": ex.skipped,
-              "gate": ex.gate.to_dict()}
+    result = {
+        "stage": ex.name,
+        "stage_hash": ex.stage_hash,
+        "output_uri": ex.outcome.output_uri,
+        "summary": ex.outcome.summary,
+        "stop_reason": ex.outcome.stop_reason,
+        "skipped": ex.skipped,
+        "gate": ex.gate.to_dict(),
+    }
     text = json.dumps(result, indent=2, sort_keys=True)
     if args.result:
         Path(args.result).write_text(text)

@@ -27,7 +27,10 @@ def register(sub) -> None:
     gc = ssub.add_parser("gc", help="delete checkpoints that were started but never committed")
     _add_common(gc, "store root: file://PATH or s3://BUCKET/PREFIX")
     gc.add_argument(
-        "--min-age", type=float, default=0.0, metavar="SECONDS",
+        "--min-age",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
         help="spare folders written to more recently than this (give a margin if a save may be running)",
     )
     gc.set_defaults(handler=_gc)
@@ -39,7 +42,9 @@ def register(sub) -> None:
 
 def _add_common(p: argparse.ArgumentParser, uri_help: str) -> None:
     p.add_argument("uri", metavar="URI", help=uri_help)
-    p.add_argument("--config", metavar="RUN.yaml", help="take the S3 settings from this run config's storage.s3")
+    p.add_argument(
+        "--config", metavar="RUN.yaml", help="take the S3 settings from this run config's storage.s3"
+    )
     p.add_argument("--endpoint", metavar="HOST:PORT", help="S3 endpoint (without a scheme)")
     p.add_argument("--secure", action="store_true", default=None, help="use TLS")
     p.add_argument("--region", help="S3 region, if the server needs one")
@@ -82,7 +87,10 @@ def _latest(args) -> int:
 
     uri = _open(args, args.uri).latest(args.prefix)
     if uri is None:
-        raise StoreError(f"no committed checkpoint under {args.uri}" + (f" with prefix {args.prefix!r}" if args.prefix else ""))
+        raise StoreError(
+            f"no committed checkpoint under {args.uri}"
+            + (f" with prefix {args.prefix!r}" if args.prefix else "")
+        )
     print(uri)
     return 0
 
@@ -105,5 +113,8 @@ def _verify(args) -> int:
     manifest = _open(args, str(root)).verify(name)
     n_tensors = sum(len(e.tensors) for e in manifest.files.values())
     n_bytes = sum(e.size for e in manifest.files.values())
-    print(f"ok: {args.uri}: {len(manifest.files)} files, {n_tensors} tensors, {n_bytes} bytes, every sha256 matches")
+    print(
+        f"ok: {args.uri}: {len(manifest.files)} files, {n_tensors} tensors, {n_bytes} bytes, every sha256 "
+        "matches"
+    )
     return 0

@@ -23,8 +23,21 @@ from ringzero.errors import RingzeroError
 
 log = logging.getLogger(__name__)
 _QUANTITY = re.compile(r"^([0-9.]+)([a-zA-Z]*)$")
-_SUFFIX = {"": 1, "m": 1e-3, "k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15,
-           "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50}
+_SUFFIX = {
+    "": 1,
+    "m": 1e-3,
+    "k": 1e3,
+    "K": 1e3,
+    "M": 1e6,
+    "G": 1e9,
+    "T": 1e12,
+    "P": 1e15,
+    "Ki": 2**10,
+    "Mi": 2**20,
+    "Gi": 2**30,
+    "Ti": 2**40,
+    "Pi": 2**50,
+}
 
 
 def quantity(value: str | int | float) -> float:
@@ -63,11 +76,16 @@ class PodGroup:
 
 
 def pod_requests(pod_spec: dict) -> tuple[int, float, float]:
-    """(GPUs, CPU cores, memory bytes) one pod asks for: its containers' sum, or its largest init container."""
+    """(GPUs, CPU cores, memory bytes) one pod asks for: its containers' sum, or its largest init
+    container."""
+
     def of(containers):
         rows = [c.get("resources", {}).get("requests", {}) for c in containers]
-        return [(int(quantity(r.get(GPU_RESOURCE, 0))), quantity(r.get("cpu", 0)), quantity(r.get("memory", 0)))
-                for r in rows]
+        return [
+            (int(quantity(r.get(GPU_RESOURCE, 0))), quantity(r.get("cpu", 0)), quantity(r.get("memory", 0)))
+            for r in rows
+        ]
+
     main, init = of(pod_spec.get("containers", [])), of(pod_spec.get("initContainers", []))
     total = tuple(sum(x[i] for x in main) for i in range(3))
     return tuple(max([total[i], *(x[i] for x in init)]) for i in range(3))  # type: ignore[return-value]
@@ -86,7 +104,9 @@ def pod_groups(obj: dict) -> list[PodGroup]:
         out = []
         for role, spec in obj["spec"]["pytorchReplicaSpecs"].items():
             gpus, cpu, memory = pod_requests(spec["template"]["spec"])
-            out.append(PodGroup(kind, f"{name}/{role.lower()}", "trainer", spec["replicas"], gpus, cpu, memory))
+            out.append(
+                PodGroup(kind, f"{name}/{role.lower()}", "trainer", spec["replicas"], gpus, cpu, memory)
+            )
         return out
     return []
 
@@ -98,8 +118,11 @@ def pack(pods: list[PodGroup], nodes: list[Node]) -> tuple[bool, str]:
     for group in sorted(pods, key=lambda p: (p.gpus, p.memory, p.cpu), reverse=True):
         for _ in range(group.count):
             for room in free:
-                if room[0] >= group.gpus and (room[1] is None or room[1] >= group.cpu) and (
-                        room[2] is None or room[2] >= group.memory):
+                if (
+                    room[0] >= group.gpus
+                    and (room[1] is None or room[1] >= group.cpu)
+                    and (room[2] is None or room[2] >= group.memory)
+                ):
                     room[0] -= group.gpus
                     if room[1] is not None:
                         room[1] -= group.cpu
@@ -135,7 +158,10 @@ def _dedupe(items: list[tuple[str, str]]) -> list[str]:
     seen: dict[tuple[str, str], int] = {}
     for item in items:
         seen[item] = seen.get(item, 0) + 1
-    return [f"a {role} pod ({req})" if n == 1 else f"{n} {role} pods ({req} each)" for (role, req), n in seen.items()]
+    return [
+        f"a {role} pod ({req})" if n == 1 else f"{n} {role} pods ({req} each)"
+        for (role, req), n in seen.items()
+    ]
 
 
 # -- the launcher's check against the cluster ---------------------------------------------------------
@@ -147,7 +173,11 @@ def _tolerated(taint: dict, settings: ClusterSettings) -> bool:
             continue
         if t.operator == "Exists" and (t.key is None or t.key == taint.get("key")):
             return True
-        if t.operator == "Equal" and t.key == taint.get("key") and (t.value or "") == (taint.get("value") or ""):
+        if (
+            t.operator == "Equal"
+            and t.key == taint.get("key")
+            and (t.value or "") == (taint.get("value") or "")
+        ):
             return True
     return False
 
@@ -159,12 +189,20 @@ def schedulable_nodes(node_objects: list[dict], settings: ClusterSettings) -> li
         spec, status = obj.get("spec") or {}, obj.get("status") or {}
         if spec.get("unschedulable"):
             continue
-        if any(t.get("effect") in ("NoSchedule", "NoExecute") and not _tolerated(t, settings)
-               for t in spec.get("taints") or []):
+        if any(
+            t.get("effect") in ("NoSchedule", "NoExecute") and not _tolerated(t, settings)
+            for t in spec.get("taints") or []
+        ):
             continue
         alloc = status.get("allocatable") or {}
-        out.append(Node(int(quantity(alloc.get(GPU_RESOURCE, 0))), quantity(alloc.get("cpu", 0)),
-                        quantity(alloc.get("memory", 0)), (obj.get("metadata") or {}).get("name", "")))
+        out.append(
+            Node(
+                int(quantity(alloc.get(GPU_RESOURCE, 0))),
+                quantity(alloc.get("cpu", 0)),
+                quantity(alloc.get("memory", 0)),
+                (obj.get("metadata") or {}).get("name", ""),
+            )
+        )
     return out
 
 
@@ -173,16 +211,22 @@ def check_capacity(api, settings: ClusterSettings, objects: list[dict], stage: s
     schedulable nodes. Skipped (with a log line) when the account may not read nodes."""
     found = api.list_nodes(selector(settings.node_selector))
     if found is None:
-        log.info("capacity not checked: the launcher may not list nodes (the chart's rbac.readCluster grants it)")
+        log.info(
+            "capacity not checked: the launcher may not list nodes (the chart's rbac.readCluster grants it)"
+        )
         return
     pods = [g for obj in objects for g in pod_groups(obj)]
     nodes = schedulable_nodes(found, settings)
     if not nodes:
         raise RingzeroError(
-            f"stage {stage!r}: no schedulable node matches the node selector {settings.node_selector or '{}'} and "
-            f"the tolerations; nothing was created")
+            f"stage {stage!r}: no schedulable node matches the node selector "
+            f"{settings.node_selector or '{}'} and "
+            f"the tolerations; nothing was created"
+        )
     fits, short = pack(pods, nodes)
     if not fits:
         raise RingzeroError(
-            f"stage {stage!r} does not fit the cluster, so nothing was created: {short}. `ringzero cluster plan` "
-            "shows each stage's pods; shrink the job or the rollout servers, or add nodes")
+            f"stage {stage!r} does not fit the cluster, so nothing was created: {short}. `ringzero cluster "
+            "plan` "
+            "shows each stage's pods; shrink the job or the rollout servers, or add nodes"
+        )

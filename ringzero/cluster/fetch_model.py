@@ -30,7 +30,8 @@ def credential(name: str, environ=os.environ) -> str:
 
 
 def fetch(uri: str, dest: Path, s3=None) -> list[str]:
-    """Export the committed checkpoint at ``uri`` (``s3://`` or ``file://``) to ``dest``; returns the file names.
+    """Export the committed checkpoint at ``uri`` (``s3://`` or ``file://``) to ``dest``; returns the file
+    names.
 
     ``s3`` is the ``S3Settings`` of an ``s3://`` store (defaults if ``None``).
     """
@@ -42,7 +43,9 @@ def fetch(uri: str, dest: Path, s3=None) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m ringzero.cluster.fetch_model", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(
+        prog="python -m ringzero.cluster.fetch_model", description=__doc__.splitlines()[0]
+    )
     p.add_argument("uri", help="the checkpoint: s3://BUCKET/PREFIX/NAME (or file://PATH/NAME)")
     p.add_argument("dest", type=Path, help="the folder to create; if it exists it must be empty")
     p.add_argument("--endpoint", help="host:port of the S3 API")
@@ -67,8 +70,9 @@ def _settings(args):
     if not args.endpoint:
         raise RingzeroError(f"{args.uri}: give the S3 endpoint with --endpoint HOST:PORT")
     try:
-        return S3Settings(endpoint=args.endpoint, secure=args.secure, region=args.region,
-                          cert_check=not args.no_cert_check)
+        return S3Settings(
+            endpoint=args.endpoint, secure=args.secure, region=args.region, cert_check=not args.no_cert_check
+        )
     except ValidationError as exc:
         raise RingzeroError(f"bad S3 settings: {'; '.join(e['msg'] for e in exc.errors())}") from None
 

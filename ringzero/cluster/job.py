@@ -31,7 +31,8 @@ class StageJob:
     name: str  # from labels.launch_name: unique per launch, a DNS label
     namespace: str
     config_yaml: str  # the fully resolved run config the stage reads
-    dp: int  # the run config's parallel.dp, parallel.cp, engines.training.tp and pp: the world is their product
+    # the run config's parallel.dp, parallel.cp, engines.training.tp and pp: the world is their product
+    dp: int
     cp: int
     stage_args: tuple[str, ...] = ()  # appended to `ringzero stage run CONFIG --stage NAME` (--init URI, ...)
     env: dict[str, str] = field(default_factory=dict)  # plain, non-secret settings
@@ -70,14 +71,16 @@ TORCHRUN = ["torchrun"]  # torch's launcher, installed next to ``ringzero`` in e
 
 
 def check_world(settings: ClusterSettings, job: StageJob) -> None:
-    """The job's ranks (nodes x processes per node) must be the run's dp x cp x tp x pp, or the stage cannot start."""
+    """The job's ranks (nodes x processes per node) must be the run's dp x cp x tp x pp, or the stage cannot
+    start."""
     nodes, procs = settings.num_nodes, settings.procs_per_node()
     names, values, ranks = world_product(job.dp, job.cp, job.tp, job.pp)
     if nodes * procs != ranks:
         per_node = _count(procs, "GPU") + " per node" if settings.gpus_per_node else "1 process per CPU node"
         raise RingzeroError(
             f"stage {job.stage!r} of run {job.run!r}: the cluster settings run {_count(nodes, 'node')} x "
-            f"{per_node} = {_count(nodes * procs, 'rank')}, but the run config's {names} = {values} = {ranks}; "
+            f"{per_node} = {_count(nodes * procs, 'rank')}, but the run config's {names} = {values} = "
+            f"{ranks}; "
             f"make cluster num_nodes x gpus_per_node equal that product"
         )
 
@@ -86,7 +89,9 @@ def _count(n: int, word: str) -> str:
     return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
-def torchrun_args(settings: ClusterSettings, job: StageJob, endpoint: str, extra: tuple[str, ...] = ()) -> list[str]:
+def torchrun_args(
+    settings: ClusterSettings, job: StageJob, endpoint: str, extra: tuple[str, ...] = ()
+) -> list[str]:
     """torchrun's arguments on every node: the node and process counts, the rendezvous, then the stage.
 
     ``endpoint`` is HOST:PORT of the first node, usually ``$(VAR)`` references that the kubelet expands
@@ -102,14 +107,19 @@ def torchrun_args(settings: ClusterSettings, job: StageJob, endpoint: str, extra
         f"--rdzv-endpoint={endpoint}",
         f"--rdzv-id={job.name}",
         "--max-restarts=0",
-        "-m", *job.stage_command(extra),
+        "-m",
+        *job.stage_command(extra),
     ]
 
 
 def stage_args(inputs) -> tuple[str, ...]:
     """A stage's input URIs as ``ringzero stage run`` flags (``StageInputs`` -> --init/--reference/...)."""
     args: list[str] = []
-    for flag, uri in (("--init", inputs.init_uri), ("--reference", inputs.reference_uri), ("--base", inputs.base_uri)):
+    for flag, uri in (
+        ("--init", inputs.init_uri),
+        ("--reference", inputs.reference_uri),
+        ("--base", inputs.base_uri),
+    ):
         if uri:
             args += [flag, uri]
     for name, uri in sorted(inputs.compare.items()):

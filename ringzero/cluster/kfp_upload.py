@@ -1,4 +1,5 @@
-"""Upload a compiled pipeline to the KFP API: the chart's post-install Job runs this after ``ringzero kfp compile``.
+"""Upload a compiled pipeline to the KFP API: the chart's post-install Job runs this after ``ringzero kfp
+compile``.
 
     python -m ringzero.cluster.kfp_upload pipeline.yaml --host URL --name ringzero
 
@@ -38,7 +39,9 @@ def upload(client, package: Path, name: str, description: str = "") -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m ringzero.cluster.kfp_upload", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(
+        prog="python -m ringzero.cluster.kfp_upload", description=__doc__.splitlines()[0]
+    )
     p.add_argument("package", type=Path, help="compiled pipeline YAML")
     p.add_argument("--host", required=True, help="KFP API URL, e.g. http://ml-pipeline.kubeflow:8888")
     p.add_argument("--name", required=True, help="pipeline name in the KFP UI")
@@ -52,7 +55,11 @@ def main(argv: list[str] | None = None) -> int:
 
     token = Path(args.token_file).read_text().strip() if args.token_file else None
     try:
-        print(upload(kfp.Client(host=args.host, existing_token=token), args.package, args.name, args.description))
+        print(
+            upload(
+                kfp.Client(host=args.host, existing_token=token), args.package, args.name, args.description
+            )
+        )
     except RingzeroError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -39,14 +39,21 @@ class KubernetesApi:
         from kubernetes.dynamic.exceptions import NotFoundError
 
         try:
-            return self._resource(ref.api_version, ref.kind).get(name=ref.name, namespace=ref.namespace).to_dict()
+            return (
+                self._resource(ref.api_version, ref.kind)
+                .get(name=ref.name, namespace=ref.namespace)
+                .to_dict()
+            )
         except NotFoundError:
             return None
 
     def watch(self, ref: ObjectRef, timeout_s: float) -> Iterator[WatchEvent]:
         res = self._resource(ref.api_version, ref.kind)
-        for event in res.watch(namespace=ref.namespace, field_selector=f"metadata.name={ref.name}",
-                               timeout=max(1, int(timeout_s))):
+        for event in res.watch(
+            namespace=ref.namespace,
+            field_selector=f"metadata.name={ref.name}",
+            timeout=max(1, int(timeout_s)),
+        ):
             yield WatchEvent(event["type"], event["raw_object"])
 
     def delete(self, ref: ObjectRef) -> None:
@@ -54,7 +61,8 @@ class KubernetesApi:
 
         try:
             self._resource(ref.api_version, ref.kind).delete(
-                name=ref.name, namespace=ref.namespace, body={"propagationPolicy": "Background"})
+                name=ref.name, namespace=ref.namespace, body={"propagationPolicy": "Background"}
+            )
         except NotFoundError:
             pass
 
@@ -70,7 +78,9 @@ class KubernetesApi:
         return [self._client.sanitize_for_serialization(m) for m in maps.items]
 
     def list_events(self, namespace: str, object_name: str) -> list[dict]:
-        events = self._core.list_namespaced_event(namespace, field_selector=f"involvedObject.name={object_name}")
+        events = self._core.list_namespaced_event(
+            namespace, field_selector=f"involvedObject.name={object_name}"
+        )
         out = [self._client.sanitize_for_serialization(e) for e in events.items]
         return sorted(out, key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "")
 
@@ -84,7 +94,6 @@ class KubernetesApi:
                 return None
             raise
         return [self._client.sanitize_for_serialization(n) for n in nodes.items]
-
 
     def get_crd(self, name: str) -> dict | None:
         from kubernetes import client

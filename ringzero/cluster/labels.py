@@ -25,8 +25,13 @@ class OwnerRef:
 
     def to_k8s(self) -> dict:
         # Not a controller reference: the owner (a pod) does not reconcile these objects.
-        return {"apiVersion": self.api_version, "kind": self.kind, "name": self.name, "uid": self.uid,
-                "blockOwnerDeletion": False}
+        return {
+            "apiVersion": self.api_version,
+            "kind": self.kind,
+            "name": self.name,
+            "uid": self.uid,
+            "blockOwnerDeletion": False,
+        }
 
 
 def launch_name(run: str, stage: str, attempt: str) -> str:

@@ -4,9 +4,10 @@ Order: the run-config ConfigMap, then (for stages that sample) the SGLang server
 waited on until healthy, then the training job, waited on until it ends. The job's run config is
 pointed at those servers with ``--set`` flags (``rollout_overrides``): the Service, the headless
 Service whose A records are the replicas, their count and TP size, the weight transport and the
-checkpoint they serve; for disk weight sync the shared weights volume is mounted in the job's pods. Whatever happens (success, failure, timeout,
-Ctrl-C, SIGTERM from a cancelled pipeline step) everything created is deleted on the way out; the owner
-reference to the pipeline step's pod is the second line of defence if the launcher itself is killed.
+checkpoint they serve; for disk weight sync the shared weights volume is mounted in the job's pods. Whatever
+happens (success, failure, timeout, Ctrl-C, SIGTERM from a cancelled pipeline step) everything created is
+deleted on the way out; the owner reference to the pipeline step's pod is the second line of defence if the
+launcher itself is killed.
 """
 
 from __future__ import annotations
@@ -56,7 +57,9 @@ BACKENDS = {
 def render_stage(settings: ClusterSettings, job: StageJob, rollout: RolloutSpec | None = None) -> list[dict]:
     """Every object a launch creates, in creation order (pure: what ``launch_stage`` submits)."""
     if rollout is not None and settings.device == "cpu":
-        raise RingzeroError("SGLang rollout servers need GPUs: with device cpu use the embedded rollout engine")
+        raise RingzeroError(
+            "SGLang rollout servers need GPUs: with device cpu use the embedded rollout engine"
+        )
     render_job, _ = BACKENDS[settings.backend]
     objects = [render_config_map(job)]
     extra: tuple[str, ...] = ()
@@ -69,7 +72,8 @@ def render_stage(settings: ClusterSettings, job: StageJob, rollout: RolloutSpec 
 
 
 def rollout_overrides(settings: ClusterSettings, job: StageJob, rollout: RolloutSpec) -> tuple[str, ...]:
-    """``--set`` flags that point the stage's rollout client at this launch's servers, every replica by address."""
+    """``--set`` flags that point the stage's rollout client at this launch's servers, every replica by
+    address."""
     values = {
         "kind": "sglang",
         "endpoint": endpoint(job),
@@ -87,9 +91,16 @@ def rollout_overrides(settings: ClusterSettings, job: StageJob, rollout: Rollout
     return tuple(out)
 
 
-def launch_stage(api: ClusterApi, settings: ClusterSettings, job: StageJob, rollout: RolloutSpec | None = None,
-                 *, clock: Callable[[], float] = time.monotonic) -> dict:
-    """Run the stage; returns the finished job object. Raises ``StageFailed``/``StageTimeout`` with log tails."""
+def launch_stage(
+    api: ClusterApi,
+    settings: ClusterSettings,
+    job: StageJob,
+    rollout: RolloutSpec | None = None,
+    *,
+    clock: Callable[[], float] = time.monotonic,
+) -> dict:
+    """Run the stage; returns the finished job object. Raises ``StageFailed``/``StageTimeout`` with log
+    tails."""
     objects = render_stage(settings, job, rollout)
     check_job_crd(api, settings.backend)
     check_capacity(api, settings, objects, job.stage)
@@ -102,7 +113,15 @@ def launch_stage(api: ClusterApi, settings: ClusterSettings, job: StageJob, roll
                 _create(api, created, obj)
             if rollout is not None:
                 deployment = next(o for o in support if o["kind"] == "Deployment")
-                _wait(api, settings, job, deployment, deployment_verdict, settings.rollout.ready_timeout_s, clock)
+                _wait(
+                    api,
+                    settings,
+                    job,
+                    deployment,
+                    deployment_verdict,
+                    settings.rollout.ready_timeout_s,
+                    clock,
+                )
             _create(api, created, training)
             return _wait(api, settings, job, training, job_verdict, settings.job_timeout_s, clock)
         finally:

@@ -36,17 +36,25 @@ class StagePlan:
     problem: str = ""  # the stage cannot be rendered at all (e.g. ranks that are not dp x cp x tp)
 
     def totals(self) -> dict:
-        return {"gpus": sum(p.count * p.gpus for p in self.pods), "cpu": sum(p.count * p.cpu for p in self.pods),
-                "memory": sum(p.count * p.memory for p in self.pods)}
+        return {
+            "gpus": sum(p.count * p.gpus for p in self.pods),
+            "cpu": sum(p.count * p.cpu for p in self.pods),
+            "memory": sum(p.count * p.memory for p in self.pods),
+        }
 
 
 def plan_stage(cfg, settings: ClusterSettings, stage, nodes: list[Node], release: str = "plan") -> StagePlan:
     plan = StagePlan(stage.name, stage.kind)
     job = StageJob(
-        run=cfg.run.name, stage=stage.name, name=launch_name(cfg.run.name, stage.name, release),
+        run=cfg.run.name,
+        stage=stage.name,
+        name=launch_name(cfg.run.name, stage.name, release),
         namespace=settings.namespace or "default",
         config_yaml=yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False),
-        dp=cfg.parallel.dp, cp=cfg.parallel.cp, tp=cfg.engines.training.tp, pp=cfg.engines.training.pp,
+        dp=cfg.parallel.dp,
+        cp=cfg.parallel.cp,
+        tp=cfg.engines.training.tp,
+        pp=cfg.engines.training.pp,
     )
     rollout = None
     if cfg.engines.rollout.kind == "sglang" and stage.kind in SAMPLING_KINDS:
@@ -60,10 +68,13 @@ def plan_stage(cfg, settings: ClusterSettings, stage, nodes: list[Node], release
     for obj in objects:
         row = {"kind": obj["kind"], "name": obj["metadata"]["name"]}
         if obj["kind"] in ("TrainJob", "PyTorchJob"):
-            row["torchrun"] = (f"{settings.num_nodes} node{'s' if settings.num_nodes != 1 else ''} x "
-                               f"{settings.procs_per_node()} processes (dp {job.dp} x cp {job.cp}"
-                               + (f" x tp {job.tp}" if job.tp > 1 else "") + (f" x pp {job.pp}" if job.pp > 1 else "")
-                               + ")")
+            row["torchrun"] = (
+                f"{settings.num_nodes} node{'s' if settings.num_nodes != 1 else ''} x "
+                f"{settings.procs_per_node()} processes (dp {job.dp} x cp {job.cp}"
+                + (f" x tp {job.tp}" if job.tp > 1 else "")
+                + (f" x pp {job.pp}" if job.pp > 1 else "")
+                + ")"
+            )
         plan.objects.append(row)
         plan.pods += pod_groups(obj)
     plan.fits, plan.short = pack(plan.pods, nodes)
@@ -78,15 +89,23 @@ def as_json(plans: list[StagePlan], nodes: list[Node]) -> dict:
     return {
         "nodes": [asdict(n) for n in nodes],
         "fits": all(p.fits for p in plans),
-        "stages": [{**{k: v for k, v in asdict(p).items() if k != "pods"},
-                    "pods": [asdict(g) for g in p.pods], "totals": p.totals()} for p in plans],
+        "stages": [
+            {
+                **{k: v for k, v in asdict(p).items() if k != "pods"},
+                "pods": [asdict(g) for g in p.pods],
+                "totals": p.totals(),
+            }
+            for p in plans
+        ],
     }
 
 
 def as_text(plans: list[StagePlan], nodes: list[Node]) -> str:
-    lines = [f"capacity: {describe(nodes)}" + (
-        "" if nodes[0].cpu is None else f", {nodes[0].cpu:g} CPU" ) + (
-        "" if nodes[0].memory is None else f", {gib(nodes[0].memory)} each")]
+    lines = [
+        f"capacity: {describe(nodes)}"
+        + ("" if nodes[0].cpu is None else f", {nodes[0].cpu:g} CPU")
+        + ("" if nodes[0].memory is None else f", {gib(nodes[0].memory)} each")
+    ]
     for p in plans:
         verdict = "fits" if p.fits else "DOES NOT FIT"
         lines.append(f"\nstage {p.stage} ({p.kind}): {verdict}")
@@ -96,8 +115,10 @@ def as_text(plans: list[StagePlan], nodes: list[Node]) -> str:
         for row in p.objects:
             text = f"  {row['kind']:<11} {row['name']}"
             for group in [g for g in p.pods if g.kind == row["kind"] and g.name.split("/")[0] == row["name"]]:
-                text += (f"  {group.count} pod{'s' if group.count != 1 else ''} x ({group.gpus} GPUs, "
-                         f"{group.cpu:g} CPU, {gib(group.memory)})")
+                text += (
+                    f"  {group.count} pod{'s' if group.count != 1 else ''} x ({group.gpus} GPUs, "
+                    f"{group.cpu:g} CPU, {gib(group.memory)})"
+                )
             if "torchrun" in row:
                 text += f"  torchrun {row['torchrun']}"
             lines.append(text)
@@ -106,5 +127,3 @@ def as_text(plans: list[StagePlan], nodes: list[Node]) -> str:
         if p.short:
             lines.append(f"  short: {p.short}")
     return "\n".join(lines)
-
-

@@ -74,13 +74,19 @@ def s3_credential_env() -> list[dict]:
 
 
 def s3_credential_volume(secret: S3SecretRef) -> dict:
-    """The S3 Secret as a volume of just its two keys, readable by the pod's group (the run user's fsGroup)."""
-    return {"name": S3_CREDENTIAL_VOLUME, "secret": {
-        "secretName": secret.name,
-        "defaultMode": S3_CREDENTIAL_MODE,
-        "items": [{"key": secret.access_key_key, "path": S3_ACCESS_KEY_FILE},
-                  {"key": secret.secret_key_key, "path": S3_SECRET_KEY_FILE}],
-    }}
+    """The S3 Secret as a volume of just its two keys, readable by the pod's group (the run user's
+    fsGroup)."""
+    return {
+        "name": S3_CREDENTIAL_VOLUME,
+        "secret": {
+            "secretName": secret.name,
+            "defaultMode": S3_CREDENTIAL_MODE,
+            "items": [
+                {"key": secret.access_key_key, "path": S3_ACCESS_KEY_FILE},
+                {"key": secret.secret_key_key, "path": S3_SECRET_KEY_FILE},
+            ],
+        },
+    }
 
 
 def s3_credential_mount() -> dict:
@@ -101,8 +107,19 @@ def resources(node: NodeResources, gpus: int) -> dict:
     return {"requests": requests, "limits": limits}
 
 
-def container(name: str, image: str, pull_policy: str, command: list[str], args: list[str], *,
-              env: list[dict], resources: dict, mounts: list[dict], ipc_lock: bool = False, **extra) -> dict:
+def container(
+    name: str,
+    image: str,
+    pull_policy: str,
+    command: list[str],
+    args: list[str],
+    *,
+    env: list[dict],
+    resources: dict,
+    mounts: list[dict],
+    ipc_lock: bool = False,
+    **extra,
+) -> dict:
     """One container with the hardened security context; ``extra`` adds ports and probes."""
     return {
         "name": name,
@@ -118,8 +135,14 @@ def container(name: str, image: str, pull_policy: str, command: list[str], args:
     }
 
 
-def pod_spec(settings: ClusterSettings, containers: list[dict], *, volumes: list[dict],
-             init_containers: list[dict] = (), restart_policy: str = "Never") -> dict:
+def pod_spec(
+    settings: ClusterSettings,
+    containers: list[dict],
+    *,
+    volumes: list[dict],
+    init_containers: list[dict] = (),
+    restart_policy: str = "Never",
+) -> dict:
     spec = {
         "serviceAccountName": settings.service_account,
         # Stage and rollout processes never call the Kubernetes API; only the launcher does.

@@ -33,7 +33,11 @@ def render_pytorchjob(settings: ClusterSettings, job: StageJob, extra_args: tupl
     image = settings.job_image()
     labels = job.labels("trainer")
     main = pods.container(
-        CONTAINER, image.ref(), image.pull_policy, TORCHRUN, torchrun_args(settings, job, RENDEZVOUS, extra_args),
+        CONTAINER,
+        image.ref(),
+        image.pull_policy,
+        TORCHRUN,
+        torchrun_args(settings, job, RENDEZVOUS, extra_args),
         env=[*job.plain_env(), *pods.writable_home_env(), *pods.s3_credential_env()],
         resources=pods.resources(settings.node_resources, settings.gpus_per_node),
         mounts=[*pods.scratch_mounts(), pods.run_config_mount(), pods.s3_credential_mount()],
@@ -43,15 +47,22 @@ def render_pytorchjob(settings: ClusterSettings, job: StageJob, extra_args: tupl
     template = {
         "metadata": {"labels": dict(labels)},
         "spec": pods.pod_spec(
-            settings, [main],
-            volumes=[*pods.scratch_volumes(settings.node_resources), pods.run_config_volume(job.config_map_name()),
-                     pods.s3_credential_volume(settings.s3_secret)],
+            settings,
+            [main],
+            volumes=[
+                *pods.scratch_volumes(settings.node_resources),
+                pods.run_config_volume(job.config_map_name()),
+                pods.s3_credential_volume(settings.s3_secret),
+            ],
         ),
     }
     replicas = {"Master": {"replicas": 1, "restartPolicy": "Never", "template": template}}
     if settings.num_nodes > 1:
-        replicas["Worker"] = {"replicas": settings.num_nodes - 1, "restartPolicy": "Never",
-                              "template": copy.deepcopy(template)}
+        replicas["Worker"] = {
+            "replicas": settings.num_nodes - 1,
+            "restartPolicy": "Never",
+            "template": copy.deepcopy(template),
+        }
     return {
         "apiVersion": API_VERSION,
         "kind": "PyTorchJob",

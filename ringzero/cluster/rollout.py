@@ -61,20 +61,38 @@ class RolloutSpec:
         from the stage whether its servers must return routed experts."""
         policy = cfg.precision.rollout
         routed = bool(getattr(getattr(stage, "loss", None), "routing_replay", False))
-        return cls(model_uri=model_uri, s3=cfg.storage.s3, lm_head_fp32=policy.lm_head_fp32,
-                   deterministic=cfg.precision.deterministic, seed=cfg.run.seed, body=policy.body,
-                   routed_experts=routed)
+        return cls(
+            model_uri=model_uri,
+            s3=cfg.storage.s3,
+            lm_head_fp32=policy.lm_head_fp32,
+            deterministic=cfg.precision.deterministic,
+            seed=cfg.run.seed,
+            body=policy.body,
+            routed_experts=routed,
+        )
 
 
 def sglang_args(settings: ClusterSettings, spec: RolloutSpec) -> list[str]:
     if spec.body not in SGLANG_DTYPES:
         raise RingzeroError(
-            f"precision.rollout.body {spec.body!r}: SGLang serves bfloat16 or float32 weights (its --dtype has no "
+            f"precision.rollout.body {spec.body!r}: SGLang serves bfloat16 or float32 weights (its --dtype "
+            "has no "
             "float64); run a float64 rollout on the embedded engine (engines.rollout.kind: embedded)"
         )
-    args = ["--model-path", MODEL_DIR, "--host", "0.0.0.0", "--port", str(PORT),
-            "--tp-size", str(settings.rollout.tp_size), "--dtype", SGLANG_DTYPES[spec.body],
-            "--random-seed", str(spec.seed)]
+    args = [
+        "--model-path",
+        MODEL_DIR,
+        "--host",
+        "0.0.0.0",
+        "--port",
+        str(PORT),
+        "--tp-size",
+        str(settings.rollout.tp_size),
+        "--dtype",
+        SGLANG_DTYPES[spec.body],
+        "--random-seed",
+        str(spec.seed),
+    ]
     if spec.lm_head_fp32:
         args.append("--enable-fp32-lm-head")
     if spec.deterministic:
@@ -97,8 +115,12 @@ def fetch_args(spec: RolloutSpec) -> list[str]:
 
 
 def _probe(period_s: int, failures: int) -> dict:
-    return {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": period_s,
-            "timeoutSeconds": 5, "failureThreshold": failures}
+    return {
+        "httpGet": {"path": "/health", "port": "http"},
+        "periodSeconds": period_s,
+        "timeoutSeconds": 5,
+        "failureThreshold": failures,
+    }
 
 
 def shared_weights_volume(settings: ClusterSettings) -> tuple[dict, dict] | None:
@@ -106,8 +128,10 @@ def shared_weights_volume(settings: ClusterSettings) -> tuple[dict, dict] | None
     claim = settings.rollout.shared_weights_pvc
     if claim is None:
         return None
-    return ({"name": SHARED_WEIGHTS, "persistentVolumeClaim": {"claimName": claim}},
-            {"name": SHARED_WEIGHTS, "mountPath": settings.rollout.shared_weights_mount})
+    return (
+        {"name": SHARED_WEIGHTS, "persistentVolumeClaim": {"claimName": claim}},
+        {"name": SHARED_WEIGHTS, "mountPath": settings.rollout.shared_weights_mount},
+    )
 
 
 def weights_dir(settings: ClusterSettings, job: StageJob) -> str:
@@ -122,7 +146,10 @@ def render_rollout(settings: ClusterSettings, job: StageJob, spec: RolloutSpec) 
     name = job.rollout_name()
     models = {"name": "models", "emptyDir": {}}
     models_mount = {"name": "models", "mountPath": "/models"}
-    volumes, mounts = [*pods.scratch_volumes(settings.rollout.resources), models], [*pods.scratch_mounts(), models_mount]
+    volumes, mounts = (
+        [*pods.scratch_volumes(settings.rollout.resources), models],
+        [*pods.scratch_mounts(), models_mount],
+    )
     # Only the fetch-model init container mounts the keys; the SGLang server never reads the store.
     volumes.append(pods.s3_credential_volume(settings.s3_secret))
     if shared := shared_weights_volume(settings):
@@ -130,18 +157,27 @@ def render_rollout(settings: ClusterSettings, job: StageJob, spec: RolloutSpec) 
         mounts.append({**shared[1], "readOnly": True})
     creds = pods.s3_credential_env()
     fetch = pods.container(
-        "fetch-model", image.ref(), image.pull_policy, ["python3", "-m", "ringzero.cluster.fetch_model"],
-        fetch_args(spec), env=[*pods.writable_home_env(), *creds, {"name": "PYTHONPATH", "value": RINGZERO_SITE}],
+        "fetch-model",
+        image.ref(),
+        image.pull_policy,
+        ["python3", "-m", "ringzero.cluster.fetch_model"],
+        fetch_args(spec),
+        env=[*pods.writable_home_env(), *creds, {"name": "PYTHONPATH", "value": RINGZERO_SITE}],
         resources=pods.resources(settings.rollout.resources, 0),
         mounts=[pods.scratch_mounts()[0], models_mount, pods.s3_credential_mount()],
     )
     # Loading a large model takes minutes: the startup probe allows the whole ready timeout.
     startup_failures = max(1, int(settings.rollout.ready_timeout_s // 10))
     server = pods.container(
-        "sglang", image.ref(), image.pull_policy, ["python3", "-m", "sglang.launch_server"],
-        sglang_args(settings, spec), env=[*job.plain_env(), *pods.writable_home_env()],
+        "sglang",
+        image.ref(),
+        image.pull_policy,
+        ["python3", "-m", "sglang.launch_server"],
+        sglang_args(settings, spec),
+        env=[*job.plain_env(), *pods.writable_home_env()],
         resources=pods.resources(settings.rollout.resources, settings.rollout.tp_size),
-        mounts=mounts, ipc_lock=settings.ipc_lock,
+        mounts=mounts,
+        ipc_lock=settings.ipc_lock,
         ports=[{"name": "http", "containerPort": PORT, "protocol": "TCP"}],
         startupProbe=_probe(10, startup_failures),
         readinessProbe=_probe(10, 3),
@@ -172,23 +208,30 @@ def render_rollout(settings: ClusterSettings, job: StageJob, spec: RolloutSpec) 
         "apiVersion": "v1",
         "kind": "Service",
         "metadata": metadata(replicas_name(job), job.namespace, labels, job.owner),
-        "spec": {"clusterIP": "None", "publishNotReadyAddresses": False, "selector": dict(labels),
-                 "ports": copy.deepcopy(ports)},
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": False,
+            "selector": dict(labels),
+            "ports": copy.deepcopy(ports),
+        },
     }
     return [deployment, service, headless]
 
 
 def with_shared_weights(settings: ClusterSettings, training_job: dict) -> dict:
-    """``training_job`` (a TrainJob or PyTorchJob) with the shared weights volume mounted in every node's pod."""
+    """``training_job`` (a TrainJob or PyTorchJob) with the shared weights volume mounted in every node's
+    pod."""
     shared = shared_weights_volume(settings)
     if shared is None:
         return training_job
     volume, mount = shared
     job = copy.deepcopy(training_job)
     if job["kind"] == "TrainJob":
-        specs = [rj["template"]["spec"]["template"]["spec"]
-                 for patch in job["spec"]["runtimePatches"]
-                 for rj in patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]]
+        specs = [
+            rj["template"]["spec"]["template"]["spec"]
+            for patch in job["spec"]["runtimePatches"]
+            for rj in patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]
+        ]
     elif job["kind"] == "PyTorchJob":
         specs = [role["template"]["spec"] for role in job["spec"]["pytorchReplicaSpecs"].values()]
     else:
@@ -201,7 +244,8 @@ def with_shared_weights(settings: ClusterSettings, training_job: dict) -> dict:
 
 
 def replicas_name(job: StageJob) -> str:
-    """The headless Service of the launch's server pods (the launch name's suffixes stay within 8 characters)."""
+    """The headless Service of the launch's server pods (the launch name's suffixes stay within 8
+    characters)."""
     return f"{job.name}-pods"
 
 

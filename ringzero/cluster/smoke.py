@@ -23,7 +23,9 @@ def rendezvous(environ) -> tuple[str, int, int, int]:
         keys = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")
     missing = [k for k in keys if k not in environ]
     if missing:
-        raise RingzeroError(f"rendezvous variables {missing} are not set: is this running inside a training job?")
+        raise RingzeroError(
+            f"rendezvous variables {missing} are not set: is this running inside a training job?"
+        )
     addr, port, rank, world = (environ[k] for k in keys)
     return addr, int(port), int(rank), int(world)
 
@@ -51,7 +53,9 @@ def check_allreduce(environ, expect_gpus: int) -> str:
 
 def check_bucket(client, bucket: str) -> str:
     if not client.bucket_exists(bucket):
-        raise RingzeroError(f"bucket {bucket!r} does not exist (the chart's bucket job creates it for bundled MinIO)")
+        raise RingzeroError(
+            f"bucket {bucket!r} does not exist (the chart's bucket job creates it for bundled MinIO)"
+        )
     return f"bucket {bucket!r} reachable"
 
 
@@ -66,8 +70,12 @@ def main(argv: list[str] | None = None) -> int:
         print(check_allreduce(os.environ, args.gpus))
         from minio import Minio
 
-        client = Minio(args.endpoint, access_key=credential("RINGZERO_S3_ACCESS_KEY"),
-                       secret_key=credential("RINGZERO_S3_SECRET_KEY"), secure=args.secure)
+        client = Minio(
+            args.endpoint,
+            access_key=credential("RINGZERO_S3_ACCESS_KEY"),
+            secret_key=credential("RINGZERO_S3_SECRET_KEY"),
+            secure=args.secure,
+        )
         print(check_bucket(client, args.bucket))
     except RingzeroError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -34,12 +34,24 @@ def rollout_for(cfg, settings: ClusterSettings, stage, inputs) -> RolloutSpec | 
     return RolloutSpec.from_run_config(cfg, inputs.init_uri, stage)
 
 
-def execute_stage_on_cluster(cfg, store, stage, inputs, run_dir: Path, *, settings: ClusterSettings | None = None,
-                             api=None, environ=os.environ, clock=None) -> ExecutedStage:
+def execute_stage_on_cluster(
+    cfg,
+    store,
+    stage,
+    inputs,
+    run_dir: Path,
+    *,
+    settings: ClusterSettings | None = None,
+    api=None,
+    environ=os.environ,
+    clock=None,
+) -> ExecutedStage:
     settings = settings or getattr(cfg, "cluster", None)
     if settings is None:
-        raise RingzeroError("cluster mode needs cluster settings (the run config's `cluster:` section, "
-                            "which the Helm chart's pipeline upload fills in)")
+        raise RingzeroError(
+            "cluster mode needs cluster settings (the run config's `cluster:` section, "
+            "which the Helm chart's pipeline upload fills in)"
+        )
     key = outcome_key(stage_hash(cfg, stage, inputs))
     if store.get_json(key) is None:
         if api is None:
@@ -50,16 +62,24 @@ def execute_stage_on_cluster(cfg, store, stage, inputs, run_dir: Path, *, settin
 
         step = environ.get("RINGZERO_POD_NAME") or uuid.uuid4().hex
         job = StageJob(
-            run=cfg.run.name, stage=stage.name, name=launch_name(cfg.run.name, stage.name, step),
+            run=cfg.run.name,
+            stage=stage.name,
+            name=launch_name(cfg.run.name, stage.name, step),
             namespace=settings.namespace or current_namespace(),
             config_yaml=yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False),
-            dp=cfg.parallel.dp, cp=cfg.parallel.cp, tp=cfg.engines.training.tp, pp=cfg.engines.training.pp,
-            stage_args=stage_args(inputs), owner=owner_from_env(environ),
+            dp=cfg.parallel.dp,
+            cp=cfg.parallel.cp,
+            tp=cfg.engines.training.tp,
+            pp=cfg.engines.training.pp,
+            stage_args=stage_args(inputs),
+            owner=owner_from_env(environ),
         )
         extra = {"clock": clock} if clock else {}
         launch_stage(api, settings, job, rollout_for(cfg, settings, stage, inputs), **extra)
         if store.get_json(key) is None:
             # Checked before execute_stage, which would otherwise run the stage here, in the step's pod.
-            raise RingzeroError(f"stage {stage.name!r}: the cluster job succeeded but committed no outcome "
-                                f"({key}); does the job use the same store as the pipeline?")
+            raise RingzeroError(
+                f"stage {stage.name!r}: the cluster job succeeded but committed no outcome "
+                f"({key}); does the job use the same store as the pipeline?"
+            )
     return execute_stage(cfg, store, stage, inputs, run_dir)

@@ -33,10 +33,21 @@ EVENTS_SHOWN = 5
 
 
 class StuckPods:
-    def __init__(self, api: ClusterApi, settings: ClusterSettings, namespace: str, label_selector: str,
-                 clock: Callable[[], float]):
+    def __init__(
+        self,
+        api: ClusterApi,
+        settings: ClusterSettings,
+        namespace: str,
+        label_selector: str,
+        clock: Callable[[], float],
+    ):
         self.api, self.settings, self.namespace, self.selector, self.clock = (
-            api, settings, namespace, label_selector, clock)
+            api,
+            settings,
+            namespace,
+            label_selector,
+            clock,
+        )
         self._since: dict[tuple[str, str], float] = {}  # (pod, what) -> when first seen
 
     def check(self) -> str | None:
@@ -61,33 +72,55 @@ class StuckPods:
         s = self.settings
         status = pod.get("status") or {}
         for cond in status.get("conditions") or []:
-            if cond.get("type") == "PodScheduled" and cond.get("status") == "False" and \
-                    cond.get("reason") == "Unschedulable":
-                yield ("unschedulable", s.pending_timeout_s,
-                       f"cannot be scheduled ({cond.get('message') or 'no reason given'}), for "
-                       f"{s.pending_timeout_s:g} s (cluster.pendingTimeoutSeconds)")
+            if (
+                cond.get("type") == "PodScheduled"
+                and cond.get("status") == "False"
+                and cond.get("reason") == "Unschedulable"
+            ):
+                yield (
+                    "unschedulable",
+                    s.pending_timeout_s,
+                    f"cannot be scheduled ({cond.get('message') or 'no reason given'}), for "
+                    f"{s.pending_timeout_s:g} s (cluster.pendingTimeoutSeconds)",
+                )
         statuses = [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]
         for c in statuses:
             waiting = (c.get("state") or {}).get("waiting") or {}
             why, detail = waiting.get("reason"), waiting.get("message") or ""
             where = f"container {c.get('name')} (image {c.get('image')})"
             if why in NEVER_PULLS:
-                yield (f"image:{c.get('name')}", 0, f"{where} can never pull its image: {why} {detail}".rstrip())
+                yield (
+                    f"image:{c.get('name')}",
+                    0,
+                    f"{where} can never pull its image: {why} {detail}".rstrip(),
+                )
             elif why in PULL_WAITS:
-                yield (f"image:{c.get('name')}", s.image_pull_timeout_s,
-                       f"{where} has not pulled its image for {s.image_pull_timeout_s:g} s: {why} {detail}".rstrip())
+                yield (
+                    f"image:{c.get('name')}",
+                    s.image_pull_timeout_s,
+                    f"{where} has not pulled its image for {s.image_pull_timeout_s:g} s: {why} "
+                    f"{detail}".rstrip(),
+                )
             elif why in CONFIG_WAITS:
-                yield (f"config:{c.get('name')}", s.image_pull_timeout_s,
-                       f"{where} cannot start: {why} {detail}".rstrip())
+                yield (
+                    f"config:{c.get('name')}",
+                    s.image_pull_timeout_s,
+                    f"{where} cannot start: {why} {detail}".rstrip(),
+                )
             elif why == "CrashLoopBackOff" and c.get("restartCount", 0) >= s.crash_loop_restarts:
-                yield (f"crash:{c.get('name')}", 0,
-                       f"{where} crashed {c.get('restartCount')} times (CrashLoopBackOff)")
+                yield (
+                    f"crash:{c.get('name')}",
+                    0,
+                    f"{where} crashed {c.get('restartCount')} times (CrashLoopBackOff)",
+                )
 
     def _events(self, pod: str) -> str:
         try:
             events = self.api.list_events(self.namespace, pod)
         except Exception as exc:
             return f"\n(could not read its events: {exc})"
-        lines = [f"  {e.get('type', '')} {e.get('reason', '')}: {e.get('message', '')}".rstrip()
-                 for e in events[-EVENTS_SHOWN:]]
+        lines = [
+            f"  {e.get('type', '')} {e.get('reason', '')}: {e.get('message', '')}".rstrip()
+            for e in events[-EVENTS_SHOWN:]
+        ]
         return "\nits last events:\n" + "\n".join(lines) if lines else ""

@@ -36,13 +36,18 @@ def render_trainjob(settings: ClusterSettings, job: StageJob, extra_args: tuple[
     pod_patch = {
         "securityContext": pods.pod_security(settings),
         "serviceAccountName": settings.service_account,
-        "volumes": [*pods.scratch_volumes(settings.node_resources), pods.run_config_volume(job.config_map_name()),
-                    pods.s3_credential_volume(settings.s3_secret)],
-        "containers": [{
-            "name": RUNTIME_CONTAINER,
-            "securityContext": pods.container_security(settings.ipc_lock),
-            "volumeMounts": [*pods.scratch_mounts(), pods.run_config_mount(), pods.s3_credential_mount()],
-        }],
+        "volumes": [
+            *pods.scratch_volumes(settings.node_resources),
+            pods.run_config_volume(job.config_map_name()),
+            pods.s3_credential_volume(settings.s3_secret),
+        ],
+        "containers": [
+            {
+                "name": RUNTIME_CONTAINER,
+                "securityContext": pods.container_security(settings.ipc_lock),
+                "volumeMounts": [*pods.scratch_mounts(), pods.run_config_mount(), pods.s3_credential_mount()],
+            }
+        ],
     }
     if settings.node_selector:
         pod_patch["nodeSelector"] = dict(settings.node_selector)
@@ -53,8 +58,11 @@ def render_trainjob(settings: ClusterSettings, job: StageJob, extra_args: tuple[
         "kind": "TrainJob",
         "metadata": metadata(job.name, job.namespace, labels, job.owner),
         "spec": {
-            "runtimeRef": {"apiGroup": "trainer.kubeflow.org", "kind": "ClusterTrainingRuntime",
-                           "name": settings.runtime},
+            "runtimeRef": {
+                "apiGroup": "trainer.kubeflow.org",
+                "kind": "ClusterTrainingRuntime",
+                "name": settings.runtime,
+            },
             # The cluster ends the job even if the launcher died and could not.
             "activeDeadlineSeconds": int(settings.job_timeout_s),
             "trainer": {
@@ -66,15 +74,30 @@ def render_trainjob(settings: ClusterSettings, job: StageJob, extra_args: tuple[
                 "numProcPerNode": settings.procs_per_node(),
                 "resourcesPerNode": pods.resources(settings.node_resources, settings.gpus_per_node),
             },
-            "runtimePatches": [{
-                "manager": PATCH_MANAGER,
-                "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": [{
-                    "name": RUNTIME_JOB,
-                    "template": {
-                        "metadata": {"labels": dict(labels)},
-                        "spec": {"template": {"metadata": {"labels": dict(labels)}, "spec": pod_patch}},
+            "runtimePatches": [
+                {
+                    "manager": PATCH_MANAGER,
+                    "trainingRuntimeSpec": {
+                        "template": {
+                            "spec": {
+                                "replicatedJobs": [
+                                    {
+                                        "name": RUNTIME_JOB,
+                                        "template": {
+                                            "metadata": {"labels": dict(labels)},
+                                            "spec": {
+                                                "template": {
+                                                    "metadata": {"labels": dict(labels)},
+                                                    "spec": pod_patch,
+                                                }
+                                            },
+                                        },
+                                    }
+                                ]
+                            }
+                        }
                     },
-                }]}}},
-            }],
+                }
+            ],
         },
     }

@@ -69,8 +69,13 @@ def service_account(values: dict, release: str) -> str:
     if account.get("create", True):
         return account.get("name") or fullname(values, release)
     if not account.get("name"):
-        raise ConfigError("values", ["serviceAccount.name: give the existing service account to use when "
-                                     "serviceAccount.create is false"])
+        raise ConfigError(
+            "values",
+            [
+                "serviceAccount.name: give the existing service account to use when "
+                "serviceAccount.create is false"
+            ],
+        )
     return account["name"]
 
 
@@ -78,18 +83,28 @@ def settings_dict(values: dict, release: str = "ringzero", namespace: str = "def
     """The chart's ``cluster.yaml`` for these values, as a plain mapping."""
     c, images, s3 = values["cluster"], values["images"], values["s3"]
     r = c["rollout"]
-    rollout = {"replicas": r["replicas"], "tp_size": r["tpSize"], "resources": r["resources"],
-               "ready_timeout_s": r["readyTimeoutSeconds"], "weight_sync": r["weightSync"],
-               "shared_weights_mount": r["sharedWeightsMount"]}
+    rollout = {
+        "replicas": r["replicas"],
+        "tp_size": r["tpSize"],
+        "resources": r["resources"],
+        "ready_timeout_s": r["readyTimeoutSeconds"],
+        "weight_sync": r["weightSync"],
+        "shared_weights_mount": r["sharedWeightsMount"],
+    }
     if r.get("sharedWeightsPvc"):
         rollout["shared_weights_pvc"] = r["sharedWeightsPvc"]
     out = {
         "namespace": namespace,
         "backend": c["backend"],
         "runtime": c["runtime"],
-        "images": {kind: {"repository": images[kind]["repository"],
-                          "tag": images[kind].get("digest") or images[kind]["tag"],
-                          "pull_policy": images["pullPolicy"]} for kind in ("trainer", "rollout", "cpu")},
+        "images": {
+            kind: {
+                "repository": images[kind]["repository"],
+                "tag": images[kind].get("digest") or images[kind]["tag"],
+                "pull_policy": images["pullPolicy"],
+            }
+            for kind in ("trainer", "rollout", "cpu")
+        },
         "device": c["device"],
         "num_nodes": c["numNodes"],
         "gpus_per_node": c["gpusPerNode"],
@@ -97,8 +112,11 @@ def settings_dict(values: dict, release: str = "ringzero", namespace: str = "def
         "node_selector": c["nodeSelector"],
         "tolerations": c["tolerations"],
         "service_account": service_account(values, release),
-        "s3_secret": {"name": s3["existingSecret"], "access_key_key": s3["accessKeyKey"],
-                      "secret_key_key": s3["secretKeyKey"]},
+        "s3_secret": {
+            "name": s3["existingSecret"],
+            "access_key_key": s3["accessKeyKey"],
+            "secret_key_key": s3["secretKeyKey"],
+        },
         "run_user": values["runAsUser"],
         "rollout": rollout,
         "job_timeout_s": c["jobTimeoutSeconds"],
@@ -116,8 +134,13 @@ def pipeline_overrides(values: dict) -> list[str]:
     return list(values.get("pipeline", {}).get("overrides") or [])
 
 
-def settings_from_values(files: Iterable[str | Path], release: str = "ringzero", namespace: str = "default",
-                         chart: Path = CHART, values: dict | None = None) -> ClusterSettings:
+def settings_from_values(
+    files: Iterable[str | Path],
+    release: str = "ringzero",
+    namespace: str = "default",
+    chart: Path = CHART,
+    values: dict | None = None,
+) -> ClusterSettings:
     files = list(files)
     data = settings_dict(load_values(files, chart) if values is None else values, release, namespace)
     try:

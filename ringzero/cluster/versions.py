@@ -27,17 +27,33 @@ class JobCrd:
 
 CRDS = {
     "trainjob": JobCrd(
-        "trainjobs.trainer.kubeflow.org", "v1alpha1",
-        ("spec.runtimeRef.name", "spec.trainer.image", "spec.trainer.command", "spec.trainer.numNodes",
-         "spec.trainer.numProcPerNode", "spec.trainer.resourcesPerNode", "spec.runtimePatches",
-         "spec.activeDeadlineSeconds"),
+        "trainjobs.trainer.kubeflow.org",
+        "v1alpha1",
+        (
+            "spec.runtimeRef.name",
+            "spec.trainer.image",
+            "spec.trainer.command",
+            "spec.trainer.numNodes",
+            "spec.trainer.numProcPerNode",
+            "spec.trainer.resourcesPerNode",
+            "spec.runtimePatches",
+            "spec.activeDeadlineSeconds",
+        ),
         "Kubeflow Trainer v2.2 or newer (v2.1 has podTemplateOverrides instead of runtimePatches and no "
-        "activeDeadlineSeconds)"),
+        "activeDeadlineSeconds)",
+    ),
     "pytorchjob": JobCrd(
-        "pytorchjobs.kubeflow.org", "v1",
-        ("spec.pytorchReplicaSpecs", "spec.nprocPerNode", "spec.runPolicy.activeDeadlineSeconds",
-         "spec.runPolicy.backoffLimit", "spec.runPolicy.cleanPodPolicy"),
-        "the Kubeflow Training Operator v1.8 or newer"),
+        "pytorchjobs.kubeflow.org",
+        "v1",
+        (
+            "spec.pytorchReplicaSpecs",
+            "spec.nprocPerNode",
+            "spec.runPolicy.activeDeadlineSeconds",
+            "spec.runPolicy.backoffLimit",
+            "spec.runPolicy.cleanPodPolicy",
+        ),
+        "the Kubeflow Training Operator v1.8 or newer",
+    ),
 }
 
 
@@ -50,7 +66,10 @@ def missing_fields(crd: dict, want: JobCrd) -> list[str]:
     versions = {v.get("name"): v for v in (crd.get("spec") or {}).get("versions") or []}
     served = versions.get(want.version)
     if served is None or not served.get("served", True):
-        return [f"version {want.version} (served: {sorted(v for v in versions if versions[v].get('served', True))})"]
+        return [
+            f"version {want.version} (served: "
+            f"{sorted(v for v in versions if versions[v].get('served', True))})"
+        ]
     schema = (served.get("schema") or {}).get("openAPIV3Schema") or {}
     out = []
     for path in want.fields:
@@ -70,13 +89,18 @@ def check_job_crd(api, backend: str) -> None:
     try:
         crd = api.get_crd(want.name)
     except CrdUnreadable:
-        log.info("job CRD not checked: the launcher may not read CRDs (the chart's rbac.readCluster grants it)")
+        log.info(
+            "job CRD not checked: the launcher may not read CRDs (the chart's rbac.readCluster grants it)"
+        )
         return
     if crd is None:
-        raise RingzeroError(f"the cluster has no {want.name} CRD (backend {backend!r}): install {want.needs}; "
-                            "nothing was created")
+        raise RingzeroError(
+            f"the cluster has no {want.name} CRD (backend {backend!r}): install {want.needs}; "
+            "nothing was created"
+        )
     missing = missing_fields(crd, want)
     if missing:
         raise RingzeroError(
             f"the cluster's {want.name} CRD lacks {', '.join(missing)}, which the launcher sets: it needs "
-            f"{want.needs}; nothing was created")
+            f"{want.needs}; nothing was created"
+        )

@@ -1,4 +1,5 @@
-"""Wait for launched objects with watches and a deadline, and explain failures with the pods' last log lines."""
+"""Wait for launched objects with watches and a deadline, and explain failures with the pods' last log
+lines."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from ringzero.errors import RingzeroError
 
 
 class StageFailed(RingzeroError):
-    """A stage's job or rollout servers failed; the message carries the reason and the pods' last log lines."""
+    """A stage's job or rollout servers failed; the message carries the reason and the pods' last log
+    lines."""
 
 
 class StageTimeout(StageFailed):
@@ -72,9 +74,15 @@ POLL_S = 15.0
 """How often a wait wakes up to look at the launch's pods (``stuck``) while nothing changes."""
 
 
-def wait_for(api: ClusterApi, ref: ObjectRef, verdict: Callable[[dict], Verdict], timeout_s: float,
-             clock: Callable[[], float] = time.monotonic, stuck: Callable[[], str | None] | None = None,
-             poll_s: float = POLL_S) -> dict:
+def wait_for(
+    api: ClusterApi,
+    ref: ObjectRef,
+    verdict: Callable[[dict], Verdict],
+    timeout_s: float,
+    clock: Callable[[], float] = time.monotonic,
+    stuck: Callable[[], str | None] | None = None,
+    poll_s: float = POLL_S,
+) -> dict:
     """Block until ``verdict`` says succeeded (returns the object) or failed / timed out (raises). With
     ``stuck``, also fail as soon as it names a reason (pods that will never run: ``stuck.StuckPods``)."""
     deadline = clock() + timeout_s
@@ -93,12 +101,14 @@ def wait_for(api: ClusterApi, ref: ObjectRef, verdict: Callable[[dict], Verdict]
         if remaining <= 0:
             raise StageTimeout(f"{ref} did not finish within {timeout_s:.0f} s")
         # With pods to look at, the watch's own server-side timeout wakes the wait up when nothing changes.
-        obj = _next_change(api, ref, remaining if stuck is None else min(remaining, poll_s), verdict, deadline,
-                           clock)
+        obj = _next_change(
+            api, ref, remaining if stuck is None else min(remaining, poll_s), verdict, deadline, clock
+        )
 
 
 def _next_change(api, ref, watch_s, verdict, deadline, clock) -> dict | None:
-    """Watch until a decisive change or the deadline; then (or when the stream ends) return the latest state."""
+    """Watch until a decisive change or the deadline; then (or when the stream ends) return the latest
+    state."""
     latest = None
     for event in api.watch(ref, timeout_s=watch_s):
         if event.type == "DELETED":
@@ -134,6 +144,8 @@ def failure_logs(api: ClusterApi, namespace: str, label_selector: str, lines: in
             except Exception as exc:
                 text = f"(no log: {exc})"
             if text.strip():
-                parts.append(f"--- pod {name} ({phase}), container {container}, last {lines} lines ---\n"
-                             f"{text.rstrip()}")
+                parts.append(
+                    f"--- pod {name} ({phase}), container {container}, last {lines} lines ---\n"
+                    f"{text.rstrip()}"
+                )
     return "\n".join(parts) or "(the pods wrote no log lines)"

@@ -30,7 +30,9 @@ class ImageRef(StrictModel):
 
     repository: str = Field(..., min_length=1, description="registry/path of the image, without tag")
     tag: str = Field(..., min_length=1, description="immutable tag (a release) or sha256:... digest")
-    pull_policy: Literal["IfNotPresent", "Always", "Never"] = Field("IfNotPresent", description="kubelet pull policy")
+    pull_policy: Literal["IfNotPresent", "Always", "Never"] = Field(
+        "IfNotPresent", description="kubelet pull policy"
+    )
 
     @field_validator("tag")
     @classmethod
@@ -54,7 +56,9 @@ class ImageRef(StrictModel):
 class Images(StrictModel):
     trainer: ImageRef = Field(..., description="CUDA PyTorch + megatron-core + ringzero: stage jobs on GPUs")
     rollout: ImageRef = Field(..., description="SGLang + ringzero glue: rollout servers")
-    cpu: ImageRef = Field(..., description="ringzero with the embedded engines: stage jobs on CPU-only clusters")
+    cpu: ImageRef = Field(
+        ..., description="ringzero with the embedded engines: stage jobs on CPU-only clusters"
+    )
 
 
 class Toleration(StrictModel):
@@ -78,7 +82,9 @@ class NodeResources(StrictModel):
 
     cpu: str = Field("4", description="CPU request, Kubernetes quantity")
     memory: str = Field("16Gi", description="memory request (and limit), Kubernetes quantity")
-    shm: str = Field("16Gi", description="size of /dev/shm (memory-backed): NCCL and dataloaders need more than 64Mi")
+    shm: str = Field(
+        "16Gi", description="size of /dev/shm (memory-backed): NCCL and dataloaders need more than 64Mi"
+    )
 
 
 class S3SecretRef(StrictModel):
@@ -100,16 +106,22 @@ class RolloutSettings(StrictModel):
     replicas: int = Field(1, ge=1, description="SGLang server pods behind the rollout Service")
     tp_size: int = Field(1, ge=1, description="tensor-parallel size of each server = GPUs per server pod")
     resources: NodeResources = NodeResources(cpu="8", memory="64Gi", shm="16Gi")
-    ready_timeout_s: float = Field(1800.0, gt=0, description="wait this long for every server to pass /health")
+    ready_timeout_s: float = Field(
+        1800.0, gt=0, description="wait this long for every server to pass /health"
+    )
     weight_sync: Literal["distributed", "disk"] = Field(
-        "distributed", description="distributed: the trainer broadcasts new weights to every server over "
-        "NCCL; disk: every server loads a model folder from the shared weights volume (shared_weights_pvc)"
+        "distributed",
+        description="distributed: the trainer broadcasts new weights to every server over "
+        "NCCL; disk: every server loads a model folder from the shared weights volume (shared_weights_pvc)",
     )
     shared_weights_pvc: str | None = Field(
-        None, description="PersistentVolumeClaim (ReadWriteMany) mounted in trainer and server pods for disk "
-        "weight sync; its claim must exist in the run namespace"
+        None,
+        description="PersistentVolumeClaim (ReadWriteMany) mounted in trainer and server pods for disk "
+        "weight sync; its claim must exist in the run namespace",
     )
-    shared_weights_mount: str = Field("/shared-weights", description="where trainer and servers mount that volume")
+    shared_weights_mount: str = Field(
+        "/shared-weights", description="where trainer and servers mount that volume"
+    )
 
     @field_validator("shared_weights_pvc")
     @classmethod
@@ -129,8 +141,10 @@ class RolloutSettings(StrictModel):
     def _disk_needs_a_volume(self) -> RolloutSettings:
         if self.weight_sync == "disk" and self.shared_weights_pvc is None:
             raise ValueError(
-                "weight_sync disk needs shared_weights_pvc: SGLang loads pushed weights from a local path, so "
-                "trainer and servers must mount one volume; set a ReadWriteMany claim or use weight_sync distributed"
+                "weight_sync disk needs shared_weights_pvc: SGLang loads pushed weights from a local path, "
+                "so "
+                "trainer and servers must mount one volume; set a ReadWriteMany claim or use weight_sync "
+                "distributed"
             )
         return self
 
@@ -138,36 +152,62 @@ class RolloutSettings(StrictModel):
 class ClusterSettings(StrictModel):
     """Where and how a stage runs on Kubernetes (cluster mode of the pipeline)."""
 
-    namespace: str | None = Field(None, description="namespace of the jobs; null = the launcher's own namespace")
+    namespace: str | None = Field(
+        None, description="namespace of the jobs; null = the launcher's own namespace"
+    )
     backend: Literal["trainjob", "pytorchjob"] = Field(
         "trainjob", description="trainjob: Kubeflow Trainer v2; pytorchjob: Training Operator v1 (fallback)"
     )
     runtime: str = Field("torch-distributed", description="ClusterTrainingRuntime a TrainJob references")
     images: Images
-    device: Literal["gpu", "cpu"] = Field("gpu", description="gpu: trainer image + GPUs; cpu: cpu image, no GPUs")
+    device: Literal["gpu", "cpu"] = Field(
+        "gpu", description="gpu: trainer image + GPUs; cpu: cpu image, no GPUs"
+    )
     num_nodes: int = Field(1, ge=1, description="job nodes (pods) of one stage")
-    gpus_per_node: int = Field(8, ge=0, description="GPUs per job node, one training process each; 0 with device cpu")
+    gpus_per_node: int = Field(
+        8, ge=0, description="GPUs per job node, one training process each; 0 with device cpu"
+    )
     node_resources: NodeResources = NodeResources()
-    node_selector: dict[str, str] = Field(default_factory=dict, description="node labels job and rollout pods need")
-    tolerations: list[Toleration] = Field(default_factory=list, description="taints job and rollout pods tolerate")
+    node_selector: dict[str, str] = Field(
+        default_factory=dict, description="node labels job and rollout pods need"
+    )
+    tolerations: list[Toleration] = Field(
+        default_factory=list, description="taints job and rollout pods tolerate"
+    )
     service_account: str = Field("ringzero", description="service account of job and rollout pods")
     s3_secret: S3SecretRef
-    run_user: int = Field(10001, ge=1, description="non-root uid (and gid) every pod runs as; matches the images")
+    run_user: int = Field(
+        10001, ge=1, description="non-root uid (and gid) every pod runs as; matches the images"
+    )
     rollout: RolloutSettings = RolloutSettings()
     job_timeout_s: float = Field(
-        2 * 24 * 3600.0, gt=0, description="fail a stage job that runs longer than this (its pods running or not)")
+        2 * 24 * 3600.0,
+        gt=0,
+        description="fail a stage job that runs longer than this (its pods running or not)",
+    )
     pending_timeout_s: float = Field(
-        600.0, gt=0, description="fail a stage when one of its pods stays unschedulable this long (no node with "
-        "the GPUs, CPU or memory it asks for, a node selector or taint nothing matches, a quota)")
+        600.0,
+        gt=0,
+        description="fail a stage when one of its pods stays unschedulable this long (no node with "
+        "the GPUs, CPU or memory it asks for, a node selector or taint nothing matches, a quota)",
+    )
     image_pull_timeout_s: float = Field(
-        300.0, gt=0, description="fail a stage when a container's image has not been pulled this long after the "
-        "first failed pull (an image name that cannot be pulled fails at once)")
+        300.0,
+        gt=0,
+        description="fail a stage when a container's image has not been pulled this long after the "
+        "first failed pull (an image name that cannot be pulled fails at once)",
+    )
     crash_loop_restarts: int = Field(
-        3, ge=1, description="fail a stage when a container has restarted this often (CrashLoopBackOff)")
-    log_lines: int = Field(50, ge=1, le=5000, description="last log lines of each failed pod put in the error")
+        3, ge=1, description="fail a stage when a container has restarted this often (CrashLoopBackOff)"
+    )
+    log_lines: int = Field(
+        50, ge=1, le=5000, description="last log lines of each failed pod put in the error"
+    )
     ipc_lock: bool = Field(
-        False, description="add the IPC_LOCK capability to trainer and SGLang containers, for NCCL over "
-        "InfiniBand (memory registration pins pages); relaxes the restricted Pod Security profile")
+        False,
+        description="add the IPC_LOCK capability to trainer and SGLang containers, for NCCL over "
+        "InfiniBand (memory registration pins pages); relaxes the restricted Pod Security profile",
+    )
 
     @field_validator("service_account", "runtime")
     @classmethod
@@ -186,8 +226,10 @@ class ClusterSettings(StrictModel):
         if self.device == "gpu" and not self.gpus_per_node:
             raise ValueError("gpus_per_node must be at least 1 when device is gpu")
         if self.device == "cpu" and self.ipc_lock:
-            raise ValueError("ipc_lock is for NCCL over InfiniBand on GPU nodes; with device cpu it would only "
-                             "relax the pods' security profile")
+            raise ValueError(
+                "ipc_lock is for NCCL over InfiniBand on GPU nodes; with device cpu it would only "
+                "relax the pods' security profile"
+            )
         return self
 
     def job_image(self) -> ImageRef:

@@ -18,11 +18,14 @@ class TISCorrection(StrictModel):
 
 
 class SeqISCorrection(StrictModel):
-    """Sequence-level IS: every token of a sequence takes min(prod_t r_t, cap), or min(exp(mean_t log r_t), cap)."""
+    """Sequence-level IS: every token of a sequence takes min(prod_t r_t, cap), or min(exp(mean_t log r_t),
+    cap)."""
 
     kind: Literal["seq_is"] = "seq_is"
     cap: float = Field(2.0, gt=1, description="upper truncation of the sequence weight")
-    form: Literal["product", "geometric"] = Field("product", description="product of ratios or their geometric mean")
+    form: Literal["product", "geometric"] = Field(
+        "product", description="product of ratios or their geometric mean"
+    )
 
 
 class _Bounds(StrictModel):
@@ -36,7 +39,8 @@ class MaskedISCorrection(_Bounds):
     kind: Literal["masked_is"] = "masked_is"
     level: Literal["token", "sequence"] = "token"
     form: Literal["product", "geometric"] | None = Field(
-        None, description="sequence level only: the sequence ratio is the product (default) or the geometric mean"
+        None,
+        description="sequence level only: the sequence ratio is the product (default) or the geometric mean",
     )
 
     @model_validator(mode="after")

@@ -24,10 +24,14 @@ class StagePod(StrictModel):
     """The pod of a step that runs its stage in-process: resources and node placement."""
 
     cpu: str | None = Field(None, description="CPU request, e.g. '4' or '500m'; null = the cluster default")
-    memory: str | None = Field(None, description="memory request and limit, e.g. '16Gi'; null = the cluster default")
+    memory: str | None = Field(
+        None, description="memory request and limit, e.g. '16Gi'; null = the cluster default"
+    )
     gpus: int = Field(
-        0, ge=0, description="GPUs requested (and limited to); the stage runs with one local rank per GPU "
-        "(torchrun), so parallel.dp x parallel.cp must equal max(gpus, 1)"
+        0,
+        ge=0,
+        description="GPUs requested (and limited to); the stage runs with one local rank per GPU "
+        "(torchrun), so parallel.dp x parallel.cp must equal max(gpus, 1)",
     )
     accelerator: str = Field("nvidia.com/gpu", description="extended resource name of the GPUs")
     node_selector: dict[str, str] = Field(default_factory=dict, description="node labels the pod requires")
@@ -54,19 +58,25 @@ class StagePod(StrictModel):
 
 class KfpSettings(StrictModel):
     base_image: str = Field(
-        "ringzero:0.1.0", min_length=1, description="image of every step; it must have ringzero with its kfp extra"
+        "ringzero:0.1.0",
+        min_length=1,
+        description="image of every step; it must have ringzero with its kfp extra",
     )
     mode: Literal["in-process", "cluster"] = Field(
         "in-process",
-        description="in-process: a step runs its stage in its own pod; cluster: a step launches the stage as a "
+        description="in-process: a step runs its stage in its own pod; cluster: a step launches the stage as "
+        "a "
         "training job (cluster settings) and waits for it",
     )
     s3_secret: S3SecretRef | None = Field(
-        None, description="Secret with the s3:// store's keys, given to steps as RINGZERO_S3_*; null = none mounted"
+        None,
+        description="Secret with the s3:// store's keys, given to steps as RINGZERO_S3_*; null = none "
+        "mounted",
     )
     stage_pod: StagePod = Field(StagePod(), description="pods of in-process stage steps")
     service_account: str | None = Field(
-        None, description="service account of the run's pods (a submitted run is created with it); in cluster "
+        None,
+        description="service account of the run's pods (a submitted run is created with it); in cluster "
         "mode the release's launcher account, which may create the stage jobs; null = the KFP default",
     )
 
@@ -91,12 +101,19 @@ def stage_pod_rank_problem(pod: StagePod, dp: int, cp: int, tp: int = 1, pp: int
     """Why an in-process step with this pod could not run the run's ranks (None when it can).
 
     An in-process step runs its stage with ``pod.local_ranks()`` processes, one per GPU its pod
-    requests; the run's ``parallel.dp x parallel.cp`` (x ``engines.training.tp`` x ``pp``) ranks must be exactly those.
+    requests; the run's ``parallel.dp x parallel.cp`` (x ``engines.training.tp`` x ``pp``) ranks must be
+    exactly those.
     """
     ranks = pod.local_ranks()
     names, values, need = world_product(dp, cp, tp, pp)
     if ranks == need:
         return None
-    what = f"{pod.gpus} GPUs run the stage with {ranks} local ranks" if pod.gpus else "0 runs the stage as 1 process"
-    return (f"kfp.stage_pod.gpus: {what}, but {names} = {values} = {need}; "
-            f"make kfp.stage_pod.gpus equal {names} (or use kfp.mode cluster)")
+    what = (
+        f"{pod.gpus} GPUs run the stage with {ranks} local ranks"
+        if pod.gpus
+        else "0 runs the stage as 1 process"
+    )
+    return (
+        f"kfp.stage_pod.gpus: {what}, but {names} = {values} = {need}; "
+        f"make kfp.stage_pod.gpus equal {names} (or use kfp.mode cluster)"
+    )

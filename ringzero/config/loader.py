@@ -1,4 +1,5 @@
-"""Load a run: YAML file -> ``--set`` overrides -> typed ``RunConfig``, with every problem reported at once."""
+"""Load a run: YAML file -> ``--set`` overrides -> typed ``RunConfig``, with every problem reported at
+once."""
 
 from __future__ import annotations
 
@@ -53,7 +54,8 @@ def read_yaml(text: str, source: str) -> dict:
 
 
 def apply_overrides(data: dict, overrides: list[str], source: str = "--set") -> dict:
-    """Apply ``a.b.c=value`` overrides (value parsed as YAML). List items are addressed by index or by name."""
+    """Apply ``a.b.c=value`` overrides (value parsed as YAML). List items are addressed by index or by
+    name."""
     problems = []
     for item in overrides:
         if "=" not in item:
@@ -95,7 +97,9 @@ def _set_path(node: Any, keys: list[str], value: Any) -> None:
                 node[key] = {}
             node = node[key]
         else:
-            raise TypeError(f"cannot descend into {'.'.join(walked) or 'the top level'}: it is a {type(node).__name__}")
+            raise TypeError(
+                f"cannot descend into {'.'.join(walked) or 'the top level'}: it is a {type(node).__name__}"
+            )
         walked.append(key)
 
 
@@ -129,8 +133,11 @@ def parse_config(data: dict, source: str = "<config>") -> RunConfig:
         targets = data.get("targets")
         if isinstance(targets, list):
             names = [s.get("name") for s in stages if isinstance(s, dict)] if isinstance(stages, list) else []
-            problems += [p for p in target_problems(targets, [n for n in names if isinstance(n, str)])
-                         if p not in problems]
+            problems += [
+                p
+                for p in target_problems(targets, [n for n in names if isinstance(n, str)])
+                if p not in problems
+            ]
         raise ConfigError(source, problems) from None
 
 

@@ -23,12 +23,17 @@ class RunSettings(StrictModel):
     run_dir: str = Field("runs", description="local folder for logs, metrics JSONL and reports")
     threads: int | None = Field(None, ge=1, description="torch CPU threads; null = torch's default")
     sigterm_grace_s: float = Field(
-        25.0, gt=0, le=3600, description="on SIGTERM a step loop saves a resume point at the next step and "
+        25.0,
+        gt=0,
+        le=3600,
+        description="on SIGTERM a step loop saves a resume point at the next step and "
         "exits; after this many seconds the process exits whatever it is doing (keep it under the pod's "
-        "terminationGracePeriodSeconds)")
+        "terminationGracePeriodSeconds)",
+    )
     device: Literal["auto", "cpu", "cuda"] = Field(
-        "auto", description="where a stage's model, optimizer, batches and rollout engine live; auto: CUDA when "
-        "present (each rank its LOCAL_RANK's GPU), else CPU"
+        "auto",
+        description="where a stage's model, optimizer, batches and rollout engine live; auto: CUDA when "
+        "present (each rank its LOCAL_RANK's GPU), else CPU",
     )
 
 
@@ -53,11 +58,19 @@ TokenizerConfig = Annotated[CharTokenizer | HFTokenizer, Field(discriminator="ki
 
 
 class TrainingEngine(StrictModel):
-    kind: Literal["torch", "megatron"] = Field("torch", description="torch: embedded default; megatron: megatron-core")
-    tp: int = Field(1, ge=1, description="megatron: tensor-parallel degree (heads and MLP columns split over tp ranks)")
+    kind: Literal["torch", "megatron"] = Field(
+        "torch", description="torch: embedded default; megatron: megatron-core"
+    )
+    tp: int = Field(
+        1, ge=1, description="megatron: tensor-parallel degree (heads and MLP columns split over tp ranks)"
+    )
     pp: int = Field(1, ge=1, description="megatron: pipeline-parallel degree")
-    ep: int = Field(1, ge=1, description="megatron: expert-parallel degree (each MoE layer's routed experts split "
-                    "over ep of the parallel.dp ranks; must divide dp and model.num_experts)")
+    ep: int = Field(
+        1,
+        ge=1,
+        description="megatron: expert-parallel degree (each MoE layer's routed experts split "
+        "over ep of the parallel.dp ranks; must divide dp and model.num_experts)",
+    )
     distributed_optimizer: bool = Field(
         False, description="megatron: shard optimizer state over the data-parallel ranks (megatron-core's)"
     )
@@ -66,19 +79,25 @@ class TrainingEngine(StrictModel):
     def _engine_dims(self) -> TrainingEngine:
         problems = []
         if self.kind == "torch":
-            problems += [f"{name}: {getattr(self, name)} is a megatron degree; the torch engine splits work over "
-                         "parallel.dp x parallel.cp only (use kind: megatron)" for name in ("tp", "pp", "ep")
-                         if getattr(self, name) > 1]
+            problems += [
+                f"{name}: {getattr(self, name)} is a megatron degree; the torch engine splits work over "
+                "parallel.dp x parallel.cp only (use kind: megatron)"
+                for name in ("tp", "pp", "ep")
+                if getattr(self, name) > 1
+            ]
             if self.distributed_optimizer:
-                problems.append("distributed_optimizer: megatron-core's; the torch engine keeps a full AdamW per rank "
-                                "(use kind: megatron)")
+                problems.append(
+                    "distributed_optimizer: megatron-core's; the torch engine keeps a full AdamW per rank "
+                    "(use kind: megatron)"
+                )
         if problems:
             raise ValueError("; ".join(problems))
         return self
 
 
 class DistributedSync(StrictModel):
-    """Weight pushes over a torch.distributed group the trainer opens with every server (``weight_sync: distributed``).
+    """Weight pushes over a torch.distributed group the trainer opens with every server (``weight_sync:
+    distributed``).
 
     The trainer is rank 0; replica ``r`` holds ranks ``1 + r * tp_size`` to ``(r + 1) * tp_size``.
     """
@@ -87,40 +106,55 @@ class DistributedSync(StrictModel):
     master_address: str | None = Field(
         None, description="address the servers reach the trainer at; null = the trainer host's own address"
     )
-    master_port: int = Field(0, ge=0, le=65535, description="port of the group's store on the trainer; 0 = a free one")
+    master_port: int = Field(
+        0, ge=0, le=65535, description="port of the group's store on the trainer; 0 = a free one"
+    )
     group_name: str = Field("ringzero-weights", min_length=1, description="the group's name on every server")
     timeout_s: float = Field(600.0, gt=0, description="to form the group and for each collective")
 
 
 class RolloutEngine(StrictModel):
-    kind: Literal["embedded", "sglang"] = Field("embedded", description="embedded: in-process; sglang: HTTP servers")
+    kind: Literal["embedded", "sglang"] = Field(
+        "embedded", description="embedded: in-process; sglang: HTTP servers"
+    )
     endpoint: str | None = Field(
-        None, description="http(s)://host:port of one SGLang-compatible server (a load-balanced Service reaches "
-        "one pod per call, so weight pushes would miss the others: give endpoints or replica_dns for several)"
+        None,
+        description="http(s)://host:port of one SGLang-compatible server (a load-balanced Service reaches "
+        "one pod per call, so weight pushes would miss the others: give endpoints or replica_dns for "
+        "several)",
     )
     endpoints: list[str] = Field(default_factory=list, description="http(s)://host:port of every replica")
     replica_dns: str | None = Field(
         None, description="host:port of a headless Service: each of its DNS A records is one replica"
     )
-    replicas: int | None = Field(None, ge=1, description="replicas replica_dns must resolve to before sampling")
-    tp_size: int = Field(1, ge=1, description="tensor-parallel ranks of each replica (distributed weight sync)")
+    replicas: int | None = Field(
+        None, ge=1, description="replicas replica_dns must resolve to before sampling"
+    )
+    tp_size: int = Field(
+        1, ge=1, description="tensor-parallel ranks of each replica (distributed weight sync)"
+    )
     timeout_s: float = Field(600.0, gt=0)
     stale: Literal["refuse", "count"] = Field(
-        "refuse", description="a completion whose weight_version is not the last one pushed: refuse the batch, or "
-        "keep it and count it (metric rollout/stale_samples)"
+        "refuse",
+        description="a completion whose weight_version is not the last one pushed: refuse the batch, or "
+        "keep it and count it (metric rollout/stale_samples)",
     )
     weight_sync: Literal["disk", "distributed", "store"] = Field(
-        "disk", description="disk: each server loads a model folder at a local path it can read (weights_dir); "
-        "distributed: tensors broadcast from the trainer over a torch.distributed group; store: the committed "
-        "checkpoint's store URI (only `ringzero serve` reads those)"
+        "disk",
+        description="disk: each server loads a model folder at a local path it can read (weights_dir); "
+        "distributed: tensors broadcast from the trainer over a torch.distributed group; store: the "
+        "committed "
+        "checkpoint's store URI (only `ringzero serve` reads those)",
     )
     weights_dir: str | None = Field(
-        None, description="absolute path of the folder trainer and servers share (a volume mounted in both); "
-        "disk pushes must name a model folder under it"
+        None,
+        description="absolute path of the folder trainer and servers share (a volume mounted in both); "
+        "disk pushes must name a model folder under it",
     )
     served_uri: str | None = Field(
-        None, description="checkpoint the servers were started with (the launcher sets it): a stage that samples "
-        "from that checkpoint pushes nothing"
+        None,
+        description="checkpoint the servers were started with (the launcher sets it): a stage that samples "
+        "from that checkpoint pushes nothing",
     )
     distributed: DistributedSync = DistributedSync()
 
@@ -155,13 +189,17 @@ class RunConfig(StrictModel):
     task: TaskConfig = ArithmeticTask()
     storage: StorageConfig = StorageConfig()
     stages: list[StageConfig] = Field(default_factory=list)
-    kfp: KfpSettings = Field(KfpSettings(), description="Kubeflow Pipelines: step image, resources, secrets, mode")
+    kfp: KfpSettings = Field(
+        KfpSettings(), description="Kubeflow Pipelines: step image, resources, secrets, mode"
+    )
     cluster: ClusterSettings | None = Field(
-        None, description="cluster mode: where stage jobs and rollout servers run (not part of stage identity)"
+        None,
+        description="cluster mode: where stage jobs and rollout servers run (not part of stage identity)",
     )
     targets: list[TargetExpr] = Field(
-        default_factory=list, description="what the run should reach, reported as met / missed / missing once it "
-        "ends (never stopping it, not part of stage identity); see ringzero.config.targets for the grammar"
+        default_factory=list,
+        description="what the run should reach, reported as met / missed / missing once it "
+        "ends (never stopping it, not part of stage identity); see ringzero.config.targets for the grammar",
     )
 
     @model_validator(mode="after")
@@ -183,7 +221,8 @@ class RunConfig(StrictModel):
         if self.precision.deterministic and self.parallel.cp > 1:
             raise ValueError(
                 "precision.deterministic needs parallel.cp = 1: a context-parallel forward sums attention in "
-                f"another order than the rollout engine's, so their log-probs cannot be bitwise equal (cp={self.parallel.cp})"
+                "another order than the rollout engine's, so their log-probs cannot be bitwise equal "
+                f"(cp={self.parallel.cp})"
             )
         problems = megatron_problems(self) if self.engines.training.kind == "megatron" else []
         if problems:
@@ -197,16 +236,24 @@ class RunConfig(StrictModel):
             if not getattr(getattr(st, "loss", None), "routing_replay", False):
                 continue
             if self.model.num_experts is None:
-                problems.append(f"stages[{i}].loss.routing_replay: the model has no MoE layers (model.num_experts "
-                                "is null), so there is no routing to replay")
+                problems.append(
+                    f"stages[{i}].loss.routing_replay: the model has no MoE layers (model.num_experts "
+                    "is null), so there is no routing to replay"
+                )
             if self.precision.deterministic:
-                problems.append(f"stages[{i}].loss.routing_replay: precision.deterministic already makes the "
-                                "rollout engine route every token as the trainer does")
+                problems.append(
+                    f"stages[{i}].loss.routing_replay: precision.deterministic already makes the "
+                    "rollout engine route every token as the trainer does"
+                )
         if self.engines.rollout.kind == "sglang" and self.cluster is not None:
-            # The launcher starts real SGLang servers (an SGLang-compatible `ringzero serve` takes any layout).
+            # The launcher starts real SGLang servers (an SGLang-compatible `ringzero serve` takes any
+            # layout).
             from ringzero.model.sglang_loader import sglang_problems
 
-            problems += [f"model: the cluster's SGLang servers cannot serve it: {p}" for p in sglang_problems(self.model)]
+            problems += [
+                f"model: the cluster's SGLang servers cannot serve it: {p}"
+                for p in sglang_problems(self.model)
+            ]
         if problems:
             raise ValueError("; ".join(problems))
         return self
@@ -222,22 +269,32 @@ def _megatron_moe_problems(cfg: RunConfig) -> list[str]:
     """What megatron's MoELayer cannot express of ringzero's MoE (the model refuses the same at build)."""
     tp, m, problems = cfg.engines.training.tp, cfg.model, []
     if not m.norm_topk_prob and m.num_experts_per_tok > 1:
-        problems.append("engines.training.kind megatron: model.norm_topk_prob is false; megatron's sigmoid router "
-                        "always renormalizes the weights of the chosen experts")
+        problems.append(
+            "engines.training.kind megatron: model.norm_topk_prob is false; megatron's sigmoid router "
+            "always renormalizes the weights of the chosen experts"
+        )
     if m.n_group > 1 and m.num_experts_per_tok // m.topk_group != 2:
-        problems.append(f"engines.training.kind megatron: model.num_experts_per_tok // model.topk_group is "
-                        f"{m.num_experts_per_tok // m.topk_group}; megatron scores an expert group by its top "
-                        "num_experts_per_tok // topk_group experts, ringzero by its top 2, so it must be 2")
+        problems.append(
+            f"engines.training.kind megatron: model.num_experts_per_tok // model.topk_group is "
+            f"{m.num_experts_per_tok // m.topk_group}; megatron scores an expert group by its top "
+            "num_experts_per_tok // topk_group experts, ringzero by its top 2, so it must be 2"
+        )
     shared = (m.num_shared_experts or 0) * m.moe_intermediate_size
-    for name, width in (("model.moe_intermediate_size", m.moe_intermediate_size),
-                        ("model.num_shared_experts x moe_intermediate_size", shared)):
+    for name, width in (
+        ("model.moe_intermediate_size", m.moe_intermediate_size),
+        ("model.num_shared_experts x moe_intermediate_size", shared),
+    ):
         if width % tp:
-            problems.append(f"engines.training.tp: {tp} does not divide {name} ({width}): each rank holds an "
-                            "equal share of every expert's columns")
+            problems.append(
+                f"engines.training.tp: {tp} does not divide {name} ({width}): each rank holds an "
+                "equal share of every expert's columns"
+            )
     for i, st in enumerate(cfg.stages):
         if getattr(getattr(st, "loss", None), "routing_replay", False):
-            problems.append(f"stages[{i}].loss.routing_replay: the megatron engine's MoE layers do not replay the "
-                            "rollout's routing yet; use kind: torch for routing replay")
+            problems.append(
+                f"stages[{i}].loss.routing_replay: the megatron engine's MoE layers do not replay the "
+                "rollout's routing yet; use kind: torch for routing replay"
+            )
     return problems
 
 
@@ -246,16 +303,22 @@ def _megatron_cp_problems(cfg: RunConfig) -> list[str]:
     on the zigzag shards megatron's MLA ropes."""
     p, m, tp, problems = cfg.parallel, cfg.model, cfg.engines.training.tp, []
     if p.sharding != "zigzag":
-        problems.append(f"engines.training.kind megatron: parallel.cp = {p.cp} needs parallel.sharding: zigzag "
-                        f"(got {p.sharding}): megatron's MLA ropes each CP rank's chunks r and 2 cp - 1 - r")
+        problems.append(
+            f"engines.training.kind megatron: parallel.cp = {p.cp} needs parallel.sharding: zigzag "
+            f"(got {p.sharding}): megatron's MLA ropes each CP rank's chunks r and 2 cp - 1 - r"
+        )
     if p.cp_plan.mla != "a2a" or p.cp_plan.lightning != "allgather":
-        problems.append(f"engines.training.kind megatron: parallel.cp_plan must be mla: a2a, lightning: allgather "
-                        f"(got mla: {p.cp_plan.mla}, lightning: {p.cp_plan.lightning}): those are the strategies "
-                        "the megatron layers implement")
+        problems.append(
+            f"engines.training.kind megatron: parallel.cp_plan must be mla: a2a, lightning: allgather "
+            f"(got mla: {p.cp_plan.mla}, lightning: {p.cp_plan.lightning}): those are the strategies "
+            "the megatron layers implement"
+        )
     if m.num_attention_heads % tp == 0 and (m.num_attention_heads // tp) % p.cp:
-        problems.append(f"parallel.cp: {p.cp} does not divide the {m.num_attention_heads // tp} heads of each "
-                        f"tensor-parallel rank (model.num_attention_heads / engines.training.tp): MLA's "
-                        "all-to-all gives each CP rank whole heads")
+        problems.append(
+            f"parallel.cp: {p.cp} does not divide the {m.num_attention_heads // tp} heads of each "
+            f"tensor-parallel rank (model.num_attention_heads / engines.training.tp): MLA's "
+            "all-to-all gives each CP rank whole heads"
+        )
     return problems
 
 
@@ -267,9 +330,11 @@ def _megatron_ep_share_problems(cfg: RunConfig) -> list[str]:
     for i, st in enumerate(cfg.stages):
         rows = st.prompts_per_step * st.samples_per_prompt // st.minibatches if st.kind == "rl" else 0
         if rows % dp:
-            problems.append(f"stages[{i}]: a minibatch of prompts_per_step x samples_per_prompt / minibatches = {rows} "
-                            f"responses does not split evenly over parallel.dp ({dp}), which engines.training.ep {ep} "
-                            "needs: the data-parallel ranks' MoE layers exchange tokens in every forward")
+            problems.append(
+                f"stages[{i}]: a minibatch of prompts_per_step x samples_per_prompt / minibatches = {rows} "
+                f"responses does not split evenly over parallel.dp ({dp}), which engines.training.ep {ep} "
+                "needs: the data-parallel ranks' MoE layers exchange tokens in every forward"
+            )
     return problems
 
 
@@ -280,41 +345,59 @@ def megatron_problems(cfg: RunConfig) -> list[str]:
     if cp > 1:
         problems += _megatron_cp_problems(cfg)
     if cfg.precision.deterministic:
-        problems.append("engines.training.kind megatron: precision.deterministic decodes with the torch engine's "
-                        "batch-invariant forward, which megatron's kernels do not reproduce bit for bit")
+        problems.append(
+            "engines.training.kind megatron: precision.deterministic decodes with the torch engine's "
+            "batch-invariant forward, which megatron's kernels do not reproduce bit for bit"
+        )
     if m.num_experts is not None:
         problems += _megatron_moe_problems(cfg)
     pp = cfg.engines.training.pp
     if pp > 1 and m.num_hidden_layers % pp:
-        problems.append(f"engines.training.pp: {pp} does not divide model.num_hidden_layers ({m.num_hidden_layers}): "
-                        "each pipeline stage holds an equal run of layers")
+        problems.append(
+            f"engines.training.pp: {pp} does not divide model.num_hidden_layers ({m.num_hidden_layers}): "
+            "each pipeline stage holds an equal run of layers"
+        )
     if pp > 1 and m.tie_word_embeddings:
-        problems.append(f"engines.training.pp: {pp} with model.tie_word_embeddings: the LM head would sit on the last "
-                        "stage and its weight, the embedding, on the first; use untied embeddings (Ling 2.5's)")
+        problems.append(
+            f"engines.training.pp: {pp} with model.tie_word_embeddings: the LM head would sit on the last "
+            "stage and its weight, the embedding, on the first; use untied embeddings (Ling 2.5's)"
+        )
     ep = cfg.engines.training.ep
     if ep > 1:
         if m.num_experts is None:
-            problems.append(f"engines.training.ep: {ep}: the model has no MoE layers (model.num_experts is null), "
-                            "so there are no experts to split; use ep: 1")
+            problems.append(
+                f"engines.training.ep: {ep}: the model has no MoE layers (model.num_experts is null), "
+                "so there are no experts to split; use ep: 1"
+            )
         elif m.num_experts % ep:
-            problems.append(f"engines.training.ep: {ep} does not divide model.num_experts ({m.num_experts}): each "
-                            "expert-parallel rank holds an equal share of the routed experts")
+            problems.append(
+                f"engines.training.ep: {ep} does not divide model.num_experts ({m.num_experts}): each "
+                "expert-parallel rank holds an equal share of the routed experts"
+            )
         if (cfg.parallel.dp * cfg.parallel.cp) % ep:
-            problems.append(f"engines.training.ep: {ep} does not divide parallel.dp x parallel.cp "
-                            f"({cfg.parallel.dp * cfg.parallel.cp}): expert-parallel ranks are carved out of the "
-                            "data- and context-parallel ranks (megatron-core's layout), they do not add to the "
-                            "world size")
+            problems.append(
+                f"engines.training.ep: {ep} does not divide parallel.dp x parallel.cp "
+                f"({cfg.parallel.dp * cfg.parallel.cp}): expert-parallel ranks are carved out of the "
+                "data- and context-parallel ranks (megatron-core's layout), they do not add to the "
+                "world size"
+            )
     if ep > 1 and cfg.parallel.dp > 1:
         problems += _megatron_ep_share_problems(cfg)
     if m.num_attention_heads % tp:
-        problems.append(f"engines.training.tp: {tp} does not divide model.num_attention_heads "
-                        f"({m.num_attention_heads}): each rank holds whole heads")
+        problems.append(
+            f"engines.training.tp: {tp} does not divide model.num_attention_heads "
+            f"({m.num_attention_heads}): each rank holds whole heads"
+        )
     if m.vocab_size % tp:
-        problems.append(f"engines.training.tp: {tp} does not divide model.vocab_size ({m.vocab_size}): the "
-                        "embedding and LM head split the vocabulary rows evenly")
+        problems.append(
+            f"engines.training.tp: {tp} does not divide model.vocab_size ({m.vocab_size}): the "
+            "embedding and LM head split the vocabulary rows evenly"
+        )
     if m.group_norm_size % tp:
-        problems.append(f"engines.training.tp: {tp} does not divide model.group_norm_size ({m.group_norm_size}): "
-                        "each rank normalizes whole groups of the Lightning output")
+        problems.append(
+            f"engines.training.tp: {tp} does not divide model.group_norm_size ({m.group_norm_size}): "
+            "each rank normalizes whole groups of the Lightning output"
+        )
     return problems
 
 
@@ -339,7 +422,24 @@ def stage_graph_problems(stages: list) -> list[str]:
             if not isinstance(ref, str) or "://" in ref:
                 continue
             if ref not in seen:
-                problems.append(f"stages[{i}].{field}: {ref!r} is neither a URI nor an earlier stage (earlier: {seen})")
+                problems.append(
+                    f"stages[{i}].{field}: {ref!r} is neither a URI nor an earlier stage (earlier: {seen})"
+                )
         if isinstance(name, str) and name not in seen:
             seen.append(name)
     return problems
+
+
+def stage_view(cfg: RunConfig, stage) -> RunConfig:
+    """The run as ``stage`` sees it: its own ``seed`` and ``precision`` in place of the run's, when set. A
+    stage runs, and is identified (ringzero.pipeline.identity), under this view, so a stage that sets its
+    seed to the run's is the very stage that does not set it."""
+    seed, precision = getattr(stage, "seed", None), getattr(stage, "precision", None)
+    update = {}
+    if seed is not None and seed != cfg.run.seed:
+        update["run"] = cfg.run.model_copy(update={"seed": seed})
+    if precision is not None:
+        fields = {k: v for k, v in (("train", precision.train), ("rollout", precision.rollout)) if v}
+        if fields:
+            update["precision"] = cfg.precision.model_copy(update=fields)
+    return cfg.model_copy(update=update) if update else cfg

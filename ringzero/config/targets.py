@@ -33,7 +33,9 @@ _NUM = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?"
 _KEY = r"[A-Za-z0-9_./@-]+"
 _OP = re.compile(r"<=|>=|==|<|>")
 _NUMBER_TERM = re.compile(rf"^\s*({_NUM})\s*$")
-_REF_TERM = re.compile(rf"^\s*(?:({_NUM})\s*\*\s*)?([a-z0-9][a-z0-9-]*)\.({_KEY})(?:\s+([+-])\s*({_NUM}))?\s*$")
+_REF_TERM = re.compile(
+    rf"^\s*(?:({_NUM})\s*\*\s*)?([a-z0-9][a-z0-9-]*)\.({_KEY})(?:\s+([+-])\s*({_NUM}))?\s*$"
+)
 _GLUED_OFFSET = re.compile(rf"[A-Za-z0-9_][-+]{_NUM}$")  # ``len/mean-0.03``: an offset without its space
 _AT_STEP = re.compile(r"^(.+)@step(\d+)$")
 GRAMMAR = "TERM OP TERM, OP one of <= < >= > ==, TERM = NUMBER or [NUMBER *] STAGE.KEY [(+|-) NUMBER]"
@@ -72,7 +74,9 @@ def _term(text: str) -> Term:
         return Term(offset=float(m.group(1)))
     m = _REF_TERM.match(text)
     if not m:
-        raise ValueError(f"cannot parse the term {text.strip()!r}; expected NUMBER or [NUMBER *] STAGE.KEY [(+|-) NUMBER]")
+        raise ValueError(
+            f"cannot parse the term {text.strip()!r}; expected NUMBER or [NUMBER *] STAGE.KEY [(+|-) NUMBER]"
+        )
     scale, stage, key, sign, offset = m.groups()
     if _GLUED_OFFSET.search(key):
         raise ValueError(f"{stage}.{key}: put a space before the sign of an offset (keys may hold '-')")
@@ -82,8 +86,11 @@ def _term(text: str) -> Term:
     if stage == RUN and (key not in RUN_KEYS or step is not None):
         raise ValueError(f"{stage}.{key}: the run's values are {', '.join(f'run.{k}' for k in RUN_KEYS)}")
     value = float(offset) if offset is not None else 0.0
-    return Term(scale=float(scale) if scale is not None else 1.0, ref=Ref(stage=stage, key=key, step=step),
-                offset=-value if sign == "-" else value)
+    return Term(
+        scale=float(scale) if scale is not None else 1.0,
+        ref=Ref(stage=stage, key=key, step=step),
+        offset=-value if sign == "-" else value,
+    )
 
 
 def parse_expr(expr: str, name: str | None = None) -> Target:
@@ -91,7 +98,9 @@ def parse_expr(expr: str, name: str | None = None) -> Target:
     if len(ops) != 1:
         raise ValueError(f"cannot parse {expr!r}; expected {GRAMMAR}")
     left, right = _OP.split(expr)
-    target = Target(name=name or expr.strip(), expr=expr.strip(), left=_term(left), op=ops[0], right=_term(right))
+    target = Target(
+        name=name or expr.strip(), expr=expr.strip(), left=_term(left), op=ops[0], right=_term(right)
+    )
     if not target.refs():
         raise ValueError(f"{expr!r} compares two numbers; a target reads at least one STAGE.KEY")
     return target
@@ -122,10 +131,22 @@ def _dump(t: Target) -> str | dict:
 
 
 TargetExpr = Annotated[
-    Target, BeforeValidator(parse_target), PlainSerializer(_dump),
-    WithJsonSchema({"anyOf": [{"type": "string", "description": GRAMMAR},
-                              {"type": "object", "required": ["name", "expr"], "additionalProperties": False,
-                               "properties": {"name": {"type": "string"}, "expr": {"type": "string"}}}]}),
+    Target,
+    BeforeValidator(parse_target),
+    PlainSerializer(_dump),
+    WithJsonSchema(
+        {
+            "anyOf": [
+                {"type": "string", "description": GRAMMAR},
+                {
+                    "type": "object",
+                    "required": ["name", "expr"],
+                    "additionalProperties": False,
+                    "properties": {"name": {"type": "string"}, "expr": {"type": "string"}},
+                },
+            ]
+        }
+    ),
 ]
 
 
@@ -140,6 +161,7 @@ def target_problems(targets: list, stages: list[str]) -> list[str]:
             continue
         for ref in target.refs():
             if ref.stage != RUN and ref.stage not in stages:
-                problems.append(f"targets[{i}]: {ref} names no stage of this run (stages: {', '.join(stages)}, "
-                                f"or {RUN})")
+                problems.append(
+                    f"targets[{i}]: {ref} names no stage of this run (stages: {', '.join(stages)}, or {RUN})"
+                )
     return problems

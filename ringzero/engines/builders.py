@@ -26,7 +26,8 @@ def task_and_tokenizer(cfg) -> tuple[Task, Tokenizer]:
     tokenizer = build_tokenizer(cfg.tokenizer)
     if tokenizer.vocab_size > cfg.model.vocab_size:
         raise RingzeroError(
-            f"model.vocab_size: {cfg.model.vocab_size} is smaller than the tokenizer's {tokenizer.vocab_size} ids"
+            f"model.vocab_size: {cfg.model.vocab_size} is smaller than the tokenizer's "
+            f"{tokenizer.vocab_size} ids"
         )
     return make_task(cfg.task), tokenizer
 

@@ -58,14 +58,21 @@ class TrainOptimizer:
         self.total_steps, self.schedule = total_steps, schedule
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.needs_master = any(p.dtype != torch.float32 for p in self.params)
-        self.master = ([p.detach().float().clone().requires_grad_(True) for p in self.params]
-                       if self.needs_master else self.params)
+        self.master = (
+            [p.detach().float().clone().requires_grad_(True) for p in self.params]
+            if self.needs_master
+            else self.params
+        )
         # Norm gains stay out of weight decay: decaying them towards 0 shrinks activations, not complexity.
         decay = [m for m in self.master if m.dim() >= 2]
         no_decay = [m for m in self.master if m.dim() < 2]
         self.adam = torch.optim.AdamW(
-            [{"params": decay, "weight_decay": settings.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-            lr=settings.lr, betas=tuple(settings.betas),
+            [
+                {"params": decay, "weight_decay": settings.weight_decay},
+                {"params": no_decay, "weight_decay": 0.0},
+            ],
+            lr=settings.lr,
+            betas=tuple(settings.betas),
         )
         self.steps_taken = 0  # optimizer steps applied or skipped: the schedule's clock
         self.skipped = 0
@@ -83,7 +90,9 @@ class TrainOptimizer:
 
     def step(self) -> StepReport:
         """Clip, check and apply the accumulated gradients; the schedule advances either way."""
-        lr = lr_at(self.steps_taken, self.settings.lr, self.settings.warmup_steps, self.total_steps, self.schedule)
+        lr = lr_at(
+            self.steps_taken, self.settings.lr, self.settings.warmup_steps, self.total_steps, self.schedule
+        )
         self.steps_taken += 1
         if self.needs_master:
             for p, m in zip(self.params, self.master, strict=True):

@@ -12,7 +12,9 @@ class TorchEngine:
 
     def build(self, cfg, store, init_uri, policy, runtime, *, optim, total_steps, schedule) -> TrainingSetup:
         model = placed(start_model(cfg, store, init_uri, policy), cfg, runtime).train()
-        return TrainingSetup(model, TrainOptimizer(model, optim, total_steps=total_steps, schedule=schedule), model)
+        return TrainingSetup(
+            model, TrainOptimizer(model, optim, total_steps=total_steps, schedule=schedule), model
+        )
 
     def frozen(self, cfg, store, uri, policy, runtime):
         model = placed(start_model(cfg, store, uri, policy), cfg, runtime).eval()

@@ -45,11 +45,11 @@ class EngineOptimizer(Protocol):
 
 @dataclass
 class TrainingSetup:
-    """``model``: what the trainer scores and trains (``hidden(ids, positions)``, ``logits(hidden)``, ``cfg``),
-    placed on this rank's device and layout. ``serving``: a single-device ``HybridLM`` with the same weights,
-    what an embedded rollout engine copies and evaluations sample from; ``None`` until ``served()`` is first
-    called, for an engine that shards its weights (no rank keeps a full copy it does not use: a stage whose
-    rollouts run on SGLang servers never builds one)."""
+    """``model``: what the trainer scores and trains (``hidden(ids, positions)``, ``logits(hidden)``,
+    ``cfg``), placed on this rank's device and layout. ``serving``: a single-device ``HybridLM`` with the same
+    weights, what an embedded rollout engine copies and evaluations sample from; ``None`` until ``served()``
+    is first called, for an engine that shards its weights (no rank keeps a full copy it does not use: a stage
+    whose rollouts run on SGLang servers never builds one)."""
 
     model: torch.nn.Module
     optimizer: EngineOptimizer
@@ -80,8 +80,18 @@ class TrainingSetup:
 class TrainingEngine(Protocol):
     kind: str
 
-    def build(self, cfg, store, init_uri: str | None, policy: PrecisionPolicy, runtime: Runtime, *,
-              optim, total_steps: int, schedule: str) -> TrainingSetup:
+    def build(
+        self,
+        cfg,
+        store,
+        init_uri: str | None,
+        policy: PrecisionPolicy,
+        runtime: Runtime,
+        *,
+        optim,
+        total_steps: int,
+        schedule: str,
+    ) -> TrainingSetup:
         """The stage's model from ``init_uri`` (a fresh one when None) and its optimizer (``optim``: the
         stage's ``OptimSettings``)."""
         ...

@@ -22,8 +22,19 @@ from ringzero.errors import RingzeroError
 
 SETTINGS_COMPONENT = "cluster-settings"
 RUNS_COMPONENT = "run-configs"
-KEYS = ("cluster.yaml", "s3-endpoint", "s3-secure", "s3-root", "s3-region", "s3-secret.yaml", "step-image",
-        "service-account", "kfp-host", "run-config", "pipeline-overrides.yaml")
+KEYS = (
+    "cluster.yaml",
+    "s3-endpoint",
+    "s3-secure",
+    "s3-root",
+    "s3-region",
+    "s3-secret.yaml",
+    "step-image",
+    "service-account",
+    "kfp-host",
+    "run-config",
+    "pipeline-overrides.yaml",
+)
 
 
 @dataclass(frozen=True)
@@ -38,8 +49,10 @@ class Install:
         missing = [k for k in KEYS if k not in self.data]
         if missing:
             raise RingzeroError(
-                f"{self.where}: no {', '.join(missing)}; is it the cluster ConfigMap of a ringzero release of this "
-                "version? (helm upgrade the release to write them)")
+                f"{self.where}: no {', '.join(missing)}; is it the cluster ConfigMap of a ringzero release "
+                "of this "
+                "version? (helm upgrade the release to write them)"
+            )
 
     @property
     def service_account(self) -> str:
@@ -54,16 +67,24 @@ class Install:
         return self.data["run-config"]
 
     def overrides(self, run_config_name: str) -> list[str]:
-        """The run config's ``--set`` overrides for a pipeline of this release (what the upload Job passes)."""
+        """The run config's ``--set`` overrides for a pipeline of this release (what the upload Job
+        passes)."""
         d = self.data
-        out = [f"storage.root={d['s3-root']}/{Path(run_config_name).stem}",
-               f"storage.s3.endpoint={d['s3-endpoint']}", f"storage.s3.secure={d['s3-secure']}"]
+        out = [
+            f"storage.root={d['s3-root']}/{Path(run_config_name).stem}",
+            f"storage.s3.endpoint={d['s3-endpoint']}",
+            f"storage.s3.secure={d['s3-secure']}",
+        ]
         if d["s3-region"]:
             out.append(f"storage.s3.region={d['s3-region']}")
         secret = yaml.safe_load(d["s3-secret.yaml"])
-        out += ["kfp.mode=cluster", f"kfp.base_image={d['step-image']}",
-                f"kfp.s3_secret={yaml.safe_dump(secret, default_flow_style=True).strip()}",
-                f"kfp.service_account={d['service-account']}", f"cluster={d['cluster.yaml']}"]
+        out += [
+            "kfp.mode=cluster",
+            f"kfp.base_image={d['step-image']}",
+            f"kfp.s3_secret={yaml.safe_dump(secret, default_flow_style=True).strip()}",
+            f"kfp.service_account={d['service-account']}",
+            f"cluster={d['cluster.yaml']}",
+        ]
         return out + list(yaml.safe_load(d["pipeline-overrides.yaml"]) or [])
 
     def config_path(self, name: str, scratch: Path) -> Path:
@@ -83,8 +104,10 @@ def from_dir(folder: str | Path) -> Install:
     folder = Path(folder)
     if not folder.is_dir():
         raise RingzeroError(f"{folder}: no such folder (the release's cluster ConfigMap is mounted there)")
-    return Install({p.name: p.read_text() for p in folder.iterdir() if p.is_file() and not p.name.startswith(".")},
-                   str(folder))
+    return Install(
+        {p.name: p.read_text() for p in folder.iterdir() if p.is_file() and not p.name.startswith(".")},
+        str(folder),
+    )
 
 
 def from_release(release: str, namespace: str | None = None, api=None) -> Install:
@@ -100,13 +123,18 @@ def from_release(release: str, namespace: str | None = None, api=None) -> Instal
         found = api.list_config_maps(namespace, selector)
         if len(found) != 1:
             raise RingzeroError(
-                f"release {release!r} in namespace {namespace!r}: {'no' if not found else len(found)} ConfigMaps "
-                f"labelled {selector}; is the release installed there (helm list -n {namespace})?")
+                f"release {release!r} in namespace {namespace!r}: {'no' if not found else len(found)} "
+                "ConfigMaps "
+                f"labelled {selector}; is the release installed there (helm list -n {namespace})?"
+            )
         return found[0]
 
     settings, runs = one(SETTINGS_COMPONENT), one(RUNS_COMPONENT)
-    return Install(dict(settings.get("data") or {}), f"ConfigMap {namespace}/{settings['metadata']['name']}",
-                   dict(runs.get("data") or {}))
+    return Install(
+        dict(settings.get("data") or {}),
+        f"ConfigMap {namespace}/{settings['metadata']['name']}",
+        dict(runs.get("data") or {}),
+    )
 
 
 def _context_namespace() -> str:

@@ -28,7 +28,8 @@ def stage_markdown(ex: ExecutedStage) -> str:
     lines = [
         f"## stage `{ex.name}` ({ex.kind}): {'cached' if ex.skipped else 'ran'}",
         "",
-        f"stop: {o.stop_reason} · steps: {o.steps} · wall: {o.wall_s:.0f} s · identity: `{ex.stage_hash[:16]}`",
+        f"stop: {o.stop_reason} · steps: {o.steps} · wall: {o.wall_s:.0f} s · identity: "
+        f"`{ex.stage_hash[:16]}`",
         "",
         f"output: `{o.output_uri}`" if o.output_uri else "output: no checkpoint",
         "",
@@ -59,13 +60,20 @@ def status_markdown(run: str, status: str, stages: list[dict], error: str | None
 def targets_markdown(targets: list[TargetResult]) -> str:
     if not targets:
         return ""
-    lines = ["", "### targets (reported, never stopping the run)", "", "| target | left | right | result |",
-             "|---|---|---|---|"]
+    lines = [
+        "",
+        "### targets (reported, never stopping the run)",
+        "",
+        "| target | left | right | result |",
+        "|---|---|---|---|",
+    ]
     for t in targets:
         missing = f" ({', '.join(t.missing)})" if t.missing else ""
         label = target_label(t).replace("|", "\\|")  # a name's bar would end the cell
-        lines.append(f"| {label} | {_fmt(t.left) if t.left is not None else '-'} | "
-                     f"{_fmt(t.right) if t.right is not None else '-'} | {t.status}{missing} |")
+        lines.append(
+            f"| {label} | {_fmt(t.left) if t.left is not None else '-'} | "
+            f"{_fmt(t.right) if t.right is not None else '-'} | {t.status}{missing} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -88,6 +96,12 @@ def _executed(store, entry: dict) -> ExecutedStage:
         raise RingzeroError(f"stage {entry['name']!r}: {outcome_key(h)} is missing from the store")
     lines = (store.get_bytes(metrics_key(h)) or b"").decode().splitlines()
     return ExecutedStage(
-        entry["name"], entry["kind"], h, StageInputs(**entry["inputs"]), StageOutcome(**outcome),
-        GateResult(**entry["gate"]), entry["skipped"], [json.loads(line) for line in lines if line.strip()],
+        entry["name"],
+        entry["kind"],
+        h,
+        StageInputs(**entry["inputs"]),
+        StageOutcome(**outcome),
+        GateResult(**entry["gate"]),
+        entry["skipped"],
+        [json.loads(line) for line in lines if line.strip()],
     )

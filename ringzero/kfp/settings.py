@@ -21,8 +21,17 @@ def load_kfp_config(path: str | Path, overrides: list[str] | None = None) -> tup
     """
     cfg = load_config(path, overrides)
     in_process = cfg.kfp.mode == "in-process"
-    problem = stage_pod_rank_problem(cfg.kfp.stage_pod, cfg.parallel.dp, cfg.parallel.cp,
-                                     cfg.engines.training.tp, cfg.engines.training.pp) if in_process else None
+    problem = (
+        stage_pod_rank_problem(
+            cfg.kfp.stage_pod,
+            cfg.parallel.dp,
+            cfg.parallel.cp,
+            cfg.engines.training.tp,
+            cfg.engines.training.pp,
+        )
+        if in_process
+        else None
+    )
     if problem:
         raise ConfigError(str(path), [problem])
     return cfg, cfg.kfp

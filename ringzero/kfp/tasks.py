@@ -53,13 +53,26 @@ def parse_config_text(text: str) -> RunConfig:
     except json.JSONDecodeError as exc:
         raise ConfigError("run_config", [f"not JSON: {exc}"]) from None
     if not isinstance(data, dict):
-        raise ConfigError("run_config", [f"top level must be an object of sections, got {type(data).__name__}"])
+        raise ConfigError(
+            "run_config", [f"top level must be an object of sections, got {type(data).__name__}"]
+        )
     return parse_config(data, "run_config")
 
 
 def run_stage(
-    run_config: str, stage_name: str, kind: str, mode: str, run_id: str, *, init_uri: str, base_uri: str,
-    reference_uri: str = "", compare_uris: dict | None = None, metrics=None, summary=None, html_report=None,
+    run_config: str,
+    stage_name: str,
+    kind: str,
+    mode: str,
+    run_id: str,
+    *,
+    init_uri: str,
+    base_uri: str,
+    reference_uri: str = "",
+    compare_uris: dict | None = None,
+    metrics=None,
+    summary=None,
+    html_report=None,
 ) -> tuple[str, str]:
     """Run (or reuse) one stage; returns (checkpoint URI or "", summary as JSON) and fills the artifacts."""
     if mode not in MODES:
@@ -99,8 +112,9 @@ def check_gate(run_config: str, stage_name: str, summary_json: str, reasons=None
     return bool(result.passed)
 
 
-def record_final_status(run_config: str, run_id: str, state: str, error: str | None, summary=None,
-                        html_report=None) -> str:
+def record_final_status(
+    run_config: str, run_id: str, state: str, error: str | None, summary=None, html_report=None
+) -> str:
     """Finish the run manifest: gate_failed if a gate stopped the run, else the pipeline's own final state;
     then evaluate the run's targets over the stages it recorded (reported only, the status stays)."""
     cfg = parse_config_text(run_config)
@@ -118,7 +132,10 @@ def record_final_status(run_config: str, run_id: str, state: str, error: str | N
     # After the status is safe: the targets read every stage's outcome and metrics back from the store.
     result = report.run_result(cfg, store, manifest.doc)
     manifest.record_targets(result.targets)
-    _write(summary, report.status_markdown(cfg.run.name, status, stages, error) + report.targets_markdown(result.targets))
+    _write(
+        summary,
+        report.status_markdown(cfg.run.name, status, stages, error) + report.targets_markdown(result.targets),
+    )
     _write(html_report, report.run_report_html(cfg, store, manifest.doc, result))
     log.info("run.finished", run=cfg.run.name, status=status)
     return status
@@ -128,7 +145,9 @@ def _stage(cfg: RunConfig, name: str, kind: str | None):
     try:
         stage = cfg.stage(name)
     except KeyError:
-        raise RingzeroError(f"stage {name!r} is not in the run config (stages: {[s.name for s in cfg.stages]})") from None
+        raise RingzeroError(
+            f"stage {name!r} is not in the run config (stages: {[s.name for s in cfg.stages]})"
+        ) from None
     if kind is not None and stage.kind != kind:
         raise RingzeroError(f"stage {name!r} is a {stage.kind} stage; this step runs {kind} stages")
     return stage
@@ -157,8 +176,9 @@ def _execute_in_process(cfg: RunConfig, store, stage, inputs: StageInputs, run_d
     itself under torchrun with G local ranks and commits the outcome under the same stage identity;
     ``execute_stage`` then finds that outcome and returns it without running anything.
     """
-    problem = stage_pod_rank_problem(cfg.kfp.stage_pod, cfg.parallel.dp, cfg.parallel.cp,
-                                     cfg.engines.training.tp, cfg.engines.training.pp)
+    problem = stage_pod_rank_problem(
+        cfg.kfp.stage_pod, cfg.parallel.dp, cfg.parallel.cp, cfg.engines.training.tp, cfg.engines.training.pp
+    )
     if problem:
         raise ConfigError("run_config", [problem])
     ranks = cfg.kfp.stage_pod.local_ranks()
@@ -170,17 +190,31 @@ def _execute_in_process(cfg: RunConfig, store, stage, inputs: StageInputs, run_d
         with tempfile.TemporaryDirectory(prefix="ringzero-stage-") as tmp:
             config = Path(tmp) / "config.yaml"
             config.write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
-            argv = [sys.executable, "-m", "ringzero.cli.main", "stage", "run", str(config), "--stage", stage.name,
-                    *stage_args(inputs), "--nproc", str(ranks)]
+            argv = [
+                sys.executable,
+                "-m",
+                "ringzero.cli.main",
+                "stage",
+                "run",
+                str(config),
+                "--stage",
+                stage.name,
+                *stage_args(inputs),
+                "--nproc",
+                str(ranks),
+            ]
             log.info("stage.ranks", stage=stage.name, nproc=ranks)
             code = _run_command(argv)
         # 3: the stage ran and committed, and its gate failed; the gate step decides what that means.
         if code not in (0, 3):
-            raise RingzeroError(f"stage {stage.name!r}: `ringzero stage run --nproc {ranks}` exited with {code}")
+            raise RingzeroError(
+                f"stage {stage.name!r}: `ringzero stage run --nproc {ranks}` exited with {code}"
+            )
         if store.get_json(key) is None:
             # Checked before execute_stage, which would otherwise run the stage again here, as one rank.
-            raise RingzeroError(f"stage {stage.name!r}: `ringzero stage run --nproc {ranks}` committed no outcome "
-                                f"({key})")
+            raise RingzeroError(
+                f"stage {stage.name!r}: `ringzero stage run --nproc {ranks}` committed no outcome ({key})"
+            )
     return execute_stage(cfg, store, stage, inputs, run_dir)
 
 

@@ -2,4 +2,3 @@
 
 This package's ``__init__`` stays light: importing ``ringzero.model.config`` must not import torch.
 """
-

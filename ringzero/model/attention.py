@@ -66,7 +66,8 @@ def causal_attention(
     softmax_fp32: bool,
     return_lse: bool = False,
 ):
-    """``softmax(q k^T * scale + mask) v`` with q ``[B, Q, H, D]``, k ``[B, K, H|1, D]``, v ``[B, K, H|1, E]``.
+    """``softmax(q k^T * scale + mask) v`` with q ``[B, Q, H, D]``, k ``[B, K, H|1, D]``, v ``[B, K, H|1,
+    E]``.
 
     Returns o ``[B, Q, H, E]`` in q's dtype, and with ``return_lse`` also the log-sum-exp of the scaled,
     masked scores ``[B, Q, H]`` in at least fp32. A key/value head count of 1 is shared by all heads (MQA,
@@ -138,8 +139,9 @@ def sdpa_causal_attention(
     else:
         visible_B1QK = visible_mask(q_pos, k_pos)[:, None]
         empty_B1Q1 = ~visible_B1QK.any(-1, keepdim=True)
-        o_BHQW = F.scaled_dot_product_attention(q_BHQD, k_BHKD, v_BHKD, attn_mask=visible_B1QK | empty_B1Q1,
-                                                scale=scale)
+        o_BHQW = F.scaled_dot_product_attention(
+            q_BHQD, k_BHKD, v_BHKD, attn_mask=visible_B1QK | empty_B1Q1, scale=scale
+        )
     o_BQHE = o_BHQW.transpose(1, 2)[..., :E]
     if empty_B1Q1 is not None:
         o_BQHE = o_BQHE.masked_fill(empty_B1Q1.transpose(1, 2), 0.0)
@@ -147,7 +149,8 @@ def sdpa_causal_attention(
 
 
 def attention_fn(impl: str):
-    """The attention function of ``impl`` (``explicit`` or ``sdpa``); both have ``causal_attention``'s call."""
+    """The attention function of ``impl`` (``explicit`` or ``sdpa``); both have ``causal_attention``'s
+    call."""
     if impl == "explicit":
         return causal_attention
     if impl == "sdpa":

@@ -47,17 +47,17 @@ class _Columns:
         return self._end - self._start
 
     def view(self) -> torch.Tensor:
-        return self._buf[:, self._start:self._end]
+        return self._buf[:, self._start : self._end]
 
     def _realloc(self, front: int, width: int) -> None:
         grown = self._buf.new_full((self._buf.shape[0], width, *self._buf.shape[2:]), self._fill)
-        grown[:, front:front + self.length] = self.view()
+        grown[:, front : front + self.length] = self.view()
         self._buf, self._start, self._end = grown, front, front + self.length
 
     def append(self, new_BS: torch.Tensor) -> torch.Tensor:
         if self._end + new_BS.shape[1] > self._buf.shape[1]:
             self._realloc(0, max(self.length + new_BS.shape[1], 2 * self._buf.shape[1]))
-        self._buf[:, self._end:self._end + new_BS.shape[1]] = new_BS
+        self._buf[:, self._end : self._end + new_BS.shape[1]] = new_BS
         self._end += new_BS.shape[1]
         return self.view()
 
@@ -69,7 +69,7 @@ class _Columns:
         if k > self._start:
             self._realloc(k, max(k + self.length, 2 * self._buf.shape[1]))
         self._start -= k
-        self._buf[:, self._start:self._start + k] = self._fill
+        self._buf[:, self._start : self._start + k] = self._fill
 
     def drop_front(self, k: int) -> None:
         """Forget the ``k`` leading columns: no copy, the next reallocation reclaims them."""
@@ -79,10 +79,11 @@ class _Columns:
         self._buf = torch.cat([self._buf, self._buf.new_full((n, *self._buf.shape[1:]), self._fill)])
 
     def put(self, rows_B: torch.Tensor, src_BS: torch.Tensor) -> None:
-        """Rows ``rows_B`` become ``src_BS`` right-aligned, ``fill`` before it: only those rows are written."""
+        """Rows ``rows_B`` become ``src_BS`` right-aligned, ``fill`` before it: only those rows are
+        written."""
         cut = self._end - src_BS.shape[1]
-        self._buf[rows_B, self._start:cut] = self._fill
-        self._buf[rows_B, cut:self._end] = src_BS
+        self._buf[rows_B, self._start : cut] = self._fill
+        self._buf[rows_B, cut : self._end] = src_BS
 
 
 class MLALayerCache:
@@ -168,7 +169,9 @@ class DecodeCache:
 
     def append_positions(self, positions_BS: torch.Tensor) -> torch.Tensor:
         if positions_BS.shape[0] != self.batch_size:
-            raise RingzeroError(f"cache holds {self.batch_size} rows but the input has {positions_BS.shape[0]}")
+            raise RingzeroError(
+                f"cache holds {self.batch_size} rows but the input has {positions_BS.shape[0]}"
+            )
         return self._positions.append(positions_BS.to(torch.long))
 
     def select(self, rows: Sequence[int] | torch.Tensor, *, check: bool = True) -> None:
@@ -187,8 +190,9 @@ class DecodeCache:
         if check and rows.numel():
             low, high = torch.stack((rows.min(), rows.max())).tolist()
             if low < 0 or high >= self.batch_size:
-                raise RingzeroError(f"row index out of range for a cache of {self.batch_size} rows: "
-                                    f"{rows.tolist()}")
+                raise RingzeroError(
+                    f"row index out of range for a cache of {self.batch_size} rows: {rows.tolist()}"
+                )
         self._positions.select(rows)
         for layer in self.layers:
             layer.select(rows)
@@ -236,5 +240,7 @@ def left_padded(prompts: Sequence[Sequence[int]], pad_id: int, device=None):
     ids = [[pad_id] * (width - len(p)) + [int(t) for t in p] for p in prompts]
     positions = [list(range(len(p) - width, len(p))) for p in prompts]
     shape = (len(prompts), width)
-    return (torch.tensor(ids, dtype=torch.long, device=device).reshape(shape),
-            torch.tensor(positions, dtype=torch.long, device=device).reshape(shape))
+    return (
+        torch.tensor(ids, dtype=torch.long, device=device).reshape(shape),
+        torch.tensor(positions, dtype=torch.long, device=device).reshape(shape),
+    )

@@ -28,8 +28,9 @@ from ringzero.model.hybrid import HybridLM
 GENERATION_CONFIG = "generation_config.json"
 
 
-def checkpoint_parts(cfg: ModelConfig, state_dict: dict[str, torch.Tensor], tokenizer=None,
-                     dtype: torch.dtype | None = None):
+def checkpoint_parts(
+    cfg: ModelConfig, state_dict: dict[str, torch.Tensor], tokenizer=None, dtype: torch.dtype | None = None
+):
     """``(tensors, config, extra_files)`` of a Ling 2.5 folder holding ``state_dict`` (cast to ``dtype``)."""
     from ringzero.tokenizer.export import special_tokens, tokenizer_files
 
@@ -40,7 +41,9 @@ def checkpoint_parts(cfg: ModelConfig, state_dict: dict[str, torch.Tensor], toke
             return v.dtype
         return torch.promote_types(dtype, torch.float32) if name.endswith("expert_bias") else dtype
 
-    tensors = {k: v.detach().to("cpu", dtype=stored(k, v)).contiguous() for k, v in hf_tensors(state_dict).items()}
+    tensors = {
+        k: v.detach().to("cpu", dtype=stored(k, v)).contiguous() for k, v in hf_tensors(state_dict).items()
+    }
     stored = dtype or next(v.dtype for v in tensors.values() if v.is_floating_point())
     specials = special_tokens(tokenizer) if tokenizer is not None else None
     extra = {GENERATION_CONFIG: json.dumps(generation_config(specials), indent=2).encode()}
@@ -49,17 +52,31 @@ def checkpoint_parts(cfg: ModelConfig, state_dict: dict[str, torch.Tensor], toke
     return tensors, hf_config(cfg, stored, specials), extra
 
 
-def save_model(store, name: str, model: HybridLM, cfg: ModelConfig | None = None,
-               meta: dict | None = None, tokenizer=None) -> str:
-    """Write ``model`` as checkpoint ``name``; returns the committed URI. ``cfg`` defaults to ``model.cfg``."""
+def save_model(
+    store,
+    name: str,
+    model: HybridLM,
+    cfg: ModelConfig | None = None,
+    meta: dict | None = None,
+    tokenizer=None,
+) -> str:
+    """Write ``model`` as checkpoint ``name``; returns the committed URI. ``cfg`` defaults to
+    ``model.cfg``."""
     cfg = cfg or model.cfg
     if cfg != model.cfg:
         raise RingzeroError(f"save_model({name!r}): the config given differs from the model's own config")
     return save_state(store, name, cfg, model.state_dict(), meta, tokenizer)
 
 
-def save_state(store, name: str, cfg: ModelConfig, state_dict: dict[str, torch.Tensor],
-               meta: dict | None = None, tokenizer=None, dtype: torch.dtype | None = torch.float32) -> str:
+def save_state(
+    store,
+    name: str,
+    cfg: ModelConfig,
+    state_dict: dict[str, torch.Tensor],
+    meta: dict | None = None,
+    tokenizer=None,
+    dtype: torch.dtype | None = torch.float32,
+) -> str:
     """Commit ``state_dict`` (a ``HybridLM``'s keys) as the Ling 2.5 checkpoint ``name``. An empty one is only
     for a store whose writes are rank 0's (``drops_writes`` on the other ranks)."""
     if not state_dict and not getattr(store, "drops_writes", False):
@@ -90,8 +107,11 @@ def check_tensors(model: HybridLM, tensors: dict[str, torch.Tensor], source: str
     expected = expected_shapes(model)
     problems = [f"missing tensor {k} (shape {list(s)})" for k, s in expected.items() if k not in tensors]
     problems += [f"unexpected tensor {k}" for k in tensors if k not in expected]
-    problems += [f"tensor {k} has shape {list(tensors[k].shape)}, the config needs {list(s)}"
-                 for k, s in expected.items() if k in tensors and tuple(tensors[k].shape) != s]
+    problems += [
+        f"tensor {k} has shape {list(tensors[k].shape)}, the config needs {list(s)}"
+        for k, s in expected.items()
+        if k in tensors and tuple(tensors[k].shape) != s
+    ]
     if problems:
         raise RingzeroError(f"{source}: weights do not match the model: " + "; ".join(problems))
 
@@ -105,7 +125,9 @@ def _open(source, store, s3):
     if hasattr(source, "tensors") and hasattr(source, "config"):
         return source
     if not isinstance(source, str):
-        raise RingzeroError(f"load_model: expected a URI, a checkpoint name or a loaded checkpoint, got {source!r}")
+        raise RingzeroError(
+            f"load_model: expected a URI, a checkpoint name or a loaded checkpoint, got {source!r}"
+        )
     if store is not None:
         return store.load(source)
     if "://" not in source:
@@ -115,16 +137,23 @@ def _open(source, store, s3):
     return load_checkpoint(source, s3)
 
 
-def build_loaded(config: dict, tensors: dict[str, torch.Tensor], where: str, policy: PrecisionPolicy | None,
-                 device, meta: dict | None = None) -> LoadedModel:
+def build_loaded(
+    config: dict,
+    tensors: dict[str, torch.Tensor],
+    where: str,
+    policy: PrecisionPolicy | None,
+    device,
+    meta: dict | None = None,
+) -> LoadedModel:
     cfg = model_config_from(dict(config), where)
     model = HybridLM(cfg, policy or PrecisionPolicy())
     model.load_state_dict(state_dict_of(model, tensors, where), strict=True)
     return LoadedModel(model.to(device), cfg, where, dict(meta or {}))
 
 
-def load_model(source, policy: PrecisionPolicy | None = None, *, store=None, s3=None,
-               device: str | torch.device = "cpu") -> LoadedModel:
+def load_model(
+    source, policy: PrecisionPolicy | None = None, *, store=None, s3=None, device: str | torch.device = "cpu"
+) -> LoadedModel:
     """Rebuild a ``HybridLM`` from a checkpoint URI, a name in ``store``, or a loaded checkpoint object.
 
     Weights are cast to ``policy``'s body dtype (default: the ``fp32-islands`` policy).

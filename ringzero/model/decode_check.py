@@ -44,8 +44,14 @@ def _layer_cache(layer: nn.Module, batch: int, policy: PrecisionPolicy, dtype, c
     if isinstance(layer, MLAttention):
         inner = MLALayerCache(batch, layer.latent_width, dtype, torch.device("cpu"), capacity)
     else:
-        inner = LightningLayerCache(batch, layer.num_attention_heads, layer.head_dim, layer.head_dim,
-                                    state_dtype(policy), torch.device("cpu"))
+        inner = LightningLayerCache(
+            batch,
+            layer.num_attention_heads,
+            layer.head_dim,
+            layer.head_dim,
+            state_dtype(policy),
+            torch.device("cpu"),
+        )
     return DecodeCache([inner], batch, torch.device("cpu"), capacity)
 
 
@@ -60,8 +66,9 @@ def _run_schedule(step, n_cols: int, prefill: int, chunk: int) -> torch.Tensor:
 
 
 @torch.no_grad()
-def check_decode(kind: str, dtype: str, cfg: ModelConfig | None = None, seed: int = 0,
-                 seq_len: int | None = None) -> dict:
+def check_decode(
+    kind: str, dtype: str, cfg: ModelConfig | None = None, seed: int = 0, seq_len: int | None = None
+) -> dict:
     """Max abs/rel error between the parallel form and both decoding schedules; ``ok`` within tolerance."""
     cfg = cfg or ModelConfig()
     policy = PrecisionPolicy(body=dtype, attention_softmax_fp32=True, lm_head_fp32=True)
@@ -93,6 +100,7 @@ def check_decode(kind: str, dtype: str, cfg: ModelConfig | None = None, seed: in
             def step(s, e):
                 keys = cache.append_positions(pos_BS[:, s:e])
                 return layer(x_BSD[:, s:e], pos_BS[:, s:e], cache.layers[0], keys)
+
             return step
 
     forms = {

@@ -44,8 +44,13 @@ def read_config(path: str | Path) -> dict:
         problems.append(f"architectures must be a list of class names (got {archs!r:.80})")
     if not isinstance(doc.get("ringzero"), dict | None):
         problems.append(f"ringzero must be an object of ModelConfig fields (got {doc['ringzero']!r:.80})")
-    for key in ("num_hidden_layers", "num_experts", "first_k_dense_replace", "num_attention_heads",
-                "num_key_value_heads"):
+    for key in (
+        "num_hidden_layers",
+        "num_experts",
+        "first_k_dense_replace",
+        "num_attention_heads",
+        "num_key_value_heads",
+    ):
         value = doc.get(key)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
             problems.append(f"{key} must be an integer (got {value!r:.80})")
@@ -66,8 +71,19 @@ def _model_config(path: str | Path) -> ModelConfig:
 
 # safetensors dtype names -> bytes per element; integer and bool tensors are never model weights here.
 _FLOAT_DTYPES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2}
-_OTHER_DTYPES = {"I64": 8, "I32": 4, "I16": 2, "I8": 1, "U64": 8, "U32": 4, "U16": 2, "U8": 1, "BOOL": 1,
-                 "F8_E4M3": 1, "F8_E5M2": 1}
+_OTHER_DTYPES = {
+    "I64": 8,
+    "I32": 4,
+    "I16": 2,
+    "I8": 1,
+    "U64": 8,
+    "U32": 4,
+    "U16": 2,
+    "U8": 1,
+    "BOOL": 1,
+    "F8_E4M3": 1,
+    "F8_E5M2": 1,
+}
 _MAX_HEADER = 100 * 1024 * 1024  # safetensors' own bound
 
 
@@ -79,10 +95,14 @@ def check_header(file: Path) -> None:
     with file.open("rb") as fh:
         head = fh.read(8)
         if len(head) < 8:
-            raise RingzeroError(f"{file}: not a safetensors file: {size} bytes, shorter than the 8-byte header size")
+            raise RingzeroError(
+                f"{file}: not a safetensors file: {size} bytes, shorter than the 8-byte header size"
+            )
         n = int.from_bytes(head, "little")
         if n > _MAX_HEADER or 8 + n > size:
-            raise RingzeroError(f"{file}: truncated or not safetensors: header of {n} bytes in a {size}-byte file")
+            raise RingzeroError(
+                f"{file}: truncated or not safetensors: header of {n} bytes in a {size}-byte file"
+            )
         raw = fh.read(n)
     try:
         header = json.loads(raw)
@@ -101,24 +121,34 @@ def check_header(file: Path) -> None:
             raise RingzeroError(f"{where}: header entry is not an object")
         dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
         if dtype in _OTHER_DTYPES:
-            raise RingzeroError(f"{where}: dtype {dtype}; model weights must be one of {', '.join(_FLOAT_DTYPES)}")
+            raise RingzeroError(
+                f"{where}: dtype {dtype}; model weights must be one of {', '.join(_FLOAT_DTYPES)}"
+            )
         if dtype not in _FLOAT_DTYPES:
             raise RingzeroError(f"{where}: unknown dtype {dtype!r:.40}")
-        if not (isinstance(shape, list) and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0
-                                                for d in shape)):
+        if not (
+            isinstance(shape, list)
+            and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)
+        ):
             raise RingzeroError(f"{where}: shape {shape!r:.80} is not a list of sizes")
-        if not (isinstance(offsets, list) and len(offsets) == 2 and all(isinstance(o, int) and not isinstance(o, bool)
-                                                                        for o in offsets)):
+        if not (
+            isinstance(offsets, list)
+            and len(offsets) == 2
+            and all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)
+        ):
             raise RingzeroError(f"{where}: data_offsets {offsets!r:.80} is not [begin, end]")
         begin, end = offsets
         want = _FLOAT_DTYPES[dtype]
         for d in shape:
             want *= d
         if not 0 <= begin <= end or end - begin != want:
-            raise RingzeroError(f"{where}: {dtype} {shape} needs {want} bytes but data_offsets {offsets} span "
-                                f"{end - begin}")
+            raise RingzeroError(
+                f"{where}: {dtype} {shape} needs {want} bytes but data_offsets {offsets} span {end - begin}"
+            )
         if end > data:
-            raise RingzeroError(f"{where}: data ends at byte {end} of a {data}-byte data section (file truncated?)")
+            raise RingzeroError(
+                f"{where}: data ends at byte {end} of a {data}-byte data section (file truncated?)"
+            )
 
 
 def weight_files(path: str | Path) -> list[Path]:
@@ -133,7 +163,9 @@ def weight_files(path: str | Path) -> list[Path]:
         names = sorted(set(weight_map.values()))
         outside = [n for n in names if Path(n).name != n or n in ("", ".", "..")]
         if outside:
-            raise RingzeroError(f"{index} names shard(s) outside the folder: {outside}; shards are plain file names")
+            raise RingzeroError(
+                f"{index} names shard(s) outside the folder: {outside}; shards are plain file names"
+            )
         missing = [n for n in names if not (folder / n).is_file()]
         if missing:
             raise RingzeroError(f"{index} names shard(s) that are not in the folder: {missing}")
@@ -163,7 +195,8 @@ def _open_all(path: str | Path, fn) -> dict:
 
 
 def check_folder(path: str | Path) -> ModelConfig:
-    """The folder's ``ModelConfig``, after checking every tensor's name and shape against it (headers only)."""
+    """The folder's ``ModelConfig``, after checking every tensor's name and shape against it (headers
+    only)."""
     from ringzero.model.hybrid import HybridLM
 
     cfg = _model_config(path)
@@ -183,8 +216,13 @@ def load_folder(path: str | Path, policy: PrecisionPolicy | None = None, device=
     return build_loaded(config, tensors, str(Path(path).absolute()), policy, device)
 
 
-def write_folder(path: str | Path, cfg: ModelConfig, state_dict: dict[str, torch.Tensor], tokenizer=None,
-                 dtype: torch.dtype | None = torch.float32) -> list[str]:
+def write_folder(
+    path: str | Path,
+    cfg: ModelConfig,
+    state_dict: dict[str, torch.Tensor],
+    tokenizer=None,
+    dtype: torch.dtype | None = torch.float32,
+) -> list[str]:
     """Write ``state_dict`` as the Ling 2.5 folder ``path`` (which must not exist or be empty)."""
     from ringzero.store import CheckpointStore
     from ringzero.store.local import LocalBackend

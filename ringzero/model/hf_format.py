@@ -41,7 +41,9 @@ FIXED_KEYS = {
 }
 
 
-def hf_config(cfg: ModelConfig, dtype: torch.dtype, special_tokens: Mapping[str, int | None] | None = None) -> dict:
+def hf_config(
+    cfg: ModelConfig, dtype: torch.dtype, special_tokens: Mapping[str, int | None] | None = None
+) -> dict:
     """``config.json`` of a checkpoint of ``cfg`` whose tensors are stored in ``dtype``."""
     doc = {"architectures": [ARCHITECTURE], "model_type": MODEL_TYPE, "torch_dtype": dtype_name(dtype)}
     doc.update(cfg.model_dump(mode="json", include=set(LING_FIELDS)))
@@ -50,9 +52,14 @@ def hf_config(cfg: ModelConfig, dtype: torch.dtype, special_tokens: Mapping[str,
     elif cfg.num_shared_experts is None:  # the same (none), written so SGLang's `> 0` test can read it
         doc["num_shared_experts"] = 0
     doc.update(
-        num_key_value_heads=cfg.num_attention_heads, hidden_act="silu", linear_silu=False,
-        num_nextn_predict_layers=0, full_attention_type="mla", scoring_func=cfg.score_function,
-        topk_method="noaux_tc", use_cache=True,
+        num_key_value_heads=cfg.num_attention_heads,
+        hidden_act="silu",
+        linear_silu=False,
+        num_nextn_predict_layers=0,
+        full_attention_type="mla",
+        scoring_func=cfg.score_function,
+        topk_method="noaux_tc",
+        use_cache=True,
     )
     doc.update({k: v for k, v in (special_tokens or {}).items() if v is not None})
     doc["ringzero"] = cfg.model_dump(mode="json", include=set(OWN_FIELDS))
@@ -67,7 +74,9 @@ def generation_config(special_tokens: Mapping[str, int | None] | None = None) ->
 
 
 def _refuse_legacy(config: Mapping, source: str) -> None:
-    if config.get("ringzero_format") is not None or LEGACY_ARCHITECTURE in (config.get("architectures") or []):
+    if config.get("ringzero_format") is not None or LEGACY_ARCHITECTURE in (
+        config.get("architectures") or []
+    ):
         raise RingzeroError(
             f"{source}: a checkpoint in ringzero's earlier format ({LEGACY_ARCHITECTURE}), which no other "
             f"software loads; convert it once with `ringzero convert {source} --to NEW_URI` (it rewrites the "
@@ -80,23 +89,32 @@ def model_config_from_hf(config: Mapping, source: str) -> ModelConfig:
     _refuse_legacy(config, source)
     archs = config.get("architectures") or []
     if ARCHITECTURE not in archs:
-        raise RingzeroError(f"{source}: config.json architectures is {archs!r}; ringzero loads {ARCHITECTURE!r} "
-                            f"(Ling 2.5 / Ring 2.5) checkpoints only")
-    problems = [f"{k} is {config[k]!r}: only {want!r} is supported ({why})"
-                for k, (want, why) in FIXED_KEYS.items() if k in config and config[k] != want]
+        raise RingzeroError(
+            f"{source}: config.json architectures is {archs!r}; ringzero loads {ARCHITECTURE!r} "
+            f"(Ling 2.5 / Ring 2.5) checkpoints only"
+        )
+    problems = [
+        f"{k} is {config[k]!r}: only {want!r} is supported ({why})"
+        for k, (want, why) in FIXED_KEYS.items()
+        if k in config and config[k] != want
+    ]
     if config.get("model_type") not in (None, *KNOWN_MODEL_TYPES):
         problems.append(f"model_type is {config['model_type']!r}, expected one of {list(KNOWN_MODEL_TYPES)}")
     heads = config.get("num_attention_heads")
     if config.get("num_key_value_heads") not in (None, heads):
-        problems.append(f"num_key_value_heads ({config['num_key_value_heads']}) must equal num_attention_heads "
-                        f"({heads}): the Lightning and MLA layers have one key per query head")
+        problems.append(
+            f"num_key_value_heads ({config['num_key_value_heads']}) must equal num_attention_heads "
+            f"({heads}): the Lightning and MLA layers have one key per query head"
+        )
     fields = {k: config[k] for k in LING_FIELDS if k in config}
     fields.update(dict(config.get("ringzero") or {}))
     layers = fields.get("num_hidden_layers")
     if fields.get("num_experts") == 1:
         if layers is not None and fields.get("first_k_dense_replace", 0) < layers:
-            problems.append("num_experts is 1 with MoE layers from first_k_dense_replace on: the HF reference "
-                            "builds a one-expert MoE there and SGLang a dense MLP, so the folder means two models")
+            problems.append(
+                "num_experts is 1 with MoE layers from first_k_dense_replace on: the HF reference "
+                "builds a one-expert MoE there and SGLang a dense MLP, so the folder means two models"
+            )
         fields["num_experts"] = None
         fields["first_k_dense_replace"] = 0
     try:
@@ -117,8 +135,12 @@ def hf_tensors(state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor
     return {hf_name(k): v for k, v in state_dict.items()}
 
 
-def state_dict_from_hf(tensors: Mapping[str, torch.Tensor], expected: Mapping[str, tuple], source: str,
-                       num_hidden_layers: int | None = None) -> dict[str, torch.Tensor]:
+def state_dict_from_hf(
+    tensors: Mapping[str, torch.Tensor],
+    expected: Mapping[str, tuple],
+    source: str,
+    num_hidden_layers: int | None = None,
+) -> dict[str, torch.Tensor]:
     """Tensors of a Ling 2.5 folder as a ``HybridLM`` state dict; ``expected`` maps state-dict keys to shapes.
 
     Refuses, naming every tensor at fault, a missing, unexpected or mis-shaped tensor. The
@@ -129,15 +151,21 @@ def state_dict_from_hf(tensors: Mapping[str, torch.Tensor], expected: Mapping[st
     """
     out, unexpected = {}, []
     for name, t in tensors.items():
-        if name.endswith(".inv_freq") or name.startswith("model.mtp.") or (
-                num_hidden_layers is not None and _mtp_layer(name, num_hidden_layers)):
+        if (
+            name.endswith(".inv_freq")
+            or name.startswith("model.mtp.")
+            or (num_hidden_layers is not None and _mtp_layer(name, num_hidden_layers))
+        ):
             continue
-        key = name[len("model."):] if name.startswith("model.") else name
+        key = name[len("model.") :] if name.startswith("model.") else name
         (out.__setitem__(key, t) if key in expected else unexpected.append(name))
     problems = [f"missing tensor {hf_name(k)} (shape {list(s)})" for k, s in expected.items() if k not in out]
     problems += [f"unexpected tensor {n}" for n in unexpected]
-    problems += [f"tensor {hf_name(k)} has shape {list(out[k].shape)}, the config needs {list(s)}"
-                 for k, s in expected.items() if k in out and tuple(out[k].shape) != tuple(s)]
+    problems += [
+        f"tensor {hf_name(k)} has shape {list(out[k].shape)}, the config needs {list(s)}"
+        for k, s in expected.items()
+        if k in out and tuple(out[k].shape) != tuple(s)
+    ]
     if problems:
         raise RingzeroError(f"{source}: weights do not match config.json: " + "; ".join(problems))
     return out
@@ -145,5 +173,9 @@ def state_dict_from_hf(tensors: Mapping[str, torch.Tensor], expected: Mapping[st
 
 def _mtp_layer(name: str, num_hidden_layers: int) -> bool:
     parts = name.split(".")
-    return len(parts) > 2 and parts[:2] == ["model", "layers"] and parts[2].isdigit() \
+    return (
+        len(parts) > 2
+        and parts[:2] == ["model", "layers"]
+        and parts[2].isdigit()
         and int(parts[2]) >= num_hidden_layers
+    )

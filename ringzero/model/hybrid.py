@@ -59,11 +59,11 @@ class HybridLM(nn.Module):
         super().__init__()
         self.cfg, self.policy = cfg, policy
         self.word_embeddings = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(
-            Block(cfg, i, kind, policy) for i, kind in enumerate(cfg.layer_types())
-        )
+        self.layers = nn.ModuleList(Block(cfg, i, kind, policy) for i, kind in enumerate(cfg.layer_types()))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.lm_head = (
+            None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        )
         self._head_cast: tuple | None = None  # (key, source alias, cast weight): see head_weight_as
         self.reset_parameters()
         self.to(body_dtype(policy))
@@ -71,7 +71,8 @@ class HybridLM(nn.Module):
     @torch.no_grad()
     def reset_parameters(self, generator: torch.Generator | None = None) -> None:
         """Normal(0, initializer_range) matrices; output projections of each residual branch scaled by
-        ``1/sqrt(2 num_hidden_layers)`` so the residual stream's variance does not grow with depth; norms at 1."""
+        ``1/sqrt(2 num_hidden_layers)`` so the residual stream's variance does not grow with depth; norms at
+        1."""
         std = self.cfg.initializer_range
         for name, p in self.named_parameters():
             if p.dim() == 1:
@@ -104,7 +105,8 @@ class HybridLM(nn.Module):
         return self._head_cast[2]
 
     def new_cache(self, batch_size: int, capacity: int | None = None) -> DecodeCache:
-        """An empty cache for ``batch_size`` rows; ``capacity`` is the columns preallocated (grows if exceeded)."""
+        """An empty cache for ``batch_size`` rows; ``capacity`` is the columns preallocated (grows if
+        exceeded)."""
         device = self.word_embeddings.weight.device
         cap = capacity or min(self.cfg.max_position_embeddings, 256)
         layers = []
@@ -113,8 +115,16 @@ class HybridLM(nn.Module):
             if block.kind == "mla":
                 layers.append(MLALayerCache(batch_size, a.latent_width, body_dtype(self.policy), device, cap))
             else:
-                layers.append(LightningLayerCache(batch_size, a.num_attention_heads, a.head_dim, a.head_dim,
-                                                  state_dtype(self.policy), device))
+                layers.append(
+                    LightningLayerCache(
+                        batch_size,
+                        a.num_attention_heads,
+                        a.head_dim,
+                        a.head_dim,
+                        state_dtype(self.policy),
+                        device,
+                    )
+                )
         return DecodeCache(layers, batch_size, device, cap)
 
     def hidden(self, input_ids_BS, positions=None, cache: DecodeCache | None = None) -> torch.Tensor:

@@ -40,6 +40,7 @@ from ringzero.model.rope import apply_rope, rope_cos_sin
 def alibi_slopes(n_heads: int) -> list[float]:
     """ALiBi's head slopes: ``2**(-8 (h+1) / n)`` for a power of two ``n``; otherwise the slopes of the
     nearest lower power of two followed by every other slope of the next one (the reference's rule)."""
+
     def power_of_two(n: int) -> list[float]:
         start = 2.0 ** (-(2.0 ** -(math.log2(n) - 3)))
         return [start * start**i for i in range(n)]
@@ -66,11 +67,17 @@ def decay_slopes(n_heads: int, layer_idx: int, num_hidden_layers: int, rule: str
 
 
 def block_decays(ld_H: torch.Tensor, L: int):
-    """Decay factors of a block of ``L`` tokens: ``(intra [H, L, L], query [H, L], key [H, L], state [H])``."""
+    """Decay factors of a block of ``L`` tokens: ``(intra [H, L, L], query [H, L], key [H, L], state
+    [H])``."""
     a = torch.arange(L, device=ld_H.device, dtype=ld_H.dtype)
     diff_LL = a[:, None] - a[None, :]
     intra_HLL = torch.exp(ld_H[:, None, None] * diff_LL.clamp(min=0)) * (diff_LL >= 0)
-    return intra_HLL, torch.exp(ld_H[:, None] * (a + 1)), torch.exp(ld_H[:, None] * (L - 1 - a)), torch.exp(ld_H * L)
+    return (
+        intra_HLL,
+        torch.exp(ld_H[:, None] * (a + 1)),
+        torch.exp(ld_H[:, None] * (L - 1 - a)),
+        torch.exp(ld_H * L),
+    )
 
 
 class DecayTables:
@@ -94,15 +101,18 @@ class DecayTables:
 
     def log_decay(self, device=None) -> torch.Tensor:
         """``[H]`` in the layer's state dtype, from the floats: casting the module never rounds it."""
-        return self._cached(("log", device),
-                            lambda: -torch.tensor(self.slopes, dtype=self.dtype, device=device))
+        return self._cached(
+            ("log", device), lambda: -torch.tensor(self.slopes, dtype=self.dtype, device=device)
+        )
 
     def block(self, L: int, device, dtype: torch.dtype):
         return self._cached(("block", L, device, dtype), lambda: block_decays(self._ld(device, dtype), L))
 
     def step(self, device, dtype: torch.dtype) -> torch.Tensor:
         """``exp(log_decay)`` ``[H, 1, 1]``: one recurrent step's decay."""
-        return self._cached(("step", device, dtype), lambda: torch.exp(self._ld(device, dtype))[:, None, None])
+        return self._cached(
+            ("step", device, dtype), lambda: torch.exp(self._ld(device, dtype))[:, None, None]
+        )
 
     def _ld(self, device, dtype: torch.dtype) -> torch.Tensor:
         return self.log_decay(device).to(device=device, dtype=dtype)
@@ -118,7 +128,9 @@ class DecayTables:
         return value
 
 
-def lightning_blocks(q, k, v, log_decay, block_size: int, initial_state=None, tables: DecayTables | None = None):
+def lightning_blocks(
+    q, k, v, log_decay, block_size: int, initial_state=None, tables: DecayTables | None = None
+):
     """Block-parallel form. q/k ``[B, S, H, dk]``, v ``[B, S, H, dv]``, log_decay ``[H]`` (<= 0).
 
     Returns ``(o [B, S, H, dv] in q's dtype, final_state [B, H, dk, dv] in at least fp32)``. Within a block
@@ -140,9 +152,10 @@ def lightning_blocks(q, k, v, log_decay, block_size: int, initial_state=None, ta
     outs = []
     for start in range(0, S, block_size):
         L = min(block_size, S - start)
-        qb, kb, vb = (t[:, :, start:start + L] for t in (q_BHSk, k_BHSk, v_BHSv))
+        qb, kb, vb = (t[:, :, start : start + L] for t in (q_BHSk, k_BHSk, v_BHSv))
         decay_HLL, q_decay_HL, k_decay_HL, state_decay_H = (
-            block_decays(ld_H, L) if tables is None else tables.block(L, q.device, compute))
+            block_decays(ld_H, L) if tables is None else tables.block(L, q.device, compute)
+        )
         intra = ((qb @ kb.transpose(-1, -2)) * decay_HLL) @ vb
         inter = (qb * q_decay_HL[..., None]) @ state_BHkv
         outs.append(intra + inter)
@@ -196,8 +209,9 @@ class LightningAttention(nn.Module):
         self.block_size = cfg.lightning_block_size
         self.rope_dim, self.rope_theta = cfg.linear_rope_dim, cfg.rope_theta
         self.state_dtype = state_dtype(policy)
-        self.decays = DecayTables(decay_slopes(cfg.num_attention_heads, layer_idx, cfg.num_hidden_layers),
-                                  self.state_dtype)
+        self.decays = DecayTables(
+            decay_slopes(cfg.num_attention_heads, layer_idx, cfg.num_hidden_layers), self.state_dtype
+        )
         inner = cfg.num_attention_heads * cfg.head_dim
         self.query_key_value = nn.Linear(cfg.hidden_size, 3 * inner, bias=False)
         if cfg.use_qk_norm:

@@ -32,7 +32,9 @@ def scaled_log_softmax(logits_BSV: torch.Tensor, temperature: float) -> torch.Te
 def token_logprobs(logits_BSV: torch.Tensor, targets_BS: torch.Tensor, temperature: float = 1.0):
     """``log p(target)`` per position ``[B, S]`` in fp32 (fp64 for fp64 logits)."""
     if targets_BS.shape != logits_BSV.shape[:-1]:
-        raise RingzeroError(f"targets {tuple(targets_BS.shape)} do not match logits {tuple(logits_BSV.shape)}")
+        raise RingzeroError(
+            f"targets {tuple(targets_BS.shape)} do not match logits {tuple(logits_BSV.shape)}"
+        )
     logp_BSV = scaled_log_softmax(logits_BSV, temperature)
     return logp_BSV.gather(-1, targets_BS.long().unsqueeze(-1)).squeeze(-1)
 
@@ -57,8 +59,14 @@ def _chunk_logprobs(head, hidden_1nD, targets_1n, temperature: float, with_entro
         return logp_1n, entropy(logits_1nV, temperature)
 
 
-def chunked_token_logprobs(head, hidden_BSD: torch.Tensor, targets_BS: torch.Tensor, temperature: float = 1.0,
-                           chunk_tokens: int = DEFAULT_CHUNK_TOKENS, with_entropy: bool = False):
+def chunked_token_logprobs(
+    head,
+    hidden_BSD: torch.Tensor,
+    targets_BS: torch.Tensor,
+    temperature: float = 1.0,
+    chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+    with_entropy: bool = False,
+):
     """``(log p(target) [B, S], entropy [B, S] or None)``, the LM head run over chunks of positions.
 
     ``head`` maps hidden states ``[B', s, D]`` to logits ``[B', s, V]`` (e.g. ``HybridLM.logits``, which
@@ -73,7 +81,9 @@ def chunked_token_logprobs(head, hidden_BSD: torch.Tensor, targets_BS: torch.Ten
     if chunk_tokens < 1:
         raise RingzeroError(f"chunk_tokens must be >= 1 (got {chunk_tokens})")
     if hidden_BSD.dim() != 3 or targets_BS.shape != hidden_BSD.shape[:2]:
-        raise RingzeroError(f"targets {tuple(targets_BS.shape)} do not match hidden {tuple(hidden_BSD.shape)}")
+        raise RingzeroError(
+            f"targets {tuple(targets_BS.shape)} do not match hidden {tuple(hidden_BSD.shape)}"
+        )
     B, S, D = hidden_BSD.shape
     N = B * S
     if N <= chunk_tokens:  # one chunk: the unchunked call itself (nothing to save by checkpointing)
@@ -83,10 +93,12 @@ def chunked_token_logprobs(head, hidden_BSD: torch.Tensor, targets_BS: torch.Ten
     track = torch.is_grad_enabled()
     logps, ents = [], []
     for start in range(0, N, chunk_tokens):
-        h = hidden_1ND[:, start:start + chunk_tokens]
-        t = targets_1N[:, start:start + chunk_tokens]
+        h = hidden_1ND[:, start : start + chunk_tokens]
+        t = targets_1N[:, start : start + chunk_tokens]
         if track:
-            logp, ent = checkpoint(_chunk_logprobs, head, h, t, temperature, with_entropy, use_reentrant=False)
+            logp, ent = checkpoint(
+                _chunk_logprobs, head, h, t, temperature, with_entropy, use_reentrant=False
+            )
         else:
             logp, ent = _chunk_logprobs(head, h, t, temperature, with_entropy)
         logps.append(logp)

@@ -38,8 +38,19 @@ from ringzero.model.norms import RMSNorm
 from ringzero.model.rope import apply_rope, rope_cos_sin
 
 
-def mla_expanded(q_nope_BSHn, q_rope_BSHp, c_kv_BTr, k_rope_BTp, w_uk_Hnr, w_uv_Hvr, q_pos, k_pos,
-                 scale: float, softmax_fp32: bool, impl: str = "explicit"):
+def mla_expanded(
+    q_nope_BSHn,
+    q_rope_BSHp,
+    c_kv_BTr,
+    k_rope_BTp,
+    w_uk_Hnr,
+    w_uv_Hvr,
+    q_pos,
+    k_pos,
+    scale: float,
+    softmax_fp32: bool,
+    impl: str = "explicit",
+):
     """Up-project the latents to per-head keys/values and attend (the training form) with the attention
     function of ``impl`` (``explicit`` | ``sdpa``)."""
     H = q_nope_BSHn.shape[2]
@@ -51,8 +62,19 @@ def mla_expanded(q_nope_BSHn, q_rope_BSHp, c_kv_BTr, k_rope_BTp, w_uk_Hnr, w_uv_
     return attention_fn(impl)(q, k, v_BTHv, q_pos, k_pos, scale, softmax_fp32)
 
 
-def mla_absorbed(q_nope_BSHn, q_rope_BSHp, c_kv_BTr, k_rope_BTp, w_uk_Hnr, w_uv_Hvr, q_pos, k_pos,
-                 scale: float, softmax_fp32: bool, latent_BTc=None):
+def mla_absorbed(
+    q_nope_BSHn,
+    q_rope_BSHp,
+    c_kv_BTr,
+    k_rope_BTp,
+    w_uk_Hnr,
+    w_uv_Hvr,
+    q_pos,
+    k_pos,
+    scale: float,
+    softmax_fp32: bool,
+    latent_BTc=None,
+):
     """Same result as ``mla_expanded``: ``q_nope . (W_uk c) = (q_nope W_uk) . c`` and the value
     up-projection commutes with the probability-weighted sum, so attention runs in latent space with one
     key/value head shared by all query heads. ``latent_BTc``, when given, is ``[c_kv; k_rope]`` already
@@ -80,14 +102,36 @@ class MLACore(nn.Module):
     def extra_repr(self) -> str:
         return f"impl={self.impl}"
 
-    def forward(self, q_nope_BSHn, q_rope_BSHp, c_kv_BSr, k_rope_BSp, w_uk_Hnr, w_uv_Hvr, positions,
-                scale: float, softmax_fp32: bool):
-        return mla_expanded(q_nope_BSHn, q_rope_BSHp, c_kv_BSr, k_rope_BSp, w_uk_Hnr, w_uv_Hvr,
-                            positions, positions, scale, softmax_fp32, impl=self.impl)
+    def forward(
+        self,
+        q_nope_BSHn,
+        q_rope_BSHp,
+        c_kv_BSr,
+        k_rope_BSp,
+        w_uk_Hnr,
+        w_uv_Hvr,
+        positions,
+        scale: float,
+        softmax_fp32: bool,
+    ):
+        return mla_expanded(
+            q_nope_BSHn,
+            q_rope_BSHp,
+            c_kv_BSr,
+            k_rope_BSp,
+            w_uk_Hnr,
+            w_uv_Hvr,
+            positions,
+            positions,
+            scale,
+            softmax_fp32,
+            impl=self.impl,
+        )
 
 
 def deinterleave(x: torch.Tensor) -> torch.Tensor:
-    """``[..., d]`` from pair-neighbour order ``(0, 1), (2, 3), ...`` to rotate-half order ``0, 2, 4, ..., 1, 3, ...``."""
+    """``[..., d]`` from pair-neighbour order ``(0, 1), (2, 3), ...`` to rotate-half order ``0, 2, 4, ..., 1,
+    3, ...``."""
     return x.unflatten(-1, (-1, 2)).transpose(-1, -2).flatten(-2)
 
 
@@ -122,17 +166,22 @@ class MLAttention(nn.Module):
 
     def up_weights(self):
         """``W_uk [H, dn, r]`` and ``W_uv [H, dv, r]`` as views of ``kv_b_proj.weight``."""
-        w = self.kv_b_proj.weight.view(self.num_attention_heads, self.nope_dim + self.v_dim, self.kv_lora_rank)
-        return w[:, : self.nope_dim], w[:, self.nope_dim:]
+        w = self.kv_b_proj.weight.view(
+            self.num_attention_heads, self.nope_dim + self.v_dim, self.kv_lora_rank
+        )
+        return w[:, : self.nope_dim], w[:, self.nope_dim :]
 
     def project(self, x_BSD: torch.Tensor, positions: torch.Tensor):
-        """q_nope ``[B,S,H,dn]``, q_rope ``[B,S,H,dr]``, c_kv ``[B,S,r]``, k_rope ``[B,S,dr]`` (RoPE applied)."""
+        """q_nope ``[B,S,H,dn]``, q_rope ``[B,S,H,dr]``, c_kv ``[B,S,r]``, k_rope ``[B,S,dr]`` (RoPE
+        applied)."""
         B, S, _ = x_BSD.shape
         if self.q_lora_rank is None:
             q = self.q_proj(x_BSD)
         else:
             q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x_BSD)))
-        q_nope, q_rope = q.view(B, S, self.num_attention_heads, -1).split([self.nope_dim, self.rope_dim], dim=-1)
+        q_nope, q_rope = q.view(B, S, self.num_attention_heads, -1).split(
+            [self.nope_dim, self.rope_dim], dim=-1
+        )
         c_kv, k_rope = self.kv_a_proj_with_mqa(x_BSD).split([self.kv_lora_rank, self.rope_dim], dim=-1)
         c_kv = self.kv_a_layernorm(c_kv)
         if self.rope_interleave:
@@ -155,9 +204,31 @@ class MLAttention(nn.Module):
             latent_BTc = cache.append(torch.cat([c_kv, k_rope], dim=-1))
             c_all, k_rope_all = latent_BTc.split([self.kv_lora_rank, self.rope_dim], dim=-1)
             if S == 1:
-                o = mla_absorbed(q_nope, q_rope, c_all, k_rope_all, w_uk, w_uv, positions, key_positions,
-                                 self.scale, self.softmax_fp32, latent_BTc=latent_BTc)
+                o = mla_absorbed(
+                    q_nope,
+                    q_rope,
+                    c_all,
+                    k_rope_all,
+                    w_uk,
+                    w_uv,
+                    positions,
+                    key_positions,
+                    self.scale,
+                    self.softmax_fp32,
+                    latent_BTc=latent_BTc,
+                )
             else:
-                o = mla_expanded(q_nope, q_rope, c_all, k_rope_all, w_uk, w_uv, positions, key_positions,
-                                 self.scale, self.softmax_fp32, impl=self.attention_impl)
+                o = mla_expanded(
+                    q_nope,
+                    q_rope,
+                    c_all,
+                    k_rope_all,
+                    w_uk,
+                    w_uv,
+                    positions,
+                    key_positions,
+                    self.scale,
+                    self.softmax_fp32,
+                    impl=self.attention_impl,
+                )
         return self.dense(o.reshape(B, S, self.num_attention_heads * self.v_dim))

@@ -103,9 +103,13 @@ class MoE(nn.Module):
         scores_NE = torch.sigmoid(F.linear(x_ND.to(compute), self.gate.weight.to(compute)))
         if self.replay is not None:
             chosen = self.replay.to(x_ND.device).reshape(-1, self.replay.shape[-1])
-            if chosen.shape != (x_ND.shape[0], self.top_k) or bool(((chosen < 0) | (chosen >= self.num_experts)).any()):
-                raise ValueError(f"routing replay: expected expert ids in [0, {self.num_experts}) for "
-                                 f"{x_ND.shape[0]} tokens x {self.top_k}, got shape {list(self.replay.shape)}")
+            if chosen.shape != (x_ND.shape[0], self.top_k) or bool(
+                ((chosen < 0) | (chosen >= self.num_experts)).any()
+            ):
+                raise ValueError(
+                    f"routing replay: expected expert ids in [0, {self.num_experts}) for "
+                    f"{x_ND.shape[0]} tokens x {self.top_k}, got shape {list(self.replay.shape)}"
+                )
         else:
             bias = self.gate.expert_bias
             routing = scores_NE if bias is None else scores_NE + bias.to(compute)
@@ -123,7 +127,9 @@ class MoE(nn.Module):
         # The weighted sum over a token's experts runs in the router's precision, as the reference's.
         out_ND = torch.zeros(x_ND.shape, dtype=weights_NK.dtype, device=x_ND.device)
         if _FIXED_SHAPE.get():
-            dense_NE = torch.zeros((x_ND.shape[0], self.num_experts), dtype=weights_NK.dtype, device=x_ND.device)
+            dense_NE = torch.zeros(
+                (x_ND.shape[0], self.num_experts), dtype=weights_NK.dtype, device=x_ND.device
+            )
             dense_NE = dense_NE.scatter_add(1, chosen_NK, weights_NK)
             for e, expert in enumerate(self.experts):
                 out_ND = out_ND + expert(x_ND) * dense_NE[:, e, None]

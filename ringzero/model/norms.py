@@ -40,7 +40,8 @@ class RMSNorm(nn.Module):
 
 class GroupRMSNorm(nn.Module):
     """RMS-normalise each of ``n_groups`` equal, contiguous groups of the last dim on its own (Ling 2.5's
-    ``g_norm``: groups span heads, ``group_norm_size`` of them over ``H*d`` channels); one weight per channel."""
+    ``g_norm``: groups span heads, ``group_norm_size`` of them over ``H*d`` channels); one weight per
+    channel."""
 
     def __init__(self, n_groups: int, group_dim: int, eps: float):
         super().__init__()

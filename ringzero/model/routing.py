@@ -47,8 +47,10 @@ def replay_routing(model, experts: Mapping[int, torch.Tensor]) -> Iterator[None]
     missing = sorted({i for i, _ in layers} - set(experts))
     extra = sorted(set(experts) - {i for i, _ in layers})
     if missing or extra:
-        raise RingzeroError(f"routing replay: experts given for layers {sorted(experts)}, the model's MoE layers "
-                            f"are {[i for i, _ in layers]}")
+        raise RingzeroError(
+            f"routing replay: experts given for layers {sorted(experts)}, the model's MoE layers "
+            f"are {[i for i, _ in layers]}"
+        )
     for i, m in layers:
         m.replay = experts[i]
     try:

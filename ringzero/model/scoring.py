@@ -21,7 +21,8 @@ turns that into the ratio's tail. Deterministic mode removes every difference in
 - the rollout engine in deterministic mode decodes *through this forward*: at each step it runs
   ``bitwise_hidden`` on the sequence so far and samples from ``bitwise_next_logprobs``, the same LM-head
   chunk and log-softmax ``chunked_token_logprobs`` computes here, so the distribution it samples from is
-  the one whose log-prob it reports and the one the trainer computes later (``ringzero.rollout.engine.bitwise``);
+  the one whose log-prob it reports and the one the trainer computes later
+  (``ringzero.rollout.engine.bitwise``);
 - same dtype: the engine's policy must equal the trainer's, so both hold bitwise-equal weight tensors
   (``ringzero.rollout.engine.gap`` refuses a deterministic pair of different policies).
 
@@ -83,8 +84,14 @@ def _top_logprobs(head, hidden_NSD: torch.Tensor, temperature: float, k: int, ch
     slices, fp32 logits, / T, log-softmax), so a scored token among the top k carries the same value.
     """
     N, S, D = hidden_NSD.shape
-    chunks = [hidden_NSD] if N * S <= chunk_tokens else [
-        hidden_NSD.reshape(1, N * S, D)[:, start:start + chunk_tokens] for start in range(0, N * S, chunk_tokens)]
+    chunks = (
+        [hidden_NSD]
+        if N * S <= chunk_tokens
+        else [
+            hidden_NSD.reshape(1, N * S, D)[:, start : start + chunk_tokens]
+            for start in range(0, N * S, chunk_tokens)
+        ]
+    )
     values, ids = [], []
     for h in chunks:
         logits = head(h)
@@ -96,8 +103,15 @@ def _top_logprobs(head, hidden_NSD: torch.Tensor, temperature: float, k: int, ch
     return torch.cat(values, 1).view(N, S, width), torch.cat(ids, 1).view(N, S, width)
 
 
-def _score_padded(model: HybridLM, batch: Sequence[Sequence[int]], prompt_lens: Sequence[int],
-                  temperature: float, pad_id: int, top_k: int = 0, with_entropy: bool = False) -> list[Scored]:
+def _score_padded(
+    model: HybridLM,
+    batch: Sequence[Sequence[int]],
+    prompt_lens: Sequence[int],
+    temperature: float,
+    pad_id: int,
+    top_k: int = 0,
+    with_entropy: bool = False,
+) -> list[Scored]:
     """Right-padded batch: padding sits after every real token, so causality keeps it invisible."""
     device = next(model.parameters()).device
     width = max(len(s) for s in batch)
@@ -108,69 +122,120 @@ def _score_padded(model: HybridLM, batch: Sequence[Sequence[int]], prompt_lens: 
     first = min(prompt_lens) - 1
     hidden_NTD = model.hidden(ids_NT[:, :-1])[:, first:]
     # The LM head and log-softmax run over chunks of positions: never the whole [N, T, V] in fp32.
-    logp_NT, ent_NT = chunked_token_logprobs(model.logits, hidden_NTD, ids_NT[:, first + 1:], temperature,
-                                             chunk_tokens=SCORE_CHUNK_TOKENS, with_entropy=with_entropy)
-    top = _top_logprobs(model.logits, hidden_NTD, temperature, top_k, SCORE_CHUNK_TOKENS) if top_k > 0 else None
-    return [_scored(logp_NT, top, ent_NT, row, slice(plen - 1 - first, len(seq) - 1 - first))
-            for row, (seq, plen) in enumerate(zip(batch, prompt_lens, strict=True))]
+    logp_NT, ent_NT = chunked_token_logprobs(
+        model.logits,
+        hidden_NTD,
+        ids_NT[:, first + 1 :],
+        temperature,
+        chunk_tokens=SCORE_CHUNK_TOKENS,
+        with_entropy=with_entropy,
+    )
+    top = (
+        _top_logprobs(model.logits, hidden_NTD, temperature, top_k, SCORE_CHUNK_TOKENS) if top_k > 0 else None
+    )
+    return [
+        _scored(logp_NT, top, ent_NT, row, slice(plen - 1 - first, len(seq) - 1 - first))
+        for row, (seq, plen) in enumerate(zip(batch, prompt_lens, strict=True))
+    ]
 
 
-def _scored(logp_NT: torch.Tensor, top: tuple | None, ent_NT: torch.Tensor | None, row: int, cols: slice) -> Scored:
+def _scored(
+    logp_NT: torch.Tensor, top: tuple | None, ent_NT: torch.Tensor | None, row: int, cols: slice
+) -> Scored:
     """Row ``row``'s scored columns ``cols`` of the grids one forward filled."""
-    return Scored(logp_NT[row, cols], *((top[0][row, cols], top[1][row, cols]) if top else (None, None)),
-                  None if ent_NT is None else ent_NT[row, cols])
+    return Scored(
+        logp_NT[row, cols],
+        *((top[0][row, cols], top[1][row, cols]) if top else (None, None)),
+        None if ent_NT is None else ent_NT[row, cols],
+    )
 
 
 def bitwise_ids(model: HybridLM, sequence: Sequence[int], pad_id: int = 0) -> torch.Tensor:
-    """``[1, W]``: ``sequence`` right-padded with ``pad_id`` to the model's context, ``W = max_position_embeddings``."""
+    """``[1, W]``: ``sequence`` right-padded with ``pad_id`` to the model's context, ``W =
+    max_position_embeddings``."""
     device = next(model.parameters()).device
     width = model.cfg.max_position_embeddings
     if len(sequence) > width:
         raise RingzeroError(f"a sequence of {len(sequence)} tokens exceeds max_position_embeddings {width}")
-    return torch.tensor([list(sequence) + [pad_id] * (width - len(sequence))], dtype=torch.long, device=device)
+    return torch.tensor(
+        [list(sequence) + [pad_id] * (width - len(sequence))], dtype=torch.long, device=device
+    )
 
 
 def bitwise_hidden(model: HybridLM, ids_1W: torch.Tensor) -> torch.Tensor:
     """The batch-invariant forward: residual stream ``[1, W, D]`` of one sequence at the fixed width."""
     if ids_1W.shape != (1, model.cfg.max_position_embeddings):
-        raise RingzeroError(f"the batch-invariant forward takes [1, {model.cfg.max_position_embeddings}] ids, "
-                            f"got {list(ids_1W.shape)}")
+        raise RingzeroError(
+            f"the batch-invariant forward takes [1, {model.cfg.max_position_embeddings}] ids, "
+            f"got {list(ids_1W.shape)}"
+        )
     with fixed_shape_experts():  # MoE: every expert on every token, so no token's bits depend on another's
         return model.hidden(ids_1W)
 
 
 def _head_chunk(width: int, column: int, chunk_tokens: int) -> slice:
-    """The columns ``chunked_token_logprobs`` (one row of ``width`` positions) runs the LM head on with ``column``."""
+    """The columns ``chunked_token_logprobs`` (one row of ``width`` positions) runs the LM head on with
+    ``column``."""
     if width <= chunk_tokens:
         return slice(0, width)
     start = column // chunk_tokens * chunk_tokens
     return slice(start, start + chunk_tokens)
 
 
-def bitwise_next_logprobs(model: HybridLM, hidden_1WD: torch.Tensor, column: int, temperature: float,
-                          chunk_tokens: int = SCORE_CHUNK_TOKENS) -> torch.Tensor:
-    """``log_softmax(logits / T)`` ``[V]`` at ``column`` of ``bitwise_hidden``'s output: the distribution of the
-    token at ``column + 1``, computed as the trainer's scoring computes it (same LM-head chunk, same op order)."""
+def bitwise_next_logprobs(
+    model: HybridLM,
+    hidden_1WD: torch.Tensor,
+    column: int,
+    temperature: float,
+    chunk_tokens: int = SCORE_CHUNK_TOKENS,
+) -> torch.Tensor:
+    """``log_softmax(logits / T)`` ``[V]`` at ``column`` of ``bitwise_hidden``'s output: the distribution of
+    the token at ``column + 1``, computed as the trainer's scoring computes it (same LM-head chunk, same op
+    order)."""
     cols = _head_chunk(hidden_1WD.shape[1], column, chunk_tokens)
     logp_1CV = scaled_log_softmax(model.logits(hidden_1WD[:, cols]), temperature)
     return logp_1CV[0, column - cols.start]
 
 
-def _score_bitwise(model: HybridLM, sequence: Sequence[int], prompt_len: int, temperature: float, pad_id: int,
-                   top_k: int, with_entropy: bool = False) -> Scored:
+def _score_bitwise(
+    model: HybridLM,
+    sequence: Sequence[int],
+    prompt_len: int,
+    temperature: float,
+    pad_id: int,
+    top_k: int,
+    with_entropy: bool = False,
+) -> Scored:
     """One sequence through ``bitwise_hidden``; the LM head on every column (fixed shapes, see the module)."""
     ids_1W = bitwise_ids(model, sequence, pad_id)
     hidden_1WD = bitwise_hidden(model, ids_1W)
     targets_1W = torch.cat((ids_1W[:, 1:], ids_1W[:, :1]), dim=1)  # the last column predicts nothing
-    logp_1W, ent_1W = chunked_token_logprobs(model.logits, hidden_1WD, targets_1W, temperature,
-                                             chunk_tokens=SCORE_CHUNK_TOKENS, with_entropy=with_entropy)
-    top = _top_logprobs(model.logits, hidden_1WD, temperature, top_k, SCORE_CHUNK_TOKENS) if top_k > 0 else None
+    logp_1W, ent_1W = chunked_token_logprobs(
+        model.logits,
+        hidden_1WD,
+        targets_1W,
+        temperature,
+        chunk_tokens=SCORE_CHUNK_TOKENS,
+        with_entropy=with_entropy,
+    )
+    top = (
+        _top_logprobs(model.logits, hidden_1WD, temperature, top_k, SCORE_CHUNK_TOKENS) if top_k > 0 else None
+    )
     return _scored(logp_1W, top, ent_1W, 0, slice(prompt_len - 1, len(sequence) - 1))
 
 
-def score_tokens(model: HybridLM, sequences: Sequence[Sequence[int]], prompt_lens: Sequence[int],
-                 temperature: float = 1.0, batch_invariant: bool = False, *, top_k: int = 0, pad_id: int = 0,
-                 micro_batch: int = DEFAULT_MICRO_BATCH, with_entropy: bool = False) -> list[Scored]:
+def score_tokens(
+    model: HybridLM,
+    sequences: Sequence[Sequence[int]],
+    prompt_lens: Sequence[int],
+    temperature: float = 1.0,
+    batch_invariant: bool = False,
+    *,
+    top_k: int = 0,
+    pad_id: int = 0,
+    micro_batch: int = DEFAULT_MICRO_BATCH,
+    with_entropy: bool = False,
+) -> list[Scored]:
     """``score_sequences``, with the ``top_k`` most likely tokens of each scored position when ``top_k > 0``
     and each position's entropy (from the same logits) with ``with_entropy``."""
     _check(sequences, prompt_lens)
@@ -178,25 +243,52 @@ def score_tokens(model: HybridLM, sequences: Sequence[Sequence[int]], prompt_len
         raise RingzeroError(f"top_k must be >= 0 (got {top_k})")
     t = temperature if temperature > 0 else 1.0
     if batch_invariant:
-        return [_score_bitwise(model, seq, plen, t, pad_id, top_k, with_entropy)
-                for seq, plen in zip(sequences, prompt_lens, strict=True)]
+        return [
+            _score_bitwise(model, seq, plen, t, pad_id, top_k, with_entropy)
+            for seq, plen in zip(sequences, prompt_lens, strict=True)
+        ]
     step = max(1, micro_batch)
     out: list[Scored] = []
     for start in range(0, len(sequences), step):
-        out += _score_padded(model, sequences[start:start + step], prompt_lens[start:start + step], t, pad_id,
-                             top_k, with_entropy)
+        out += _score_padded(
+            model,
+            sequences[start : start + step],
+            prompt_lens[start : start + step],
+            t,
+            pad_id,
+            top_k,
+            with_entropy,
+        )
     return out
 
 
-def score_sequences(model: HybridLM, sequences: Sequence[Sequence[int]], prompt_lens: Sequence[int],
-                    temperature: float = 1.0, batch_invariant: bool = False, *, pad_id: int = 0,
-                    micro_batch: int = DEFAULT_MICRO_BATCH) -> list[torch.Tensor]:
+def score_sequences(
+    model: HybridLM,
+    sequences: Sequence[Sequence[int]],
+    prompt_lens: Sequence[int],
+    temperature: float = 1.0,
+    batch_invariant: bool = False,
+    *,
+    pad_id: int = 0,
+    micro_batch: int = DEFAULT_MICRO_BATCH,
+) -> list[torch.Tensor]:
     """Per sequence, the log-probs ``[len - prompt_len]`` of its response tokens under ``model``.
 
     ``sequences[i]`` is prompt + response; ``prompt_lens[i]`` its prompt length (>= 1). ``temperature``
     0 means greedy decoding, whose log-probs are the plain log-softmax (T = 1). Output dtype is fp32
     (fp64 under an fp64 body). ``batch_invariant`` scores each sequence alone at the model's full context
-    width (see the module docstring); otherwise sequences run right-padded in micro-batches of ``micro_batch``.
+    width (see the module docstring); otherwise sequences run right-padded in micro-batches of
+    ``micro_batch``.
     """
-    return [s.logprobs for s in score_tokens(model, sequences, prompt_lens, temperature, batch_invariant,
-                                             pad_id=pad_id, micro_batch=micro_batch)]
+    return [
+        s.logprobs
+        for s in score_tokens(
+            model,
+            sequences,
+            prompt_lens,
+            temperature,
+            batch_invariant,
+            pad_id=pad_id,
+            micro_batch=micro_batch,
+        )
+    ]

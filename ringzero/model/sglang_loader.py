@@ -26,17 +26,25 @@ def sglang_problems(cfg: ModelConfig, version: str = SGLANG_VERSION) -> list[str
     """Why SGLang ``version``'s ``BailingMoeV2_5ForCausalLM`` would not serve this model correctly (empty: it
     would). A version whose loader these rules were not read from is a problem in itself."""
     if version != SGLANG_VERSION:
-        return [f"SGLang {version}: ringzero's loadability rules were read from SGLang {SGLANG_VERSION}'s loader "
-                "(ringzero/model/sglang_loader.py); check that release's bailing_moe_linear.py and update them"]
+        return [
+            f"SGLang {version}: ringzero's loadability rules were read from SGLang {SGLANG_VERSION}'s loader "
+            "(ringzero/model/sglang_loader.py); check that release's bailing_moe_linear.py and update them"
+        ]
     problems = []
     if not cfg.reference_layout():
-        problems.append(f"layout {cfg.layout!r} is not built from layer_group_size: SGLang places MLA at every "
-                        "layer_group_size-th layer")
+        problems.append(
+            f"layout {cfg.layout!r} is not built from layer_group_size: SGLang places MLA at every "
+            "layer_group_size-th layer"
+        )
     if cfg.num_hidden_layers % cfg.layer_group_size:
-        problems.append(f"num_hidden_layers ({cfg.num_hidden_layers}) must be a multiple of layer_group_size "
-                        f"({cfg.layer_group_size}): SGLang asserts it")
+        problems.append(
+            f"num_hidden_layers ({cfg.num_hidden_layers}) must be a multiple of layer_group_size "
+            f"({cfg.layer_group_size}): SGLang asserts it"
+        )
     if cfg.tie_word_embeddings:
-        problems.append("tie_word_embeddings: true: SGLang's BailingMoeV2_5ForCausalLM ties the LM head to "
-                        "self.word_embeddings, which the causal-LM class does not have (AttributeError at load); "
-                        "train with tie_word_embeddings: false")
+        problems.append(
+            "tie_word_embeddings: true: SGLang's BailingMoeV2_5ForCausalLM ties the LM head to "
+            "self.word_embeddings, which the causal-LM class does not have (AttributeError at load); "
+            "train with tie_word_embeddings: false"
+        )
     return problems

@@ -38,7 +38,9 @@ def compare(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype) ->
     Shapes must be equal (``[N, 1]`` against ``[N]`` would broadcast to ``[N, N]`` and could pass) and the
     tensors non-empty (an empty comparison proves nothing): either is a ValueError, not a pass."""
     if actual.shape != expected.shape:
-        raise ValueError(f"compare: shapes differ, actual {tuple(actual.shape)} vs expected {tuple(expected.shape)}")
+        raise ValueError(
+            f"compare: shapes differ, actual {tuple(actual.shape)} vs expected {tuple(expected.shape)}"
+        )
     if actual.numel() == 0:
         raise ValueError(f"compare: empty tensors (shape {tuple(actual.shape)}) prove nothing")
     tol = tolerance(dtype)
@@ -47,5 +49,10 @@ def compare(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype) ->
     max_abs = float(diff.max())
     scale = float(e.abs().max())
     ok = bool((diff <= tol.atol + tol.rtol * e.abs()).all()) and bool(torch.isfinite(a).all())
-    return {"max_abs": max_abs, "max_rel": max_abs / scale if scale else max_abs,
-            "atol": tol.atol, "rtol": tol.rtol, "ok": ok}
+    return {
+        "max_abs": max_abs,
+        "max_rel": max_abs / scale if scale else max_abs,
+        "atol": tol.atol,
+        "rtol": tol.rtol,
+        "ok": ok,
+    }

@@ -23,8 +23,19 @@ _WARMED_THREADS = 0
 
 
 def _functions():
-    return (torch.cos, torch.sin, torch.exp, torch.log, torch.sqrt, torch.rsqrt, torch.tanh, torch.expm1,
-            torch.log1p, torch.erf, torch.sigmoid)
+    return (
+        torch.cos,
+        torch.sin,
+        torch.exp,
+        torch.log,
+        torch.sqrt,
+        torch.rsqrt,
+        torch.tanh,
+        torch.expm1,
+        torch.log1p,
+        torch.erf,
+        torch.sigmoid,
+    )
 
 
 def warm_up() -> None:

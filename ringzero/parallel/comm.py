@@ -126,7 +126,8 @@ def reduce_scatter_dim0(x: torch.Tensor, group, async_op: bool = False):
 
 
 def all_to_all_dim0(x: torch.Tensor, group, async_op: bool = False):
-    """``[P*n, ...]`` per rank: block ``j`` goes to rank ``j``; block ``i`` of the result came from rank ``i``."""
+    """``[P*n, ...]`` per rank: block ``j`` goes to rank ``j``; block ``i`` of the result came from rank
+    ``i``."""
     out = torch.empty_like(x)
     work = dist.all_to_all_single(out, x.contiguous(), group=group, async_op=async_op)
     return out, work

@@ -12,7 +12,9 @@ from ringzero.strict_model import StrictModel
 class CPPlan(StrictModel):
     """Which context-parallel strategy each layer type uses."""
 
-    mla: Literal["a2a", "ring"] = Field("a2a", description="MLA: all-to-all over heads, or the ring reference")
+    mla: Literal["a2a", "ring"] = Field(
+        "a2a", description="MLA: all-to-all over heads, or the ring reference"
+    )
     lightning: Literal["allgather", "ring"] = Field(
         "allgather", description="Lightning: one AllGather of states (LASP-2), or the ring (LASP-1)"
     )
@@ -28,8 +30,8 @@ class ParallelConfig(StrictModel):
 
 
 def world_product(dp: int, cp: int, tp: int = 1, pp: int = 1) -> tuple[str, str, int]:
-    """``("parallel.dp x parallel.cp x engines.training.tp", "2 x 1 x 4", 8)``: the config degrees whose product is
-    a job's rank count, for error messages (the megatron degrees only when above 1)."""
+    """``("parallel.dp x parallel.cp x engines.training.tp", "2 x 1 x 4", 8)``: the config degrees whose
+    product is a job's rank count, for error messages (the megatron degrees only when above 1)."""
     degrees = [("parallel.dp", dp), ("parallel.cp", cp)]
     degrees += [(f"engines.training.{n}", v) for n, v in (("tp", tp), ("pp", pp)) if v > 1]
     return " x ".join(n for n, _ in degrees), " x ".join(str(v) for _, v in degrees), dp * cp * tp * pp

@@ -42,11 +42,18 @@ class ParallelDims:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 problems.append(f"{name} must be an integer >= 1 (got {value!r})")
-        if (isinstance(self.ep, int) and isinstance(self.dp, int) and isinstance(self.cp, int) and self.ep > 1
-                and (self.dp * self.cp) % self.ep):
-            problems.append(f"ep={self.ep} must divide dp*cp={self.dp * self.cp}: expert-parallel ranks are carved "
-                            "out of the data- and context-parallel ranks (each group of ep of them holds one copy "
-                            "of the experts)")
+        if (
+            isinstance(self.ep, int)
+            and isinstance(self.dp, int)
+            and isinstance(self.cp, int)
+            and self.ep > 1
+            and (self.dp * self.cp) % self.ep
+        ):
+            problems.append(
+                f"ep={self.ep} must divide dp*cp={self.dp * self.cp}: expert-parallel ranks are carved "
+                "out of the data- and context-parallel ranks (each group of ep of them holds one copy "
+                "of the experts)"
+            )
         if not problems and self.dp * self.cp * self.tp * self.pp != self.world_size:
             problems.append(
                 f"dp*cp*tp*pp = {self.dp}*{self.cp}*{self.tp}*{self.pp} = "
@@ -57,7 +64,8 @@ class ParallelDims:
 
     @classmethod
     def from_config(cls, cfg, world_size: int, tp: int = 1, ep: int = 1, pp: int = 1) -> ParallelDims:
-        """From a ``ringzero.parallel.config.ParallelConfig`` (and the training engine's ``tp``, ``ep``, ``pp``)."""
+        """From a ``ringzero.parallel.config.ParallelConfig`` (and the training engine's ``tp``, ``ep``,
+        ``pp``)."""
         return cls(dp=cfg.dp, cp=cfg.cp, world_size=world_size, tp=tp, ep=ep, pp=pp)
 
     @property
@@ -159,7 +167,8 @@ def build_groups(dims: ParallelDims) -> ParallelGroups:
     P, T, D, C = range(dims.pp), range(dims.tp), range(dims.dp), range(dims.cp)
     dp_cp = pick(dims.replica_ranks(t, p) for p in P for t in T)
     return ParallelGroups(
-        dims=dims, rank=rank,
+        dims=dims,
+        rank=rank,
         cp=pick(dims.cp_ranks(d, t, p) for p in P for t in T for d in D),
         dp=pick(dims.dp_ranks(c, t, p) for p in P for t in T for c in C),
         dp_cp=dp_cp,

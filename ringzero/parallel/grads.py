@@ -65,5 +65,5 @@ def sync_grads(params: Iterable[torch.nn.Parameter], groups: ParallelGroups) -> 
         offset = 0
         for p in bucket:
             n = p.grad.numel()
-            p.grad.copy_(flat[offset:offset + n].view_as(p.grad))
+            p.grad.copy_(flat[offset : offset + n].view_as(p.grad))
             offset += n

@@ -93,8 +93,11 @@ class RankPool:
         self._results = ctx.Queue()
         self._jobs = [ctx.Queue() for _ in range(world_size)]
         self._procs = [
-            ctx.Process(target=_worker, args=(r, world_size, self._store.port, threads, self._jobs[r],
-                                              self._results, os.getpid()), daemon=True)
+            ctx.Process(
+                target=_worker,
+                args=(r, world_size, self._store.port, threads, self._jobs[r], self._results, os.getpid()),
+                daemon=True,
+            )
             for r in range(world_size)
         ]
         for p in self._procs:
@@ -121,11 +124,16 @@ class RankPool:
                 dead = [r for r, p in enumerate(self._procs) if not p.is_alive()]
                 # Once a rank has failed, the others get a short grace period to report, then the
                 # pool is torn down: they are probably blocked in a collective the failed rank left.
-                if dead or time.monotonic() > (deadline if not errors else min(deadline, failed_at + self.grace_s)):
+                if dead or time.monotonic() > (
+                    deadline if not errors else min(deadline, failed_at + self.grace_s)
+                ):
                     codes = {r: self._procs[r].exitcode for r in dead}
                     self.close(force=True)
-                    why = "\n".join(errors) or (f"ranks {list(codes)} exited with codes {list(codes.values())}"
-                                               if codes else f"no answer within {self.timeout_s:.0f} s")
+                    why = "\n".join(errors) or (
+                        f"ranks {list(codes)} exited with codes {list(codes.values())}"
+                        if codes
+                        else f"no answer within {self.timeout_s:.0f} s"
+                    )
                     raise RingzeroError(f"rank job {getattr(fn, '__name__', fn)} failed:\n{why}") from None
                 continue
             pending -= 1

@@ -71,7 +71,9 @@ class _GatherPrefixStates(torch.autograd.Function):
 
 
 def _p2p(op, tensor: torch.Tensor, peer_in_group: int, group):
-    works = dist.batch_isend_irecv([dist.P2POp(op, tensor, dist.get_global_rank(group, peer_in_group), group)])
+    works = dist.batch_isend_irecv(
+        [dist.P2POp(op, tensor, dist.get_global_rank(group, peer_in_group), group)]
+    )
     for w in works:
         w.wait()
 
@@ -130,8 +132,9 @@ def _local_chunks(q, k, v, log_decay_H, block_size, n):
     outs, finals = [], []
     for i in range(n):
         part = slice(i * C, (i + 1) * C)
-        o, F = lightning_blocks(q[:, part].to(compute), k[:, part].to(compute), v[:, part].to(compute),
-                                log_decay_H, block_size)
+        o, F = lightning_blocks(
+            q[:, part].to(compute), k[:, part].to(compute), v[:, part].to(compute), log_decay_H, block_size
+        )
         outs.append(o)
         finals.append(F)
     return outs, torch.stack(finals), C
@@ -155,8 +158,10 @@ class LightningAllGatherCore(nn.Module):
         h0_nBHkv = _GatherPrefixStates.apply(F_nBHkv, log_decay_H, C, self.group, rec, self.mode)
         # Every chunk uses its h0, also the first chunk's all-zero one: a rank whose graph skipped it
         # would skip the backward all-gather and leave the others waiting for it.
-        o = [o_i + _chunk_inter(q_BSHk[:, i * C:(i + 1) * C], h0_nBHkv[i], log_decay_H)
-             for i, o_i in enumerate(outs)]
+        o = [
+            o_i + _chunk_inter(q_BSHk[:, i * C : (i + 1) * C], h0_nBHkv[i], log_decay_H)
+            for i, o_i in enumerate(outs)
+        ]
         return torch.cat(o, dim=1).to(q_BSHk.dtype)
 
 

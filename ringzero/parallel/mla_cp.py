@@ -79,8 +79,13 @@ class _GatherLatentScatterQueries(torch.autograd.Function):
         q_recv, w3 = all_to_all_dim0(q_send, group, async_op=True)
         wait_all(w1, w2, w3)
         # Issued together, so one step whose link carries all three payloads.
-        book_step(rec, False, book_all_gather(rec, False, lat_send, P) + book_all_gather(rec, False, pos_send, P)
-                  + book_all_to_all(rec, False, q_send, P))
+        book_step(
+            rec,
+            False,
+            book_all_gather(rec, False, lat_send, P)
+            + book_all_gather(rec, False, pos_send, P)
+            + book_all_to_all(rec, False, q_send, P),
+        )
         ctx.group, ctx.rec = group, rec
         return unpack_seq_to_heads(q_recv), _seq_back(lat_all, 1), _seq_back(pos_all, -1)
 
@@ -94,7 +99,9 @@ class _GatherLatentScatterQueries(torch.autograd.Function):
         # Every rank holds the latent gradient of all tokens from its own heads: sum over ranks, keep mine.
         dlat_mine, w2 = reduce_scatter_dim0(dlat_send, group, async_op=True)
         wait_all(w1, w2)
-        book_step(rec, True, book_all_to_all(rec, True, dq_send, P) + book_all_to_all(rec, True, dlat_send, P))
+        book_step(
+            rec, True, book_all_to_all(rec, True, dq_send, P) + book_all_to_all(rec, True, dlat_send, P)
+        )
         return unpack_heads_to_seq(dq_recv), _seq_back(dlat_mine, 1), None, None, None
 
 
@@ -111,8 +118,9 @@ def _expand_heads(q_nope, q_rope, c_kv, k_rope, w_uk_hnr, w_uv_hvr):
     return torch.cat([q_nope, q_rope], dim=-1), k, v
 
 
-def blocked_causal_attention(q_BThd, k_BThd, v_BThv, pos, scale: float, softmax_fp32: bool,
-                             block: int | None = None):
+def blocked_causal_attention(
+    q_BThd, k_BThd, v_BThv, pos, scale: float, softmax_fp32: bool, block: int | None = None
+):
     """Full-sequence causal attention one block of queries at a time, each block over only the keys
     some of its queries can see: about half the work of one masked T x T product, and a score
     matrix of ``block x T`` instead of ``T x T``. Exact: the skipped keys are masked anyway."""
@@ -126,8 +134,11 @@ def blocked_causal_attention(q_BThd, k_BThd, v_BThv, pos, scale: float, softmax_
         rows = slice(start, start + block)
         q_pos = pos[..., rows]
         keys = ((k_pos_any >= 0) & (k_pos_any <= q_pos.max())).nonzero().squeeze(-1)
-        outs.append(causal_attention(q_BThd[:, rows], k_BThd[:, keys], v_BThv[:, keys], q_pos,
-                                     pos[..., keys], scale, softmax_fp32))
+        outs.append(
+            causal_attention(
+                q_BThd[:, rows], k_BThd[:, keys], v_BThv[:, keys], q_pos, pos[..., keys], scale, softmax_fp32
+            )
+        )
     return torch.cat(outs, dim=1)
 
 
@@ -147,14 +158,18 @@ def _ordered_sdpa(q_BThd, k_BThd, v_BThv, pos_T, scale: float, softmax_fp32: boo
     causal SDPA call, outputs put back in place; tokens with negative positions (padding) get 0."""
     order = _position_order(pos_T)
     T = pos_T.numel()
-    if order is None or order.numel() == 0 or \
-            (order.numel() == T and bool((order == torch.arange(T, device=order.device)).all())):
+    if (
+        order is None
+        or order.numel() == 0
+        or (order.numel() == T and bool((order == torch.arange(T, device=order.device)).all()))
+    ):
         # Shared positions or nothing but padding (the masked call), or already in order without
         # padding (plain causal, no copies).
         return sdpa_causal_attention(q_BThd, k_BThd, v_BThv, pos_T, pos_T, scale, softmax_fp32)
     ordered_pos = pos_T[order]
-    o_BUhv = sdpa_causal_attention(q_BThd[:, order], k_BThd[:, order], v_BThv[:, order], ordered_pos, ordered_pos,
-                                   scale, softmax_fp32)
+    o_BUhv = sdpa_causal_attention(
+        q_BThd[:, order], k_BThd[:, order], v_BThv[:, order], ordered_pos, ordered_pos, scale, softmax_fp32
+    )
     B, h, E = q_BThd.shape[0], q_BThd.shape[2], v_BThv.shape[-1]
     return o_BUhv.new_zeros(B, T, h, E).index_copy(1, order, o_BUhv)
 
@@ -171,8 +186,15 @@ def sdpa_full_sequence_attention(q_BThd, k_BThd, v_BThv, pos, scale: float, soft
     visible tokens (never in training) fall back to the kernel with the boolean visibility mask."""
     if pos.dim() == 1 or bool((pos == pos[:1]).all()):
         return _ordered_sdpa(q_BThd, k_BThd, v_BThv, pos if pos.dim() == 1 else pos[0], scale, softmax_fp32)
-    return torch.cat([_ordered_sdpa(q_BThd[b:b + 1], k_BThd[b:b + 1], v_BThv[b:b + 1], pos[b], scale, softmax_fp32)
-                      for b in range(pos.shape[0])], dim=0)
+    return torch.cat(
+        [
+            _ordered_sdpa(
+                q_BThd[b : b + 1], k_BThd[b : b + 1], v_BThv[b : b + 1], pos[b], scale, softmax_fp32
+            )
+            for b in range(pos.shape[0])
+        ],
+        dim=0,
+    )
 
 
 def full_sequence_attention(impl: str):
@@ -183,8 +205,11 @@ def full_sequence_attention(impl: str):
 
 def check_heads(num_attention_heads: int, cp: int) -> str | None:
     if num_attention_heads % cp:
-        return (f"a2a splits the {num_attention_heads} attention heads over {cp} CP ranks, which needs num_attention_heads % cp == 0 "
-                f"(use a head count divisible by {cp}, or strategy 'ring')")
+        return (
+            f"a2a splits the {num_attention_heads} attention heads over {cp} CP ranks, which needs "
+            "num_attention_heads % cp == 0 "
+            f"(use a head count divisible by {cp}, or strategy 'ring')"
+        )
     return None
 
 
@@ -201,8 +226,18 @@ class MLAAllToAllCore(nn.Module):
     def extra_repr(self) -> str:
         return f"impl={self.impl}"
 
-    def forward(self, q_nope_BSHn, q_rope_BSHp, c_kv_BSr, k_rope_BSp, w_uk_Hnr, w_uv_Hvr, positions,
-                scale: float, softmax_fp32: bool):
+    def forward(
+        self,
+        q_nope_BSHn,
+        q_rope_BSHp,
+        c_kv_BSr,
+        k_rope_BSp,
+        w_uk_Hnr,
+        w_uv_Hvr,
+        positions,
+        scale: float,
+        softmax_fp32: bool,
+    ):
         P, me = dist.get_world_size(self.group), dist.get_rank(self.group)
         H, n = q_nope_BSHn.shape[2], q_nope_BSHn.shape[3]
         problem = check_heads(H, P)
@@ -211,12 +246,19 @@ class MLAAllToAllCore(nn.Module):
         rec = self.ledger.new_call("mla", "a2a")
         q_BSHd = torch.cat([q_nope_BSHn, q_rope_BSHp], dim=-1)
         latent_BSc = torch.cat([c_kv_BSr, k_rope_BSp], dim=-1)
-        q_BThd, latent_BTc, pos_all = _GatherLatentScatterQueries.apply(q_BSHd, latent_BSc, positions,
-                                                                       self.group, rec)
+        q_BThd, latent_BTc, pos_all = _GatherLatentScatterQueries.apply(
+            q_BSHd, latent_BSc, positions, self.group, rec
+        )
         r = c_kv_BSr.shape[-1]
         heads = slice(me * (H // P), (me + 1) * (H // P))
-        q, k, v = _expand_heads(q_BThd[..., :n], q_BThd[..., n:], latent_BTc[..., :r], latent_BTc[..., r:],
-                                w_uk_Hnr[heads], w_uv_Hvr[heads])
+        q, k, v = _expand_heads(
+            q_BThd[..., :n],
+            q_BThd[..., n:],
+            latent_BTc[..., :r],
+            latent_BTc[..., r:],
+            w_uk_Hnr[heads],
+            w_uv_Hvr[heads],
+        )
         o_BThv = full_sequence_attention(self.impl)(q, k, v, pos_all, scale, softmax_fp32)
         return HeadsToSeq.apply(o_BThv, self.group, rec)
 
@@ -228,9 +270,22 @@ class MLARingCore(nn.Module):
         super().__init__()
         self.group, self.ledger, self.pieces = group, ledger, chunks_per_rank(sharding)
 
-    def forward(self, q_nope_BSHn, q_rope_BSHp, c_kv_BSr, k_rope_BSp, w_uk_Hnr, w_uv_Hvr, positions,
-                scale: float, softmax_fp32: bool):
+    def forward(
+        self,
+        q_nope_BSHn,
+        q_rope_BSHp,
+        c_kv_BSr,
+        k_rope_BSp,
+        w_uk_Hnr,
+        w_uv_Hvr,
+        positions,
+        scale: float,
+        softmax_fp32: bool,
+    ):
         rec = self.ledger.new_call("mla", "ring")
-        q_BSHd, k_BSHd, v_BSHv = _expand_heads(q_nope_BSHn, q_rope_BSHp, c_kv_BSr, k_rope_BSp, w_uk_Hnr, w_uv_Hvr)
-        return ring_attention(q_BSHd, k_BSHd, v_BSHv, positions, scale, softmax_fp32, self.group, rec,
-                              self.pieces)
+        q_BSHd, k_BSHd, v_BSHv = _expand_heads(
+            q_nope_BSHn, q_rope_BSHp, c_kv_BSr, k_rope_BSp, w_uk_Hnr, w_uv_Hvr
+        )
+        return ring_attention(
+            q_BSHd, k_BSHd, v_BSHv, positions, scale, softmax_fp32, self.group, rec, self.pieces
+        )

@@ -69,4 +69,8 @@ def writes_on_rank0(store) -> bool:
 
 def one_writer(store, runtime: Runtime):
     """``store`` itself for a single process, else the rank-0-writes wrapper."""
-    return store if not runtime.distributed or isinstance(store, OneWriterStore) else OneWriterStore(store, runtime)
+    return (
+        store
+        if not runtime.distributed or isinstance(store, OneWriterStore)
+        else OneWriterStore(store, runtime)
+    )

@@ -41,7 +41,8 @@ def attention_layers(model: nn.Module) -> list[tuple[str, str, nn.Module]]:
 
 
 def core_impl(module: nn.Module) -> str:
-    """The attention impl of the core about to be replaced (``MLACore.impl``; ``explicit`` when it has none)."""
+    """The attention impl of the core about to be replaced (``MLACore.impl``; ``explicit`` when it has
+    none)."""
     return getattr(module.core, "impl", "explicit")
 
 
@@ -53,8 +54,9 @@ def plan_dict(plan: CPPlan | Mapping[str, str] | None) -> dict[str, str]:
     return dict(plan)
 
 
-def check_plan(model: nn.Module, cp: int, plan: CPPlan | Mapping[str, str] | None = None,
-               sharding: str = "contiguous") -> list[str]:
+def check_plan(
+    model: nn.Module, cp: int, plan: CPPlan | Mapping[str, str] | None = None, sharding: str = "contiguous"
+) -> list[str]:
     """Every reason the plan cannot be applied to ``model`` at CP degree ``cp`` (empty when it can)."""
     chunks_per_rank(sharding)
     strategies = plan_dict(plan)
@@ -70,8 +72,13 @@ def check_plan(model: nn.Module, cp: int, plan: CPPlan | Mapping[str, str] | Non
     return problems
 
 
-def parallelize(model: nn.Module, groups: ParallelGroups, plan: CPPlan | Mapping[str, str] | None = None,
-                sharding: str = "contiguous", ledger: CommLedger | None = None) -> CommLedger:
+def parallelize(
+    model: nn.Module,
+    groups: ParallelGroups,
+    plan: CPPlan | Mapping[str, str] | None = None,
+    sharding: str = "contiguous",
+    ledger: CommLedger | None = None,
+) -> CommLedger:
     """Swap every attention core for its CP core (in place). Returns the ledger the cores book into.
 
     ``plan`` maps layer type to strategy (default: MLA -> ``a2a``, Lightning -> ``allgather``);

@@ -75,8 +75,11 @@ PIECE_ROWS = 512
 def _pieces(length: int, chunks: int) -> list[slice]:
     """Slices of at most ``PIECE_ROWS`` rows, none straddling a chunk boundary."""
     C = length // chunks
-    return [slice(s, min(s + PIECE_ROWS, (c + 1) * C))
-            for c in range(chunks) for s in range(c * C, (c + 1) * C, PIECE_ROWS)]
+    return [
+        slice(s, min(s + PIECE_ROWS, (c + 1) * C))
+        for c in range(chunks)
+        for s in range(c * C, (c + 1) * C, PIECE_ROWS)
+    ]
 
 
 def _block_grads(q, k, v, q_pos, k_pos, lse, do_acc, delta, scale, compute):
@@ -115,10 +118,19 @@ class RingAttention(torch.autograd.Function):
                 for kj in parts:
                     if not _any_visible(pos[..., qi], k_pos[..., kj]):
                         continue
-                    o_blk, lse_blk = causal_attention(q_in[:, qi], kv_in[0][:, kj], kv_in[1][:, kj], pos[..., qi],
-                                                      k_pos[..., kj], scale, softmax_fp32, return_lse=True)
-                    o_BQHE[:, qi], lse_BQH[:, qi] = merge_partial(o_BQHE[:, qi], lse_BQH[:, qi], o_blk.to(acc),
-                                                                  lse_blk.to(acc))
+                    o_blk, lse_blk = causal_attention(
+                        q_in[:, qi],
+                        kv_in[0][:, kj],
+                        kv_in[1][:, kj],
+                        pos[..., qi],
+                        k_pos[..., kj],
+                        scale,
+                        softmax_fp32,
+                        return_lse=True,
+                    )
+                    o_BQHE[:, qi], lse_BQH[:, qi] = merge_partial(
+                        o_BQHE[:, qi], lse_BQH[:, qi], o_blk.to(acc), lse_blk.to(acc)
+                    )
             wait_all(*hop[0])
             block = incoming
         ctx.save_for_backward(q_BQHD, k_BKHD, v_BKHE, pos, o_BQHE, lse_BQH)
@@ -135,17 +147,31 @@ class RingAttention(torch.autograd.Function):
         do_acc = do_BQHE.to(acc)
         delta_BQH = (do_acc * o_acc).sum(-1)
         dq = torch.zeros(q.shape, dtype=acc, device=q.device)
-        block = [k, v, pos, torch.zeros(k.shape, dtype=acc, device=k.device),
-                 torch.zeros(v.shape, dtype=acc, device=v.device)]
+        block = [
+            k,
+            v,
+            pos,
+            torch.zeros(k.shape, dtype=acc, device=k.device),
+            torch.zeros(v.shape, dtype=acc, device=v.device),
+        ]
         for step in range(P):
             k_blk, v_blk, k_pos, dk_blk, dv_blk = block  # dk/dv: fresh buffers of this step, updated in place
             for qi in ctx.parts:
                 for kj in ctx.parts:
                     if not _any_visible(pos[..., qi], k_pos[..., kj]):
                         continue
-                    dq_b, dk_b, dv_b = _block_grads(q[:, qi], k_blk[:, kj], v_blk[:, kj], pos[..., qi],
-                                                    k_pos[..., kj], lse[:, qi], do_acc[:, qi], delta_BQH[:, qi],
-                                                    ctx.scale, compute)
+                    dq_b, dk_b, dv_b = _block_grads(
+                        q[:, qi],
+                        k_blk[:, kj],
+                        v_blk[:, kj],
+                        pos[..., qi],
+                        k_pos[..., kj],
+                        lse[:, qi],
+                        do_acc[:, qi],
+                        delta_BQH[:, qi],
+                        ctx.scale,
+                        compute,
+                    )
                     dq[:, qi] += dq_b
                     dk_blk[:, kj] += dk_b
                     dv_blk[:, kj] += dv_b
@@ -159,8 +185,17 @@ class RingAttention(torch.autograd.Function):
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None, None, None
 
 
-def ring_attention(q_BQHD, k_BKHD, v_BKHE, positions, scale: float, softmax_fp32: bool, group,
-                   rec: CallRecord | None = None, pieces: int = 1):
+def ring_attention(
+    q_BQHD,
+    k_BKHD,
+    v_BKHE,
+    positions,
+    scale: float,
+    softmax_fp32: bool,
+    group,
+    rec: CallRecord | None = None,
+    pieces: int = 1,
+):
     """Causal attention of the local queries over the keys of every rank of ``group``.
 
     ``positions`` (``[Q]`` or ``[B, Q]``, global, negative = padding) belong to the local tokens; keys

@@ -25,7 +25,8 @@ from ringzero.parallel.dims import ParallelDims, ParallelGroups, build_groups
 
 DeviceSetting = Literal["auto", "cpu", "cuda"]
 COLLECTIVE_TIMEOUT = timedelta(minutes=30)
-"""How long a collective may wait for a slow rank; a dead rank ends the job sooner (torchrun stops the rest)."""
+"""How long a collective may wait for a slow rank; a dead rank ends the job sooner (torchrun stops the
+rest)."""
 
 
 def resolve_device(setting: DeviceSetting, local_rank: int = 0) -> torch.device:
@@ -117,8 +118,14 @@ def single(device: str | torch.device = "cpu") -> Runtime:
     return Runtime(device=torch.device(device), dims=ParallelDims(dp=1, cp=1, world_size=1))
 
 
-def from_env(parallel, device: DeviceSetting = "auto", env: dict[str, str] | None = None, tp: int = 1,
-             ep: int = 1, pp: int = 1) -> Runtime:
+def from_env(
+    parallel,
+    device: DeviceSetting = "auto",
+    env: dict[str, str] | None = None,
+    tp: int = 1,
+    ep: int = 1,
+    pp: int = 1,
+) -> Runtime:
     """The runtime torchrun's environment describes, with ``parallel`` (a ``ParallelConfig``) and the
     training engine's ``tp`` and ``pp`` (and ``ep``, carved out of the dp ranks) checked against its world
     size. Joins the default process group once when there is more than one rank."""
@@ -128,7 +135,8 @@ def from_env(parallel, device: DeviceSetting = "auto", env: dict[str, str] | Non
     names, values, need = world_product(parallel.dp, parallel.cp, tp, pp)
     if need != world:
         raise RingzeroError(
-            f"{names} = {values} = {need} ranks, but the job has WORLD_SIZE={world}: start it with --nproc {need} "
+            f"{names} = {values} = {need} ranks, but the job has WORLD_SIZE={world}: start it with --nproc "
+            f"{need} "
             f"or set the degrees so that their product is {world}"
         )
     dims = ParallelDims.from_config(parallel, world, tp, ep, pp)
@@ -138,8 +146,11 @@ def from_env(parallel, device: DeviceSetting = "auto", env: dict[str, str] | Non
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
     if not dist.is_initialized():
-        dist.init_process_group("nccl" if dev.type == "cuda" else "gloo", timeout=COLLECTIVE_TIMEOUT,
-                                **({"device_id": dev} if dev.type == "cuda" else {}))
+        dist.init_process_group(
+            "nccl" if dev.type == "cuda" else "gloo",
+            timeout=COLLECTIVE_TIMEOUT,
+            **({"device_id": dev} if dev.type == "cuda" else {}),
+        )
     return Runtime(device=dev, dims=dims, rank=rank, local_rank=local_rank, groups=build_groups(dims))
 
 

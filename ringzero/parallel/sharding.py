@@ -97,7 +97,9 @@ class SeqLayout:
     def shard(self, x: torch.Tensor, rank: int, dim: int = 1, pad_value: float = 0) -> torch.Tensor:
         """This rank's part of a global tensor whose ``dim`` is the sequence (padded with ``pad_value``)."""
         if x.shape[dim] != self.seq_len:
-            raise RingzeroError(f"tensor has {x.shape[dim]} positions on dim {dim}, layout expects {self.seq_len}")
+            raise RingzeroError(
+                f"tensor has {x.shape[dim]} positions on dim {dim}, layout expects {self.seq_len}"
+            )
         if self.padding:
             pad_shape = list(x.shape)
             pad_shape[dim] = self.padding

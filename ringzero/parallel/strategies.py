@@ -34,27 +34,37 @@ class Strategy:
 
 def _lightning_ring_check(num_attention_heads: int, cp: int, sharding: str) -> str | None:
     if sharding != "contiguous":
-        return (f"the Lightning ring (LASP-1) hands the state from rank p to p+1 along the sequence, which "
-                f"needs contiguous shards; {sharding} shards are not in sequence order (use 'allgather')")
+        return (
+            f"the Lightning ring (LASP-1) hands the state from rank p to p+1 along the sequence, which "
+            f"needs contiguous shards; {sharding} shards are not in sequence order (use 'allgather')"
+        )
     return None
 
 
 STRATEGIES: dict[tuple[str, str], Strategy] = {
     ("mla", "a2a"): Strategy(
-        "a2a", "mla", "all-gather the latent, all-to-all queries to head shards and outputs back",
+        "a2a",
+        "mla",
+        "all-gather the latent, all-to-all queries to head shards and outputs back",
         lambda group, ledger, sharding, impl="explicit": MLAAllToAllCore(group, ledger, impl),
         lambda num_attention_heads, cp, sharding: check_heads(num_attention_heads, cp),
     ),
     ("mla", "ring"): Strategy(
-        "ring", "mla", "materialised K/V around the ring, log-sum-exp merge",
+        "ring",
+        "mla",
+        "materialised K/V around the ring, log-sum-exp merge",
         lambda group, ledger, sharding, impl="explicit": MLARingCore(group, ledger, sharding),
     ),
     ("lightning", "allgather"): Strategy(
-        "allgather", "lightning", "one all-gather of chunk states, decayed prefix sum (LASP-2)",
+        "allgather",
+        "lightning",
+        "one all-gather of chunk states, decayed prefix sum (LASP-2)",
         lambda group, ledger, sharding, impl="explicit": LightningAllGatherCore(group, ledger, sharding),
     ),
     ("lightning", "ring"): Strategy(
-        "ring", "lightning", "state handed from rank to rank, P-1 hops (LASP-1)",
+        "ring",
+        "lightning",
+        "state handed from rank to rank, P-1 hops (LASP-1)",
         lambda group, ledger, sharding, impl="explicit": LightningRingCore(group, ledger),
         _lightning_ring_check,
     ),
@@ -62,9 +72,9 @@ STRATEGIES: dict[tuple[str, str], Strategy] = {
 
 _WHY_NOT = {
     ("lightning", "a2a"): "a2a moves MLA's head-independent latent; Lightning layers keep a recurrent state "
-                          "instead, which 'allgather' or 'ring' pass between ranks",
+    "instead, which 'allgather' or 'ring' pass between ranks",
     ("mla", "allgather"): "allgather exchanges the fixed-size recurrent state of linear attention; softmax "
-                          "attention has no such state (use 'a2a' or 'ring')",
+    "attention has no such state (use 'a2a' or 'ring')",
 }
 
 
@@ -79,6 +89,8 @@ def refusal(layer_type: str, strategy: str, num_attention_heads: int, cp: int, s
     found = STRATEGIES.get((layer_type, strategy))
     if found is None:
         why = _WHY_NOT.get((layer_type, strategy), "no such strategy")
-        return (f"strategy {strategy!r} does not support {layer_type} layers: {why}; "
-                f"{layer_type} supports {', '.join(strategy_names(layer_type))}")
+        return (
+            f"strategy {strategy!r} does not support {layer_type} layers: {why}; "
+            f"{layer_type} supports {', '.join(strategy_names(layer_type))}"
+        )
     return found.extra_check(num_attention_heads, cp, sharding)

@@ -59,7 +59,9 @@ class TokenShard:
 def pad_rows(rows: Sequence[Sequence[int]], pad_id: int, device) -> torch.Tensor:
     """Right-padded ``[B, L]`` ids, uploaded once."""
     width = max(len(r) for r in rows)
-    return torch.tensor([list(r) + [pad_id] * (width - len(r)) for r in rows], dtype=torch.long, device=device)
+    return torch.tensor(
+        [list(r) + [pad_id] * (width - len(r)) for r in rows], dtype=torch.long, device=device
+    )
 
 
 def shard_tokens(ids_BL: torch.Tensor, runtime: Runtime, sharding: str = "contiguous") -> TokenShard:
@@ -81,17 +83,31 @@ def shard_tokens(ids_BL: torch.Tensor, runtime: Runtime, sharding: str = "contig
     )
 
 
-def next_token_logprobs(model, shard: TokenShard, temperature: float = 1.0, *, first_column: int = 0,
-                        with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+def next_token_logprobs(
+    model, shard: TokenShard, temperature: float = 1.0, *, first_column: int = 0, with_entropy: bool = False
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``log p(target)`` ``[B, S]`` (and the entropy, without gradient) for the local columns at or after
     ``first_column`` (zeros before it and on layout padding): the LM head never runs on columns no loss
     reads, such as the prompt before the earliest response."""
-    return logprobs_from_hidden(model, shard, model.hidden(shard.inputs_BS, shard.positions_BS), temperature,
-                                first_column=first_column, with_entropy=with_entropy)
+    return logprobs_from_hidden(
+        model,
+        shard,
+        model.hidden(shard.inputs_BS, shard.positions_BS),
+        temperature,
+        first_column=first_column,
+        with_entropy=with_entropy,
+    )
 
 
-def logprobs_from_hidden(model, shard: TokenShard, hidden_BSD: torch.Tensor, temperature: float = 1.0, *,
-                         first_column: int = 0, with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+def logprobs_from_hidden(
+    model,
+    shard: TokenShard,
+    hidden_BSD: torch.Tensor,
+    temperature: float = 1.0,
+    *,
+    first_column: int = 0,
+    with_entropy: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``next_token_logprobs`` from the model's final hidden states of ``shard`` (the head half: what a
     micro-batch's head runs, on the last pipeline stage under pipeline parallelism)."""
     local = shard.local_index(first_column)
@@ -103,9 +119,14 @@ def logprobs_from_hidden(model, shard: TokenShard, hidden_BSD: torch.Tensor, tem
         # Keep the graph connected: every CP rank must run the backward its peers' collectives wait in.
         return logp_BS + 0.0 * hidden_BSD.sum(), entropy_BS
     scored = torch.tensor(local, dtype=torch.long, device=hidden_BSD.device)
-    logp, ent = chunked_token_logprobs(model.logits, hidden_BSD.index_select(1, scored),
-                                       shard.targets_BS.index_select(1, scored), temperature,
-                                       chunk_tokens=LOGPROB_CHUNK_TOKENS, with_entropy=with_entropy)
+    logp, ent = chunked_token_logprobs(
+        model.logits,
+        hidden_BSD.index_select(1, scored),
+        shard.targets_BS.index_select(1, scored),
+        temperature,
+        chunk_tokens=LOGPROB_CHUNK_TOKENS,
+        with_entropy=with_entropy,
+    )
     logp_BS = logp_BS.index_copy(1, scored, logp.to(out_dtype))
     if with_entropy:
         entropy_BS = entropy_BS.index_copy(1, scored, ent.to(out_dtype))

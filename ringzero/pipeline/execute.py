@@ -14,7 +14,7 @@ from pathlib import Path
 
 import structlog
 
-from ringzero.config.run import RunConfig
+from ringzero.config.run import RunConfig, stage_view
 from ringzero.errors import RingzeroError
 from ringzero.metrics import MemoryMetricWriter, MetricWriter, merge_by_step
 from ringzero.parallel.one_writer import OneWriterStore, one_writer
@@ -73,13 +73,19 @@ def stage_lease(store, h: str, runtime: Runtime):
 
 
 def execute_stage(
-    cfg: RunConfig, store, stage, inputs: StageInputs, run_dir: Path, force: bool = False,
+    cfg: RunConfig,
+    store,
+    stage,
+    inputs: StageInputs,
+    run_dir: Path,
+    force: bool = False,
     runtime: Runtime | None = None,
 ) -> ExecutedStage:
     """Every rank of a job calls this with the same arguments; rank 0 alone writes (store and run folder)."""
     runtime = runtime or single()
     store = one_writer(store, runtime)
     main = runtime.is_main
+    cfg = stage_view(cfg, stage)  # the stage's own seed and precision, where it sets them
     h = stage_hash(cfg, stage, inputs)
     stage_dir = Path(run_dir) / stage.name
     stage_dir.mkdir(parents=True, exist_ok=True)
@@ -101,9 +107,16 @@ def execute_stage(
         log.info("stage.start", stage=stage.name, kind=stage.kind, hash=h[:16], init=inputs.init_uri)
         started = time.time()
         with stage_lease(store, h, runtime) as lease:
-            with (MetricWriter(metrics_path) if main else MemoryMetricWriter()) as writer:
-                ctx = StageContext(cfg=cfg, store=store, stage_hash=h, stage_dir=stage_dir, metrics=writer,
-                                   fresh=force, runtime=runtime)
+            with MetricWriter(metrics_path) if main else MemoryMetricWriter() as writer:
+                ctx = StageContext(
+                    cfg=cfg,
+                    store=store,
+                    stage_hash=h,
+                    stage_dir=stage_dir,
+                    metrics=writer,
+                    fresh=force,
+                    runtime=runtime,
+                )
                 try:
                     outcome = get_runner(stage.kind)(ctx, stage, inputs)
                 except Exception as exc:

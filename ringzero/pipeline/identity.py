@@ -8,14 +8,22 @@ name and its gate thresholds are excluded: renaming a stage or tightening a gate
 from __future__ import annotations
 
 from ringzero.config.loader import config_hash
-from ringzero.config.run import RunConfig
+from ringzero.config.run import RunConfig, stage_view
 from ringzero.stages.base import StageInputs
 
 IDENTITY_VERSION = 1  # bump when a stage's semantics change in a way the config cannot show
 
-ADDED_TASK_FIELDS = {"min_digits": None, "short_fraction": 0.0, "verbosity": "trace", "check_weights": None,
-                     "slip_rate": 0.0, "slip_from": 1, "check_order": "forward", "check_verbosity": "drawn",
-                     "terse_form": "restated"}
+ADDED_TASK_FIELDS = {
+    "min_digits": None,
+    "short_fraction": 0.0,
+    "verbosity": "trace",
+    "check_weights": None,
+    "slip_rate": 0.0,
+    "slip_from": 1,
+    "check_order": "forward",
+    "check_verbosity": "drawn",
+    "terse_form": "restated",
+}
 """Task knobs added after identity version 1, with the values that reproduce the earlier behaviour: they
 enter the hash only when set otherwise, so a store's committed stages (the one-time base) stay valid."""
 
@@ -31,8 +39,10 @@ def _task_fields(cfg: RunConfig) -> dict:
 def stage_hash(cfg: RunConfig, stage, inputs: StageInputs) -> str:
     """Input checkpoints enter by URI: stage outputs live under their producer's identity
     (``stages/<hash>/final``), so a URI already names everything upstream, for the local runner and a
-    pipeline step alike."""
-    stage_fields = stage.model_dump(mode="json", exclude={"name", "gate"})
+    pipeline step alike. A stage's own ``seed`` and ``precision`` enter as the run's would
+    (``stage_view``): only what the stage runs under counts, not where it was said."""
+    cfg = stage_view(cfg, stage)
+    stage_fields = stage.model_dump(mode="json", exclude={"name", "gate", "seed", "precision"})
     for key in ("init", "reference"):
         stage_fields.pop(key, None)
     stage_fields.pop("compare", None)

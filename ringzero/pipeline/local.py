@@ -39,7 +39,9 @@ def resolve_inputs(stage, done: dict[str, ExecutedStage]) -> StageInputs:
         return out
 
     produced = [ex for ex in done.values() if ex.outcome.output_uri]
-    init = uri_of(stage.init, "init") if stage.init else (produced[-1].outcome.output_uri if produced else None)
+    init = (
+        uri_of(stage.init, "init") if stage.init else (produced[-1].outcome.output_uri if produced else None)
+    )
     reference = uri_of(getattr(stage, "reference", None), "reference") or init
     bases = [ex.outcome.output_uri for ex in done.values() if ex.kind == "pretrain" and ex.outcome.output_uri]
     compare = {name: uri_of(name, "compare") for name in getattr(stage, "compare", [])}
@@ -51,8 +53,9 @@ def resolve_inputs(stage, done: dict[str, ExecutedStage]) -> StageInputs:
     )
 
 
-def run_pipeline(cfg: RunConfig, store, run_dir: Path, force: set[str] = frozenset(),
-                 runtime: Runtime | None = None) -> PipelineResult:
+def run_pipeline(
+    cfg: RunConfig, store, run_dir: Path, force: set[str] = frozenset(), runtime: Runtime | None = None
+) -> PipelineResult:
     """Every rank of a job runs this; rank 0 alone writes the manifest, the others follow its decisions."""
     runtime = runtime or single()
     store = one_writer(store, runtime)

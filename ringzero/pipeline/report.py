@@ -3,9 +3,9 @@
 It shows the run's status, the stage table (every stage's summary, wall time and stop reason, with the
 stages a failed gate kept from running), every gate's reasons, the run's targets (met / missed / missing),
 the curves that tell whether the run is healthy (reward, trace usage, length, the engine gap's and the whole
-batch's ratio tail p99/max against step, per stage), each eval stage's checkpoint comparison, and every stage's
-full summary. Built only from the run result (summaries, metric records, gate results) and the manifest, so it
-can be written for cached stages too.
+batch's ratio tail p99/max against step, per stage), each eval stage's checkpoint comparison, and every
+stage's full summary. Built only from the run result (summaries, metric records, gate results) and the
+manifest, so it can be written for cached stages too.
 """
 
 from __future__ import annotations
@@ -52,13 +52,17 @@ def render_report(cfg, result: PipelineResult, manifest: dict) -> str:
     colors = {s.name: PALETTE[i % len(PALETTE)] for i, s in enumerate(cfg.stages)}
     body = [
         _header(cfg, result, manifest),
-        "<h2>Stages</h2>", _stage_table(cfg, result),
-        "<h2>Gates</h2>", _gates(cfg, result),
+        "<h2>Stages</h2>",
+        _stage_table(cfg, result),
+        "<h2>Gates</h2>",
+        _gates(cfg, result),
         *_targets(result),
         *_rollbacks(result),
-        "<h2>Curves</h2>", _curves(result, colors),
+        "<h2>Curves</h2>",
+        _curves(result, colors),
         *_comparisons(result),
-        "<h2>Stage summaries</h2>", _summaries(result),
+        "<h2>Stage summaries</h2>",
+        _summaries(result),
     ]
     return page(f"ringzero run {cfg.run.name}", "\n".join(body))
 
@@ -80,9 +84,13 @@ def _header(cfg, result: PipelineResult, manifest: dict) -> str:
         f"{len(result.stages) - ran} cached{esc(when)}</p>",
     ]
     if result.failed_gate is not None:
-        reasons = "".join(f"<li>{esc(r)}</li>" for r in result.failed_gate.gate.reasons if r.startswith("FAIL"))
-        out.append(f"<div class='banner'><b>The gate after stage <code>{esc(result.failed_gate.name)}</code> "
-                   f"failed; the run stopped and nothing downstream ran.</b><ul class='reasons'>{reasons}</ul></div>")
+        reasons = "".join(
+            f"<li>{esc(r)}</li>" for r in result.failed_gate.gate.reasons if r.startswith("FAIL")
+        )
+        out.append(
+            f"<div class='banner'><b>The gate after stage <code>{esc(result.failed_gate.name)}</code> "
+            f"failed; the run stopped and nothing downstream ran.</b><ul class='reasons'>{reasons}</ul></div>"
+        )
     return "\n".join(out)
 
 
@@ -97,9 +105,21 @@ def _stage_table(cfg, result: PipelineResult) -> str:
             classes.append("not-run")
             continue
         o, s = ex.outcome, ex.outcome.summary
-        gate = "<span class='gate pass'>pass</span>" if ex.gate.passed else "<span class='gate fail'>FAIL</span>"
-        rows.append([html.escape(ex.name), ex.kind, "cached" if ex.skipped else "ran", html.escape(o.stop_reason),
-                     str(o.steps), f"{o.wall_s:.1f}", *(fmt(s.get(k)) for k in TABLE_METRICS), gate])
+        gate = (
+            "<span class='gate pass'>pass</span>" if ex.gate.passed else "<span class='gate fail'>FAIL</span>"
+        )
+        rows.append(
+            [
+                html.escape(ex.name),
+                ex.kind,
+                "cached" if ex.skipped else "ran",
+                html.escape(o.stop_reason),
+                str(o.steps),
+                f"{o.wall_s:.1f}",
+                *(fmt(s.get(k)) for k in TABLE_METRICS),
+                gate,
+            ]
+        )
         classes.append("")
     return table(headers, rows, text_columns=4, row_classes=classes)
 
@@ -111,7 +131,9 @@ def _gates(cfg, result: PipelineResult) -> str:
         if not cfg.stage(ex.name).gate:
             ungated.append(ex.name)
             continue
-        verdict = "<span class='gate pass'>pass</span>" if ex.gate.passed else "<span class='gate fail'>FAIL</span>"
+        verdict = (
+            "<span class='gate pass'>pass</span>" if ex.gate.passed else "<span class='gate fail'>FAIL</span>"
+        )
         items = "".join(
             f"<li class='{'fail' if r.startswith('FAIL') else ''}'>{esc(r)}</li>" for r in ex.gate.reasons
         )
@@ -126,27 +148,49 @@ def _targets(result: PipelineResult) -> list[str]:
     if not result.targets:
         return []
     esc = html.escape
-    rows = [[esc(target_label(t)), fmt(t.left), fmt(t.right),
-             f"<span class='target {t.status}'>{t.status}</span>" + (f" {esc(', '.join(t.missing))}" if t.missing else "")]
-            for t in result.targets]
-    return ["<h2>Targets</h2>", "<p class='muted'>what the run should reach: reported, never stopping it; "
-            "missing: a value the run did not produce</p>",
-            table(["target", "left", "right", "result"], rows, text_columns=1)]
+    rows = [
+        [
+            esc(target_label(t)),
+            fmt(t.left),
+            fmt(t.right),
+            f"<span class='target {t.status}'>{t.status}</span>"
+            + (f" {esc(', '.join(t.missing))}" if t.missing else ""),
+        ]
+        for t in result.targets
+    ]
+    return [
+        "<h2>Targets</h2>",
+        "<p class='muted'>what the run should reach: reported, never stopping it; "
+        "missing: a value the run did not produce</p>",
+        table(["target", "left", "right", "result"], rows, text_columns=1),
+    ]
 
 
 def _rollbacks(result: PipelineResult) -> list[str]:
-    """Every automatic rollback an RL stage made (``extra['rollbacks']``, see ``ringzero.stages.rollback``)."""
+    """Every automatic rollback an RL stage made (``extra['rollbacks']``, see
+    ``ringzero.stages.rollback``)."""
     esc = html.escape
     rows = []
     for ex in result.stages:
         for e in (ex.outcome.extra or {}).get("rollbacks", []):
-            rows.append([esc(ex.name), str(e["step"]), str(e["to_step"]), esc("; ".join(e["reasons"])),
-                         esc(e["remedy"]), esc(e.get("detail", ""))])
+            rows.append(
+                [
+                    esc(ex.name),
+                    str(e["step"]),
+                    str(e["to_step"]),
+                    esc("; ".join(e["reasons"])),
+                    esc(e["remedy"]),
+                    esc(e.get("detail", "")),
+                ]
+            )
     if not rows:
         return []
-    return ["<h2>Rollbacks</h2>", "<p class='muted'>steps whose metrics tripped <code>rollback</code>: restored to "
-            "the good state after <i>to step</i> steps, remedied and run again</p>",
-            table(["stage", "step", "to step", "reasons", "remedy", "detail"], rows, text_columns=6)]
+    return [
+        "<h2>Rollbacks</h2>",
+        "<p class='muted'>steps whose metrics tripped <code>rollback</code>: restored to "
+        "the good state after <i>to step</i> steps, remedied and run again</p>",
+        table(["stage", "step", "to step", "reasons", "remedy", "detail"], rows, text_columns=6),
+    ]
 
 
 def _curves(result: PipelineResult, colors: dict[str, str]) -> str:
@@ -155,7 +199,10 @@ def _curves(result: PipelineResult, colors: dict[str, str]) -> str:
     for title, key in CURVES:
         segments = [Segment(ex.name, colors[ex.name], series(ex.metrics, key)) for ex in with_metrics]
         plots.append(line_plot(title, key, segments))
-    return legend([(ex.name, colors[ex.name]) for ex in with_metrics]) + f"<div class='plots'>{''.join(plots)}</div>"
+    return (
+        legend([(ex.name, colors[ex.name]) for ex in with_metrics])
+        + f"<div class='plots'>{''.join(plots)}</div>"
+    )
 
 
 def _comparisons(result: PipelineResult) -> list[str]:
@@ -167,9 +214,14 @@ def _comparisons(result: PipelineResult) -> list[str]:
         if not comparison:
             continue
         rows = comparison["rows"]
-        body = [[html.escape(label), *(fmt(r["values"].get(key)) for r in rows)] for key, label in comparison["columns"]]
-        out += [f"<h2>Checkpoint comparison (<code>{html.escape(ex.name)}</code>)</h2>",
-                f"<div class='scroll'>{table(['metric', *(r['checkpoint'] for r in rows)], body)}</div>"]
+        body = [
+            [html.escape(label), *(fmt(r["values"].get(key)) for r in rows)]
+            for key, label in comparison["columns"]
+        ]
+        out += [
+            f"<h2>Checkpoint comparison (<code>{html.escape(ex.name)}</code>)</h2>",
+            f"<div class='scroll'>{table(['metric', *(r['checkpoint'] for r in rows)], body)}</div>",
+        ]
         out += _difficulty_plots(comparison)
         if comparison.get("notes"):
             out.append(f"<p class='muted'>{html.escape(comparison['notes'])}</p>")
@@ -186,8 +238,10 @@ def _difficulty_plots(comparison: dict) -> list[str]:
     rows = comparison["rows"]
     heads = [(None, "eval")] + [(t, f"eval/{t}") for t in spec.get("tiers", [])]
     plots = []
-    for measure, title in (("len_mean", "length (tokens) against difficulty"),
-                           ("accuracy", "accuracy against difficulty")):
+    for measure, title in (
+        ("len_mean", "length (tokens) against difficulty"),
+        ("accuracy", "accuracy against difficulty"),
+    ):
         lines = []
         for n, r in enumerate(rows):
             color = PALETTE[n % len(PALETTE)]
@@ -196,9 +250,12 @@ def _difficulty_plots(comparison: dict) -> list[str]:
                 values = [r["values"].get(f"{head}/{b}/{measure}") for b in buckets]
                 lines.append(Line(label, color, values, dashed=tier is not None))
         plots.append(category_plot(title, f"eval/<tier>/<bucket>/{measure}", buckets, lines))
-    return [f"<div class='plots'>{''.join(plots)}</div>",
-            "<p class='muted'>one colour per checkpoint; solid: the prompt without a tier tag, dashed: asked at a "
-            "tier (hover a line for its name)</p>"]
+    return [
+        f"<div class='plots'>{''.join(plots)}</div>",
+        "<p class='muted'>one colour per checkpoint; solid: the prompt without a tier tag, dashed: asked at "
+        "a "
+        "tier (hover a line for its name)</p>",
+    ]
 
 
 def _summaries(result: PipelineResult) -> str:
@@ -209,7 +266,8 @@ def _summaries(result: PipelineResult) -> str:
         rows = [[esc(k), fmt(v) if plottable(v) or v is None else esc(str(v))] for k, v in sorted(s.items())]
         out.append(
             f"<details><summary><b>{esc(ex.name)}</b> ({esc(ex.kind)}) · identity "
-            f"<code>{esc(ex.stage_hash[:16])}</code> · output <code>{esc(ex.outcome.output_uri or 'none')}</code>"
+            f"<code>{esc(ex.stage_hash[:16])}</code> · output "
+            f"<code>{esc(ex.outcome.output_uri or 'none')}</code>"
             f"</summary>{table(['metric', 'value'], rows)}</details>"
         )
     return "\n".join(out) or "<p class='muted'>no stage ran</p>"

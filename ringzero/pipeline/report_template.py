@@ -15,11 +15,13 @@ body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 1.
 h1 { margin-bottom: 0.2em; } h2 { margin-top: 1.6em; border-bottom: 1px solid #ddd; padding-bottom: 0.2em; }
 .muted { color: #777; } code { font-size: 0.9em; }
 .status { display: inline-block; padding: 0.1em 0.6em; border-radius: 0.3em; font-weight: 600; color: #fff; }
-.status.succeeded, .gate.pass { background: #2e7d32; } .status.gate_failed, .gate.fail { background: #c62828; }
+.status.succeeded, .gate.pass { background: #2e7d32; }
+.status.gate_failed, .gate.fail { background: #c62828; }
 .status.running, .status.failed { background: #ef6c00; }
 .gate { display: inline-block; padding: 0 0.5em; border-radius: 0.3em; color: #fff; font-size: 0.85em; }
 .target { display: inline-block; padding: 0 0.5em; border-radius: 0.3em; color: #fff; font-size: 0.85em; }
-.target.met { background: #2e7d32; } .target.missed { background: #c62828; } .target.missing { background: #9e9e9e; }
+.target.met { background: #2e7d32; } .target.missed { background: #c62828; }
+.target.missing { background: #9e9e9e; }
 .banner { background: #fdecea; border: 1px solid #c62828; padding: 0.6em 1em; border-radius: 0.3em; }
 table { border-collapse: collapse; font-size: 0.9em; }
 th, td { border: 1px solid #ddd; padding: 3px 8px; text-align: right; white-space: nowrap; }
@@ -67,8 +69,13 @@ def page(title: str, body: str) -> str:
     )
 
 
-def table(headers: list[str], rows: list[list[str]], text_columns: int = 1, row_classes: list[str] | None = None,
-          caption: str | None = None) -> str:
+def table(
+    headers: list[str],
+    rows: list[list[str]],
+    text_columns: int = 1,
+    row_classes: list[str] | None = None,
+    caption: str | None = None,
+) -> str:
     """An HTML table of already-escaped cells; the first ``text_columns`` columns are left-aligned."""
 
     def cell(tag: str, i: int, v: str) -> str:
@@ -87,7 +94,8 @@ def table(headers: list[str], rows: list[list[str]], text_columns: int = 1, row_
 def legend(stages: list[tuple[str, str]]) -> str:
     """Clickable stage legend: ``(name, colour)`` pairs."""
     items = "".join(
-        f"<button type='button' data-stage='{html.escape(n)}'><span class='swatch' style='background:{c}'></span>"
+        f"<button type='button' data-stage='{html.escape(n)}'><span class='swatch' "
+        f"style='background:{c}'></span>"
         f"{html.escape(n)}</button>"
         for n, c in stages
     )

@@ -1,4 +1,5 @@
-"""What a finished run's stages did, read from its manifest: the tables the README and docs/bench/tiers.md print.
+"""What a finished run's stages did, read from its manifest: the tables the README and docs/bench/tiers.md
+print.
 
 From the manifest's eval stage (every checkpoint it measured: its ``compare`` list and its input) and the
 stage records, in markdown:
@@ -52,7 +53,9 @@ def cell(v, digits: int = 3) -> str:
     if v is None:
         return "-"
     if isinstance(v, float):
-        return f"{v:.{digits}g}" if abs(v) < 1e-2 or abs(v) >= 1e3 else f"{v:.{digits}f}".rstrip("0").rstrip(".")
+        return (
+            f"{v:.{digits}g}" if abs(v) < 1e-2 or abs(v) >= 1e3 else f"{v:.{digits}f}".rstrip("0").rstrip(".")
+        )
     return str(v)
 
 
@@ -66,9 +69,21 @@ def stages_table(manifest: dict) -> str:
     rows = []
     for s in manifest["stages"]:
         m = s["summary"]
-        rows.append([s["name"], s["kind"], s["stop_reason"], s["steps"], round(s["wall_s"] / 60, 1),
-                     m.get("ratio/p99"), m.get("ratio/p99_median"), m.get("ratio/max")])
-    return table(["stage", "kind", "stop", "steps", "wall min", "ratio p99", "ratio p99 median", "ratio max"], rows)
+        rows.append(
+            [
+                s["name"],
+                s["kind"],
+                s["stop_reason"],
+                s["steps"],
+                round(s["wall_s"] / 60, 1),
+                m.get("ratio/p99"),
+                m.get("ratio/p99_median"),
+                m.get("ratio/max"),
+            ]
+        )
+    return table(
+        ["stage", "kind", "stop", "steps", "wall min", "ratio p99", "ratio p99 median", "ratio max"], rows
+    )
 
 
 def tiers_of(rows: dict) -> list[str]:
@@ -84,16 +99,28 @@ def tiers_of(rows: dict) -> list[str]:
 
 
 def checkpoints_table(rows: dict) -> str:
-    keys = [("accuracy", "pass@1"), ("trace_rate", "trace rate"), ("len_mean", "mean length"),
-            ("len_p95", "length p95")]
+    keys = [
+        ("accuracy", "pass@1"),
+        ("trace_rate", "trace rate"),
+        ("len_mean", "mean length"),
+        ("len_p95", "length p95"),
+    ]
     tiers = tiers_of(rows)
-    keys += [(f"{t}/within_budget", f"{t} within budget") for t in tiers
-             if any(f"{t}/within_budget" in r for r in rows.values())]
-    keys += [("contrast/hard/accuracy_gap", "hard: deep - fast pass@1"), ("contrast/hard/len_ratio",
-             "hard: deep / fast length"), ("contrast/easy/len_ratio", "easy: deep / fast length")]
+    keys += [
+        (f"{t}/within_budget", f"{t} within budget")
+        for t in tiers
+        if any(f"{t}/within_budget" in r for r in rows.values())
+    ]
+    keys += [
+        ("contrast/hard/accuracy_gap", "hard: deep - fast pass@1"),
+        ("contrast/hard/len_ratio", "hard: deep / fast length"),
+        ("contrast/easy/len_ratio", "easy: deep / fast length"),
+    ]
     keys = [(k, label) for k, label in keys if any(k in r for r in rows.values())]
-    return table(["checkpoint", *(label for _, label in keys)], [[n, *(r.get(k) for k, _ in keys)]
-                                                                 for n, r in rows.items()])
+    return table(
+        ["checkpoint", *(label for _, label in keys)],
+        [[n, *(r.get(k) for k, _ in keys)] for n, r in rows.items()],
+    )
 
 
 def buckets_table(rows: dict) -> str:
@@ -106,10 +133,23 @@ def buckets_table(rows: dict) -> str:
             cwb = [r.get(f"{prefix}{b}/correct_within_budget") for b in BUCKETS]
             if all(v is None for v in acc):
                 continue
-            out.append([n, label, *(f"{cell(a)} / {cell(length_)}" for a, length_ in zip(acc, length, strict=True)),
-                        " / ".join(cell(c) for c in cwb) if any(c is not None for c in cwb) else "-"])
-    return table(["checkpoint", "prompts", *(f"{b}: pass@1 / length" for b in BUCKETS),
-                  "correct within budget (easy / medium / hard)"], out)
+            out.append(
+                [
+                    n,
+                    label,
+                    *(f"{cell(a)} / {cell(length_)}" for a, length_ in zip(acc, length, strict=True)),
+                    " / ".join(cell(c) for c in cwb) if any(c is not None for c in cwb) else "-",
+                ]
+            )
+    return table(
+        [
+            "checkpoint",
+            "prompts",
+            *(f"{b}: pass@1 / length" for b in BUCKETS),
+            "correct within budget (easy / medium / hard)",
+        ],
+        out,
+    )
 
 
 def gap_table(rows: dict) -> str:
@@ -120,17 +160,39 @@ def gap_table(rows: dict) -> str:
             g = f"gap/{p}/"
             if f"{g}ratio/p99" not in r:
                 continue
-            out.append([n, p, r.get(f"{g}ratio/p99"), r.get(f"{g}ratio/max"), r.get(f"{g}seq_abs_log_ratio"),
-                        *(r.get(f"{g}{t}/seq_abs_log_ratio") for t in THIRDS),
-                        *(r.get(f"{g}{t}/ratio/p99") for t in THIRDS)])
-    return table(["checkpoint", "policy", "token p99", "token max", "seq drift", *(f"drift {t}" for t in THIRDS),
-                  *(f"p99 {t}" for t in THIRDS)], out)
+            out.append(
+                [
+                    n,
+                    p,
+                    r.get(f"{g}ratio/p99"),
+                    r.get(f"{g}ratio/max"),
+                    r.get(f"{g}seq_abs_log_ratio"),
+                    *(r.get(f"{g}{t}/seq_abs_log_ratio") for t in THIRDS),
+                    *(r.get(f"{g}{t}/ratio/p99") for t in THIRDS),
+                ]
+            )
+    return table(
+        [
+            "checkpoint",
+            "policy",
+            "token p99",
+            "token max",
+            "seq drift",
+            *(f"drift {t}" for t in THIRDS),
+            *(f"p99 {t}" for t in THIRDS),
+        ],
+        out,
+    )
 
 
 def targets_table(manifest: dict) -> str:
-    return table(["target", "expression", "value", "against", "status"],
-                 [[t["name"], f"`{t['expr']}`", t["left"], t["right"], t["status"]]
-                  for t in manifest.get("targets", [])])
+    return table(
+        ["target", "expression", "value", "against", "status"],
+        [
+            [t["name"], f"`{t['expr']}`", t["left"], t["right"], t["status"]]
+            for t in manifest.get("targets", [])
+        ],
+    )
 
 
 def main() -> int:
@@ -147,9 +209,13 @@ def main() -> int:
     wanted = [t.strip() for t in args.tables.split(",") if t.strip()]
     if unknown := [t for t in wanted if t not in TABLES]:
         raise SystemExit(f"--tables: unknown {unknown}; choose from {', '.join(TABLES)}")
-    render = {"stages": lambda: stages_table(manifest), "checkpoints": lambda: checkpoints_table(rows),
-              "buckets": lambda: buckets_table(rows), "gap": lambda: gap_table(rows),
-              "targets": lambda: targets_table(manifest)}
+    render = {
+        "stages": lambda: stages_table(manifest),
+        "checkpoints": lambda: checkpoints_table(rows),
+        "buckets": lambda: buckets_table(rows),
+        "gap": lambda: gap_table(rows),
+        "targets": lambda: targets_table(manifest),
+    }
     print("\n\n".join(f"### {name}\n\n{render[name]()}" for name in wanted))
     return 0
 

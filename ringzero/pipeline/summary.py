@@ -1,4 +1,5 @@
-"""What a finished run shows: console tables of stages and targets, and the files written next to the manifest."""
+"""What a finished run shows: console tables of stages and targets, and the files written next to the
+manifest."""
 
 from __future__ import annotations
 
@@ -27,8 +28,13 @@ def stage_table(result: PipelineResult) -> Table:
     for ex in result.stages:
         s = ex.outcome.summary
         table.add_row(
-            ex.name, ex.kind, "cached" if ex.skipped else "ran", ex.outcome.stop_reason, str(ex.outcome.steps),
-            f"{ex.outcome.wall_s:.0f}", *(fmt(s.get(k)) for k in TABLE_METRICS),
+            ex.name,
+            ex.kind,
+            "cached" if ex.skipped else "ran",
+            ex.outcome.stop_reason,
+            str(ex.outcome.steps),
+            f"{ex.outcome.wall_s:.0f}",
+            *(fmt(s.get(k)) for k in TABLE_METRICS),
             "pass" if ex.gate.passed else "FAIL",
         )
     return table
@@ -56,7 +62,8 @@ TARGET_STYLES = {"met": "green", "missed": "bold red", "missing": "yellow"}
 
 
 def targets_table(result: PipelineResult) -> Table | None:
-    """Each target with both sides' values (scale and offset applied) and its verdict; None without targets."""
+    """Each target with both sides' values (scale and offset applied) and its verdict; None without
+    targets."""
     if not result.targets:
         return None
     counts = {s: sum(t.status == s for t in result.targets) for s in TARGET_STYLES}
@@ -65,8 +72,12 @@ def targets_table(result: PipelineResult) -> Table | None:
         table.add_column(col)
     for t in result.targets:
         verdict = t.status + (f" ({', '.join(t.missing)})" if t.missing else "")
-        table.add_row(escape(target_label(t)), fmt(t.left), fmt(t.right),
-                      f"[{TARGET_STYLES[t.status]}]{escape(verdict)}")
+        table.add_row(
+            escape(target_label(t)),
+            fmt(t.left),
+            fmt(t.right),
+            f"[{TARGET_STYLES[t.status]}]{escape(verdict)}",
+        )
     return table
 
 

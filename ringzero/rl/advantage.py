@@ -21,8 +21,14 @@ import torch
 STD_EPS = 1e-6
 
 
-def group_advantages(rewards_N: torch.Tensor | Sequence[float], group_size: int, *, use_std: bool = True,
-                     eps: float = STD_EPS, keep_N: torch.Tensor | None = None) -> torch.Tensor:
+def group_advantages(
+    rewards_N: torch.Tensor | Sequence[float],
+    group_size: int,
+    *,
+    use_std: bool = True,
+    eps: float = STD_EPS,
+    keep_N: torch.Tensor | None = None,
+) -> torch.Tensor:
     rewards_N = torch.as_tensor(rewards_N, dtype=torch.float32)
     if rewards_N.dim() != 1:
         raise ValueError(f"rewards must be [N] (got shape {tuple(rewards_N.shape)})")
@@ -37,13 +43,16 @@ def group_advantages(rewards_N: torch.Tensor | Sequence[float], group_size: int,
     return centered_GS.reshape(-1)
 
 
-def _kept_group_advantages(rewards_N: torch.Tensor, group_size: int, keep_N: torch.Tensor, use_std: bool,
-                           eps: float) -> torch.Tensor:
+def _kept_group_advantages(
+    rewards_N: torch.Tensor, group_size: int, keep_N: torch.Tensor, use_std: bool, eps: float
+) -> torch.Tensor:
     keep_N = torch.as_tensor(keep_N, device=rewards_N.device)
     if keep_N.shape != rewards_N.shape:
         raise ValueError(f"keep_N shape {tuple(keep_N.shape)} differs from rewards {tuple(rewards_N.shape)}")
     keep_GS = keep_N.bool().view(-1, group_size)
-    groups_GS = torch.where(keep_GS, rewards_N.view(-1, group_size), torch.zeros_like(rewards_N.view(-1, group_size)))
+    groups_GS = torch.where(
+        keep_GS, rewards_N.view(-1, group_size), torch.zeros_like(rewards_N.view(-1, group_size))
+    )
     n_G1 = keep_GS.sum(dim=1, keepdim=True).to(rewards_N.dtype)
     mean_G1 = groups_GS.sum(dim=1, keepdim=True) / n_G1.clamp(min=1)
     centered_GS = torch.where(keep_GS, groups_GS - mean_G1, torch.zeros_like(groups_GS))
@@ -53,9 +62,15 @@ def _kept_group_advantages(rewards_N: torch.Tensor, group_size: int, keep_N: tor
     return centered_GS.reshape(-1)
 
 
-def anchored_advantages(rewards_N: torch.Tensor | Sequence[float], baseline_N: torch.Tensor | Sequence[float],
-                        group_size: int, *, use_std: bool = True, eps: float = STD_EPS,
-                        keep_N: torch.Tensor | None = None) -> torch.Tensor:
+def anchored_advantages(
+    rewards_N: torch.Tensor | Sequence[float],
+    baseline_N: torch.Tensor | Sequence[float],
+    group_size: int,
+    *,
+    use_std: bool = True,
+    eps: float = STD_EPS,
+    keep_N: torch.Tensor | None = None,
+) -> torch.Tensor:
     """``group_advantages`` for rows whose ``baseline_N`` is NaN, ``R_i - baseline_i`` for the others
     (AdaptThink, Zhang et al. 2025: ``R(x, y) - R_ref(x)``, with ``R_ref(x)`` the reference model's mean
     reward on prompt x). Unscaled on purpose: the std of a group says nothing about the distance to the
@@ -64,9 +79,13 @@ def anchored_advantages(rewards_N: torch.Tensor | Sequence[float], baseline_N: t
     rewards_N = torch.as_tensor(rewards_N, dtype=torch.float32)
     baseline_N = torch.as_tensor(baseline_N, dtype=torch.float32, device=rewards_N.device)
     if baseline_N.shape != rewards_N.shape:
-        raise ValueError(f"baseline_N shape {tuple(baseline_N.shape)} differs from rewards {tuple(rewards_N.shape)}")
+        raise ValueError(
+            f"baseline_N shape {tuple(baseline_N.shape)} differs from rewards {tuple(rewards_N.shape)}"
+        )
     grouped_N = group_advantages(rewards_N, group_size, use_std=use_std, eps=eps, keep_N=keep_N)
     out_N = torch.where(torch.isnan(baseline_N), grouped_N, rewards_N - baseline_N)
     if keep_N is not None:
-        out_N = torch.where(torch.as_tensor(keep_N, device=out_N.device).bool(), out_N, torch.zeros_like(out_N))
+        out_N = torch.where(
+            torch.as_tensor(keep_N, device=out_N.device).bool(), out_N, torch.zeros_like(out_N)
+        )
     return out_N

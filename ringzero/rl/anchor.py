@@ -33,7 +33,9 @@ from ringzero.tokenizer.base import Tokenizer
 
 @dataclass
 class AnchorResult:
-    baseline_N: torch.Tensor  # float32 [N]: R_ref of the row's prompt; NaN where the group mean stays the baseline
+    baseline_N: (
+        torch.Tensor
+    )  # float32 [N]: R_ref of the row's prompt; NaN where the group mean stays the baseline
     metrics: dict[str, float]
 
 
@@ -49,21 +51,39 @@ class Anchor:
         """Asked at an anchored tier (``problem.tier`` is its tag; None: the untagged tier)."""
         return problem.tier in self.tags
 
-    def measure(self, batch: RolloutBatch, *, task: Task, tokenizer: Tokenizer, params: SamplingParams,
-                reward: RewardFn, seed: int, step: int) -> AnchorResult:
+    def measure(
+        self,
+        batch: RolloutBatch,
+        *,
+        task: Task,
+        tokenizer: Tokenizer,
+        params: SamplingParams,
+        reward: RewardFn,
+        seed: int,
+        step: int,
+    ) -> AnchorResult:
         """``params``: the policy's sampling settings (``n`` is replaced by ``samples``)."""
         G = batch.group_size
         prompts = batch.problems[::G]
         anchored = [k for k, p in enumerate(prompts) if self.applies(p)]
-        baseline_N = torch.full((len(batch),), float("nan"), dtype=torch.float32, device=batch.rewards_N.device)
+        baseline_N = torch.full(
+            (len(batch),), float("nan"), dtype=torch.float32, device=batch.rewards_N.device
+        )
         if not anchored:
             return AnchorResult(baseline_N, {})
-        ref = collect(self.client, task, tokenizer, [prompts[k] for k in anchored], samples=self.samples,
-                      params=replace(params, n=self.samples), reward=reward,
-                      seeds=[derive_seed(seed, "rl-anchor", step, k) for k in anchored])
+        ref = collect(
+            self.client,
+            task,
+            tokenizer,
+            [prompts[k] for k in anchored],
+            samples=self.samples,
+            params=replace(params, n=self.samples),
+            reward=reward,
+            seeds=[derive_seed(seed, "rl-anchor", step, k) for k in anchored],
+        )
         ref_A = ref.rewards_N.view(len(anchored), self.samples).mean(dim=1)
         for a, k in enumerate(anchored):
-            baseline_N[k * G:(k + 1) * G] = ref_A[a]
+            baseline_N[k * G : (k + 1) * G] = ref_A[a]
         forced = batch.forced or [False] * len(batch)
         own = [i for k in anchored for i in range(k * G, (k + 1) * G) if not forced[i]]
         ref_accuracy = sum(ref.correct) / len(ref.correct)

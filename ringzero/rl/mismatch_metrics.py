@@ -30,8 +30,13 @@ import torch
 KEYS = ("kl_k1", "kl_k3", "chi2_token", "chi2_seq", "log_ppl_diff", "ess_seq", "prob_corr")
 
 
-def mismatch_metrics(logp_train_NT: torch.Tensor, logp_rollout_NT: torch.Tensor, mask_NT: torch.Tensor, *,
-                     prefix: str = "mismatch") -> dict[str, float]:
+def mismatch_metrics(
+    logp_train_NT: torch.Tensor,
+    logp_rollout_NT: torch.Tensor,
+    mask_NT: torch.Tensor,
+    *,
+    prefix: str = "mismatch",
+) -> dict[str, float]:
     """The divergences above over ``mask_NT``'s tokens, keyed ``{prefix}/{name}`` (NaN with no token)."""
     train_NT = logp_train_NT.detach().double()
     rollout_NT = logp_rollout_NT.detach().double()
@@ -53,7 +58,9 @@ def mismatch_metrics(logp_train_NT: torch.Tensor, logp_rollout_NT: torch.Tensor,
     chi2_seq = ((log_w_S.exp() - 1) ** 2).mean()
     log_ppl_diff = (log_r_NT.sum(dim=1)[has_N] / count_N[has_N]).mean()
     shifted_S = log_w_S - log_w_S.max()  # ESS is scale-free: exp(log w - max) keeps it finite
-    ess_seq = torch.logsumexp(shifted_S, 0).mul(2).sub(torch.logsumexp(2 * shifted_S, 0)).exp() / log_w_S.numel()
+    ess_seq = (
+        torch.logsumexp(shifted_S, 0).mul(2).sub(torch.logsumexp(2 * shifted_S, 0)).exp() / log_w_S.numel()
+    )
 
     p_train = train_NT[valid_NT].exp()
     p_rollout = rollout_NT[valid_NT].exp()

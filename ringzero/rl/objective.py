@@ -20,11 +20,19 @@ from ringzero.rl.losses.sg_clip_is import sg_clip_is_loss
 POLICY_LOSSES = {"sg_clip_is": sg_clip_is_loss, "ppo_clip": ppo_clip_loss}
 
 
-def make_normalization(settings: LossSettings, num_sequences: int, max_new_tokens: int) -> Normalization:
+def make_normalization(
+    settings: LossSettings, num_sequences: int, max_new_tokens: int, tokens: int | None = None
+) -> Normalization:
     """``token_sum`` divides by ``token_sum_denominator``, or by sequences x max_new_tokens when unset:
-    a constant per minibatch size, never the number of tokens actually generated."""
+    a constant per minibatch size, never the number of tokens actually generated. ``token_mean`` (DAPO,
+    verl's ``token-mean``) divides the same token sum by ``tokens``, the minibatch's loss tokens, so a
+    batch of longer responses no longer weighs more in total."""
     if settings.normalization == "sample_mean":
         return Normalization("sample_mean")
+    if settings.normalization == "token_mean":
+        if tokens is None:
+            raise ValueError("token_mean divides by the minibatch's loss tokens: pass tokens=")
+        return Normalization("token_sum", float(max(1, tokens)))
     return Normalization("token_sum", float(settings.token_sum_denominator or num_sequences * max_new_tokens))
 
 
@@ -38,17 +46,29 @@ class _Weighted:
         return self.normalization(per_token_NT * self.weight_NT.to(per_token_NT.dtype), mask_NT)
 
 
-def objective(settings: LossSettings, logp_train_NT: torch.Tensor, logp_rollout_NT: torch.Tensor,
-              advantages_N: torch.Tensor, mask_NT: torch.Tensor, normalization: Normalization,
-              logp_ref_NT: torch.Tensor | None = None, correction: CorrectionRows | None = None) -> LossOutput:
+def objective(
+    settings: LossSettings,
+    logp_train_NT: torch.Tensor,
+    logp_rollout_NT: torch.Tensor,
+    advantages_N: torch.Tensor,
+    mask_NT: torch.Tensor,
+    normalization: Normalization,
+    logp_ref_NT: torch.Tensor | None = None,
+    correction: CorrectionRows | None = None,
+) -> LossOutput:
     denominator_NT, policy_norm = logp_rollout_NT, normalization
     if correction is not None:
         mask_NT = mask_NT.bool() & correction.keep_NT
         denominator_NT = correction.logp_old_NT.to(logp_train_NT.dtype)
         policy_norm = _Weighted(normalization, correction.weight_NT)
     policy = POLICY_LOSSES[settings.kind](
-        logp_train_NT, denominator_NT, advantages_N, mask_NT, policy_norm,
-        eps_high=settings.eps_high, eps_low=settings.eps_low,
+        logp_train_NT,
+        denominator_NT,
+        advantages_N,
+        mask_NT,
+        policy_norm,
+        eps_high=settings.eps_high,
+        eps_low=settings.eps_low,
     )
     metrics = dict(policy.metrics)
     total = policy.loss

@@ -61,25 +61,43 @@ def forced_requests(req: GenerateRequest, opening: Opening) -> list[GenerateRequ
     if opening.guesses is not None:
         seed = derive_seed(0 if p.seed is None else p.seed, req.rid or "", "guess")
         picks = [opening.guesses[derive_seed(seed, j) % len(opening.guesses)] for j in range(opening.samples)]
-        return [GenerateRequest(list(req.input_ids) + list(opening.ids) + list(g), replace(p, n=1, max_new_tokens=0),
-                                rid=rid, logprobs=logprobs, return_routed_experts=req.return_routed_experts)
-                for g in picks]
+        return [
+            GenerateRequest(
+                list(req.input_ids) + list(opening.ids) + list(g),
+                replace(p, n=1, max_new_tokens=0),
+                rid=rid,
+                logprobs=logprobs,
+                return_routed_experts=req.return_routed_experts,
+            )
+            for g in picks
+        ]
     room = p.max_new_tokens - len(opening.ids)
     if room < 1:
-        raise RingzeroError(f"forced_opening: the opening's {len(opening.ids)} tokens leave no room under "
-                            f"max_new_tokens ({p.max_new_tokens})")
+        raise RingzeroError(
+            f"forced_opening: the opening's {len(opening.ids)} tokens leave no room under "
+            f"max_new_tokens ({p.max_new_tokens})"
+        )
     seed = None if p.seed is None else derive_seed(p.seed, "opening")
     params = replace(p, n=opening.samples, max_new_tokens=room, seed=seed)
-    return [GenerateRequest(list(req.input_ids) + list(opening.ids), params, rid=rid, logprobs=logprobs,
-                            return_routed_experts=req.return_routed_experts)]
+    return [
+        GenerateRequest(
+            list(req.input_ids) + list(opening.ids),
+            params,
+            rid=rid,
+            logprobs=logprobs,
+            return_routed_experts=req.return_routed_experts,
+        )
+    ]
 
 
 def own_request(req: GenerateRequest, opening: Opening) -> GenerateRequest:
     """``req`` with the samples the policy writes alone."""
     own = req.params.n - opening.samples
     if own < 1:
-        raise RingzeroError(f"forced_opening: {opening.samples} forced samples leave none of the prompt's "
-                            f"{req.params.n} to the policy")
+        raise RingzeroError(
+            f"forced_opening: {opening.samples} forced samples leave none of the prompt's "
+            f"{req.params.n} to the policy"
+        )
     return replace(req, params=replace(req.params, n=own))
 
 
@@ -89,6 +107,8 @@ def prefixed(c: Completion, prompt_len: int) -> tuple[list[int], list[float]]:
     forced = list(c.prompt_ids[prompt_len:])
     scored = (c.prompt_logprobs or [])[1:]
     if len(scored) != len(forced) or any(v is None for v in scored):
-        raise RingzeroError(f"forced_opening: the rollout engine reported {len(scored)} log-probs for "
-                            f"{len(forced)} forced tokens (it must honour logprob_start_len)")
+        raise RingzeroError(
+            f"forced_opening: the rollout engine reported {len(scored)} log-probs for "
+            f"{len(forced)} forced tokens (it must honour logprob_start_len)"
+        )
     return forced + list(c.output_ids), [float(v) for v in scored] + list(c.output_logprobs)

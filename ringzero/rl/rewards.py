@@ -38,9 +38,12 @@ def budget_factor(tokens: int, budget: int, mode: Literal["cutoff", "linear"]) -
 
 
 class TaskReward:
-    """``reward(problem, text, tokens, truncated)`` over ``task``; ``tiers`` (``Tier`` settings) may be empty."""
+    """``reward(problem, text, tokens, truncated)`` over ``task``; ``tiers`` (``Tier`` settings) may be
+    empty."""
 
-    def __init__(self, task: Task, tiers: Sequence = (), mode: TierRewardMode = "cutoff", penalty: float | None = None):
+    def __init__(
+        self, task: Task, tiers: Sequence = (), mode: TierRewardMode = "cutoff", penalty: float | None = None
+    ):
         if (mode == "penalty") != (penalty is not None):
             raise ValueError("tier_penalty: set it exactly when tier_reward is penalty")
         self.task, self.mode, self.penalty = task, mode, penalty
@@ -59,10 +62,12 @@ class TaskReward:
         return correct * budget_factor(tokens, budget, self.mode)
 
     def assign_tiers(self, problems: Sequence[Problem], rng: random.Random) -> list[Problem]:
-        """Each problem asked at a tier drawn by the tiers' weights (unchanged when there are no tiers); a draw
-        of the untagged tier leaves the problem as it is (``problem.tier`` None)."""
+        """Each problem asked at a tier drawn by the tiers' weights (unchanged when there are no tiers); a
+        draw of the untagged tier leaves the problem as it is (``problem.tier`` None)."""
         if not self.tiers:
             return list(problems)
         weights = [t.weight for t in self.tiers]
         tags = [rng.choices(self.tiers, weights)[0].tag for _ in problems]
-        return [p if tag is None else self.task.with_tier(p, tag) for p, tag in zip(problems, tags, strict=True)]
+        return [
+            p if tag is None else self.task.with_tier(p, tag) for p, tag in zip(problems, tags, strict=True)
+        ]

@@ -40,14 +40,20 @@ def stop_settings(task: Task, tokenizer: Tokenizer) -> tuple[tuple[str, ...], tu
     return tuple(strings), tuple(ids)
 
 
-def sampling_params(sampling, task: Task, tokenizer: Tokenizer, n: int, seed: int | None,
-                    temperature: float | None = None) -> SamplingParams:
+def sampling_params(
+    sampling, task: Task, tokenizer: Tokenizer, n: int, seed: int | None, temperature: float | None = None
+) -> SamplingParams:
     """SGLang-named params from a stage's ``SamplingSettings``; ``temperature`` overrides (0 = greedy)."""
     strings, ids = stop_settings(task, tokenizer)
     return SamplingParams(
         max_new_tokens=sampling.max_new_tokens,
         temperature=sampling.temperature if temperature is None else temperature,
-        top_p=sampling.top_p, top_k=sampling.top_k, stop=strings, stop_token_ids=ids, n=n, seed=seed,
+        top_p=sampling.top_p,
+        top_k=sampling.top_k,
+        stop=strings,
+        stop_token_ids=ids,
+        n=n,
+        seed=seed,
     )
 
 
@@ -77,23 +83,39 @@ class RolloutBatch:
 
     def sequences(self, rows: Sequence[int]) -> tuple[list[list[int]], list[int]]:
         """``(prompt + response ids, prompt lengths)`` of ``rows``: what ``score_sequences`` takes."""
-        return ([self.prompt_ids[i] + self.output_ids[i] for i in rows], [len(self.prompt_ids[i]) for i in rows])
+        return (
+            [self.prompt_ids[i] + self.output_ids[i] for i in rows],
+            [len(self.prompt_ids[i]) for i in rows],
+        )
 
 
-def pad_rows(rows: Sequence[Sequence[float]] | Sequence[torch.Tensor], width: int, dtype, device=None) -> torch.Tensor:
+def pad_rows(
+    rows: Sequence[Sequence[float]] | Sequence[torch.Tensor], width: int, dtype, device=None
+) -> torch.Tensor:
     """``[len(rows), width]``, zeros after each row's end. Python rows are uploaded in one copy; tensor
     rows are padded where they live (on ``device`` when given)."""
     if rows and isinstance(rows[0], torch.Tensor):
         dev = device if device is not None else rows[0].device
         return torch.stack([torch.nn.functional.pad(r.to(dev, dtype), (0, width - r.shape[0])) for r in rows])
     return torch.tensor([list(r) + [0] * (width - len(r)) for r in rows], dtype=dtype, device=device).reshape(
-        len(rows), width)
+        len(rows), width
+    )
 
 
-def collect(client: RolloutClient, task: Task, tokenizer: Tokenizer, problems: Sequence[Problem], *,
-            samples: int, params: SamplingParams, reward: RewardFn,
-            seeds: Sequence[int] | None = None, device=None, routed_experts: bool = False,
-            opening: Opening | None = None) -> RolloutBatch:
+def collect(
+    client: RolloutClient,
+    task: Task,
+    tokenizer: Tokenizer,
+    problems: Sequence[Problem],
+    *,
+    samples: int,
+    params: SamplingParams,
+    reward: RewardFn,
+    seeds: Sequence[int] | None = None,
+    device=None,
+    routed_experts: bool = False,
+    opening: Opening | None = None,
+) -> RolloutBatch:
     """``samples`` completions per problem from ``client``, decoded and rewarded; the batch's tensors
     are made on ``device`` (the trainer's), each in one upload.
 
@@ -104,17 +126,22 @@ def collect(client: RolloutClient, task: Task, tokenizer: Tokenizer, problems: S
     problems it applies to (``Opening.applies``); the others' samples are all the policy's.
     """
     per_request = [params] * len(problems) if seeds is None else [replace(params, seed=s) for s in seeds]
-    requests = [GenerateRequest(encode_prompt(tokenizer, p), sp, rid=p.id, return_routed_experts=routed_experts)
-                for p, sp in zip(problems, per_request, strict=True)]
-    groups = [[own_request(req, opening), *forced_requests(req, opening)]
-              if opening is not None and opening.applies(p) else [req]
-              for p, req in zip(problems, requests, strict=True)]
+    requests = [
+        GenerateRequest(encode_prompt(tokenizer, p), sp, rid=p.id, return_routed_experts=routed_experts)
+        for p, sp in zip(problems, per_request, strict=True)
+    ]
+    groups = [
+        [own_request(req, opening), *forced_requests(req, opening)]
+        if opening is not None and opening.applies(p)
+        else [req]
+        for p, req in zip(problems, requests, strict=True)
+    ]
     flat_requests = [r for g in groups for r in g]
     results = client.generate(flat_requests)
     flat: list[tuple[Problem, list[int], list[int], list[float], Completion, bool]] = []
     at = 0
     for problem, group in zip(problems, groups, strict=True):
-        mine, at = results[at:at + len(group)], at + len(group)
+        mine, at = results[at : at + len(group)], at + len(group)
         if sum(len(completions) for completions in mine) != samples:
             got = sum(len(completions) for completions in mine)
             raise ValueError(f"rollout client returned {got} completions, asked for {samples}")
@@ -128,7 +155,9 @@ def collect(client: RolloutClient, task: Task, tokenizer: Tokenizer, problems: S
     guessed = opening is not None and opening.guesses is not None
     truncated = [c.finish_reason == "length" and not (forced and guessed) for *_, c, forced in flat]
     correct = [task.reward(f[0], text) >= 1.0 for f, text in zip(flat, texts, strict=True)]
-    rewards = [reward(f[0], text, len(f[2]), cut) for f, text, cut in zip(flat, texts, truncated, strict=True)]
+    rewards = [
+        reward(f[0], text, len(f[2]), cut) for f, text, cut in zip(flat, texts, truncated, strict=True)
+    ]
     lengths = [len(ids) for _, _, ids, _, _, _ in flat]
     width = max(lengths, default=0)
     return RolloutBatch(
@@ -152,6 +181,8 @@ def _experts(c: Completion):
     expected = len(c.prompt_ids) + len(c.output_ids) - 1
     if c.routed_experts is None or c.routed_experts.shape[0] != expected:
         got = None if c.routed_experts is None else list(c.routed_experts.shape)
-        raise ValueError(f"routing replay: the rollout engine reported experts of shape {got} for a sequence of "
-                         f"{expected} fed tokens")
+        raise ValueError(
+            f"routing replay: the rollout engine reported experts of shape {got} for a sequence of "
+            f"{expected} fed tokens"
+        )
     return c.routed_experts

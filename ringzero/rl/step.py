@@ -52,9 +52,22 @@ class RLStep:
     for a real SGLang server, which gives the n copies of a seeded request the same stream.
     """
 
-    def __init__(self, *, client, trainer: PolicyTrainer, task: Task, tokenizer: Tokenizer, reward: TaskReward,
-                 sampling, shape: StepShape, seed: int, push: Callable[[int], object],
-                 seeded_sampling: bool = True, opening: Opening | None = None, anchor: Anchor | None = None):
+    def __init__(
+        self,
+        *,
+        client,
+        trainer: PolicyTrainer,
+        task: Task,
+        tokenizer: Tokenizer,
+        reward: TaskReward,
+        sampling,
+        shape: StepShape,
+        seed: int,
+        push: Callable[[int], object],
+        seeded_sampling: bool = True,
+        opening: Opening | None = None,
+        anchor: Anchor | None = None,
+    ):
         self.client, self.trainer, self.task, self.tokenizer = client, trainer, task, tokenizer
         self.reward, self.sampling, self.shape, self.seed = reward, sampling, shape, seed
         self.push, self.seeded_sampling, self.opening, self.anchor = push, seeded_sampling, opening, anchor
@@ -64,30 +77,62 @@ class RLStep:
         rng = random.Random(derive_seed(self.seed, "rl-prompts", step))
         problems = self.reward.assign_tiers(self.task.prompts("train", self.shape.prompts, rng), rng)
         params = sampling_params(self.sampling, self.task, self.tokenizer, self.shape.samples, seed=None)
-        seeds = ([derive_seed(self.seed, "rl-sample", step, i) for i in range(len(problems))]
-                 if self.seeded_sampling else None)
-        return collect(self.client, self.task, self.tokenizer, problems, samples=self.shape.samples,
-                       params=params, reward=self.reward, seeds=seeds, device=self.trainer.device,
-                       routed_experts=self.trainer.routing_replay, opening=self.opening)
+        seeds = (
+            [derive_seed(self.seed, "rl-sample", step, i) for i in range(len(problems))]
+            if self.seeded_sampling
+            else None
+        )
+        return collect(
+            self.client,
+            self.task,
+            self.tokenizer,
+            problems,
+            samples=self.shape.samples,
+            params=params,
+            reward=self.reward,
+            seeds=seeds,
+            device=self.trainer.device,
+            routed_experts=self.trainer.routing_replay,
+            opening=self.opening,
+        )
 
     def run(self, step: int) -> dict[str, float]:
         t0 = time.perf_counter()
         batch = self.last_batch = self.generate(step)
         t1 = time.perf_counter()
-        anchored = None if self.anchor is None else self.anchor.measure(
-            batch, task=self.task, tokenizer=self.tokenizer, reward=self.reward, seed=self.seed, step=step,
-            params=sampling_params(self.sampling, self.task, self.tokenizer, self.anchor.samples, seed=None))
+        anchored = (
+            None
+            if self.anchor is None
+            else self.anchor.measure(
+                batch,
+                task=self.task,
+                tokenizer=self.tokenizer,
+                reward=self.reward,
+                seed=self.seed,
+                step=step,
+                params=sampling_params(
+                    self.sampling, self.task, self.tokenizer, self.anchor.samples, seed=None
+                ),
+            )
+        )
         t_anchor = time.perf_counter()
         correction = self.trainer.correct(batch)
         keep_N = None if correction is None else correction.keep_N
         if anchored is None:
-            advantages_N = group_advantages(batch.rewards_N, self.shape.samples, use_std=self.shape.advantage_std,
-                                            keep_N=keep_N)
+            advantages_N = group_advantages(
+                batch.rewards_N, self.shape.samples, use_std=self.shape.advantage_std, keep_N=keep_N
+            )
         else:
-            advantages_N = anchored_advantages(batch.rewards_N, anchored.baseline_N, self.shape.samples,
-                                               use_std=self.shape.advantage_std, keep_N=keep_N)
-        metrics = self.trainer.train(batch, advantages_N, seed=derive_seed(self.seed, "rl-minibatches", step),
-                                     correction=correction)
+            advantages_N = anchored_advantages(
+                batch.rewards_N,
+                anchored.baseline_N,
+                self.shape.samples,
+                use_std=self.shape.advantage_std,
+                keep_N=keep_N,
+            )
+        metrics = self.trainer.train(
+            batch, advantages_N, seed=derive_seed(self.seed, "rl-minibatches", step), correction=correction
+        )
         t2 = time.perf_counter()
         self.push(step)
         t3 = time.perf_counter()
@@ -100,10 +145,19 @@ class RLStep:
             metrics.update({**anchored.metrics, "time/anchor": t_anchor - t1})
         if correction is not None:
             metrics.update(correction.metrics)
-        if hasattr(self.client, "pop_metrics"):  # e.g. rollout/stale_samples of remote servers (every rank calls it)
+        if hasattr(
+            self.client, "pop_metrics"
+        ):  # e.g. rollout/stale_samples of remote servers (every rank calls it)
             metrics.update(self.client.pop_metrics())
-        metrics.update({"time/generate": t1 - t0, "time/train": t2 - t_anchor, "time/sync": t3 - t2, "time/step": t3 - t0,
-                        "throughput/tokens_per_s": sum(batch.lengths) / (t3 - t0)})
+        metrics.update(
+            {
+                "time/generate": t1 - t0,
+                "time/train": t2 - t_anchor,
+                "time/sync": t3 - t2,
+                "time/step": t3 - t0,
+                "throughput/tokens_per_s": sum(batch.lengths) / (t3 - t0),
+            }
+        )
         return metrics
 
 
@@ -120,9 +174,11 @@ def opening_metrics(batch: RolloutBatch) -> dict[str, float]:
     forced = [r for r, f in zip(rewards, batch.forced, strict=True) if f]
     own = [r for r, f in zip(rewards, batch.forced, strict=True) if not f]
     # with forced_opening.tiers a batch may hold no prompt of those tiers: no forced mean then
-    return {"opening/forced_frac": len(forced) / len(rewards),
-            "opening/forced_reward_mean": sum(forced) / len(forced) if forced else float("nan"),
-            "opening/own_reward_mean": sum(own) / len(own) if own else float("nan")}
+    return {
+        "opening/forced_frac": len(forced) / len(rewards),
+        "opening/forced_reward_mean": sum(forced) / len(forced) if forced else float("nan"),
+        "opening/own_reward_mean": sum(own) / len(own) if own else float("nan"),
+    }
 
 
 def rollout_metrics(task: Task, batch: RolloutBatch, keep_N: torch.Tensor | None = None) -> dict[str, float]:
@@ -131,8 +187,10 @@ def rollout_metrics(task: Task, batch: RolloutBatch, keep_N: torch.Tensor | None
     ``keep_N``: the responses the mismatch corrections kept; the ``reward/*`` metrics count only those
     (lengths and traces describe every sampled response)."""
     correct = [float(c) for c in batch.correct]
-    checks = [task.step_check(text, p) if traced else (0, 0)
-              for text, p, traced in zip(batch.responses, batch.problems, batch.uses_trace, strict=True)]
+    checks = [
+        task.step_check(text, p) if traced else (0, 0)
+        for text, p, traced in zip(batch.responses, batch.problems, batch.uses_trace, strict=True)
+    ]
     if keep_N is None:
         out = reward_summary(batch.rewards_N.tolist(), batch.group_size)
         out["reward/accuracy"] = sum(correct) / len(correct) if correct else float("nan")
@@ -143,17 +201,22 @@ def rollout_metrics(task: Task, batch: RolloutBatch, keep_N: torch.Tensor | None
     return out
 
 
-def kept_reward_summary(rewards: list[float], correct: list[float], keep: list[bool],
-                        group_size: int) -> dict[str, float]:
+def kept_reward_summary(
+    rewards: list[float], correct: list[float], keep: list[bool], group_size: int
+) -> dict[str, float]:
     """``reward_summary`` and accuracy over the kept responses only; a group's shares are taken over its kept
     members, and a group with none kept is left out."""
     kept = np.asarray(keep, dtype=bool)
     out = reward_summary(np.asarray(rewards, dtype=np.float64)[kept].tolist())
     acc = np.asarray(correct, dtype=np.float64)[kept]
     out["reward/accuracy"] = float(acc.mean()) if acc.size else float("nan")
-    groups = [np.asarray(rewards[i:i + group_size], dtype=np.float64)[kept[i:i + group_size]]
-              for i in range(0, len(rewards), group_size)]
+    groups = [
+        np.asarray(rewards[i : i + group_size], dtype=np.float64)[kept[i : i + group_size]]
+        for i in range(0, len(rewards), group_size)
+    ]
     groups = [g for g in groups if g.size]
-    out["reward/zero_std_groups"] = float(np.mean([g.max() == g.min() for g in groups])) if groups else float("nan")
+    out["reward/zero_std_groups"] = (
+        float(np.mean([g.max() == g.min() for g in groups])) if groups else float("nan")
+    )
     out["reward/solved_groups"] = float(np.mean([g.max() >= 1.0 for g in groups])) if groups else float("nan")
     return out

@@ -6,7 +6,8 @@ algorithmic cause lives in the tail, so this module logs the raw distribution ov
 - ``ratio/*``: |r - 1| (mean, p50, p90, p99, p99.9, max), ``ratio/above_clip_frac`` (r > 1 + eps_high),
   ``ratio/nonfinite_frac`` (tokens whose log-probs were not finite; left out of the distributions);
 - ``logratio/*``: |log r|, the same statistics;
-- ``drift/pos_A-B/{mean,p99}``: |log r| by response position (0-based, both ends included), since the gap compounds along a trajectory;
+- ``drift/pos_A-B/{mean,p99}``: |log r| by response position (0-based, both ends included), since the gap
+  compounds along a trajectory;
 - ``entropy/*``, ``kl/*``, ``len/*``, ``reward/*``, ``trace/*``: what the policy did.
 
 Pure functions of tensors and lists; the ratio here is the raw one (no clamp), as the engines produced it.
@@ -71,7 +72,9 @@ def quantiles(flat: torch.Tensor, qs: Sequence[float]) -> list[float]:
     virtual = [(n - 1) * float(q) for q in qs]
     below = [min(max(int(math.floor(v)), 0), n - 1) for v in virtual]
     ks = sorted({*below, *(min(k + 1, n - 1) for k in below)})
-    at = dict(zip(ks, (_partition_pick if flat.device.type == "cpu" else _sorted_pick)(flat, ks), strict=True))
+    at = dict(
+        zip(ks, (_partition_pick if flat.device.type == "cpu" else _sorted_pick)(flat, ks), strict=True)
+    )
     return [_lerp(at[k], at[min(k + 1, n - 1)], v - k) for k, v in zip(below, virtual, strict=True)]
 
 
@@ -86,9 +89,11 @@ def tail_distribution(prefix: str, flat: torch.Tensor) -> dict[str, float]:
     if flat.numel() == 0:
         return {f"{prefix}/{k}": float("nan") for k in ("mean", *QUANTILE_NAMES, "max")}
     top = float(flat.numpy().max()) if flat.device.type == "cpu" else float(flat.max())
-    return {f"{prefix}/mean": _mean(flat),
-            **{f"{prefix}/{name}": v for name, v in zip(QUANTILE_NAMES, quantiles(flat, QUANTILES), strict=True)},
-            f"{prefix}/max": top}
+    return {
+        f"{prefix}/mean": _mean(flat),
+        **{f"{prefix}/{name}": v for name, v in zip(QUANTILE_NAMES, quantiles(flat, QUANTILES), strict=True)},
+        f"{prefix}/max": top,
+    }
 
 
 def position_buckets(buckets: int | Sequence[int], length: int) -> list[tuple[str, int, int]]:
@@ -109,8 +114,14 @@ def position_buckets(buckets: int | Sequence[int], length: int) -> list[tuple[st
     return list(zip(labels, starts, ends, strict=True))
 
 
-def ratio_tail(logp_train_NT: torch.Tensor, logp_rollout_NT: torch.Tensor, mask_NT: torch.Tensor, *,
-               eps_high: float, buckets: int | Sequence[int] = DEFAULT_BUCKET) -> dict[str, float]:
+def ratio_tail(
+    logp_train_NT: torch.Tensor,
+    logp_rollout_NT: torch.Tensor,
+    mask_NT: torch.Tensor,
+    *,
+    eps_high: float,
+    buckets: int | Sequence[int] = DEFAULT_BUCKET,
+) -> dict[str, float]:
     mask_NT = mask_NT.bool()
     log_r_NT = (logp_train_NT.detach() - logp_rollout_NT.detach()).double()
     finite_NT = torch.isfinite(log_r_NT)
@@ -121,7 +132,9 @@ def ratio_tail(logp_train_NT: torch.Tensor, logp_rollout_NT: torch.Tensor, mask_
     out = {
         **tail_distribution("ratio", masked_flat((r_NT - 1).abs(), valid_NT)),
         **tail_distribution("logratio", masked_flat(abs_log_r_NT, valid_NT)),
-        "ratio/above_clip_frac": float(((r_NT > 1 + eps_high) & valid_NT).sum()) / n_masked if n_masked else 0.0,
+        "ratio/above_clip_frac": float(((r_NT > 1 + eps_high) & valid_NT).sum()) / n_masked
+        if n_masked
+        else 0.0,
         "ratio/nonfinite_frac": float((mask_NT & ~finite_NT).sum()) / n_masked if n_masked else 0.0,
     }
     positions_T = torch.arange(log_r_NT.shape[1], device=log_r_NT.device)
@@ -139,7 +152,9 @@ def entropy_summary(entropy_NT: torch.Tensor, mask_NT: torch.Tensor) -> dict[str
     return tail_distribution("entropy", masked_flat(entropy_NT, mask_NT))
 
 
-def kl_summary(logp_train_NT: torch.Tensor, logp_ref_NT: torch.Tensor, mask_NT: torch.Tensor) -> dict[str, float]:
+def kl_summary(
+    logp_train_NT: torch.Tensor, logp_ref_NT: torch.Tensor, mask_NT: torch.Tensor
+) -> dict[str, float]:
     """Per-token k3 KL to the reference over masked tokens."""
     mask_NT = mask_NT.bool()
     with torch.no_grad():
@@ -152,7 +167,9 @@ def length_summary(lengths: Sequence[int], truncated: Sequence[bool]) -> dict[st
         raise ValueError(f"{len(lengths)} lengths but {len(truncated)} truncation flags")
     arr = np.asarray(lengths, dtype=np.float64)
     if arr.size == 0:
-        return {k: float("nan") for k in ("len/mean", f"len/p{LENGTH_PERCENTILE}", "len/max", "len/trunc_rate")}
+        return {
+            k: float("nan") for k in ("len/mean", f"len/p{LENGTH_PERCENTILE}", "len/max", "len/trunc_rate")
+        }
     return {
         "len/mean": float(arr.mean()),
         f"len/p{LENGTH_PERCENTILE}": float(np.percentile(arr, LENGTH_PERCENTILE)),
@@ -165,8 +182,10 @@ def reward_summary(rewards: Sequence[float], group_size: int | None = None) -> d
     """Mean and spread of rewards; with ``group_size``, the share of groups whose rewards are all equal
     (they give zero advantage, so no policy gradient) and the share with at least one full reward."""
     arr = np.asarray(rewards, dtype=np.float64)
-    out = {"reward/mean": float(arr.mean()) if arr.size else float("nan"),
-           "reward/std": float(arr.std()) if arr.size else float("nan")}
+    out = {
+        "reward/mean": float(arr.mean()) if arr.size else float("nan"),
+        "reward/std": float(arr.std()) if arr.size else float("nan"),
+    }
     if group_size is not None and arr.size:
         if arr.size % group_size:
             raise ValueError(f"group_size {group_size} must divide the number of rewards {arr.size}")
@@ -176,10 +195,12 @@ def reward_summary(rewards: Sequence[float], group_size: int | None = None) -> d
     return out
 
 
-def trace_summary(uses_trace: Sequence[bool], rewards: Sequence[float],
-                  step_checks: Sequence[tuple[int, int]] | None = None) -> dict[str, float]:
+def trace_summary(
+    uses_trace: Sequence[bool], rewards: Sequence[float], step_checks: Sequence[tuple[int, int]] | None = None
+) -> dict[str, float]:
     """``trace/rate``: share of responses that open a worked trace; accuracy of each route (NaN when a
-    route was not taken); with ``step_checks`` ((steps, correct) per response), the share of steps that hold."""
+    route was not taken); with ``step_checks`` ((steps, correct) per response), the share of steps that
+    hold."""
     used = np.asarray(uses_trace, dtype=bool)
     r = np.asarray(rewards, dtype=np.float64)
     if used.shape != r.shape:

@@ -32,18 +32,29 @@ from ringzero.tasks.base import DIFFICULTY_BUCKETS, TIER_CONTRAST, Task
 
 def _measures(rows: list[int], batch: RolloutBatch, budget: int | None) -> dict[str, float]:
     n = len(rows)
-    out = {"accuracy": sum(batch.correct[i] for i in rows) / n,
-           "len_mean": sum(batch.lengths[i] for i in rows) / n}
+    out = {
+        "accuracy": sum(batch.correct[i] for i in rows) / n,
+        "len_mean": sum(batch.lengths[i] for i in rows) / n,
+    }
     if budget is not None:
         within = [batch.lengths[i] <= budget for i in rows]
         out["within_budget"] = sum(within) / n
-        out["correct_within_budget"] = sum(w and batch.correct[i] for w, i in zip(within, rows, strict=True)) / n
+        out["correct_within_budget"] = (
+            sum(w and batch.correct[i] for w, i in zip(within, rows, strict=True)) / n
+        )
     return out
 
 
-def tier_metrics(task: Task, batch: RolloutBatch, tiers: Sequence, tiered: str = "tier",
-                 untiered: str = "difficulty", rows: Sequence[int] | None = None) -> dict[str, float]:
-    """Tiered responses under ``<tiered>/<tier>/...``, untiered ones per bucket under ``<untiered>/<bucket>/``.
+def tier_metrics(
+    task: Task,
+    batch: RolloutBatch,
+    tiers: Sequence,
+    tiered: str = "tier",
+    untiered: str = "difficulty",
+    rows: Sequence[int] | None = None,
+) -> dict[str, float]:
+    """Tiered responses under ``<tiered>/<tier>/...``, untiered ones per bucket under
+    ``<untiered>/<bucket>/``.
 
     ``rows``: only these responses (an RL step leaves out those a forced opening began)."""
     buckets = [task.difficulty_bucket(p) for p in batch.problems]

@@ -83,10 +83,22 @@ class PolicyTrainer:
     ``runtime`` (``ringzero.parallel.parallelize``) when its cp degree is above 1.
     """
 
-    def __init__(self, model: HybridLM, optimizer, loss, *, minibatches: int, max_new_tokens: int,
-                 temperature: float, reference: HybridLM | None = None, batch_invariant: bool = False,
-                 pad_id: int = 0, runtime: Runtime | None = None, sharding: str = "contiguous",
-                 micro_batch: int = DEFAULT_MICRO_BATCH):
+    def __init__(
+        self,
+        model: HybridLM,
+        optimizer,
+        loss,
+        *,
+        minibatches: int,
+        max_new_tokens: int,
+        temperature: float,
+        reference: HybridLM | None = None,
+        batch_invariant: bool = False,
+        pad_id: int = 0,
+        runtime: Runtime | None = None,
+        sharding: str = "contiguous",
+        micro_batch: int = DEFAULT_MICRO_BATCH,
+    ):
         if loss.kl_coef > 0 and reference is None:
             raise ValueError("loss.kl_coef > 0 needs a reference model")
         self.runtime = runtime or single(model.word_embeddings.weight.device)
@@ -98,8 +110,10 @@ class PolicyTrainer:
         self.sharding, self.micro_batch = sharding, max(1, micro_batch)
         self.routing_replay = bool(getattr(loss, "routing_replay", False))
         if self.routing_replay and batch_invariant:
-            raise ValueError("routing_replay with batch-invariant scoring: the deterministic engine already routes "
-                             "every token as the trainer does")
+            raise ValueError(
+                "routing_replay with batch-invariant scoring: the deterministic engine already routes "
+                "every token as the trainer does"
+            )
         if self.routing_replay and not moe_layers(model):
             raise ValueError("routing_replay needs a model with MoE layers (num_experts is null)")
 
@@ -107,13 +121,21 @@ class PolicyTrainer:
     def device(self) -> torch.device:
         return self.runtime.device
 
-    def score(self, model: HybridLM, batch: RolloutBatch, rows: list[int], T: int,
-              with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    def score(
+        self, model: HybridLM, batch: RolloutBatch, rows: list[int], T: int, with_entropy: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """``(logp_mT, owned_mT, entropy_mT)`` of ``rows``: this rank's tokens of them (zeros elsewhere)."""
         return self.score_many(model, batch, [rows], T, with_entropy)[0]
 
-    def score_many(self, model, batch: RolloutBatch, groups: list[list[int]], T: int, with_entropy: bool = False,
-                   then=None) -> list:
+    def score_many(
+        self,
+        model,
+        batch: RolloutBatch,
+        groups: list[list[int]],
+        T: int,
+        with_entropy: bool = False,
+        then=None,
+    ) -> list:
         """``score`` of each group of rows, one micro-batch each; with ``then``, micro-batch ``i``'s scores go
         through ``then(i, scores) -> (loss, record)`` and the losses are backpropagated. Under pipeline
         parallelism the records of stages other than the last are None."""
@@ -123,8 +145,9 @@ class PolicyTrainer:
             for i, rows in enumerate(groups):
                 sequences, prompt_lens = batch.sequences(rows)
                 # The entropy comes from the logits of the same forward, never from a second one.
-                scored = score_tokens(model, sequences, prompt_lens, t, True, pad_id=self.pad_id,
-                                      with_entropy=with_entropy)
+                scored = score_tokens(
+                    model, sequences, prompt_lens, t, True, pad_id=self.pad_id, with_entropy=with_entropy
+                )
                 logp_mT = padded([s.logprobs for s in scored], T)
                 ent_mT = padded([s.entropy for s in scored], T) if with_entropy else None
                 scores = (logp_mT, torch.ones_like(logp_mT, dtype=torch.bool), ent_mT)
@@ -135,9 +158,19 @@ class PolicyTrainer:
             return records
         # routing replay: the frozen reference routes on its own
         replay = self.routing_replay and model is self.model
-        micro = [self._micro_batch(model, batch, rows, T, t, with_entropy, replay,
-                                   None if then is None else (lambda scores, i=i: then(i, scores)))
-                 for i, rows in enumerate(groups)]
+        micro = [
+            self._micro_batch(
+                model,
+                batch,
+                rows,
+                T,
+                t,
+                with_entropy,
+                replay,
+                None if then is None else (lambda scores, i=i: then(i, scores)),
+            )
+            for i, rows in enumerate(groups)
+        ]
         return run_micro_batches(model, micro, backward=then is not None)
 
     def _micro_batch(self, model, batch, rows, T, t, with_entropy, replay, then) -> MicroBatch:
@@ -151,13 +184,15 @@ class PolicyTrainer:
             context = lambda: replay_routing(model, replay_experts(model, experts, shard))  # noqa: E731
 
         def head(hidden_BSD):
-            logp_mS, ent_mS = logprobs_from_hidden(model, shard, hidden_BSD, t, first_column=min(prompt_lens) - 1,
-                                                   with_entropy=with_entropy)
+            logp_mS, ent_mS = logprobs_from_hidden(
+                model, shard, hidden_BSD, t, first_column=min(prompt_lens) - 1, with_entropy=with_entropy
+            )
             logp_mT = response_view(shard.to_grid(logp_mS), plens_m, T)
             ent_mT = None if ent_mS is None else response_view(shard.to_grid(ent_mS), plens_m, T)
             owned_mT = response_view(shard.to_grid(torch.ones_like(logp_mS)), plens_m, T) > 0
             scores = (logp_mT, owned_mT, ent_mT)
             return (None, scores) if then is None else then(scores)
+
         return MicroBatch(shard, head, context)
 
     def minibatch_rows(self, n: int, seed: int) -> list[list[int]]:
@@ -167,7 +202,7 @@ class PolicyTrainer:
         order = list(range(n))
         random.Random(seed).shuffle(order)
         size = n // self.minibatches
-        return [sorted(order[i:i + size]) for i in range(0, n, size)]
+        return [sorted(order[i : i + size]) for i in range(0, n, size)]
 
     def correct(self, batch: RolloutBatch) -> BatchCorrection | None:
         """The stage's corrections of ``batch`` (None when it lists none): call before the advantages, whose
@@ -181,7 +216,7 @@ class PolicyTrainer:
         N, T = mask_NT.shape
         logp_old_NT = torch.zeros((N, T), dtype=torch.float32, device=self.device)
         mine = list(range(N))[self.runtime.dp_slice(N)]
-        groups = [mine[start:start + self.micro_batch] for start in range(0, len(mine), self.micro_batch)]
+        groups = [mine[start : start + self.micro_batch] for start in range(0, len(mine), self.micro_batch)]
         self.model.train()
         with torch.no_grad():
             for rows_m, scores in zip(groups, self.score_many(self.model, batch, groups, T), strict=True):
@@ -193,11 +228,18 @@ class PolicyTrainer:
         self.runtime.sum_(logp_old_NT)
         return apply_corrections(self.loss.corrections, logp_old_NT, batch.logp_rollout_NT, mask_NT)
 
-    def train(self, batch: RolloutBatch, advantages_N: torch.Tensor, seed: int,
-              correction: BatchCorrection | None = None) -> dict[str, float]:
+    def train(
+        self,
+        batch: RolloutBatch,
+        advantages_N: torch.Tensor,
+        seed: int,
+        correction: BatchCorrection | None = None,
+    ) -> dict[str, float]:
         if getattr(self.loss, "corrections", None) and correction is None:
-            raise ValueError("loss.corrections is set: pass correction=trainer.correct(batch), computed before the "
-                             "advantages so that dropped responses stay out of the group baselines")
+            raise ValueError(
+                "loss.corrections is set: pass correction=trainer.correct(batch), computed before the "
+                "advantages so that dropped responses stay out of the group baselines"
+            )
         dev, rt = self.device, self.runtime
         mask_NT, logp_rollout_NT = batch.mask_NT, batch.logp_rollout_NT  # made on this device by collect()
         N, T = mask_NT.shape
@@ -208,8 +250,16 @@ class PolicyTrainer:
         self.model.train()
         for k, rows in enumerate(self.minibatch_rows(N, seed)):
             idx = torch.tensor(rows, device=dev)
-            values_3MT = self._minibatch(batch, rows, idx, mask_NT, logp_rollout_NT, advantages_N, with_entropy=k == 0,
-                                         correction=correction)
+            values_3MT = self._minibatch(
+                batch,
+                rows,
+                idx,
+                mask_NT,
+                logp_rollout_NT,
+                advantages_N,
+                with_entropy=k == 0,
+                correction=correction,
+            )
             rt.sum_(values_3MT)  # every rank's tokens into the whole minibatch, on every rank
             logp_MT, ref_MT, ent_MT = values_3MT.unbind(0)
             logp_train_NT[idx] = logp_MT
@@ -219,12 +269,25 @@ class PolicyTrainer:
                 entropy_stats = entropy_summary(ent_MT, mask_NT[idx])
                 gap_MT = ((logp_MT.double() - logp_rollout_NT[idx]).exp() - 1).abs()
                 first_mb_ratio_max = float(torch.where(mask_NT[idx], gap_MT, torch.zeros_like(gap_MT)).max())
-                gap_stats = engine_gap(logp_MT, logp_rollout_NT[idx], mask_NT[idx], eps_high=self.loss.eps_high)
+                gap_stats = engine_gap(
+                    logp_MT, logp_rollout_NT[idx], mask_NT[idx], eps_high=self.loss.eps_high
+                )
             with torch.no_grad():  # the minibatch's metrics over all of its tokens, as one process has them
-                out = objective(self.loss, logp_MT, logp_rollout_NT[idx].to(logp_MT.dtype), advantages_N[idx],
-                                mask_NT[idx], make_normalization(self.loss, len(rows), self.max_new_tokens),
-                                None if logp_ref_NT is None else ref_MT,
-                                None if correction is None else correction.rows(idx))
+                out = objective(
+                    self.loss,
+                    logp_MT,
+                    logp_rollout_NT[idx].to(logp_MT.dtype),
+                    advantages_N[idx],
+                    mask_NT[idx],
+                    make_normalization(
+                        self.loss,
+                        len(rows),
+                        self.max_new_tokens,
+                        tokens=loss_tokens(mask_NT[idx], correction, idx),
+                    ),
+                    None if logp_ref_NT is None else ref_MT,
+                    None if correction is None else correction.rows(idx),
+                )
             metrics = dict(out.metrics)
             if not out.finite:
                 self.optimizer.zero_grad()
@@ -248,8 +311,17 @@ class PolicyTrainer:
         out["loss/skipped"] = float(skipped)
         return out
 
-    def _minibatch(self, batch, rows, idx, mask_NT, logp_rollout_NT, advantages_N, with_entropy,
-                   correction: BatchCorrection | None = None) -> torch.Tensor:
+    def _minibatch(
+        self,
+        batch,
+        rows,
+        idx,
+        mask_NT,
+        logp_rollout_NT,
+        advantages_N,
+        with_entropy,
+        correction: BatchCorrection | None = None,
+    ) -> torch.Tensor:
         """Forward and backward of this rank's share of one minibatch, micro-batch by micro-batch.
 
         With ``correction``, each sequence's ``sample_mean`` length counts only its kept tokens.
@@ -260,23 +332,34 @@ class PolicyTrainer:
         mine = list(range(M))[self.runtime.dp_slice(M)]
         lengths_M = (mask_NT[idx] if correction is None else correction.keep_NT[idx]).sum(dim=1)
         self.optimizer.zero_grad()
-        locals_ = [mine[start:start + self.micro_batch] for start in range(0, len(mine), self.micro_batch)]
+        locals_ = [mine[start : start + self.micro_batch] for start in range(0, len(mine), self.micro_batch)]
         ats = [torch.tensor(local, device=self.device) for local in locals_]
         groups = [[rows[i] for i in local] for local in locals_]
         refs: list = [None] * len(groups)
         if self.reference is not None:
             with torch.no_grad():
-                refs = [None if r is None else r[0] for r in self.score_many(self.reference, batch, groups, T)]
+                refs = [
+                    None if r is None else r[0] for r in self.score_many(self.reference, batch, groups, T)
+                ]
 
         def loss_of(i: int, scores):
             logp_mT, owned_mT, ent_mT = scores
             at = ats[i]
             mask_mT = mask_NT[idx[at]] & owned_mT
-            norm = self._normalization(M, lengths_M[at])
-            loss = objective(self.loss, logp_mT, logp_rollout_NT[idx[at]].to(logp_mT.dtype), advantages_N[idx[at]],
-                             mask_mT, norm, refs[i], None if correction is None else correction.rows(idx[at]))
-            # A non-finite loss skips the step on every rank (the whole minibatch's loss is not finite either),
-            # but every CP rank (and pipeline stage) must still run the backward its peers' collectives wait in.
+            norm = self._normalization(M, lengths_M, at)
+            loss = objective(
+                self.loss,
+                logp_mT,
+                logp_rollout_NT[idx[at]].to(logp_mT.dtype),
+                advantages_N[idx[at]],
+                mask_mT,
+                norm,
+                refs[i],
+                None if correction is None else correction.rows(idx[at]),
+            )
+            # A non-finite loss skips the step on every rank (the whole minibatch's loss is not finite
+            # either), but every CP rank (and pipeline stage) must still run the backward its peers'
+            # collectives wait in.
             return (loss.loss if loss.finite else 0.0 * logp_mT.sum()), (logp_mT.detach(), ent_mT, mask_mT)
 
         records = self.score_many(self.model, batch, groups, T, with_entropy, then=loss_of)
@@ -292,22 +375,33 @@ class PolicyTrainer:
                 out_3MT[2, at] = ent_mT.float() * keep
         return out_3MT
 
-    def _normalization(self, M: int, lengths_m: torch.Tensor) -> Normalization:
-        """The minibatch's global denominator, for a shard of it."""
-        whole = make_normalization(self.loss, M, self.max_new_tokens)
+    def _normalization(self, M: int, lengths_M: torch.Tensor, at: torch.Tensor) -> Normalization:
+        """The whole minibatch's denominator (``lengths_M``: each row's loss tokens), for the shard ``at``."""
+        whole = make_normalization(self.loss, M, self.max_new_tokens, tokens=int(lengths_M.sum()))
         if whole.kind == "token_sum":
             return whole
-        return Normalization("sample_mean", lengths_N=lengths_m, num_sequences=M)
+        return Normalization("sample_mean", lengths_N=lengths_M[at], num_sequences=M)
 
 
-def engine_gap(logp_MT: torch.Tensor, logp_rollout_MT: torch.Tensor, mask_MT: torch.Tensor, *,
-               eps_high: float) -> dict[str, float]:
+def loss_tokens(mask_MT: torch.Tensor, correction: BatchCorrection | None, idx) -> int:
+    """The minibatch's tokens that enter the loss: its response tokens less those a correction dropped."""
+    if correction is not None:
+        mask_MT = mask_MT.bool() & correction.keep_NT[idx]
+    return int(mask_MT.sum())
+
+
+def engine_gap(
+    logp_MT: torch.Tensor, logp_rollout_MT: torch.Tensor, mask_MT: torch.Tensor, *, eps_high: float
+) -> dict[str, float]:
     """The first minibatch's tail and mismatch, under ``gap/``: scored before any update of the step, so the
     ratio there is the engines' difference alone (``gap/ratio/*``, ``gap/logratio/*``, ``gap/drift/*``,
-    ``gap/mismatch/*``); the whole-batch ``ratio/*`` and ``mismatch/*`` add the later minibatches' staleness."""
+    ``gap/mismatch/*``); the whole-batch ``ratio/*`` and ``mismatch/*`` add the later minibatches'
+    staleness."""
     tail = ratio_tail(logp_MT, logp_rollout_MT, mask_MT, eps_high=eps_high)
-    return {**{f"gap/{k}": v for k, v in tail.items()},
-            **mismatch_metrics(logp_MT, logp_rollout_MT, mask_MT, prefix="gap/mismatch")}
+    return {
+        **{f"gap/{k}": v for k, v in tail.items()},
+        **mismatch_metrics(logp_MT, logp_rollout_MT, mask_MT, prefix="gap/mismatch"),
+    }
 
 
 def replay_experts(model, experts: list, shard) -> dict[int, torch.Tensor]:

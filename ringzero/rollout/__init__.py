@@ -1,1 +1,2 @@
-"""Rollout engines and clients: the embedded engine, an SGLang-compatible HTTP server, and one client interface."""
+"""Rollout engines and clients: the embedded engine, an SGLang-compatible HTTP server, and one client
+interface."""

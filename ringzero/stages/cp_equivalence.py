@@ -4,9 +4,9 @@ Every rank builds the same weights and the same global batch from one seed, runs
 on its shard through the CP cores, and rank 0 compares against the unsharded single-process run:
 the output, the input gradient and every weight gradient (after the CP gradient sum). ``model`` runs a
 whole ``HybridLM`` step instead: loss with global token normalisation, logits, every parameter gradient
-and the parameters after one step of the training optimizer. With ``dp > 1`` the batch rows are split over data-parallel
-replicas as well. Row 1 of the batch is left-padded (negative positions), so
-per-row positions are covered too. Tolerances per dtype come from ``ringzero.model.tolerances``.
+and the parameters after one step of the training optimizer. With ``dp > 1`` the batch rows are split over
+data-parallel replicas as well. Row 1 of the batch is left-padded (negative positions), so per-row positions
+are covered too. Tolerances per dtype come from ``ringzero.model.tolerances``.
 """
 
 from __future__ import annotations
@@ -56,17 +56,28 @@ class CheckSpec:
         """Layer checks use ``strategy`` for their layer type; ``model`` maps ``ring`` to ring for both
         layer types and ``a2a``/``allgather`` to the default plan (MLA a2a, Lightning allgather)."""
         if self.layer == "model":
-            return {"mla": "ring", "lightning": "ring"} if self.strategy == "ring" else \
-                {"mla": "a2a", "lightning": "allgather"}
+            return (
+                {"mla": "ring", "lightning": "ring"}
+                if self.strategy == "ring"
+                else {"mla": "a2a", "lightning": "allgather"}
+            )
         return {self.layer: self.strategy}
 
     def model_config(self) -> ModelConfig:
         small = dict(kv_lora_rank=12, qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=6)
         layout = {"mla": "M", "lightning": "L", "model": "LMLM"}[self.layer]
-        return ModelConfig(vocab_size=48, hidden_size=32, num_hidden_layers=len(layout),
-                           num_attention_heads=self.heads, layout=layout, **small, intermediate_size=40,
-                           max_position_embeddings=max(self.seq_len + 8, 16), head_dim=8,
-                           lightning_block_size=self.block_size)
+        return ModelConfig(
+            vocab_size=48,
+            hidden_size=32,
+            num_hidden_layers=len(layout),
+            num_attention_heads=self.heads,
+            layout=layout,
+            **small,
+            intermediate_size=40,
+            max_position_embeddings=max(self.seq_len + 8, 16),
+            head_dim=8,
+            lightning_block_size=self.block_size,
+        )
 
     def validate(self) -> None:
         problems = []
@@ -90,9 +101,11 @@ class CheckSpec:
 
 
 def _build(spec: CheckSpec, cfg: ModelConfig, gen: torch.Generator, dtype: torch.dtype, real: bool = True):
-    policy = PrecisionPolicy(body={torch.float64: "float64", torch.float32: "float32",
-                                   torch.bfloat16: "bfloat16"}[dtype],
-                             attention_softmax_fp32=True, lm_head_fp32=True)
+    policy = PrecisionPolicy(
+        body={torch.float64: "float64", torch.float32: "float32", torch.bfloat16: "bfloat16"}[dtype],
+        attention_softmax_fp32=True,
+        lm_head_fp32=True,
+    )
     if spec.layer == "model":
         module = HybridLM(cfg, policy)
     else:
@@ -163,8 +176,9 @@ def check_rank(ctx, spec: CheckSpec) -> dict | None:
     local = {k: layout.shard(v[rows], me, dim=1) for k, v in batch.items()}
     local_pos = layout.shard(batch["positions"][rows], me, dim=1, pad_value=-1)
     local_real = local_pos >= 0  # layout padding is marked -1 too: it never counts
-    out_l, loss_l, dx_l = _step(cp_module, local, local_pos, local_real,
-                                lambda v, m: token_mean(v, m, groups))
+    out_l, loss_l, dx_l = _step(
+        cp_module, local, local_pos, local_real, lambda v, m: token_mean(v, m, groups)
+    )
     sync_grads(cp_module.parameters(), groups)
     loss_cp = global_sum(loss_l, groups.dp_cp)
     out_cp = layout.gather(out_l, groups.cp)
@@ -183,7 +197,7 @@ def check_rank(ctx, spec: CheckSpec) -> dict | None:
     out_r, loss_r, dx_r = _step(ref, batch, batch["positions"], real_BS, ref_loss)
     grads_r = {n: p.grad.clone() for n, p in ref.named_parameters()}
     mine = real_BS.clone()
-    mine[rows.stop:] = False  # rank 0's rows; real tokens only (padding outputs are not defined to match)
+    mine[rows.stop :] = False  # rank 0's rows; real tokens only (padding outputs are not defined to match)
     report = {
         "output": compare(out_cp[mine[rows]], out_r[mine], dtype),
         "grads": {n: compare(grads_cp[n], grads_r[n], dtype) for n in grads_r},

@@ -46,9 +46,14 @@ log = structlog.get_logger(__name__)
 
 ENGINE_BATCH = 256
 EVAL_SAMPLES = 4
-"""Samples per held-out prompt at temperature 1, before and after: length is a property of the sampled policy."""
+"""Samples per held-out prompt at temperature 1, before and after: length is a property of the sampled
+policy."""
 LOG_EVERY = 5
-HELDOUT_KEYS = {"eval/accuracy": "eval/accuracy", "len/mean": "eval/len_mean", "trace/rate": "eval/trace_rate"}
+HELDOUT_KEYS = {
+    "eval/accuracy": "eval/accuracy",
+    "len/mean": "eval/len_mean",
+    "trace/rate": "eval/trace_rate",
+}
 """The run-wide keys the report plots, read from a held-out measurement."""
 
 
@@ -60,23 +65,36 @@ def run(ctx: StageContext, stage: DistillStage, inputs: StageInputs) -> StageOut
         raise RingzeroError(f"distill stage {stage.name!r}: no input policy to sample from (init)")
     start_uri = inputs.init_uri if stage.init_weights == "input" else inputs.base_uri
     if start_uri is None:
-        raise RingzeroError(f"distill stage {stage.name!r}: init_weights is 'base' but the run has no base checkpoint")
+        raise RingzeroError(
+            f"distill stage {stage.name!r}: init_weights is 'base' but the run has no base checkpoint"
+        )
     torch.manual_seed(cfg.run.seed)
 
     plan = distill_set(ctx, stage, inputs.init_uri, task, tokenizer)
-    examples = [e for e in plan["examples"] if len(e["prompt_ids"]) + len(e["output_ids"]) <= stage.max_seq_len]
+    examples = [
+        e for e in plan["examples"] if len(e["prompt_ids"]) + len(e["output_ids"]) <= stage.max_seq_len
+    ]
     if not examples:
         raise RingzeroError(
             f"distill stage {stage.name!r}: no target to train on: {plan['stats']['distill/kept']:.0f} of "
-            f"{stage.prompts} prompts had a correct finished sample, none of them within max_seq_len {stage.max_seq_len}"
+            f"{stage.prompts} prompts had a correct finished sample, none of them within max_seq_len "
+            f"{stage.max_seq_len}"
         )
     ctx.metrics.log(0, {k: plan["before"][v] for k, v in HELDOUT_KEYS.items() if v in plan["before"]})
 
     rt = ctx.runtime
     steps_per_epoch = math.ceil(len(examples) / stage.batch_size)
     total = stage.epochs * steps_per_epoch
-    setup = training_engine(cfg).build(cfg, ctx.store, start_uri, cfg.precision.train, rt, optim=stage.optim,
-                                       total_steps=total, schedule="cosine")
+    setup = training_engine(cfg).build(
+        cfg,
+        ctx.store,
+        start_uri,
+        cfg.precision.train,
+        rt,
+        optim=stage.optim,
+        total_steps=total,
+        schedule="cosine",
+    )
     model, optimizer = setup.model, setup.optimizer
     first = 0
     if resume := ctx.resume_uri():
@@ -88,32 +106,71 @@ def run(ctx: StageContext, stage: DistillStage, inputs: StageInputs) -> StageOut
         for step in range(first, total):
             epoch, index = divmod(step, steps_per_epoch)
             order = epoch_order(len(examples), order_seed, epoch)
-            chosen = order[index * stage.batch_size:(index + 1) * stage.batch_size]
+            chosen = order[index * stage.batch_size : (index + 1) * stage.batch_size]
             ids_BS, mask_BS1 = sft_batch([examples[i] for i in chosen], tokenizer.pad_id)
-            result = lm_step(model, ids_BS, rt, mask_BW=mask_BS1, optimizer=optimizer,
-                             sharding=cfg.parallel.sharding, micro_batch=stage.micro_batch)
+            result = lm_step(
+                model,
+                ids_BS,
+                rt,
+                mask_BW=mask_BS1,
+                optimizer=optimizer,
+                sharding=cfg.parallel.sharding,
+                micro_batch=stage.micro_batch,
+            )
             report = result.report
             losses.append(value := result.loss)
             if (step + 1) % LOG_EVERY == 0 or step + 1 == total:
-                ctx.metrics.log(step + 1, {"distill/loss": sum(losses) / len(losses), "train/lr": report.lr,
-                                           "grad/norm": report.grad_norm, "distill/epoch": epoch})
+                ctx.metrics.log(
+                    step + 1,
+                    {
+                        "distill/loss": sum(losses) / len(losses),
+                        "train/lr": report.lr,
+                        "grad/norm": report.grad_norm,
+                        "distill/epoch": epoch,
+                    },
+                )
                 losses = []
             advance(value, tokens=ids_BS[:, 1:].numel())
-            end_of_step(ctx, stage.name, step + 1, model, optimizer, rt,
-                        checkpoint=(step + 1) % steps_per_epoch == 0 and step + 1 < total)
+            end_of_step(
+                ctx,
+                stage.name,
+                step + 1,
+                model,
+                optimizer,
+                rt,
+                checkpoint=(step + 1) % steps_per_epoch == 0 and step + 1 < total,
+            )
 
     model.eval()
-    uri = save_final(ctx.store, ctx.checkpoint_prefix, model, weights_to_write(ctx.store, optimizer),
-                     {"stage": stage.name, "steps": total, "examples": len(examples)}, tokenizer=tokenizer)
+    uri = save_final(
+        ctx.store,
+        ctx.checkpoint_prefix,
+        model,
+        weights_to_write(ctx.store, optimizer),
+        {"stage": stage.name, "steps": total, "examples": len(examples)},
+        tokenizer=tokenizer,
+    )
     with step_progress("distill", phase="heldout after"):
         after = heldout(cfg, setup.served(), task, tokenizer, stage, rt, serves=uri)
     ctx.metrics.log(total, {k: after[v] for k, v in HELDOUT_KEYS.items() if v in after})
-    summary = finite_only({**plan["stats"], **compression(plan["before"], after), **after,
-                         **{k: after[v] for k, v in HELDOUT_KEYS.items() if v in after},
-                         "distill/examples": float(len(examples)), "loss/skipped": float(optimizer.skipped)})
-    log.info("distill.done", uri=uri, len_before=summary.get("distill/len_before"),
-             len_after=summary.get("distill/len_after"), acc_before=summary.get("distill/acc_before"),
-             acc_after=summary.get("distill/acc_after"))
+    summary = finite_only(
+        {
+            **plan["stats"],
+            **compression(plan["before"], after),
+            **after,
+            **{k: after[v] for k, v in HELDOUT_KEYS.items() if v in after},
+            "distill/examples": float(len(examples)),
+            "loss/skipped": float(optimizer.skipped),
+        }
+    )
+    log.info(
+        "distill.done",
+        uri=uri,
+        len_before=summary.get("distill/len_before"),
+        len_after=summary.get("distill/len_after"),
+        acc_before=summary.get("distill/acc_before"),
+        acc_after=summary.get("distill/acc_after"),
+    )
     return StageOutcome(uri, summary, stop_reason="epochs", steps=total, wall_s=time.time() - started)
 
 
@@ -129,36 +186,72 @@ def distill_set(ctx: StageContext, stage: DistillStage, policy_uri: str, task, t
     with step_progress("distill", phase="heldout before") as progress:
         before = heldout(cfg, policy, task, tokenizer, stage, rt, serves=policy_uri)
         progress.phase = "sample"
-        engine = rollout_client(cfg, policy, tokenizer, rt, max_batch=ENGINE_BATCH,
-                                seed=seeded(cfg.run.seed, "distill-engine"), serves=policy_uri)
+        engine = rollout_client(
+            cfg,
+            policy,
+            tokenizer,
+            rt,
+            max_batch=ENGINE_BATCH,
+            seed=seeded(cfg.run.seed, "distill-engine"),
+            serves=policy_uri,
+        )
         problems = task.prompts("train", stage.prompts, seeded(cfg.run.seed, "distill-prompts"))
-        params = sampling_params(stage.sampling, task, tokenizer, stage.samples_per_prompt,
-                                 seeded(cfg.run.seed, "distill-samples"))
-        batch = collect(engine, task, tokenizer, problems, samples=stage.samples_per_prompt, params=params,
-                        reward=TaskReward(task))
+        params = sampling_params(
+            stage.sampling, task, tokenizer, stage.samples_per_prompt, seeded(cfg.run.seed, "distill-samples")
+        )
+        batch = collect(
+            engine,
+            task,
+            tokenizer,
+            problems,
+            samples=stage.samples_per_prompt,
+            params=params,
+            reward=TaskReward(task),
+        )
     examples = select_traces(batch, task, stage.length_budget)
     kept_lengths = [len(e["output_ids"]) for e in examples]
-    stats = finite_only({
-        "distill/sample_accuracy": sum(batch.correct) / len(batch),
-        "distill/sample_len_mean": sum(batch.lengths) / len(batch),
-        "distill/sample_trace_rate": sum(batch.uses_trace) / len(batch),
-        "distill/kept": float(len(examples)),
-        "distill/kept_frac": len(examples) / len(problems),
-        "distill/kept_len_mean": sum(kept_lengths) / len(kept_lengths) if kept_lengths else float("nan"),
-        "distill/kept_verified_frac": (sum(e["verified"] for e in examples) / len(examples)
-                                       if examples else float("nan")),
-    })
+    stats = finite_only(
+        {
+            "distill/sample_accuracy": sum(batch.correct) / len(batch),
+            "distill/sample_len_mean": sum(batch.lengths) / len(batch),
+            "distill/sample_trace_rate": sum(batch.uses_trace) / len(batch),
+            "distill/kept": float(len(examples)),
+            "distill/kept_frac": len(examples) / len(problems),
+            "distill/kept_len_mean": sum(kept_lengths) / len(kept_lengths) if kept_lengths else float("nan"),
+            "distill/kept_verified_frac": (
+                sum(e["verified"] for e in examples) / len(examples) if examples else float("nan")
+            ),
+        }
+    )
     plan = {"examples": examples, "before": finite_only(before), "stats": stats}
     ctx.store.put_json(key, plan)
-    log.info("distill.set", prompts=len(problems), kept=len(examples), **{k: round(v, 3) for k, v in stats.items()})
+    log.info(
+        "distill.set", prompts=len(problems), kept=len(examples), **{k: round(v, 3) for k, v in stats.items()}
+    )
     return plan
 
 
-def heldout(cfg, model, task, tokenizer, stage: DistillStage, runtime=None, serves: str | None = None) -> dict[str, float]:
-    engine = rollout_client(cfg, model, tokenizer, runtime, max_batch=ENGINE_BATCH,
-                            seed=seeded(cfg.run.seed, "distill-heldout"), serves=serves)
-    return evaluate_heldout(engine, task, tokenizer, prompts=getattr(cfg.task, "eval_prompts", 128),
-                            samples=EVAL_SAMPLES, max_new_tokens=stage.sampling.max_new_tokens, forced_trace=False)
+def heldout(
+    cfg, model, task, tokenizer, stage: DistillStage, runtime=None, serves: str | None = None
+) -> dict[str, float]:
+    engine = rollout_client(
+        cfg,
+        model,
+        tokenizer,
+        runtime,
+        max_batch=ENGINE_BATCH,
+        seed=seeded(cfg.run.seed, "distill-heldout"),
+        serves=serves,
+    )
+    return evaluate_heldout(
+        engine,
+        task,
+        tokenizer,
+        prompts=getattr(cfg.task, "eval_prompts", 128),
+        samples=EVAL_SAMPLES,
+        max_new_tokens=stage.sampling.max_new_tokens,
+        forced_trace=False,
+    )
 
 
 def compression(before: dict, after: dict) -> dict[str, float]:

@@ -32,8 +32,11 @@ def shortest_correct(samples: Sequence[Sample], length_budget: int | None = None
     Training on them would distil guessing, not a shorter trace. Among equals the first sample wins;
     ``length_budget`` drops correct samples longer than it (in tokens) before choosing.
     """
-    eligible = [i for i, s in enumerate(samples)
-                if s.correct and not s.truncated and (length_budget is None or len(s.output_ids) <= length_budget)]
+    eligible = [
+        i
+        for i, s in enumerate(samples)
+        if s.correct and not s.truncated and (length_budget is None or len(s.output_ids) <= length_budget)
+    ]
     return min(eligible, key=lambda i: (not samples[i].verified, len(samples[i].output_ids)), default=None)
 
 
@@ -46,13 +49,24 @@ def select_traces(batch: RolloutBatch, task, length_budget: int | None) -> list[
     examples = []
     for start in range(0, len(batch), batch.group_size):
         group = range(start, start + batch.group_size)
-        samples = [Sample(batch.output_ids[i], batch.correct[i], batch.truncated[i],
-                          batch.correct[i] and verified_trace(task, batch.problems[i], batch.responses[i]))
-                   for i in group]
+        samples = [
+            Sample(
+                batch.output_ids[i],
+                batch.correct[i],
+                batch.truncated[i],
+                batch.correct[i] and verified_trace(task, batch.problems[i], batch.responses[i]),
+            )
+            for i in group
+        ]
         pick = shortest_correct(samples, length_budget)
         if pick is not None:
-            examples.append({"prompt_ids": batch.prompt_ids[start + pick], "output_ids": samples[pick].output_ids,
-                             "verified": samples[pick].verified})
+            examples.append(
+                {
+                    "prompt_ids": batch.prompt_ids[start + pick],
+                    "output_ids": samples[pick].output_ids,
+                    "verified": samples[pick].verified,
+                }
+            )
     return examples
 
 
@@ -73,7 +87,7 @@ def sft_batch(examples: Sequence[dict], pad_id: int) -> tuple[torch.Tensor, torc
     for row, (seq, e) in enumerate(zip(seqs, examples, strict=True)):
         ids_BS[row, : len(seq)] = torch.as_tensor(seq)
         plen = len(e["prompt_ids"])
-        mask_BS1[row, plen - 1: len(seq) - 1] = True
+        mask_BS1[row, plen - 1 : len(seq) - 1] = True
     return ids_BS, mask_BS1
 
 

@@ -54,20 +54,25 @@ def _tail(log_r: Sequence[np.ndarray]) -> dict[str, float]:
     if not log_r:
         return {}
     ratio = np.abs(np.expm1(np.concatenate(log_r)))
-    return {"ratio/p99": float(np.quantile(ratio, 0.99)) if ratio.size else math.nan,
-            "ratio/max": float(ratio.max()) if ratio.size else math.nan,
-            "seq_abs_log_ratio": float(np.mean([abs(r.sum()) for r in log_r]))}
+    return {
+        "ratio/p99": float(np.quantile(ratio, 0.99)) if ratio.size else math.nan,
+        "ratio/max": float(ratio.max()) if ratio.size else math.nan,
+        "seq_abs_log_ratio": float(np.mean([abs(r.sum()) for r in log_r])),
+    }
 
 
-def gap_values(logp_train: Sequence[torch.Tensor], logp_policy: Sequence[torch.Tensor],
-               prefix: str) -> dict[str, float]:
+def gap_values(
+    logp_train: Sequence[torch.Tensor], logp_policy: Sequence[torch.Tensor], prefix: str
+) -> dict[str, float]:
     """``{prefix}/ratio/p99``, ``/ratio/max``, ``/seq_abs_log_ratio``, and each under ``{prefix}/<third>/``.
 
     One ``[n]`` tensor pair per response (computed in fp64); a response's length is its ``n``.
     """
     log_r = []
     for a, b in zip(logp_train, logp_policy, strict=True):
-        d_n = (torch.as_tensor(a).detach().double().cpu() - torch.as_tensor(b).detach().double().cpu()).numpy()
+        d_n = (
+            torch.as_tensor(a).detach().double().cpu() - torch.as_tensor(b).detach().double().cpu()
+        ).numpy()
         log_r.append(d_n[np.isfinite(d_n)])
     out = {f"{prefix}/{k}": v for k, v in _tail(log_r).items()}
     for third, idx in zip(THIRDS, length_thirds([len(a) for a in logp_train]), strict=True):

@@ -45,7 +45,8 @@ def final_answer(response: str) -> str | None:
 
 
 def pairwise_agreement(answers: Sequence[str | None]) -> float:
-    """Share of ordered pairs of distinct samples whose answers are equal (None never matches); NaN for < 2."""
+    """Share of ordered pairs of distinct samples whose answers are equal (None never matches); NaN for <
+    2."""
     n = len(answers)
     if n < 2:
         return NAN
@@ -69,4 +70,3 @@ def efficiency(correct: Sequence[bool], lengths: Sequence[int]) -> float:
     """Correct answers per 1,000 generated tokens."""
     tokens = sum(lengths)
     return 1000.0 * sum(map(bool, correct)) / tokens if tokens else NAN
-

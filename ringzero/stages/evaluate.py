@@ -59,9 +59,14 @@ log = structlog.get_logger(__name__)
 INPUT_LABEL = "input"
 """Row name of the stage's input checkpoint when no compared stage produced it."""
 ENGINE_BATCH = 256
-SUMMARY_ALIASES = {"len/mean": "eval/len_mean", "trace/rate": "eval/trace_rate",
-                   "ratio/p99": "eval/ratio/p99", "ratio/max": "eval/ratio/max",
-                   "gap/ratio/p99": "eval/ratio/p99", "gap/ratio/max": "eval/ratio/max"}
+SUMMARY_ALIASES = {
+    "len/mean": "eval/len_mean",
+    "trace/rate": "eval/trace_rate",
+    "ratio/p99": "eval/ratio/p99",
+    "ratio/max": "eval/ratio/max",
+    "gap/ratio/p99": "eval/ratio/p99",
+    "gap/ratio/max": "eval/ratio/max",
+}
 """The stage table reads these keys for every stage; for eval they are the input checkpoint's. Eval scores
 the very weights that sampled, so its ratio tail is the engine gap alone: it fills ``gap/*`` too."""
 
@@ -83,30 +88,46 @@ def run(ctx: StageContext, stage: EvalStage, inputs: StageInputs) -> StageOutcom
                 values = stored["values"]
                 log.info("eval.row_reused", checkpoint=label)
             else:
-                values = measure_checkpoint(cfg, ctx.store, uri, stage, task, tokenizer, problems, tiers, ctx.runtime)
+                values = measure_checkpoint(
+                    cfg, ctx.store, uri, stage, task, tokenizer, problems, tiers, ctx.runtime
+                )
                 ctx.store.put_json(key, {"uri": uri, "values": values})
             ctx.metrics.log(step, values)
             rows.append({"checkpoint": label, "uri": uri, "values": values})
-            log.info("eval.row", checkpoint=label, accuracy=values.get("eval/accuracy"),
-                     len_mean=values.get("eval/len_mean"))
+            log.info(
+                "eval.row",
+                checkpoint=label,
+                accuracy=values.get("eval/accuracy"),
+                len_mean=values.get("eval/len_mean"),
+            )
             advance(values.get("eval/accuracy"))
     summary = dict(rows[-1]["values"])  # the input checkpoint is measured last
     summary.update({alias: summary[key] for alias, key in SUMMARY_ALIASES.items() if key in summary})
     for row in rows[:-1]:
-        summary.update({f"compare/{row['checkpoint']}/{k.removeprefix('eval/')}": v for k, v in row["values"].items()})
+        summary.update(
+            {f"compare/{row['checkpoint']}/{k.removeprefix('eval/')}": v for k, v in row["values"].items()}
+        )
     buckets = DIFFICULTY_BUCKETS if cfg.task.kind == "arithmetic" and cfg.task.min_digits is not None else ()
-    extra = {"comparison": {"columns": comparison_columns(stage.k, tiers, buckets), "rows": rows,
-                            "difficulty": {"buckets": list(buckets), "tiers": [t.name for t in tiers]},
-                            "notes": f"{stage.prompts} held-out prompts; {stage.k} samples each at temperature "
-                                     f"{stage.sampling.temperature:g}; greedy = temperature 0"}}
-    return StageOutcome(None, summary, stop_reason="done", steps=len(rows), wall_s=time.time() - started,
-                        extra=extra)
+    extra = {
+        "comparison": {
+            "columns": comparison_columns(stage.k, tiers, buckets),
+            "rows": rows,
+            "difficulty": {"buckets": list(buckets), "tiers": [t.name for t in tiers]},
+            "notes": f"{stage.prompts} held-out prompts; {stage.k} samples each at temperature "
+            f"{stage.sampling.temperature:g}; greedy = temperature 0",
+        }
+    }
+    return StageOutcome(
+        None, summary, stop_reason="done", steps=len(rows), wall_s=time.time() - started, extra=extra
+    )
 
 
 def checkpoints_to_measure(inputs: StageInputs) -> list[tuple[str, str]]:
     """``(label, uri)`` of every compared stage, then the input; the input is not measured twice."""
     if inputs.init_uri is None:
-        raise RingzeroError("eval: no input checkpoint (the stage needs an earlier stage's output or an init URI)")
+        raise RingzeroError(
+            "eval: no input checkpoint (the stage needs an earlier stage's output or an init URI)"
+        )
     rows = [(name, uri) for name, uri in inputs.compare.items() if uri != inputs.init_uri]
     input_label = next((name for name, uri in inputs.compare.items() if uri == inputs.init_uri), INPUT_LABEL)
     return [*rows, (input_label, inputs.init_uri)]
@@ -127,34 +148,58 @@ def comparison_columns(k: int, tiers: list[Tier], buckets: tuple[str, ...] = ())
     """The comparison table's rows: overall measures, then per tier; with difficulty ``buckets``,
     accuracy and length per bucket, untiered and per tier."""
     columns = [
-        ("eval/greedy_accuracy", "greedy acc"), ("eval/accuracy", "pass@1"), ("eval/pass@k", f"pass@{k}"),
-        ("eval/trace_rate", "trace rate"), ("eval/len_mean", "len mean"), ("eval/len_p95", "len p95"),
-        ("eval/comprehensibility", "comprehensible"), ("eval/reproducibility", "reproducible"),
-        ("eval/efficiency", "correct / 1k tok"), ("eval/ratio/p99", "ratio p99"), ("eval/ratio/max", "ratio max"),
+        ("eval/greedy_accuracy", "greedy acc"),
+        ("eval/accuracy", "pass@1"),
+        ("eval/pass@k", f"pass@{k}"),
+        ("eval/trace_rate", "trace rate"),
+        ("eval/len_mean", "len mean"),
+        ("eval/len_p95", "len p95"),
+        ("eval/comprehensibility", "comprehensible"),
+        ("eval/reproducibility", "reproducible"),
+        ("eval/efficiency", "correct / 1k tok"),
+        ("eval/ratio/p99", "ratio p99"),
+        ("eval/ratio/max", "ratio max"),
     ]
     for t in tiers:
-        columns += [(f"eval/{t.name}/accuracy", f"{t.name} acc"), (f"eval/{t.name}/len_mean", f"{t.name} len")]
+        columns += [
+            (f"eval/{t.name}/accuracy", f"{t.name} acc"),
+            (f"eval/{t.name}/len_mean", f"{t.name} len"),
+        ]
         if t.budget is not None:
             columns += [(f"eval/{t.name}/within_budget", f"{t.name} within {t.budget}")]
     for head, label in [("eval", ""), *((f"eval/{t.name}", f"{t.name} ") for t in tiers)]:
         for b in buckets:
-            columns += [(f"{head}/{b}/accuracy", f"{label}{b} acc"), (f"{head}/{b}/len_mean", f"{label}{b} len")]
+            columns += [
+                (f"{head}/{b}/accuracy", f"{label}{b} acc"),
+                (f"{head}/{b}/len_mean", f"{label}{b} len"),
+            ]
     if (pair := contrast_tiers(tiers)) is not None:
         fast, deep = (t.name for t in pair)
         for part in ["", *(f"{b}/" for b in buckets)]:
             where = part.rstrip("/") or "all"
-            columns += [(f"eval/contrast/{part}accuracy_gap", f"{deep}-{fast} acc ({where})"),
-                        (f"eval/contrast/{part}len_ratio", f"{deep}/{fast} len ({where})")]
+            columns += [
+                (f"eval/contrast/{part}accuracy_gap", f"{deep}-{fast} acc ({where})"),
+                (f"eval/contrast/{part}len_ratio", f"{deep}/{fast} len ({where})"),
+            ]
     return columns
 
 
-def measure_checkpoint(cfg, store, uri: str, stage: EvalStage, task, tokenizer, problems, tiers,
-                       runtime=None) -> dict[str, float]:
+def measure_checkpoint(
+    cfg, store, uri: str, stage: EvalStage, task, tokenizer, problems, tiers, runtime=None
+) -> dict[str, float]:
     """Sampling is spread over the job's ranks; every rank then holds every sample (and the same values)."""
     runtime = runtime or single()
     model = start_model(cfg, store, uri, cfg.precision.train).to(runtime.device).eval()
-    engine = rollout_client(cfg, model, tokenizer, runtime, deterministic=cfg.precision.deterministic,
-                            max_batch=ENGINE_BATCH, seed=seeded(cfg.run.seed, "eval-engine"), serves=uri)
+    engine = rollout_client(
+        cfg,
+        model,
+        tokenizer,
+        runtime,
+        deterministic=cfg.precision.deterministic,
+        max_batch=ENGINE_BATCH,
+        seed=seeded(cfg.run.seed, "eval-engine"),
+        serves=uri,
+    )
     seed = seeded(cfg.run.seed, "eval-samples")
     reward = TaskReward(task, tiers)  # rewards are not read here; tiered prompts need their tier known
 
@@ -170,7 +215,9 @@ def measure_checkpoint(cfg, store, uri: str, stage: EvalStage, task, tokenizer, 
     values.update(sampled_qualities(sampled, task, stage.k))
     values.update(ratio_tail(model, sampled, stage.sampling.temperature, cfg.precision.deterministic))
     values.update(policy_gaps(model, sampled, stage))  # the same samples under bf16 / fp32-islands rollouts
-    values.update(tier_metrics(task, sampled, [], untiered="eval"))  # per difficulty bucket, if the task has them
+    values.update(
+        tier_metrics(task, sampled, [], untiered="eval")
+    )  # per difficulty bucket, if the task has them
     for tier in [t for t in tiers if t.tag is not None]:  # the untagged tier is the untiered sample above
         batch = sample([task.with_tier(p, tier.tag) for p in problems], stage.k)
         values.update(tier_metrics(task, batch, [tier], tiered="eval"))
@@ -200,7 +247,9 @@ def sampled_qualities(batch: RolloutBatch, task, k: int) -> dict[str, float]:
         "eval/direct_accuracy": _mean(batch.correct[i] for i in range(n) if not batch.uses_trace[i]),
         "eval/comprehensibility": comprehensibility(checks),
         "eval/step_accuracy": sum(c for _, c in checks) / steps if steps else float("nan"),
-        "eval/reproducibility": reproducibility([[final_answer(batch.responses[i]) for i in g] for g in by_prompt]),
+        "eval/reproducibility": reproducibility(
+            [[final_answer(batch.responses[i]) for i in g] for g in by_prompt]
+        ),
         "eval/efficiency": efficiency(batch.correct, batch.lengths),
     }
 
@@ -212,11 +261,12 @@ def ratio_tail(model, batch: RolloutBatch, temperature: float, deterministic: bo
         return {}
     sequences, prompt_lens = batch.sequences(rows)
     with torch.no_grad():
-        logp_train = score_sequences(model, sequences, prompt_lens, temperature, batch_invariant=deterministic)
+        logp_train = score_sequences(
+            model, sequences, prompt_lens, temperature, batch_invariant=deterministic
+        )
     logp_rollout = [batch.logp_rollout_NT[i, : batch.lengths[i]] for i in rows]
     tail = gap_stats(logp_train, logp_rollout)["all"]
     return {f"eval/{k}": float(tail[k]) for k in ("ratio/mean", "ratio/p99", "ratio/max", "logratio/p99")}
-
 
 
 def _mean(values) -> float:

@@ -38,8 +38,18 @@ def _route_accuracy(batch: RolloutBatch, traced: bool) -> float:
     return _mean(c for c, t in zip(batch.correct, batch.uses_trace, strict=True) if t == traced)
 
 
-def evaluate_heldout(client, task: Task, tokenizer: Tokenizer, *, prompts: int, samples: int,
-                     max_new_tokens: int, tiers=(), forced_trace: bool = True, seeded: bool = True) -> dict[str, float]:
+def evaluate_heldout(
+    client,
+    task: Task,
+    tokenizer: Tokenizer,
+    *,
+    prompts: int,
+    samples: int,
+    max_new_tokens: int,
+    tiers=(),
+    forced_trace: bool = True,
+    seeded: bool = True,
+) -> dict[str, float]:
     """``seeded``: reproducible per-prompt sampling streams; turn off for a real SGLang server, which gives
     the n copies of a seeded request one stream (n identical samples)."""
     problems = task.prompts("eval", prompts)
@@ -51,7 +61,9 @@ def evaluate_heldout(client, task: Task, tokenizer: Tokenizer, *, prompts: int, 
         # One stream per prompt: a shared seed would give sample k of every prompt the same uniforms,
         # so rare choices (opening a trace) would happen for all prompts at once or for none.
         seeds = [derive_seed(EVAL_SEED, i) for i in range(len(probs))] if seeded else None
-        return collect(client, task, tokenizer, probs, samples=n, params=params, reward=reward_fn, seeds=seeds)
+        return collect(
+            client, task, tokenizer, probs, samples=n, params=params, reward=reward_fn, seeds=seeds
+        )
 
     sampled, greedy = run(problems, samples, 1.0), run(problems, 1, 0.0)
     out = {

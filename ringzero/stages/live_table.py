@@ -10,12 +10,20 @@ import sys
 from collections import deque
 
 COLUMNS = (
-    ("reward/mean", "reward", "{:.3f}"), ("trace/rate", "trace", "{:.2f}"), ("len/mean", "len", "{:.0f}"),
-    ("len/trunc_rate", "trunc", "{:.2f}"), ("gap/ratio/p99", "gap p99", "{:.2e}"), ("ratio/p99", "|r-1| p99", "{:.2e}"),
-    ("ratio/max", "|r-1| max", "{:.2e}"), ("correction/token_masked_frac", "masked", "{:.3f}"),
+    ("reward/mean", "reward", "{:.3f}"),
+    ("trace/rate", "trace", "{:.2f}"),
+    ("len/mean", "len", "{:.0f}"),
+    ("len/trunc_rate", "trunc", "{:.2f}"),
+    ("gap/ratio/p99", "gap p99", "{:.2e}"),
+    ("ratio/p99", "|r-1| p99", "{:.2e}"),
+    ("ratio/max", "|r-1| max", "{:.2e}"),
+    ("correction/token_masked_frac", "masked", "{:.3f}"),
     ("rollback/count", "rollbacks", "{:.0f}"),
-    ("grad/coverage", "cover", "{:.2f}"), ("entropy/mean", "entropy", "{:.2f}"), ("kl/mean", "kl", "{:.1e}"),
-    ("loss/skipped", "skip", "{:.0f}"), ("time/step", "s/step", "{:.1f}"),
+    ("grad/coverage", "cover", "{:.2f}"),
+    ("entropy/mean", "entropy", "{:.2f}"),
+    ("kl/mean", "kl", "{:.1e}"),
+    ("loss/skipped", "skip", "{:.0f}"),
+    ("time/step", "s/step", "{:.1f}"),
 )
 
 

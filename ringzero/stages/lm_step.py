@@ -34,27 +34,38 @@ def _local_mask(mask_mW: torch.Tensor, shard: TokenShard) -> torch.Tensor:
     return mask_mW.index_select(1, cols) & shard.valid_S[None, :]
 
 
-def micro_batch_rows(rows: list[int], total: int, runtime: Runtime, micro_batch: int,
-                     equal_counts: bool = False) -> list[list[int]]:
+def micro_batch_rows(
+    rows: list[int], total: int, runtime: Runtime, micro_batch: int, equal_counts: bool = False
+) -> list[list[int]]:
     """This rank's rows cut into micro-batches of at most ``micro_batch``. With ``equal_counts`` (an
     expert-parallel model: the data-parallel ranks' MoE layers exchange tokens in every forward) every rank
     cuts its share into as many micro-batches as the largest share needs, near-equal in size, so no rank
     waits in a forward its peer never runs."""
     if not equal_counts or runtime.dims.dp == 1:
-        return [rows[s:s + micro_batch] for s in range(0, len(rows), micro_batch)]
+        return [rows[s : s + micro_batch] for s in range(0, len(rows), micro_batch)]
     dp = runtime.dims.dp
     largest = -(-total // dp)  # the largest share, in rows (ceil)
     count = -(-largest // micro_batch)
     if total // dp < count:  # the smallest share, the same test on every rank: all refuse together
-        raise RingzeroError(f"a batch of {total} rows over parallel.dp {dp} leaves the smallest share {total // dp} "
-                            f"rows for {count} micro-batches of at most {micro_batch}: with expert parallelism every "
-                            "data-parallel rank must run as many micro-batches; use more rows or a larger micro_batch")
+        raise RingzeroError(
+            f"a batch of {total} rows over parallel.dp {dp} leaves the smallest share {total // dp} "
+            f"rows for {count} micro-batches of at most {micro_batch}: with expert parallelism every "
+            "data-parallel rank must run as many micro-batches; use more rows or a larger micro_batch"
+        )
     cuts = [len(rows) * k // count for k in range(count + 1)]
-    return [rows[cuts[k]:cuts[k + 1]] for k in range(count)]
+    return [rows[cuts[k] : cuts[k + 1]] for k in range(count)]
 
 
-def lm_step(model, ids_BL: torch.Tensor, runtime: Runtime, *, mask_BW: torch.Tensor | None = None,
-            optimizer=None, sharding: str = "contiguous", micro_batch: int = 32) -> LMStepResult:
+def lm_step(
+    model,
+    ids_BL: torch.Tensor,
+    runtime: Runtime,
+    *,
+    mask_BW: torch.Tensor | None = None,
+    optimizer=None,
+    sharding: str = "contiguous",
+    micro_batch: int = 32,
+) -> LMStepResult:
     """Mean NLL of ``ids_BL``'s next tokens where ``mask_BW`` is true (all of them when None); with an
     ``optimizer``, also backward, the gradient sum over ranks and one optimizer step."""
     dev = runtime.device
@@ -76,9 +87,12 @@ def lm_step(model, ids_BL: torch.Tensor, runtime: Runtime, *, mask_BW: torch.Ten
             logp_mS, _ = logprobs_from_hidden(model, shard, hidden_BSD)
             loss = -(logp_mS * mask_mS).sum() / count.to(logp_mS.dtype)
             return loss, loss.detach().double()
+
         return MicroBatch(shard, head)
 
-    parts = micro_batch_rows(rows, ids_BL.shape[0], runtime, max(1, micro_batch), getattr(model, "ep_size", 1) > 1)
+    parts = micro_batch_rows(
+        rows, ids_BL.shape[0], runtime, max(1, micro_batch), getattr(model, "ep_size", 1) > 1
+    )
     micro_batches = [micro(torch.tensor(part, device=dev)) for part in parts]
     with torch.set_grad_enabled(training):
         records = run_micro_batches(model, micro_batches, backward=training)

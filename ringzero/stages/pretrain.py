@@ -46,8 +46,16 @@ def run(ctx: StageContext, stage: PretrainStage, inputs: StageInputs) -> StageOu
     task, tokenizer = task_and_tokenizer(cfg)
     torch.manual_seed(cfg.run.seed)
     rt = ctx.runtime
-    setup = training_engine(cfg).build(cfg, ctx.store, inputs.init_uri, cfg.precision.train, rt, optim=stage.optim,
-                                       total_steps=stage.steps, schedule="cosine")
+    setup = training_engine(cfg).build(
+        cfg,
+        ctx.store,
+        inputs.init_uri,
+        cfg.precision.train,
+        rt,
+        optim=stage.optim,
+        total_steps=stage.steps,
+        schedule="cosine",
+    )
     model, optimizer = setup.model, setup.optimizer
     first = 0
     if resume := ctx.resume_uri():
@@ -59,28 +67,57 @@ def run(ctx: StageContext, stage: PretrainStage, inputs: StageInputs) -> StageOu
     with step_progress("pretrain", stage.steps, first) as advance, preemption.preemptible():
         for step in range(first, stage.steps):
             batch_BS = windows.batch(step, stage.batch_size)
-            result = lm_step(model, batch_BS, rt, optimizer=optimizer, sharding=cfg.parallel.sharding,
-                             micro_batch=stage.micro_batch)
+            result = lm_step(
+                model,
+                batch_BS,
+                rt,
+                optimizer=optimizer,
+                sharding=cfg.parallel.sharding,
+                micro_batch=stage.micro_batch,
+            )
             report = result.report
             losses.append(result.loss)
             tokens += batch_BS[:, 1:].numel()
             if (step + 1) % LOG_EVERY == 0 or step + 1 == stage.steps:
                 elapsed = time.time() - window_start
-                ctx.metrics.log(step + 1, {
-                    "train/loss": sum(losses) / len(losses), "train/lr": report.lr,
-                    "train/tokens_per_s": tokens / elapsed if elapsed > 0 else 0.0,
-                    "grad/norm": report.grad_norm, "loss/skipped": optimizer.skipped,
-                })
+                ctx.metrics.log(
+                    step + 1,
+                    {
+                        "train/loss": sum(losses) / len(losses),
+                        "train/lr": report.lr,
+                        "train/tokens_per_s": tokens / elapsed if elapsed > 0 else 0.0,
+                        "grad/norm": report.grad_norm,
+                        "loss/skipped": optimizer.skipped,
+                    },
+                )
                 losses, tokens, window_start = [], 0, time.time()
             advance(result.loss, tokens=batch_BS[:, 1:].numel())
-            end_of_step(ctx, stage.name, step + 1, model, optimizer, rt,
-                        checkpoint=(step + 1) % stage.checkpoint_every == 0 and step + 1 < stage.steps)
+            end_of_step(
+                ctx,
+                stage.name,
+                step + 1,
+                model,
+                optimizer,
+                rt,
+                checkpoint=(step + 1) % stage.checkpoint_every == 0 and step + 1 < stage.steps,
+            )
 
     model.eval()
-    final_loss = lm_step(model, windows.batch(stage.steps, stage.batch_size), rt,  # an unseen batch
-                         sharding=cfg.parallel.sharding, micro_batch=stage.micro_batch).loss
-    uri = save_final(ctx.store, ctx.checkpoint_prefix, model, weights_to_write(ctx.store, optimizer),
-                     {"stage": stage.name, "steps": stage.steps}, tokenizer=tokenizer)
+    final_loss = lm_step(
+        model,
+        windows.batch(stage.steps, stage.batch_size),
+        rt,  # an unseen batch
+        sharding=cfg.parallel.sharding,
+        micro_batch=stage.micro_batch,
+    ).loss
+    uri = save_final(
+        ctx.store,
+        ctx.checkpoint_prefix,
+        model,
+        weights_to_write(ctx.store, optimizer),
+        {"stage": stage.name, "steps": stage.steps},
+        tokenizer=tokenizer,
+    )
     summary = {"train/loss": final_loss, "loss/skipped": float(optimizer.skipped)}
     with step_progress("pretrain", phase="heldout"):
         summary.update(measure_base(cfg, setup.served(), task, tokenizer, rt))
@@ -95,7 +132,9 @@ def measure_base(cfg, model, task, tokenizer, runtime=None) -> dict[str, float]:
     engine = rollout_client(cfg, model, tokenizer, runtime, max_batch=256, seed=cfg.run.seed, local=True)
     prompts = getattr(cfg.task, "eval_prompts", 128)
     max_new = min(EVAL_MAX_NEW_TOKENS, cfg.model.max_position_embeddings // 2)
-    out = evaluate_heldout(engine, task, tokenizer, prompts=prompts, samples=EVAL_SAMPLES, max_new_tokens=max_new)
+    out = evaluate_heldout(
+        engine, task, tokenizer, prompts=prompts, samples=EVAL_SAMPLES, max_new_tokens=max_new
+    )
     # The base is measured on held-out prompts only, so its sampled behaviour doubles as the stage's
     # trace/rate and len/mean (the keys RL stages report for their own samples).
     out["trace/rate"], out["len/mean"] = out["eval/trace_rate"], out["eval/len_mean"]

@@ -30,8 +30,15 @@ class Advance:
     """What a stage block holds: ``advance(value, tokens=...)`` once per finished step, with the step's
     main metric and the tokens it processed; ``advance.phase = name`` when a new phase begins."""
 
-    def __init__(self, stage: str, total: int | None, done: int, metric: str, phase: str,
-                 on_change: Callable[[], None] = lambda: None):
+    def __init__(
+        self,
+        stage: str,
+        total: int | None,
+        done: int,
+        metric: str,
+        phase: str,
+        on_change: Callable[[], None] = lambda: None,
+    ):
         self.stage, self.total, self.metric = stage, total, metric
         self.step = self.first = done
         self.tokens, self.value = 0, None
@@ -74,8 +81,9 @@ class Advance:
 
 
 @contextmanager
-def step_progress(stage: str, total: int | None = None, done: int = 0, *, metric: str = "loss",
-                  phase: str = "train") -> Iterator[Advance]:
+def step_progress(
+    stage: str, total: int | None = None, done: int = 0, *, metric: str = "loss", phase: str = "train"
+) -> Iterator[Advance]:
     """Yield an ``Advance`` for a block of ``total`` steps of which ``done`` are already done; without
     ``total``, a phase with no step counter (it reports its phase and elapsed time)."""
     if sys.stderr.isatty():
@@ -85,8 +93,12 @@ def step_progress(stage: str, total: int | None = None, done: int = 0, *, metric
     advance = Advance(stage, total, done, metric, phase)
     stopped = threading.Event()
     # The thread runs in a copy of this context, so its records carry the bound fields (the rank).
-    beat = threading.Thread(target=contextvars.copy_context().run, args=(_heartbeat, advance, stopped),
-                            name=f"progress {stage}", daemon=True)
+    beat = threading.Thread(
+        target=contextvars.copy_context().run,
+        args=(_heartbeat, advance, stopped),
+        name=f"progress {stage}",
+        daemon=True,
+    )
     beat.start()
     try:
         yield advance
@@ -106,8 +118,13 @@ def _bar(stage: str, total: int | None, done: int, metric: str, phase: str) -> I
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
-               TextColumn("{task.fields[status]}"))
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeRemainingColumn(),
+        TextColumn("{task.fields[status]}"),
+    )
     with Progress(*columns, console=Console(file=sys.stderr), transient=True) as progress:
         task = progress.add_task(f"{stage} {phase}", total=total, completed=done, status="")
 
@@ -115,8 +132,9 @@ def _bar(stage: str, total: int | None, done: int, metric: str, phase: str) -> I
             status = advance.fields()
             shown = [f"{metric} {status[metric]:.3f}"] if metric in status else []
             shown += [f"{status['tokens_per_s']:.0f} tok/s"] if "tokens_per_s" in status else []
-            progress.update(task, completed=advance.step, description=f"{stage} {advance.phase}",
-                            status="  ".join(shown))
+            progress.update(
+                task, completed=advance.step, description=f"{stage} {advance.phase}", status="  ".join(shown)
+            )
 
         advance = Advance(stage, total, done, metric, phase, on_change=redraw)
         yield advance

@@ -12,18 +12,38 @@ import torch
 def config(tp: int, hidden: int, layers: int, heads: int, optimizer: str, pp: int = 1):
     from ringzero.config.loader import parse_config
 
-    return parse_config({
-        "run": {"name": "memory", "seed": 0, "device": "cpu"},
-        "model": {"vocab_size": 64, "hidden_size": hidden, "num_hidden_layers": layers, "num_attention_heads": heads,
-                  "layer_group_size": 2, "kv_lora_rank": hidden // 4, "qk_nope_head_dim": 32, "qk_rope_head_dim": 16,
-                  "v_head_dim": 32, "head_dim": 32, "lightning_block_size": 64,
-                  "intermediate_size": hidden * 11 // 4, "max_position_embeddings": 512},
-        "precision": {"train": "fp32-islands", "rollout": "fp32-islands"},
-        "engines": {"training": {"kind": "megatron", "tp": tp, "pp": pp,
-                                 "distributed_optimizer": optimizer == "megatron"}},
-        "task": {"kind": "arithmetic", "operation": "digitsum", "digits": 3},
-        "stages": [{"name": "base", "kind": "pretrain", "steps": 1, "batch_size": 2, "seq_len": 32}],
-    }, "memory")
+    return parse_config(
+        {
+            "run": {"name": "memory", "seed": 0, "device": "cpu"},
+            "model": {
+                "vocab_size": 64,
+                "hidden_size": hidden,
+                "num_hidden_layers": layers,
+                "num_attention_heads": heads,
+                "layer_group_size": 2,
+                "kv_lora_rank": hidden // 4,
+                "qk_nope_head_dim": 32,
+                "qk_rope_head_dim": 16,
+                "v_head_dim": 32,
+                "head_dim": 32,
+                "lightning_block_size": 64,
+                "intermediate_size": hidden * 11 // 4,
+                "max_position_embeddings": 512,
+            },
+            "precision": {"train": "fp32-islands", "rollout": "fp32-islands"},
+            "engines": {
+                "training": {
+                    "kind": "megatron",
+                    "tp": tp,
+                    "pp": pp,
+                    "distributed_optimizer": optimizer == "megatron",
+                }
+            },
+            "task": {"kind": "arithmetic", "operation": "digitsum", "digits": 3},
+            "stages": [{"name": "base", "kind": "pretrain", "steps": 1, "batch_size": 2, "seq_len": 32}],
+        },
+        "memory",
+    )
 
 
 def tensors_in(obj, seen: set[int], depth: int = 0):
@@ -63,8 +83,17 @@ def peak_rss() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def measure(ctx, tp: int, hidden: int, layers: int, heads: int, optimizer: str, pp: int = 1,
-            checkpoint: str | None = None, load: str = "streamed") -> dict:
+def measure(
+    ctx,
+    tp: int,
+    hidden: int,
+    layers: int,
+    heads: int,
+    optimizer: str,
+    pp: int = 1,
+    checkpoint: str | None = None,
+    load: str = "streamed",
+) -> dict:
     from ringzero.model.hybrid import HybridLM
     from ringzero.parallel.dims import ParallelDims
     from ringzero.parallel.runtime import Runtime
@@ -81,7 +110,8 @@ def measure(ctx, tp: int, hidden: int, layers: int, heads: int, optimizer: str, 
         from ringzero.model.config import PrecisionPolicy
 
         streamed.stage_state = lambda store, uri, model_cfg, layers_: load_model(
-            uri, PrecisionPolicy.preset("fp32")).model.state_dict()
+            uri, PrecisionPolicy.preset("fp32")
+        ).model.state_dict()
     # A throwaway build of a small model of the same layout first: imports, megatron's parallel state and
     # the optimizer's modules then cost nothing inside the measured build.
     import gc
@@ -90,14 +120,16 @@ def measure(ctx, tp: int, hidden: int, layers: int, heads: int, optimizer: str, 
     import ringzero.store  # noqa: F401
 
     small = config(tp, 64, layers, heads, optimizer, pp)
-    warm = training_engine(small).build(small, None, None, small.precision.train, rt, optim=stage.optim,
-                                        total_steps=1, schedule="constant")
+    warm = training_engine(small).build(
+        small, None, None, small.precision.train, rt, optim=stage.optim, total_steps=1, schedule="constant"
+    )
     del warm
     gc.collect()
     torch.distributed.barrier()
     before = peak_rss()
-    setup = training_engine(cfg).build(cfg, None, checkpoint, cfg.precision.train, rt, optim=stage.optim,
-                                       total_steps=1, schedule="constant")
+    setup = training_engine(cfg).build(
+        cfg, None, checkpoint, cfg.precision.train, rt, optim=stage.optim, total_steps=1, schedule="constant"
+    )
     build_peak = peak_rss() - before
     # one pretraining step, so the optimizer's moments exist as they do for the rest of a stage
     from ringzero.engines.builders import task_and_tokenizer
@@ -106,8 +138,14 @@ def measure(ctx, tp: int, hidden: int, layers: int, heads: int, optimizer: str, 
 
     task, tokenizer = task_and_tokenizer(cfg)
     windows = CorpusWindows(task, tokenizer, stage.seq_len, cfg.run.seed)
-    lm_step(setup.model, windows.batch(0, stage.batch_size), rt, optimizer=setup.optimizer,
-            sharding=cfg.parallel.sharding, micro_batch=stage.batch_size)
+    lm_step(
+        setup.model,
+        windows.batch(0, stage.batch_size),
+        rt,
+        optimizer=setup.optimizer,
+        sharding=cfg.parallel.sharding,
+        micro_batch=stage.batch_size,
+    )
     model_bytes = storage_bytes(list(setup.model.parameters()) + list(setup.model.buffers()))
     everything = storage_bytes(tensors_in(setup, set()))
     full = sum(p.numel() * 4 for p in HybridLM(cfg.model, cfg.precision.train).parameters())
@@ -117,5 +155,11 @@ def measure(ctx, tp: int, hidden: int, layers: int, heads: int, optimizer: str, 
         parallel_state.destroy_model_parallel()
     except ImportError:
         pass
-    return {"rank": ctx.rank, "model": model_bytes, "total": everything, "serving": setup.serving is not None,
-            "full_fp32": full, "build_peak": build_peak}
+    return {
+        "rank": ctx.rank,
+        "model": model_bytes,
+        "total": everything,
+        "serving": setup.serving is not None,
+        "full_fp32": full,
+        "build_peak": build_peak,
+    }

@@ -36,12 +36,41 @@ log = structlog.get_logger(__name__)
 
 SUMMARY_STEPS = 5
 SUMMARY_KEYS = (
-    "reward/mean", "reward/accuracy", "len/mean", "len/p95", "len/max", "len/trunc_rate", "trace/rate",
-    "trace/accuracy", "trace/step_accuracy", "ratio/mean", "ratio/p99", "ratio/p99.9", "ratio/max",
-    "logratio/p99", "ratio/above_clip_frac", "gap/ratio/mean", "gap/ratio/p99", "gap/ratio/p99.9", "gap/ratio/max",
-    "gap/logratio/p99", "gap/mismatch/kl_k3", "mismatch/kl_k3", "grad/coverage", "grad/ppo_coverage", "entropy/mean",
-    "kl/mean", "loss/skipped", "time/generate", "time/train", "time/sync", "time/step",
-    "anchor/ref_accuracy", "anchor/accuracy", "anchor/gap", "time/anchor",
+    "reward/mean",
+    "reward/accuracy",
+    "len/mean",
+    "len/p95",
+    "len/max",
+    "len/trunc_rate",
+    "trace/rate",
+    "trace/accuracy",
+    "trace/step_accuracy",
+    "ratio/mean",
+    "ratio/p99",
+    "ratio/p99.9",
+    "ratio/max",
+    "logratio/p99",
+    "ratio/above_clip_frac",
+    "gap/ratio/mean",
+    "gap/ratio/p99",
+    "gap/ratio/p99.9",
+    "gap/ratio/max",
+    "gap/logratio/p99",
+    "gap/mismatch/kl_k3",
+    "mismatch/kl_k3",
+    "grad/coverage",
+    "grad/ppo_coverage",
+    "entropy/mean",
+    "kl/mean",
+    "loss/skipped",
+    "time/generate",
+    "time/train",
+    "time/sync",
+    "time/step",
+    "anchor/ref_accuracy",
+    "anchor/accuracy",
+    "anchor/gap",
+    "time/anchor",
 )
 EVAL_SAMPLES = 4
 
@@ -54,41 +83,74 @@ def run(ctx: StageContext, stage: RLStage, inputs: StageInputs) -> StageOutcome:
     history, wall_before = list(rl.resumed.get("history", [])), float(rl.resumed.get("wall_s", 0.0))
     p99s = list(rl.resumed.get("ratio_p99", []))  # every step's ratio/p99 (a resume point of before: none)
     table, step, reason = LiveTable(f"rl {stage.name}"), rl.first_step, "steps"
-    with step_progress(f"rl {stage.name}", stage.steps, step, metric="reward") as advance, \
-            preemption.preemptible():
+    with (
+        step_progress(f"rl {stage.name}", stage.steps, step, metric="reward") as advance,
+        preemption.preemptible(),
+    ):
         while step < stage.steps:
             if guard is not None:
                 if guard.due(step, stage.checkpoint_every):
-                    guard.snapshot(step, rl.optimizer, {"stop": stop.state(), "history": history,
-                                                        "ratio_p99": list(p99s)})
+                    guard.snapshot(
+                        step,
+                        rl.optimizer,
+                        {"stop": stop.state(), "history": history, "ratio_p99": list(p99s)},
+                    )
                 rl.stepper.seed = guard.step_seed(step)
             metrics = rl.stepper.run(step)
             if guard is not None and (triggered := guard.check(step, metrics, rl.runtime)):
                 snap = guard.roll_back(step, triggered, rl)
                 ctx.metrics.log(step + 1, guard.metrics())
-                step, stop, history = snap.step, StopConditions(stage, snap.loop["stop"]), list(snap.loop["history"])
+                step, stop, history = (
+                    snap.step,
+                    StopConditions(stage, snap.loop["stop"]),
+                    list(snap.loop["history"]),
+                )
                 p99s = list(snap.loop["ratio_p99"])  # the undone steps' tails leave the median
                 continue
             step += 1
             ctx.metrics.log(step, metrics)
             table.add(step - 1, metrics)
             advance(metrics["reward/mean"], tokens=sum(rl.stepper.last_batch.lengths))
-            history = (history + [finite_only({k: metrics[k] for k in SUMMARY_KEYS if k in metrics})])[-SUMMARY_STEPS:]
+            history = (history + [finite_only({k: metrics[k] for k in SUMMARY_KEYS if k in metrics})])[
+                -SUMMARY_STEPS:
+            ]
             p99s += list(finite_only({"ratio/p99": metrics.get("ratio/p99")}).values())
             wall_s = wall_before + time.time() - started
             why = stop.check(step, metrics, wall_s / 60)
             if why is not None:
                 reason = why
                 break
-            end_of_step(ctx, stage.name, step, rl.model, rl.optimizer, rl.runtime,
-                        checkpoint=step % stage.checkpoint_every == 0 and step < stage.steps,
-                        meta={"stop": stop.state(), "history": history, "wall_s": wall_s, "ratio_p99": p99s,
-                              **({} if guard is None else {"rollback": guard.state()})})
+            end_of_step(
+                ctx,
+                stage.name,
+                step,
+                rl.model,
+                rl.optimizer,
+                rl.runtime,
+                checkpoint=step % stage.checkpoint_every == 0 and step < stage.steps,
+                meta={
+                    "stop": stop.state(),
+                    "history": history,
+                    "wall_s": wall_s,
+                    "ratio_p99": p99s,
+                    **({} if guard is None else {"rollback": guard.state()}),
+                },
+            )
     rolled = {} if guard is None else {"rollback/count": float(guard.count)}
-    uri = save_final(ctx.store, ctx.checkpoint_prefix, rl.model, weights_to_write(ctx.store, rl.optimizer),
-                     {"stage": stage.name, "steps": step, "stop_reason": reason, **rolled}, tokenizer=rl.tokenizer)
-    summary = {**mean_of_last(history, SUMMARY_KEYS, SUMMARY_STEPS), **median_of(p99s, "ratio/p99_median"),
-               **heldout(ctx.cfg, rl, stage), **rolled}
+    uri = save_final(
+        ctx.store,
+        ctx.checkpoint_prefix,
+        rl.model,
+        weights_to_write(ctx.store, rl.optimizer),
+        {"stage": stage.name, "steps": step, "stop_reason": reason, **rolled},
+        tokenizer=rl.tokenizer,
+    )
+    summary = {
+        **mean_of_last(history, SUMMARY_KEYS, SUMMARY_STEPS),
+        **median_of(p99s, "ratio/p99_median"),
+        **heldout(ctx.cfg, rl, stage),
+        **rolled,
+    }
     extra = {} if guard is None else {"rollbacks": guard.events}
     return StageOutcome(uri, finite_only(summary), reason, step, wall_s=time.time() - started, extra=extra)
 
@@ -96,6 +158,13 @@ def run(ctx: StageContext, stage: RLStage, inputs: StageInputs) -> StageOutcome:
 def heldout(cfg, rl, stage: RLStage) -> dict[str, float]:
     """The final policy, as the rollout engine serves it, on the task's held-out prompts (per tier too)."""
     with step_progress(f"rl {stage.name}", phase="heldout"):
-        return evaluate_heldout(rl.client, rl.task, rl.tokenizer, prompts=getattr(cfg.task, "eval_prompts", 128),
-                                samples=EVAL_SAMPLES, max_new_tokens=stage.sampling.max_new_tokens,
-                                tiers=stage.tiers, seeded=cfg.engines.rollout.kind == "embedded")
+        return evaluate_heldout(
+            rl.client,
+            rl.task,
+            rl.tokenizer,
+            prompts=getattr(cfg.task, "eval_prompts", 128),
+            samples=EVAL_SAMPLES,
+            max_new_tokens=stage.sampling.max_new_tokens,
+            tiers=stage.tiers,
+            seeded=cfg.engines.rollout.kind == "embedded",
+        )

@@ -63,32 +63,51 @@ class RLSession:
         """Serve from a new rollout engine under precision ``policy`` (a preset name), holding the trainer's
         current weights; the stage samples and evaluates with it from then on."""
         self.rollout_policy = PrecisionPolicy.preset(policy)
-        cfg = self.cfg.model_copy(update={"precision": self.cfg.precision.model_copy(
-            update={"rollout": self.rollout_policy})})
-        self.client = self.stepper.client = rollout_client(cfg, self.setup.sampler_model(cfg.engines), self.tokenizer,
-                                                           self.runtime)
+        cfg = self.cfg.model_copy(
+            update={"precision": self.cfg.precision.model_copy(update={"rollout": self.rollout_policy})}
+        )
+        self.client = self.stepper.client = rollout_client(
+            cfg, self.setup.sampler_model(cfg.engines), self.tokenizer, self.runtime
+        )
         log.info("rl.rollout_rebuilt", precision=policy)
 
 
 def rollout_client(cfg, model, tokenizer, runtime: Runtime | None = None):
     """The stage's rollout engine, spread over the job's ranks (each samples its share of requests)."""
     runtime = runtime or single(next(model.parameters()).device)
-    return build_rollout_client(cfg, model, tokenizer, runtime, deterministic=cfg.precision.deterministic,
-                                max_batch=ROLLOUT_MAX_BATCH, seed=cfg.run.seed)
+    return build_rollout_client(
+        cfg,
+        model,
+        tokenizer,
+        runtime,
+        deterministic=cfg.precision.deterministic,
+        max_batch=ROLLOUT_MAX_BATCH,
+        seed=cfg.run.seed,
+    )
 
 
 def build_session(ctx, stage, inputs) -> RLSession:
     cfg = ctx.cfg
     if cfg.precision.deterministic and cfg.precision.train != cfg.precision.rollout:
-        raise RingzeroError("precision.deterministic: train and rollout must use the same policy "
-                            f"(got {cfg.precision.train.name()} and {cfg.precision.rollout.name()})")
+        raise RingzeroError(
+            "precision.deterministic: train and rollout must use the same policy "
+            f"(got {cfg.precision.train.name()} and {cfg.precision.rollout.name()})"
+        )
     _check_rollback(cfg, stage)
     apply_threads(cfg)
     task, tokenizer = task_and_tokenizer(cfg)
     rt = ctx.runtime
     engine = training_engine(cfg)
-    setup = engine.build(cfg, ctx.store, inputs.init_uri, cfg.precision.train, rt, optim=stage.optim,
-                         total_steps=stage.steps, schedule="constant")
+    setup = engine.build(
+        cfg,
+        ctx.store,
+        inputs.init_uri,
+        cfg.precision.train,
+        rt,
+        optim=stage.optim,
+        total_steps=stage.steps,
+        schedule="constant",
+    )
     model, optimizer = setup.model, setup.optimizer
     first, resumed = 0, {}
     if resume := ctx.resume_uri():
@@ -101,30 +120,70 @@ def build_session(ctx, stage, inputs) -> RLSession:
     client = rollout_client(cfg, setup.sampler_model(cfg.engines), tokenizer, rt)
 
     remote = cfg.engines.rollout
-    pusher = WeightPusher.for_rollout(remote, model_cfg=cfg.model, store=ctx.store, prefix=ctx.checkpoint_prefix,
-                                      runtime=rt, tokenizer=tokenizer)
-    session = RLSession(model, optimizer, client, task, tokenizer, None, first, resumed, cfg, rt,
-                        base_lr=stage.optim.lr, rollout_policy=cfg.precision.rollout, setup=setup)
+    pusher = WeightPusher.for_rollout(
+        remote,
+        model_cfg=cfg.model,
+        store=ctx.store,
+        prefix=ctx.checkpoint_prefix,
+        runtime=rt,
+        tokenizer=tokenizer,
+    )
+    session = RLSession(
+        model,
+        optimizer,
+        client,
+        task,
+        tokenizer,
+        None,
+        first,
+        resumed,
+        cfg,
+        rt,
+        base_lr=stage.optim.lr,
+        rollout_policy=cfg.precision.rollout,
+        setup=setup,
+    )
 
     # Rollout servers take a push from rank 0 alone (the tensors, a folder, or a checkpoint rank 0 writes):
     # only it gathers the full weights. An embedded engine on every rank needs them on every rank.
     everywhere = remote.kind == "embedded" or not writes_on_rank0(ctx.store)
 
     def push(step: int):  # to the session's engine of the moment (a raise_precision rollback rebuilds it)
-        return pusher.push(session.client, optimizer.master_state_dict(everywhere), weight_version(step + 1),
-                           dtype=body_dtype(session.rollout_policy))
+        return pusher.push(
+            session.client,
+            optimizer.master_state_dict(everywhere),
+            weight_version(step + 1),
+            dtype=body_dtype(session.rollout_policy),
+        )
 
-    trainer = PolicyTrainer(model, optimizer, stage.loss, minibatches=stage.minibatches,
-                            max_new_tokens=stage.sampling.max_new_tokens, temperature=stage.sampling.temperature,
-                            reference=reference, batch_invariant=cfg.precision.deterministic,
-                            pad_id=tokenizer.pad_id, runtime=rt, sharding=cfg.parallel.sharding,
-                            micro_batch=stage.micro_batch)
-    stepper = RLStep(client=client, trainer=trainer, task=task, tokenizer=tokenizer,
-                     reward=TaskReward(task, stage.tiers, stage.tier_reward, stage.tier_penalty), sampling=stage.sampling,
-                     shape=StepShape(stage.prompts_per_step, stage.samples_per_prompt, stage.loss.advantage_std),
-                     seed=cfg.run.seed, push=push, seeded_sampling=cfg.engines.rollout.kind == "embedded",
-                     opening=_opening(stage, task, tokenizer),
-                     anchor=_anchor(cfg, ctx.store, stage, reference_uri, reference, tokenizer, rt))
+    trainer = PolicyTrainer(
+        model,
+        optimizer,
+        stage.loss,
+        minibatches=stage.minibatches,
+        max_new_tokens=stage.sampling.max_new_tokens,
+        temperature=stage.sampling.temperature,
+        reference=reference,
+        batch_invariant=cfg.precision.deterministic,
+        pad_id=tokenizer.pad_id,
+        runtime=rt,
+        sharding=cfg.parallel.sharding,
+        micro_batch=stage.micro_batch,
+    )
+    stepper = RLStep(
+        client=client,
+        trainer=trainer,
+        task=task,
+        tokenizer=tokenizer,
+        reward=TaskReward(task, stage.tiers, stage.tier_reward, stage.tier_penalty),
+        sampling=stage.sampling,
+        shape=StepShape(stage.prompts_per_step, stage.samples_per_prompt, stage.loss.advantage_std),
+        seed=cfg.run.seed,
+        push=push,
+        seeded_sampling=cfg.engines.rollout.kind == "embedded",
+        opening=_opening(stage, task, tokenizer),
+        anchor=_anchor(cfg, ctx.store, stage, reference_uri, reference, tokenizer, rt),
+    )
     session.stepper = stepper
     push(first - 1)  # the engine serves the start (or resumed) weights, as the trainer holds them
     return session
@@ -138,24 +197,36 @@ def _opening(stage, task, tokenizer: Tokenizer) -> Opening | None:
     if fo.answer == "guess":
         answers = task.answer_space()
         if not answers:
-            raise RingzeroError(f"stages.{stage.name}.forced_opening.answer guess: the task has no finite answer "
-                                "space to draw a guess from")
+            raise RingzeroError(
+                f"stages.{stage.name}.forced_opening.answer guess: the task has no finite answer "
+                "space to draw a guess from"
+            )
         guesses = tuple(tuple(tokenizer.encode(a + task.stop[0])) for a in answers)
     tags = None if fo.tiers is None else frozenset(t.tag for t in stage.tiers if t.name in fo.tiers)
     return Opening(tuple(tokenizer.encode(fo.text)), fo.samples(stage.samples_per_prompt), guesses, tags)
 
 
-def _anchor(cfg, store, stage, uri: str | None, reference, tokenizer: Tokenizer, runtime: Runtime) -> Anchor | None:
+def _anchor(
+    cfg, store, stage, uri: str | None, reference, tokenizer: Tokenizer, runtime: Runtime
+) -> Anchor | None:
     """An embedded engine over the frozen reference's weights, whatever engine serves the policy: the KL
     reference's copy when it is a ``HybridLM`` (the engine copies it under the rollout policy), else the
-    checkpoint loaded once more (the megatron engine's reference is no ``HybridLM``; no KL term, none loaded)."""
+    checkpoint loaded once more (the megatron engine's reference is no ``HybridLM``; no KL term, none
+    loaded)."""
     if stage.anchor is None:
         return None
     if not isinstance(reference, HybridLM):
         reference = start_model(cfg, store, uri, cfg.precision.rollout).to(runtime.device).eval()
-    client = build_rollout_client(cfg, reference, tokenizer, runtime, deterministic=cfg.precision.deterministic,
-                                  max_batch=ROLLOUT_MAX_BATCH, seed=derive_seed(cfg.run.seed, "anchor-engine"),
-                                  local=True)
+    client = build_rollout_client(
+        cfg,
+        reference,
+        tokenizer,
+        runtime,
+        deterministic=cfg.precision.deterministic,
+        max_batch=ROLLOUT_MAX_BATCH,
+        seed=derive_seed(cfg.run.seed, "anchor-engine"),
+        local=True,
+    )
     tags = frozenset(t.tag for t in stage.tiers if t.name in stage.anchor.tiers)
     return Anchor(client, tags, stage.anchor.samples)
 
@@ -165,8 +236,12 @@ def _check_rollback(cfg, stage) -> None:
     if stage.rollback is None or stage.rollback.remedy != "raise_precision":
         return
     if cfg.engines.rollout.kind != "embedded":
-        raise RingzeroError("rollback.remedy raise_precision rebuilds the embedded rollout engine; an SGLang "
-                            "server's precision is fixed when it starts (use skip_batch or lower_lr)")
+        raise RingzeroError(
+            "rollback.remedy raise_precision rebuilds the embedded rollout engine; an SGLang "
+            "server's precision is fixed when it starts (use skip_batch or lower_lr)"
+        )
     if cfg.precision.deterministic:
-        raise RingzeroError("rollback.remedy raise_precision: precision.deterministic needs train and rollout "
-                            "under the same policy, so the rollout's cannot be raised alone")
+        raise RingzeroError(
+            "rollback.remedy raise_precision: precision.deterministic needs train and rollout "
+            "under the same policy, so the rollout's cannot be raised alone"
+        )

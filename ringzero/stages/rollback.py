@@ -15,12 +15,12 @@ remedy before the step is run again:
 The good state is an in-memory snapshot (on the CPU) of the fp32 master weights with buffers, the
 optimizer state (Adam moments, master copies, step counters; under the megatron engine each rank's own
 shards of them, ``local_snapshot``, so no rank holds the full model) and the loop's counters (step, stop
-tracking, summary history, torch RNG), taken every ``every`` steps and at every resume point. Not the last resume point: resume
-points are committed every ``checkpoint_every`` steps (25 by default), which would replay up to 24 good
-steps per rollback, and a store round trip per step is much dearer than a host copy. The resume point
-stays the crash-recovery point; the rollback tally (count, events, lr scale, precision, re-seeded steps)
-rides in its meta, so a resumed stage keeps its remedies and its budget. Sampling seeds of the embedded
-engine and all step seeds derive from the step number, so a restored step replays what it would have.
+tracking, summary history, torch RNG), taken every ``every`` steps and at every resume point. Not the last
+resume point: resume points are committed every ``checkpoint_every`` steps (25 by default), which would replay
+up to 24 good steps per rollback, and a store round trip per step is much dearer than a host copy. The resume
+point stays the crash-recovery point; the rollback tally (count, events, lr scale, precision, re-seeded steps)
+rides in its meta, so a resumed stage keeps its remedies and its budget. Sampling seeds of the embedded engine
+and all step seeds derive from the step number, so a restored step replays what it would have.
 
 A trigger once ``max_rollbacks`` rollbacks were spent fails the stage with a ``RingzeroError`` naming
 every trigger. Events reach the metrics (``rollback/count``, ``rollback/reason``, ``rollback/to_step``
@@ -49,15 +49,22 @@ from ringzero.rl.seeds import derive_seed
 
 log = structlog.get_logger(__name__)
 
+
 def triggers(settings: RollbackSettings, metrics: dict[str, Any]) -> list[str]:
     """Why the step's ``metrics`` call for a rollback (empty: they do not)."""
     out = []
     if settings.nonfinite:
-        bad = sorted(k for k, v in metrics.items() if k.startswith(NONFINITE_PREFIXES)
-                     and isinstance(v, int | float) and not math.isfinite(float(v)))
+        bad = sorted(
+            k
+            for k, v in metrics.items()
+            if k.startswith(NONFINITE_PREFIXES) and isinstance(v, int | float) and not math.isfinite(float(v))
+        )
         out += [f"nonfinite: {k} = {float(metrics[k])}" for k in bad]
-        out += [f"nonfinite: {k} = {float(metrics[k]):g} > 0" for k in NONFINITE_FLAGS
-                if k in metrics and k not in bad and float(metrics[k]) > 0]
+        out += [
+            f"nonfinite: {k} = {float(metrics[k]):g} > 0"
+            for k in NONFINITE_FLAGS
+            if k in metrics and k not in bad and float(metrics[k]) > 0
+        ]
     for threshold in settings.on:
         if threshold.metric in metrics:
             holds, text = threshold.check(metrics)
@@ -74,7 +81,9 @@ class Snapshot:
     optim_meta: dict
     loop: dict
     rng: torch.Tensor
-    local: dict | None = None  # a sharding optimizer's own shards (``local_snapshot``): weights etc. stay empty
+    local: dict | None = (
+        None  # a sharding optimizer's own shards (``local_snapshot``): weights etc. stay empty
+    )
 
 
 def _host(t: torch.Tensor) -> torch.Tensor:
@@ -97,14 +106,25 @@ class Rollback:
     @classmethod
     def from_state(cls, settings: RollbackSettings, seed: int, state: dict | None) -> Rollback:
         state = state or {}
-        return cls(settings, seed, count=int(state.get("count", 0)), events=list(state.get("events", [])),
-                   lr_scale=float(state.get("lr_scale", 1.0)), precision=state.get("precision"),
-                   reseeded={int(k): int(v) for k, v in state.get("reseeded", {}).items()})
+        return cls(
+            settings,
+            seed,
+            count=int(state.get("count", 0)),
+            events=list(state.get("events", [])),
+            lr_scale=float(state.get("lr_scale", 1.0)),
+            precision=state.get("precision"),
+            reseeded={int(k): int(v) for k, v in state.get("reseeded", {}).items()},
+        )
 
     def state(self) -> dict:
         """What a resume point's meta carries (JSON)."""
-        return {"count": self.count, "events": self.events, "lr_scale": self.lr_scale, "precision": self.precision,
-                "reseeded": {str(k): v for k, v in self.reseeded.items()}}
+        return {
+            "count": self.count,
+            "events": self.events,
+            "lr_scale": self.lr_scale,
+            "precision": self.precision,
+            "reseeded": {str(k): v for k, v in self.reseeded.items()},
+        }
 
     def step_seed(self, step: int) -> int:
         """The seed ``RLStep`` runs 0-based ``step`` with: the run's, or the retry seed skip_batch gave it."""
@@ -124,12 +144,19 @@ class Rollback:
         optimizer that shards the model (the megatron engine's) copies its own shards (``local_snapshot``):
         no rank ever holds the full model for a snapshot."""
         if hasattr(optimizer, "local_snapshot"):
-            self.last = Snapshot(step, {}, {}, {}, dict(loop), torch.get_rng_state(), optimizer.local_snapshot())
+            self.last = Snapshot(
+                step, {}, {}, {}, dict(loop), torch.get_rng_state(), optimizer.local_snapshot()
+            )
             return self.last
         tensors, meta = optimizer.state()
-        self.last = Snapshot(step, {k: _host(v) for k, v in optimizer.master_state_dict().items()},
-                             {k: v.to("cpu") for k, v in tensors.items()}, dict(meta), dict(loop),
-                             torch.get_rng_state())
+        self.last = Snapshot(
+            step,
+            {k: _host(v) for k, v in optimizer.master_state_dict().items()},
+            {k: v.to("cpu") for k, v in tensors.items()},
+            dict(meta),
+            dict(loop),
+            torch.get_rng_state(),
+        )
         return self.last
 
     def check(self, step: int, metrics: dict[str, Any], runtime=None) -> list[str]:
@@ -141,30 +168,45 @@ class Rollback:
         if reasons and self.count >= self.settings.max_rollbacks:
             tried = [f"step {e['step']}: {'; '.join(e['reasons'])}" for e in self.events]
             tried.append(f"step {step + 1}: {'; '.join(reasons)}")
-            raise RingzeroError(f"rollback: {self.count} rollback(s) spent (max_rollbacks "
-                                f"{self.settings.max_rollbacks}) and step {step + 1} triggered again; triggers: "
-                                + " | ".join(tried))
+            raise RingzeroError(
+                f"rollback: {self.count} rollback(s) spent (max_rollbacks "
+                f"{self.settings.max_rollbacks}) and step {step + 1} triggered again; triggers: "
+                + " | ".join(tried)
+            )
         return reasons
 
     def roll_back(self, step: int, reasons: list[str], rl) -> Snapshot:
-        """Restore the last snapshot into ``rl`` (model, optimizer, engine), record the event, apply the remedy."""
+        """Restore the last snapshot into ``rl`` (model, optimizer, engine), record the event, apply the
+        remedy."""
         snap = self.last
         if snap is None:
             raise RingzeroError("rollback: no good state to restore (no snapshot taken)")
         self.count += 1
         remedy = self.settings.remedy
         detail = self._remedy(step, rl)
-        self.events.append({"step": step + 1, "to_step": snap.step, "reasons": reasons, "remedy": remedy,
-                            "detail": detail})
+        self.events.append(
+            {"step": step + 1, "to_step": snap.step, "reasons": reasons, "remedy": remedy, "detail": detail}
+        )
         restore(snap, rl)
-        log.warning("rl.rollback", step=step + 1, to_step=snap.step, count=self.count, reasons=reasons,
-                    remedy=remedy, detail=detail)
+        log.warning(
+            "rl.rollback",
+            step=step + 1,
+            to_step=snap.step,
+            count=self.count,
+            reasons=reasons,
+            remedy=remedy,
+            detail=detail,
+        )
         return snap
 
     def metrics(self) -> dict[str, Any]:
         e = self.events[-1]
-        return {"rollback/count": float(self.count), "rollback/to_step": float(e["to_step"]),
-                "rollback/reason": "; ".join(e["reasons"]), "rollback/remedy": e["remedy"]}
+        return {
+            "rollback/count": float(self.count),
+            "rollback/to_step": float(e["to_step"]),
+            "rollback/reason": "; ".join(e["reasons"]),
+            "rollback/remedy": e["remedy"],
+        }
 
     def _remedy(self, step: int, rl) -> str:
         remedy = self.settings.remedy
@@ -180,13 +222,17 @@ class Rollback:
         if current in order and trainer in order and order.index(current) >= order.index(trainer):
             # A rollout above the trainer's policy widens the gap (its numbers move away from the trainer's);
             # at equal policies what is left is kernel order, which no precision switch removes.
-            raise RingzeroError(f"rollback: remedy raise_precision: the rollout already runs {current!r}, the "
-                                f"trainer runs {trainer!r}; a higher rollout precision would not bring them closer "
-                                "(use skip_batch or lower_lr, or a looser rollback.on threshold)")
+            raise RingzeroError(
+                f"rollback: remedy raise_precision: the rollout already runs {current!r}, the "
+                f"trainer runs {trainer!r}; a higher rollout precision would not bring them closer "
+                "(use skip_batch or lower_lr, or a looser rollback.on threshold)"
+            )
         target = PRECISION_LADDER.get(current)
         if target is None:
-            raise RingzeroError(f"rollback: remedy raise_precision has no policy above the rollout's {current!r} "
-                                f"(ladder: {' -> '.join(['bf16', *PRECISION_LADDER.values()])})")
+            raise RingzeroError(
+                f"rollback: remedy raise_precision has no policy above the rollout's {current!r} "
+                f"(ladder: {' -> '.join(['bf16', *PRECISION_LADDER.values()])})"
+            )
         self.precision = target
         rl.rebuild_rollout(target)
         return f"rollout precision {current} -> {target}"

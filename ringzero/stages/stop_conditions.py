@@ -51,8 +51,10 @@ class StopConditions:
                     return f"stop_when: {text}"
         plateau = self.stage.reward_plateau_steps
         if plateau and self.best is not None and steps_done - self.best_step >= plateau:
-            return (f"reward_plateau: smoothed {REWARD_KEY} has not improved on {self.best:.4g} "
-                    f"(step {self.best_step}) in {steps_done - self.best_step} steps")
+            return (
+                f"reward_plateau: smoothed {REWARD_KEY} has not improved on {self.best:.4g} "
+                f"(step {self.best_step}) in {steps_done - self.best_step} steps"
+            )
         limit = self.stage.max_wall_minutes
         if limit is not None and wall_minutes >= limit:
             return f"max_wall_minutes: {wall_minutes:.1f} >= {limit:g}"

@@ -46,18 +46,30 @@ class ResumePoint:
     meta: dict[str, Any] = field(default_factory=dict)
 
 
-def save_resume_point(store, prefix: str, step: int, model: HybridLM, optimizer: TrainOptimizer,
-                      meta: dict | None = None) -> str:
+def save_resume_point(
+    store, prefix: str, step: int, model: HybridLM, optimizer: TrainOptimizer, meta: dict | None = None
+) -> str:
     everywhere = not writes_on_rank0(store)  # else rank 0 alone gathers the full state: it alone writes
     optim_tensors, optim_meta = optimizer.state(everywhere)
-    tensors = {MODEL + k: v.detach().float().contiguous() for k, v in optimizer.master_state_dict(everywhere).items()}
+    tensors = {
+        MODEL + k: v.detach().float().contiguous() for k, v in optimizer.master_state_dict(everywhere).items()
+    }
     tensors.update({OPTIM + k: v.contiguous() for k, v in optim_tensors.items()})
     full_meta = {"step": step, "optimizer": optim_meta, **(meta or {})}
     return store.save(step_name(prefix, step), tensors, hf_config(model.cfg, torch.float32), full_meta)
 
 
-def end_of_step(ctx, stage_name: str, step: int, model: HybridLM, optimizer: TrainOptimizer, runtime, *,
-                checkpoint: bool, meta: dict | None = None) -> bool:
+def end_of_step(
+    ctx,
+    stage_name: str,
+    step: int,
+    model: HybridLM,
+    optimizer: TrainOptimizer,
+    runtime,
+    *,
+    checkpoint: bool,
+    meta: dict | None = None,
+) -> bool:
     """The tail of every training loop's step: a resume point when ``checkpoint`` says one is due or a
     SIGTERM asked the job to stop (every rank asks, so the ranks agree), then the exit of a preempted
     stage (``Preempted``, status 143) once that point is committed. ``step`` is the number of steps done.
@@ -77,15 +89,18 @@ def load_resume_point(store, uri: str, optimizer: TrainOptimizer) -> ResumePoint
         ckpt = store.load(uri)
     except IntegrityError as exc:
         # never train from it, and never skip it silently: a damaged store is the user's to inspect
-        raise IntegrityError(f"cannot resume from {uri}: {exc}. Nothing was trained from it; delete that "
-                             "folder to resume from the resume point before it, or check the store with "
-                             "`ringzero store verify`") from None
+        raise IntegrityError(
+            f"cannot resume from {uri}: {exc}. Nothing was trained from it; delete that "
+            "folder to resume from the resume point before it, or check the store with "
+            "`ringzero store verify`"
+        ) from None
     if "step" not in ckpt.meta or "optimizer" not in ckpt.meta:
         raise RingzeroError(f"{uri}: not a resume point of a training stage (meta lacks step/optimizer)")
-    weights = {k[len(MODEL):]: v for k, v in ckpt.tensors.items() if k.startswith(MODEL)}
+    weights = {k[len(MODEL) :]: v for k, v in ckpt.tensors.items() if k.startswith(MODEL)}
     optimizer.load_weights(weights, source=uri)
-    optimizer.load_state({k[len(OPTIM):]: v for k, v in ckpt.tensors.items() if k.startswith(OPTIM)},
-                         ckpt.meta["optimizer"])
+    optimizer.load_state(
+        {k[len(OPTIM) :]: v for k, v in ckpt.tensors.items() if k.startswith(OPTIM)}, ckpt.meta["optimizer"]
+    )
     extra = {k: v for k, v in ckpt.meta.items() if k not in ("step", "optimizer")}
     return ResumePoint(int(ckpt.meta["step"]), ckpt.uri, extra)
 
@@ -96,8 +111,9 @@ def weights_to_write(store, optimizer) -> dict[str, torch.Tensor]:
     return optimizer.master_state_dict(everywhere=not writes_on_rank0(store))
 
 
-def save_final(store, prefix: str, model: HybridLM, state_dict: dict[str, torch.Tensor], meta: dict,
-               tokenizer=None) -> str:
+def save_final(
+    store, prefix: str, model: HybridLM, state_dict: dict[str, torch.Tensor], meta: dict, tokenizer=None
+) -> str:
     """The stage's output model; an earlier attempt that committed it already (then died) is reused."""
     name = final_name(prefix)
     existing = store.list(name)

@@ -1,4 +1,5 @@
-"""What a storage backend provides: atomic whole-object writes, create-if-absent, plain reads, lists and deletes.
+"""What a storage backend provides: atomic whole-object writes, create-if-absent, plain reads, lists and
+deletes.
 
 Keys are relative to the store root, ``/``-separated, and checked by ``check_key`` before they
 reach a backend. Everything checkpoint-shaped (manifests, markers, checksums) lives above this
@@ -48,7 +49,8 @@ class Backend(Protocol):
         ...
 
     def put_if_absent(self, key: str, data: bytes) -> bool:
-        """Create ``key`` holding ``data`` unless an object is already there; ``True`` if this call created it.
+        """Create ``key`` holding ``data`` unless an object is already there; ``True`` if this call created
+        it.
 
         Atomic against concurrent callers: of several racing to create one key, one gets ``True`` and
         the others ``False``, and nobody's object is overwritten. Readers see all of ``data`` or nothing.

@@ -103,14 +103,19 @@ class CheckpointStore:
             inside = root if root.endswith("/") else root + "/"  # file:/// is the one root ending in '/'
             if not target.startswith(inside):
                 raise StoreError(f"{uri_or_name} is not under this store's root {root}")
-            uri_or_name = target[len(inside):]
+            uri_or_name = target[len(inside) :]
         return check_key(uri_or_name, "checkpoint name")
 
     # -- checkpoints -------------------------------------------------------------------------
 
     def save(
-        self, name: str, tensors: Mapping[str, torch.Tensor], config: Mapping[str, Any],
-        meta: Mapping[str, Any] | None = None, *, extra_files: Mapping[str, bytes] | None = None,
+        self,
+        name: str,
+        tensors: Mapping[str, torch.Tensor],
+        config: Mapping[str, Any],
+        meta: Mapping[str, Any] | None = None,
+        *,
+        extra_files: Mapping[str, bytes] | None = None,
     ) -> str:
         """Write and commit checkpoint ``name``; returns its URI. Refuses a name already committed.
 
@@ -149,8 +154,13 @@ class CheckpointStore:
         commit = Commit(FileEntry(len(manifest), sha256_hex(manifest)), time.time_ns())
         self.backend.write(f"{name}/{COMMIT_FILE}", commit.to_bytes())
         log.info(
-            "store.saved", uri=uri, tensors=len(tensors), shards=len(plan), extra_files=len(extras),
-            bytes=sum(e.size for e in files.values()), seconds=round(time.monotonic() - started, 3),
+            "store.saved",
+            uri=uri,
+            tensors=len(tensors),
+            shards=len(plan),
+            extra_files=len(extras),
+            bytes=sum(e.size for e in files.values()),
+            seconds=round(time.monotonic() - started, 3),
         )
         return uri
 
@@ -164,7 +174,9 @@ class CheckpointStore:
         self._check_index(name, manifest)
         config = json.loads(self._verified(name, CONFIG_FILE, manifest.files[CONFIG_FILE]))
         files = {f: self._verified(name, f, e) for f, e in manifest.files.items() if layout.is_extra(f)}
-        return Checkpoint(tensors=tensors, config=config, meta=manifest.meta, uri=self.backend.uri(name), files=files)
+        return Checkpoint(
+            tensors=tensors, config=config, meta=manifest.meta, uri=self.backend.uri(name), files=files
+        )
 
     def tensor_names(self, uri_or_name: str) -> list[str]:
         """Every tensor name of a committed checkpoint, from its manifest (no shard is read)."""
@@ -186,19 +198,26 @@ class CheckpointStore:
             entry = manifest.files[fname]
             clash = seen & set(entry.tensors)
             if clash:
-                raise IntegrityError(f"{self.backend.uri(name)}: tensor {sorted(clash)[0]!r} is in two shards")
+                raise IntegrityError(
+                    f"{self.backend.uri(name)}: tensor {sorted(clash)[0]!r} is in two shards"
+                )
             seen.update(entry.tensors)
             if not any(keep(t) for t in entry.tensors):
                 continue
-            part = deserialize(self._verified(name, fname, entry), entry.tensors, self.backend.uri(f"{name}/{fname}"))
+            part = deserialize(
+                self._verified(name, fname, entry), entry.tensors, self.backend.uri(f"{name}/{fname}")
+            )
             yield {t: part[t] for t in entry.tensors if keep(t)}  # the order they were saved in
 
     def read_file(self, uri_or_name: str, file_name: str) -> bytes:
-        """One file of a committed checkpoint (``generation_config.json``, ...), checked against its manifest."""
+        """One file of a committed checkpoint (``generation_config.json``, ...), checked against its
+        manifest."""
         name = self.name_of(uri_or_name)
         manifest = self._manifest(name)
         if file_name not in manifest.files:
-            raise StoreError(f"{self.backend.uri(name)} has no file {file_name!r}; it holds {sorted(manifest.files)}")
+            raise StoreError(
+                f"{self.backend.uri(name)} has no file {file_name!r}; it holds {sorted(manifest.files)}"
+            )
         return self._verified(name, file_name, manifest.files[file_name])
 
     def verify(self, uri_or_name: str) -> Manifest:
@@ -216,7 +235,9 @@ class CheckpointStore:
         """Write a committed checkpoint as a plain local Hugging Face folder; see ``folder.export_folder``."""
         return hf_folder.export_folder(self, uri_or_name, local_dir)
 
-    def import_folder(self, local_dir: str | PathLike, name: str, meta: Mapping[str, Any] | None = None) -> str:
+    def import_folder(
+        self, local_dir: str | PathLike, name: str, meta: Mapping[str, Any] | None = None
+    ) -> str:
         """Commit a local Hugging Face folder as checkpoint ``name``; see ``folder.import_folder``."""
         return hf_folder.import_folder(self, local_dir, name, meta)
 
@@ -312,7 +333,9 @@ class CheckpointStore:
     def _manifest(self, name: str) -> Manifest:
         commit = self._commit(name)
         where = self.backend.uri(f"{name}/{MANIFEST_FILE}")
-        manifest = Manifest.from_bytes(self._verified(name, MANIFEST_FILE, commit.manifest, "the commit marker"), where)
+        manifest = Manifest.from_bytes(
+            self._verified(name, MANIFEST_FILE, commit.manifest, "the commit marker"), where
+        )
         for fname in manifest.files:
             if "/" in fname or fname in _MARKERS or fname == MANIFEST_FILE:
                 raise IntegrityError(f"{where}: lists a file it may not: {fname!r}")
@@ -341,20 +364,30 @@ class CheckpointStore:
         """Refuse to save over or inside a committed checkpoint; remove an interrupted save's leftovers."""
         uri = self.backend.uri(name)
         if self.backend.exists(f"{name}/{COMMIT_FILE}"):
-            raise StoreError(f"checkpoint {uri} is already committed; checkpoints are immutable: save under a new name")
+            raise StoreError(
+                f"checkpoint {uri} is already committed; checkpoints are immutable: save under a new name"
+            )
         parts = name.split("/")
         for depth in range(1, len(parts)):
             outer = "/".join(parts[:depth])
             if self.backend.exists(f"{outer}/{COMMIT_FILE}"):
-                raise StoreError(f"cannot save {name!r} inside committed checkpoint {self.backend.uri(outer)}")
+                raise StoreError(
+                    f"cannot save {name!r} inside committed checkpoint {self.backend.uri(outer)}"
+                )
         leftovers = list(self.backend.list(name + "/"))
         if not leftovers:
             return
         nested = [i.key for i in leftovers if i.key.endswith("/" + COMMIT_FILE)]
         if nested:
-            raise StoreError(f"cannot save {name!r}: it holds committed checkpoint {self.backend.uri(nested[0].rpartition('/')[0])}")
+            raise StoreError(
+                f"cannot save {name!r}: it holds committed checkpoint "
+                f"{self.backend.uri(nested[0].rpartition('/')[0])}"
+            )
         if not any(i.key == f"{name}/{STARTED_FILE}" for i in leftovers):
-            raise StoreError(f"cannot save {name!r}: {uri} holds objects that are not a checkpoint, e.g. {leftovers[0].key}")
+            raise StoreError(
+                f"cannot save {name!r}: {uri} holds objects that are not a checkpoint, e.g. "
+                f"{leftovers[0].key}"
+            )
         log.warning("store.replacing_uncommitted", uri=uri, objects=len(leftovers))
         self._delete_folder(name, leftovers)
 
@@ -370,5 +403,7 @@ class CheckpointStore:
         if base in _MARKERS:
             raise StoreError(f"object key {key!r}: {base} is reserved for checkpoint markers")
         if folder and self.backend.exists(f"{folder}/{COMMIT_FILE}"):
-            raise StoreError(f"object key {key!r} lies inside committed checkpoint {self.backend.uri(folder)}")
+            raise StoreError(
+                f"object key {key!r} lies inside committed checkpoint {self.backend.uri(folder)}"
+            )
         return key

@@ -20,7 +20,9 @@ class S3Settings(StrictModel):
     cert_check: bool = Field(True, description="verify TLS certificates")
     part_size_mb: int = Field(16, ge=5, description="multipart upload part size (S3 minimum is 5 MiB)")
     max_retries: int = Field(5, ge=0, description="retries on transient errors, with exponential backoff")
-    backoff_base_s: float = Field(0.5, gt=0, description="first retry waits about this long; each next one twice as long")
+    backoff_base_s: float = Field(
+        0.5, gt=0, description="first retry waits about this long; each next one twice as long"
+    )
     backoff_max_s: float = Field(20.0, gt=0, description="upper bound of one wait between retries")
     timeout_s: float = Field(60.0, gt=0, description="connect and read timeout of one HTTP request")
 
@@ -33,7 +35,9 @@ class S3Settings(StrictModel):
 
 
 class StorageConfig(StrictModel):
-    root: str = Field("file://runs/store", description="checkpoint root URI: file://PATH or s3://BUCKET/PREFIX")
+    root: str = Field(
+        "file://runs/store", description="checkpoint root URI: file://PATH or s3://BUCKET/PREFIX"
+    )
     s3: S3Settings = S3Settings()
 
     @field_validator("root")
@@ -41,6 +45,6 @@ class StorageConfig(StrictModel):
     def _scheme(cls, v: str) -> str:
         if not (v.startswith("file://") or v.startswith("s3://")):
             raise ValueError(f"must start with file:// or s3:// (got {v!r})")
-        if v.startswith("s3://") and not v[len("s3://"):].split("/")[0]:
+        if v.startswith("s3://") and not v[len("s3://") :].split("/")[0]:
             raise ValueError(f"s3 URI needs a bucket name (got {v!r})")
         return v

@@ -18,7 +18,9 @@ DOCUMENT_VERSION = 1
 
 
 def _canonical(body: Any) -> bytes:
-    return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
+    return json.dumps(
+        body, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+    ).encode()
 
 
 def encode_document(body: Any, what: str) -> bytes:
@@ -26,7 +28,9 @@ def encode_document(body: Any, what: str) -> bytes:
         digest = sha256_hex(_canonical(body))
     except (TypeError, ValueError) as exc:
         raise StoreError(f"{what} is not JSON-serializable: {exc}") from None
-    return dump_json({"format": DOCUMENT_FORMAT, "version": DOCUMENT_VERSION, "sha256": digest, "body": body}, what)
+    return dump_json(
+        {"format": DOCUMENT_FORMAT, "version": DOCUMENT_VERSION, "sha256": digest, "body": body}, what
+    )
 
 
 def decode_document(data: bytes, where: str) -> Any:
@@ -37,7 +41,9 @@ def decode_document(data: bytes, where: str) -> Any:
     if not isinstance(doc, dict) or doc.get("format") != DOCUMENT_FORMAT or "body" not in doc:
         raise IntegrityError(f"{where}: not a {DOCUMENT_FORMAT} envelope")
     if doc.get("version") != DOCUMENT_VERSION:
-        raise StoreError(f"{where}: document version {doc.get('version')!r} is not supported (reads {DOCUMENT_VERSION})")
+        raise StoreError(
+            f"{where}: document version {doc.get('version')!r} is not supported (reads {DOCUMENT_VERSION})"
+        )
     actual = sha256_hex(_canonical(doc["body"]))
     if actual != doc.get("sha256"):
         raise IntegrityError(f"{where}: sha256 mismatch: expected {doc.get('sha256')}, found {actual}")

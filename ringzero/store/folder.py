@@ -43,7 +43,8 @@ log = structlog.get_logger(__name__)
 
 
 def export_folder(store, uri_or_name: str, local_dir: str | os.PathLike) -> list[str]:
-    """Write committed checkpoint ``uri_or_name`` of ``store`` as the folder ``local_dir``; returns its file names.
+    """Write committed checkpoint ``uri_or_name`` of ``store`` as the folder ``local_dir``; returns its file
+    names.
 
     The files go to a hidden folder next to ``local_dir``, each fsynced, and that folder is renamed to
     ``local_dir`` at the end. An existing ``local_dir`` must be an empty folder.
@@ -54,7 +55,11 @@ def export_folder(store, uri_or_name: str, local_dir: str | os.PathLike) -> list
     manifest = store._manifest(name)
     where = store.backend.uri(name)
     check_hf_names(manifest, where)
-    index = store._verified(name, INDEX_FILE, manifest.files[INDEX_FILE]) if INDEX_FILE in manifest.files else None
+    index = (
+        store._verified(name, INDEX_FILE, manifest.files[INDEX_FILE])
+        if INDEX_FILE in manifest.files
+        else None
+    )
     store._check_index(name, manifest, index)
 
     tmp = target.parent / f".{target.name}.tmp-{uuid.uuid4().hex}"
@@ -80,7 +85,9 @@ def export_folder(store, uri_or_name: str, local_dir: str | os.PathLike) -> list
     return sorted(manifest.files)
 
 
-def import_folder(store, local_dir: str | os.PathLike, name: str, meta: Mapping[str, Any] | None = None) -> str:
+def import_folder(
+    store, local_dir: str | os.PathLike, name: str, meta: Mapping[str, Any] | None = None
+) -> str:
     """Commit the Hugging Face folder ``local_dir`` as checkpoint ``name`` of ``store``; returns its URI.
 
     Takes ``model.safetensors``, or the shards ``model.safetensors.index.json`` maps, with
@@ -102,15 +109,20 @@ def import_folder(store, local_dir: str | os.PathLike, name: str, meta: Mapping[
         weight_map = parse_index(_read(folder / INDEX_FILE), str(folder / INDEX_FILE), StoreError)
         problems = index_problems(weight_map, contents)
         if problems:
-            raise StoreError(f"cannot import {folder}: {INDEX_FILE} does not fit the shards: " + describe(problems))
+            raise StoreError(
+                f"cannot import {folder}: {INDEX_FILE} does not fit the shards: " + describe(problems)
+            )
     elif shards != [SINGLE_SHARD_FILE]:
         raise StoreError(
-            f"cannot import {folder}: without {INDEX_FILE} the weights must be one {SINGLE_SHARD_FILE}, found {shards}"
+            f"cannot import {folder}: without {INDEX_FILE} the weights must be one {SINGLE_SHARD_FILE}, "
+            f"found {shards}"
         )
 
     config = _json_object(folder / CONFIG_FILE)
     extras = {f: _read(folder / f) for f in KNOWN_EXTRA_FILES if f in present}
-    ignored = [f for f in present if f not in contents and f not in extras and f not in (CONFIG_FILE, INDEX_FILE)]
+    ignored = [
+        f for f in present if f not in contents and f not in extras and f not in (CONFIG_FILE, INDEX_FILE)
+    ]
     if ignored:
         log.info("store.import_ignored", folder=str(folder), files=ignored)
     tensors: dict = {}
@@ -118,7 +130,9 @@ def import_folder(store, local_dir: str | os.PathLike, name: str, meta: Mapping[
         try:
             tensors.update(safetensors.torch.load_file(folder / fname))
         except Exception as exc:  # safetensors raises its own SafetensorError
-            raise StoreError(f"cannot import {folder / fname}: not a readable safetensors file ({exc})") from None
+            raise StoreError(
+                f"cannot import {folder / fname}: not a readable safetensors file ({exc})"
+            ) from None
     return store.save(name, tensors, config, meta, extra_files=extras)
 
 

@@ -27,7 +27,10 @@ INDEX_FILE = "model.safetensors.index.json"
 BOOKKEEPING_FILES = frozenset({STARTED_FILE, MANIFEST_FILE, COMMIT_FILE})
 # The extra files ``import_folder`` takes from a local folder; ``save`` accepts any valid name.
 KNOWN_EXTRA_FILES = (
-    "generation_config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
     "chat_template.jinja",
 )
 _RESERVED = frozenset(n.lower() for n in (*BOOKKEEPING_FILES, CONFIG_FILE, INDEX_FILE))
@@ -65,7 +68,9 @@ def parse_index(data: bytes, where: str, error: type[RingzeroError] = IntegrityE
         raise error(f"{where}: not valid JSON ({exc})") from None
     weight_map = doc.get("weight_map") if isinstance(doc, dict) else None
     if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
-        raise error(f"{where}: not a safetensors index: needs a \"weight_map\" object of tensor name -> file name")
+        raise error(
+            f'{where}: not a safetensors index: needs a "weight_map" object of tensor name -> file name'
+        )
     return weight_map
 
 
@@ -87,8 +92,11 @@ def index_problems(weight_map: Mapping[str, str], shards: Mapping[str, Iterable[
             problems.append(f"tensor {t!r} in {files[0]} is not in the index")
         elif weight_map[t] != files[0]:
             problems.append(f"tensor {t!r} is in {files[0]}, the index puts it in {weight_map[t]}")
-    problems += [f"the index puts tensor {t!r} in {f}, which does not hold it"
-                 for t, f in weight_map.items() if t not in holders and f in shards]
+    problems += [
+        f"the index puts tensor {t!r} in {f}, which does not hold it"
+        for t, f in weight_map.items()
+        if t not in holders and f in shards
+    ]
     return problems
 
 
@@ -109,7 +117,8 @@ def check_manifest_index(manifest: Manifest, index: bytes | None, where: str) ->
 
 
 def check_hf_names(manifest: Manifest, where: str) -> None:
-    """Refuse a checkpoint whose weights are not named as a Hugging Face folder needs (older store layouts)."""
+    """Refuse a checkpoint whose weights are not named as a Hugging Face folder needs (older store
+    layouts)."""
     shards = manifest.shards
     expected = [shard_file(i, len(shards)) for i in range(len(shards))]
     if sorted(shards) != expected or (INDEX_FILE in manifest.files) != (len(shards) > 1):
@@ -126,13 +135,17 @@ def check_extra_files(extra_files: Mapping[str, bytes] | None) -> dict[str, byte
     if extra_files is None:
         return {}
     if not isinstance(extra_files, Mapping):
-        raise StoreError(f"extra_files must be a dict of file name -> bytes (got {type(extra_files).__name__})")
+        raise StoreError(
+            f"extra_files must be a dict of file name -> bytes (got {type(extra_files).__name__})"
+        )
     checked: dict[str, bytes] = {}
     for name, data in extra_files.items():
         if not isinstance(name, str) or not name:
             raise StoreError(f"extra file names must be non-empty strings (got {name!r})")
         if "/" in name or "\\" in name:
-            raise StoreError(f"extra file {name!r}: must be a plain file name, without '/' (folders are not supported)")
+            raise StoreError(
+                f"extra file {name!r}: must be a plain file name, without '/' (folders are not supported)"
+            )
         if len(name) > _MAX_NAME or not _PLAIN_NAME.match(name):
             raise StoreError(
                 f"extra file {name!r}: not a plain file name (use letters, digits and '_.=+-', "

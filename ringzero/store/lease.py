@@ -96,10 +96,16 @@ class LeaseRecord:
             raise StoreError(f"{where} is not a stage lease (no {LEASE_KIND!r} document); is the key right?")
         try:
             return cls(
-                holder=str(doc["holder"]), token=str(doc["token"]), host=str(doc["host"]), pid=int(doc["pid"]),
-                acquired_at=float(doc["acquired_at"]), renewed_at=float(doc["renewed_at"]),
-                expires_at=float(doc["expires_at"]), ttl_s=float(doc["ttl_s"]),
-                boot_id=doc.get("boot_id"), pid_namespace=doc.get("pid_namespace"),
+                holder=str(doc["holder"]),
+                token=str(doc["token"]),
+                host=str(doc["host"]),
+                pid=int(doc["pid"]),
+                acquired_at=float(doc["acquired_at"]),
+                renewed_at=float(doc["renewed_at"]),
+                expires_at=float(doc["expires_at"]),
+                ttl_s=float(doc["ttl_s"]),
+                boot_id=doc.get("boot_id"),
+                pid_namespace=doc.get("pid_namespace"),
                 pid_started=None if doc.get("pid_started") is None else int(doc["pid_started"]),
             )
         except (KeyError, TypeError, ValueError) as exc:
@@ -115,16 +121,25 @@ class StageLease:
     """
 
     def __init__(
-        self, store, key: str, holder: str | None = None, ttl_s: float = 120.0, heartbeat_s: float | None = None,
+        self,
+        store,
+        key: str,
+        holder: str | None = None,
+        ttl_s: float = 120.0,
+        heartbeat_s: float | None = None,
     ):
         if not ttl_s > 0:
             raise StoreError(f"lease ttl_s must be positive (got {ttl_s})")
         heartbeat_s = ttl_s / 3 if heartbeat_s is None else heartbeat_s
         if not 0 < heartbeat_s < ttl_s:
-            raise StoreError(f"lease heartbeat_s must be positive and below ttl_s={ttl_s} (got {heartbeat_s})")
+            raise StoreError(
+                f"lease heartbeat_s must be positive and below ttl_s={ttl_s} (got {heartbeat_s})"
+            )
         key = check_key(key, "lease key")
         if key.rpartition("/")[2] in (COMMIT_FILE, STARTED_FILE):
-            raise StoreError(f"lease key {key!r}: {key.rpartition('/')[2]} is reserved for checkpoint markers")
+            raise StoreError(
+                f"lease key {key!r}: {key.rpartition('/')[2]} is reserved for checkpoint markers"
+            )
         self.store = store
         self.key = key
         self.ttl_s = float(ttl_s)
@@ -180,7 +195,9 @@ class StageLease:
             for _round in range(_TAKEOVER_ROUNDS):
                 now = time.time()
                 mine = self._new_record(now)
-                if self._backend.put_if_absent(self.key, encode_document(mine.to_doc(), f"lease {self.key!r}")):
+                if self._backend.put_if_absent(
+                    self.key, encode_document(mine.to_doc(), f"lease {self.key!r}")
+                ):
                     current = self._read()
                     if current is not None and current.token == self._token:
                         return self._start(current)
@@ -194,8 +211,13 @@ class StageLease:
                 if stale is None:
                     raise LeaseHeld(self.uri, current, now)
                 log.warning(
-                    "store.lease_taking_over", uri=self.uri, holder=self.holder, stale_holder=current.holder,
-                    stale_host=current.host, stale_pid=current.pid, reason=stale,
+                    "store.lease_taking_over",
+                    uri=self.uri,
+                    holder=self.holder,
+                    stale_holder=current.holder,
+                    stale_host=current.host,
+                    stale_pid=current.pid,
+                    reason=stale,
                 )
                 self._delete_if_unchanged(current)
             raise StoreError(
@@ -216,7 +238,9 @@ class StageLease:
                     log.info("store.lease_released", uri=self.uri, holder=self.holder)
                 else:
                     log.warning(
-                        "store.lease_not_ours_on_release", uri=self.uri, holder=self.holder,
+                        "store.lease_not_ours_on_release",
+                        uri=self.uri,
+                        holder=self.holder,
                         now_held_by=None if current is None else current.holder,
                     )
             finally:
@@ -230,7 +254,8 @@ class StageLease:
             current = self._read()
             if current is None or current.token != self._token:
                 who = (
-                    "deleted" if current is None
+                    "deleted"
+                    if current is None
                     else f"taken by {current.holder} (host {current.host}, pid {current.pid})"
                 )
                 self._lost = f"stage lease {self.uri} held by {self.holder} was {who}"
@@ -259,15 +284,25 @@ class StageLease:
     def _new_record(self, now: float) -> LeaseRecord:
         ident = self._identity
         return LeaseRecord(
-            holder=self.holder, token=self._token, host=ident["host"], pid=ident["pid"],
-            acquired_at=now, renewed_at=now, expires_at=now + self.ttl_s, ttl_s=self.ttl_s,
-            boot_id=ident["boot_id"], pid_namespace=ident["pid_namespace"], pid_started=ident["pid_started"],
+            holder=self.holder,
+            token=self._token,
+            host=ident["host"],
+            pid=ident["pid"],
+            acquired_at=now,
+            renewed_at=now,
+            expires_at=now + self.ttl_s,
+            ttl_s=self.ttl_s,
+            boot_id=ident["boot_id"],
+            pid_namespace=ident["pid_namespace"],
+            pid_started=ident["pid_started"],
         )
 
     def _start(self, record: LeaseRecord) -> StageLease:
         self._record = record
         self._stop.clear()
-        self._thread = threading.Thread(target=self._heartbeat, name=f"lease-heartbeat:{self.key}", daemon=True)
+        self._thread = threading.Thread(
+            target=self._heartbeat, name=f"lease-heartbeat:{self.key}", daemon=True
+        )
         self._thread.start()
         log.info("store.lease_acquired", uri=self.uri, holder=self.holder, ttl_s=self.ttl_s)
         return self
@@ -321,7 +356,9 @@ def _stale_reason(record: LeaseRecord, now: float, me: dict[str, Any]) -> str | 
     if now >= record.expires_at:
         return f"expired {now - record.expires_at:.1f} s ago"
     same_pids = (
-        record.host == me["host"] and record.boot_id == me["boot_id"] and record.pid_namespace == me["pid_namespace"]
+        record.host == me["host"]
+        and record.boot_id == me["boot_id"]
+        and record.pid_namespace == me["pid_namespace"]
     )
     if same_pids:
         alive, started = _process_state(record.pid)

@@ -17,7 +17,6 @@ _FOLDER_RACE_RETRIES = 5
 _NO_HARD_LINKS = {errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS}
 
 
-
 def _durable_temp(path: Path, data: bytes) -> Path:
     """``data`` in a hidden, fsynced temporary file beside ``path`` (the caller renames or links it)."""
     tmp = path.with_name(f".{path.name}{_TMP_MARK}{uuid.uuid4().hex}")
@@ -30,6 +29,7 @@ def _durable_temp(path: Path, data: bytes) -> Path:
         tmp.unlink(missing_ok=True)
         raise
     return tmp
+
 
 class LocalBackend:
     """Objects are files under ``root``; a write goes to a hidden temporary file, is fsynced, and
@@ -167,7 +167,7 @@ def _create_exclusive(path: Path, data: bytes) -> bool:
     try:
         view = memoryview(data)
         while view:
-            view = view[os.write(fd, view):]
+            view = view[os.write(fd, view) :]
         os.fsync(fd)
     finally:
         os.close(fd)

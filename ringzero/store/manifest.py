@@ -69,7 +69,11 @@ class Manifest:
             "version": MANIFEST_VERSION,
             "created_at": self.created_at,
             "files": {
-                name: {"size": e.size, "sha256": e.sha256, **({"tensors": list(e.tensors)} if e.tensors else {})}
+                name: {
+                    "size": e.size,
+                    "sha256": e.sha256,
+                    **({"tensors": list(e.tensors)} if e.tensors else {}),
+                }
                 for name, e in self.files.items()
             },
             "meta": self.meta,
@@ -85,7 +89,9 @@ class Manifest:
                 name: FileEntry(int(e["size"]), str(e["sha256"]), tuple(e.get("tensors", ())))
                 for name, e in doc["files"].items()
             }
-            return cls(files=files, meta=dict(doc.get("meta") or {}), created_at=float(doc.get("created_at", 0)))
+            return cls(
+                files=files, meta=dict(doc.get("meta") or {}), created_at=float(doc.get("created_at", 0))
+            )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise IntegrityError(f"{where}: malformed manifest ({type(exc).__name__}: {exc})") from None
 

@@ -26,7 +26,12 @@ Call = Callable[[str, Callable[[], Any]], Any]
 
 
 def upload_in_parts(
-    client: Minio, bucket: str, name: str, data: bytes, part_size: int, call: Call,
+    client: Minio,
+    bucket: str,
+    name: str,
+    data: bytes,
+    part_size: int,
+    call: Call,
     on_bytes: ProgressFn | None = None,
 ) -> None:
     view = memoryview(data)
@@ -38,7 +43,7 @@ def upload_in_parts(
     try:
         parts = []
         for number, offset in enumerate(offsets, start=1):
-            chunk = bytes(view[offset:offset + part_size])
+            chunk = bytes(view[offset : offset + part_size])
 
             def send(chunk: bytes = chunk, number: int = number) -> str:
                 return client._upload_part(bucket, name, chunk, None, upload_id, number)

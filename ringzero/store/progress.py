@@ -23,8 +23,13 @@ def transfer_progress(description: str, total_bytes: int) -> Iterator[Callable[[
         TransferSpeedColumn,
     )
 
-    columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
-               TimeRemainingColumn())
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        TimeRemainingColumn(),
+    )
     with Progress(*columns, console=Console(file=sys.stderr), transient=True) as progress:
         task = progress.add_task(description, total=total_bytes)
         yield lambda n: progress.advance(task, n)

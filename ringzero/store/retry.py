@@ -57,7 +57,11 @@ def call_with_retries(
             wait = backoff.delay(retry, rng)
             retry += 1
             log.warning(
-                "store.retry", what=what, retry=retry, max_retries=backoff.max_retries,
-                wait_s=round(wait, 3), error=describe(exc),
+                "store.retry",
+                what=what,
+                retry=retry,
+                max_retries=backoff.max_retries,
+                wait_s=round(wait, 3),
+                error=describe(exc),
             )
             sleep(wait)

@@ -60,8 +60,14 @@ class S3Backend:
     """Objects live at ``BUCKET/PREFIX/key``. The bucket must exist; the store never creates one."""
 
     def __init__(
-        self, bucket: str, prefix: str, settings: S3Settings, credentials: S3Credentials,
-        *, sleep: Callable[[float], None] = time.sleep, rng: random.Random | None = None,
+        self,
+        bucket: str,
+        prefix: str,
+        settings: S3Settings,
+        credentials: S3Credentials,
+        *,
+        sleep: Callable[[float], None] = time.sleep,
+        rng: random.Random | None = None,
     ):
         self.bucket = bucket
         self.prefix = prefix.strip("/")
@@ -98,7 +104,12 @@ class S3Backend:
         self._call(
             f"write {self.uri(key)}",
             lambda: self._client.put_object(
-                self.bucket, name, io.BytesIO(data), len(data), part_size=self._part_size, num_parallel_uploads=1
+                self.bucket,
+                name,
+                io.BytesIO(data),
+                len(data),
+                part_size=self._part_size,
+                num_parallel_uploads=1,
             ),
         )
         if on_bytes:
@@ -131,17 +142,27 @@ class S3Backend:
             return True
 
         try:
-            created = self._call(what, lambda: call_with_retries(
-                put, what=what, backoff=self._backoff, is_transient=lambda e: isinstance(e, _ConditionalConflict),
-                describe=lambda e: "ConditionalRequestConflict (HTTP 409)", sleep=self._sleep, rng=self._rng,
-            ))
+            created = self._call(
+                what,
+                lambda: call_with_retries(
+                    put,
+                    what=what,
+                    backoff=self._backoff,
+                    is_transient=lambda e: isinstance(e, _ConditionalConflict),
+                    describe=lambda e: "ConditionalRequestConflict (HTTP 409)",
+                    sleep=self._sleep,
+                    rng=self._rng,
+                ),
+            )
         except _ConditionalConflict:
             raise StoreError(
                 f"{what}: S3 at {self.settings.endpoint} still reports a conflicting concurrent write after "
                 f"{self._backoff.max_retries} retries"
             ) from None
         if created is None:
-            log.warning("store.conditional_put_unsupported", endpoint=self.settings.endpoint, key=self.uri(key))
+            log.warning(
+                "store.conditional_put_unsupported", endpoint=self.settings.endpoint, key=self.uri(key)
+            )
             return self._put_then_verify(key, data)
         if not created and attempts > 1:
             # An earlier attempt may have created it and lost only the answer: the object is ours
@@ -181,7 +202,9 @@ class S3Backend:
 
     def exists(self, key: str) -> bool:
         try:
-            self._call(f"stat {self.uri(key)}", lambda: self._client.stat_object(self.bucket, self._object(key)))
+            self._call(
+                f"stat {self.uri(key)}", lambda: self._client.stat_object(self.bucket, self._object(key))
+            )
         except MissingObjectError:
             return False
         return True
@@ -193,7 +216,11 @@ class S3Backend:
             lambda: list(self._client.list_objects(self.bucket, prefix=root + prefix, recursive=True)),
         )
         infos = [
-            ObjectInfo(o.object_name[len(root):], o.size or 0, o.last_modified.timestamp() if o.last_modified else 0.0)
+            ObjectInfo(
+                o.object_name[len(root) :],
+                o.size or 0,
+                o.last_modified.timestamp() if o.last_modified else 0.0,
+            )
             for o in found
             if not o.is_dir
         ]
@@ -202,7 +229,7 @@ class S3Backend:
     def delete(self, keys: Iterable[str]) -> None:
         names = [self._object(k) for k in keys]
         for start in range(0, len(names), _DELETE_BATCH):
-            batch = [DeleteObject(n) for n in names[start:start + _DELETE_BATCH]]
+            batch = [DeleteObject(n) for n in names[start : start + _DELETE_BATCH]]
             errors = self._call(
                 f"delete {len(batch)} objects under {self.uri()}",
                 lambda batch=batch: list(self._client.remove_objects(self.bucket, batch)),
@@ -219,7 +246,10 @@ class S3Backend:
             page = self._call(
                 f"list incomplete uploads under {self.uri(prefix)}",
                 lambda k=key_marker, u=upload_marker: self._client._list_multipart_uploads(
-                    self.bucket, prefix=root + prefix, key_marker=k, upload_id_marker=u,
+                    self.bucket,
+                    prefix=root + prefix,
+                    key_marker=k,
+                    upload_id_marker=u,
                 ),
             )
             for up in page.uploads:
@@ -227,7 +257,9 @@ class S3Backend:
                 if started < older_than:
                     self._call(
                         f"abort incomplete upload of {up.object_name}",
-                        lambda up=up: self._client._abort_multipart_upload(self.bucket, up.object_name, up.upload_id),
+                        lambda up=up: self._client._abort_multipart_upload(
+                            self.bucket, up.object_name, up.upload_id
+                        ),
                     )
                     aborted += 1
             if not page.is_truncated or not page.uploads:
@@ -242,8 +274,13 @@ class S3Backend:
         """Run one S3 request under the retry policy; every failure leaves as a ``StoreError``."""
         try:
             return call_with_retries(
-                fn, what=what, backoff=self._backoff, is_transient=is_transient,
-                describe=self._describe, sleep=self._sleep, rng=self._rng,
+                fn,
+                what=what,
+                backoff=self._backoff,
+                is_transient=is_transient,
+                describe=self._describe,
+                sleep=self._sleep,
+                rng=self._rng,
             )
         except S3Error as exc:
             if exc.code in _MISSING_CODES:
@@ -266,7 +303,8 @@ class S3Backend:
         if code == "NoSuchBucket":
             return f"{what}: bucket {self.bucket!r} does not exist at {self.settings.endpoint}"
         if is_transient(exc):
-            return f"{what}: {where} still failing after {self._backoff.max_retries} retries: {self._describe(exc)}"
+            retries = self._backoff.max_retries
+            return f"{what}: {where} still failing after {retries} retries: {self._describe(exc)}"
         return f"{what}: {where}: {self._describe(exc)}"
 
     def _describe(self, exc: BaseException) -> str:

@@ -11,12 +11,26 @@ import torch
 from ringzero.errors import IntegrityError, StoreError
 
 # What safetensors can store; anything else is refused by name before a byte is written.
-SUPPORTED_DTYPES = frozenset({
-    torch.float64, torch.float32, torch.float16, torch.bfloat16,
-    torch.float8_e4m3fn, torch.float8_e5m2, torch.complex64,
-    torch.int64, torch.int32, torch.int16, torch.int8,
-    torch.uint64, torch.uint32, torch.uint16, torch.uint8, torch.bool,
-})
+SUPPORTED_DTYPES = frozenset(
+    {
+        torch.float64,
+        torch.float32,
+        torch.float16,
+        torch.bfloat16,
+        torch.float8_e4m3fn,
+        torch.float8_e5m2,
+        torch.complex64,
+        torch.int64,
+        torch.int32,
+        torch.int16,
+        torch.int8,
+        torch.uint64,
+        torch.uint32,
+        torch.uint16,
+        torch.uint8,
+        torch.bool,
+    }
+)
 _RESERVED_NAME = "__metadata__"  # the key of safetensors' own header metadata
 # The header metadata transformers writes and checks for: a shard is a PyTorch state dict.
 _HEADER_METADATA = {"format": "pt"}
@@ -38,7 +52,9 @@ def check_tensors(tensors: Mapping[str, torch.Tensor]) -> None:
         if not isinstance(t, torch.Tensor):
             raise StoreError(f"tensor {name!r}: expected a torch.Tensor, got {type(t).__name__}")
         if t.layout != torch.strided:
-            raise StoreError(f"tensor {name!r}: layout {t.layout} cannot be stored; convert it to dense first")
+            raise StoreError(
+                f"tensor {name!r}: layout {t.layout} cannot be stored; convert it to dense first"
+            )
         if t.dtype not in SUPPORTED_DTYPES:
             raise StoreError(f"tensor {name!r}: dtype {t.dtype} cannot be stored in safetensors")
 
@@ -91,5 +107,7 @@ def deserialize(data: bytes, expected: tuple[str, ...], where: str) -> dict[str,
     if set(tensors) != set(expected):
         missing = sorted(set(expected) - set(tensors))
         extra = sorted(set(tensors) - set(expected))
-        raise IntegrityError(f"{where}: tensors differ from the manifest (missing {missing}, unexpected {extra})")
+        raise IntegrityError(
+            f"{where}: tensors differ from the manifest (missing {missing}, unexpected {extra})"
+        )
     return tensors

@@ -31,13 +31,13 @@ def parse_uri(uri: str) -> StoreURI:
     if not isinstance(uri, str):
         raise StoreError(f"expected a store URI string, got {type(uri).__name__}")
     if uri.startswith("file://"):
-        raw = uri[len("file://"):]
+        raw = uri[len("file://") :]
         if not raw:
             raise StoreError(f"{uri!r} names no folder")
         path = os.path.abspath(os.path.expanduser(raw))
         return StoreURI("file", "", path)
     if uri.startswith("s3://"):
-        bucket, _, prefix = uri[len("s3://"):].partition("/")
+        bucket, _, prefix = uri[len("s3://") :].partition("/")
         if not bucket:
             raise StoreError(f"{uri!r} has no bucket name")
         return StoreURI("s3", bucket, prefix.strip("/"))

@@ -114,8 +114,9 @@ class SyntheticArithmetic(Task):
     def direct_response(self, problem: Problem) -> str:
         return problem.answer
 
-    def worked_response(self, problem: Problem, verbose: bool = False, short: bool = False,
-                        plan: WorkedPlan | None = None) -> str:
+    def worked_response(
+        self, problem: Problem, verbose: bool = False, short: bool = False, plan: WorkedPlan | None = None
+    ) -> str:
         """The worked trace: verbose or terse, or ``short`` (two digits a step), or written by ``plan``
         (verbosity per step, slips, check passes; its answer is the last pass's, wrong after an unchecked
         slip). ``short`` and ``plan``: digitsum and parity only."""
@@ -158,7 +159,9 @@ class SyntheticArithmetic(Task):
         if not hasattr(self.op, "final_pass_holds"):
             return super().verified(response, problem)
         body, answer = split_trace(first_line(response))
-        return body is not None and self.op.final_pass_holds(body, self.op.instance_from_meta(problem.meta), answer)
+        return body is not None and self.op.final_pass_holds(
+            body, self.op.instance_from_meta(problem.meta), answer
+        )
 
     def step_check(self, response: str, problem: Problem | None = None) -> StepCheck:
         body, _ = split_trace(first_line(response))

@@ -39,7 +39,8 @@ class Problem:
 
 
 class StepCheck(NamedTuple):
-    """``steps``: trace steps found (unparseable fragments count as wrong steps); ``correct``: those that check."""
+    """``steps``: trace steps found (unparseable fragments count as wrong steps); ``correct``: those that
+    check."""
 
     steps: int
     correct: int
@@ -115,7 +116,8 @@ class Task(ABC):
         return None
 
     def difficulty_bucket(self, problem: Problem) -> str | None:
-        """The problem's difficulty bucket (``easy`` | ``medium`` | ``hard``); None: the task has one level."""
+        """The problem's difficulty bucket (``easy`` | ``medium`` | ``hard``); None: the task has one
+        level."""
         return None
 
     def with_tier(self, problem: Problem, tag: str) -> Problem:

@@ -22,15 +22,24 @@ class ArithmeticTask(StrictModel):
     kind: Literal["arithmetic"] = "arithmetic"
     operation: Literal["digitsum", "parity", "add"] = Field(
         "digitsum",
-        description="digitsum: sum of the digits mod 10; parity: of bits; add: long addition with column steps",
+        description="digitsum: sum of the digits mod 10; parity: of bits; add: long addition with column "
+        "steps",
     )
-    digits: int = Field(12, ge=2, le=64, description="input digits (bits for parity; digits per operand for add)")
+    digits: int = Field(
+        12, ge=2, le=64, description="input digits (bits for parity; digits per operand for add)"
+    )
     min_digits: int | None = Field(
-        None, ge=2, description="mixed difficulty: each problem has between min_digits and digits labelled digits "
-        "(uniform), the difficulty eval and tier RL report by; null = always digits. digitsum and parity only",
+        None,
+        ge=2,
+        description="mixed difficulty: each problem has between min_digits and digits labelled digits "
+        "(uniform), the difficulty eval and tier RL report by; null = always digits. digitsum and parity "
+        "only",
     )
     short_fraction: float = Field(
-        0.0, ge=0.0, le=1.0, description="share of corpus traces in the short form, which adds two digits per "
+        0.0,
+        ge=0.0,
+        le=1.0,
+        description="share of corpus traces in the short form, which adds two digits per "
         "step (half the steps, each one harder); digitsum and parity only",
     )
     operands: int = Field(2, ge=2, le=8, description="numbers to add; add only")
@@ -38,48 +47,70 @@ class ArithmeticTask(StrictModel):
         0.05, ge=0.0, le=1.0, description="share of corpus answers written as worked traces (always correct)"
     )
     verbose_fraction: float = Field(
-        0.5, ge=0.0, le=1.0, description="share of corpus traces in the verbose form (redundant arithmetic per step)"
+        0.5,
+        ge=0.0,
+        le=1.0,
+        description="share of corpus traces in the verbose form (redundant arithmetic per step)",
     )
     verbosity: Literal["trace", "step"] = Field(
-        "trace", description="trace: verbose_fraction picks the form once per corpus trace; step: once per step, "
-        "so one trace mixes both forms and its length varies around its digit count; digitsum and parity only",
+        "trace",
+        description="trace: verbose_fraction picks the form once per corpus trace; step: once per step, "
+        "so one trace mixes both forms and its length varies around its digit count; digitsum and parity "
+        "only",
     )
     check_weights: list[float] | None = Field(
-        None, description="shares of corpus traces followed by 0, 1, 2, ... check passes (a check works the sum "
+        None,
+        description="shares of corpus traces followed by 0, 1, 2, ... check passes (a check works the sum "
         "again from the start and its answer is the trace's); null = no checks; digitsum and parity only",
     )
     check_order: Literal["forward", "reverse"] = Field(
-        "forward", description="forward: a check pass reads the digits in the first pass's order; reverse: from "
-        "the last to the first, so its running states differ from the first pass's and must be worked out, not "
+        "forward",
+        description="forward: a check pass reads the digits in the first pass's order; reverse: from "
+        "the last to the first, so its running states differ from the first pass's and must be worked out, "
+        "not "
         "copied (the same final sum); digitsum and parity only",
     )
     check_verbosity: Literal["drawn", "verbose"] = Field(
-        "drawn", description="drawn: a check pass's steps are verbose or terse like a first pass's; verbose: every "
+        "drawn",
+        description="drawn: a check pass's steps are verbose or terse like a first pass's; verbose: every "
         "check step writes its arithmetic out (a check is the careful pass); digitsum and parity only",
     )
     terse_form: Literal["restated", "implicit"] = Field(
-        "restated", description="restated: a terse step writes the digit it reads (`c=9>6`); implicit: only its "
+        "restated",
+        description="restated: a terse step writes the digit it reads (`c=9>6`); implicit: only its "
         "label and the new state (`c>6`), so the lookup and the addition happen in one token; digitsum and "
         "parity only",
     )
     slip_rate: float = Field(
-        0.0, ge=0.0, lt=1.0, description="chance that a terse first-pass step from slip_from on writes a wrong "
+        0.0,
+        ge=0.0,
+        lt=1.0,
+        description="chance that a terse first-pass step from slip_from on writes a wrong "
         "state (the pass carries on from it, so only a check catches it); digitsum and parity only",
     )
     slip_from: int = Field(1, ge=1, description="the first step (1-based) of a first pass that can slip")
-    direct_noise: float = Field(0.5, ge=0.0, le=1.0, description="share of direct answers in the corpus that are wrong")
-    filler_fraction: float = Field(0.2, ge=0.0, le=1.0, description="share of corpus documents that are filler text")
+    direct_noise: float = Field(
+        0.5, ge=0.0, le=1.0, description="share of direct answers in the corpus that are wrong"
+    )
+    filler_fraction: float = Field(
+        0.2, ge=0.0, le=1.0, description="share of corpus documents that are filler text"
+    )
     drill_fraction: float = Field(
         0.1, ge=0.0, le=1.0, description="share of corpus documents that drill the one-step facts traces use"
     )
     lookup_fraction: float = Field(
-        0.0, ge=0.0, le=1.0,
+        0.0,
+        ge=0.0,
+        le=1.0,
         description="share of corpus documents that list labelled digits and read them back by label "
         "(the lookup each trace step makes); digitsum and parity only",
     )
     worked_fraction: float = Field(
-        0.0, ge=0.0, le=1.0,
-        description="share of corpus documents that are textbook worked examples (`example:` ... `solution:`), "
+        0.0,
+        ge=0.0,
+        le=1.0,
+        description="share of corpus documents that are textbook worked examples (`example:` ... "
+        "`solution:`), "
         "outside the q/a format whose answers set the base's trace usage",
     )
     eval_prompts: int = Field(128, ge=1, description="held-out prompts for evaluation")
@@ -91,33 +122,47 @@ class ArithmeticTask(StrictModel):
             problems.append(f"operands: only 'add' takes several operands (got {self.operands})")
         if self.operation != "add" and self.digits > MAX_LABELLED_DIGITS:
             problems.append(
-                f"digits: '{self.operation}' labels its digits a-z, so at most {MAX_LABELLED_DIGITS} (got {self.digits})"
+                f"digits: '{self.operation}' labels its digits a-z, so at most {MAX_LABELLED_DIGITS} (got "
+                f"{self.digits})"
             )
         if self.operation == "add" and (self.min_digits is not None or self.short_fraction > 0):
-            problems.append("min_digits: 'add' has neither a mixed length nor a short trace form (leave min_digits "
-                            "null and short_fraction 0)")
+            problems.append(
+                "min_digits: 'add' has neither a mixed length nor a short trace form (leave min_digits "
+                "null and short_fraction 0)"
+            )
         if self.min_digits is not None and self.min_digits > self.digits:
             problems.append(f"min_digits: must be at most digits ({self.digits}), got {self.min_digits}")
         if self.operation == "add" and self.lookup_fraction > 0:
             problems.append("lookup_fraction: 'add' has no labelled digits to look up (set it to 0)")
         labelled = self.operation != "add"
-        if not labelled and (self.verbosity != "trace" or self.check_weights is not None or self.slip_rate > 0
-                             or self.check_order != "forward" or self.check_verbosity != "drawn"
-                             or self.terse_form != "restated"):
-            problems.append("verbosity: 'add' has no per-step verbosity, check passes or slips (leave verbosity "
-                            "'trace', check_weights null, check_order 'forward', check_verbosity 'drawn', terse_form "
-                            "'restated' and slip_rate 0)")
+        if not labelled and (
+            self.verbosity != "trace"
+            or self.check_weights is not None
+            or self.slip_rate > 0
+            or self.check_order != "forward"
+            or self.check_verbosity != "drawn"
+            or self.terse_form != "restated"
+        ):
+            problems.append(
+                "verbosity: 'add' has no per-step verbosity, check passes or slips (leave verbosity "
+                "'trace', check_weights null, check_order 'forward', check_verbosity 'drawn', terse_form "
+                "'restated' and slip_rate 0)"
+            )
         if self.check_weights is not None:
             w = self.check_weights
             if not w or any(x < 0 for x in w) or abs(sum(w) - 1.0) > 1e-6:
-                problems.append(f"check_weights: non-negative shares of 0, 1, 2, ... checks summing to 1 (got {w})")
+                problems.append(
+                    f"check_weights: non-negative shares of 0, 1, 2, ... checks summing to 1 (got {w})"
+                )
         if self.slip_rate > 0 and self.slip_from > self.digits:
-            problems.append(f"slip_from: step {self.slip_from} is past the last digit ({self.digits}): no step "
-                            "could slip")
+            problems.append(
+                f"slip_from: step {self.slip_from} is past the last digit ({self.digits}): no step could slip"
+            )
         shares = (self.filler_fraction, self.drill_fraction, self.lookup_fraction, self.worked_fraction)
         if sum(shares) >= 1.0:
             problems.append(
-                "filler_fraction: filler_fraction + drill_fraction + lookup_fraction + worked_fraction must leave "
+                "filler_fraction: filler_fraction + drill_fraction + lookup_fraction + worked_fraction must "
+                "leave "
                 "room for question documents (got " + " + ".join(map(str, shares)) + ")"
             )
         if problems:

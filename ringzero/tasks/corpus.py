@@ -38,13 +38,35 @@ CHATTER_AROUND_ITEMS = 0.4
 
 _SUBJECTS = ["we", "my friend", "the club", "our teacher", "a neighbour", "the team", "nobody", "everyone"]
 _VERBS = ["talked about", "looked at", "wrote down", "forgot", "liked", "checked", "posted", "asked about"]
-_OBJECTS = ["the weather", "the homework", "an old map", "the numbers", "a long list", "the train times",
-            "the garden", "a new game", "the notes", "the results"]
+_OBJECTS = [
+    "the weather",
+    "the homework",
+    "an old map",
+    "the numbers",
+    "a long list",
+    "the train times",
+    "the garden",
+    "a new game",
+    "the notes",
+    "the results",
+]
 _TAILS = ["today", "again", "last week", "after lunch", "for a while", "before the meeting", "at home", ""]
-_OPENERS = ["homework thread.", "notes from the math club.", "quick question from a forum:",
-            "answers posted below.", "page 3 of the worksheet.", "copied from the board:"]
-_CLOSERS = ["thanks!", "hope that helps.", "not sure about the last one.", "reply if you see a mistake.",
-            "more next week.", "ok."]
+_OPENERS = [
+    "homework thread.",
+    "notes from the math club.",
+    "quick question from a forum:",
+    "answers posted below.",
+    "page 3 of the worksheet.",
+    "copied from the board:",
+]
+_CLOSERS = [
+    "thanks!",
+    "hope that helps.",
+    "not sure about the last one.",
+    "reply if you see a mistake.",
+    "more next week.",
+    "ok.",
+]
 
 
 def _sentence(rng: random.Random) -> str:
@@ -73,7 +95,9 @@ class CorpusGenerator:
             return self.task.worked_response(problem, verbose=False, short=True)
         if self.cfg.verbosity == "trace" and self.cfg.check_weights is None and self.cfg.slip_rate == 0:
             return self.task.worked_response(problem, verbose=rng.random() < self.cfg.verbose_fraction)
-        return self.task.worked_response(problem, plan=self.plan(len(self.task.op.instance_from_meta(problem.meta)), rng))
+        return self.task.worked_response(
+            problem, plan=self.plan(len(self.task.op.instance_from_meta(problem.meta)), rng)
+        )
 
     def plan(self, steps: int, rng: random.Random) -> WorkedPlan:
         """How one corpus trace of ``steps`` digits is written: verbosity per step or per trace, check passes
@@ -86,8 +110,15 @@ class CorpusGenerator:
             return (rng.random() < cfg.verbose_fraction,) * steps
 
         first = verbosity()
-        slips = {i: rng.randrange(1, self.task.op.modulus) for i in range(cfg.slip_from - 1, steps)
-                 if not first[i] and rng.random() < cfg.slip_rate} if cfg.slip_rate > 0 else {}
+        slips = (
+            {
+                i: rng.randrange(1, self.task.op.modulus)
+                for i in range(cfg.slip_from - 1, steps)
+                if not first[i] and rng.random() < cfg.slip_rate
+            }
+            if cfg.slip_rate > 0
+            else {}
+        )
         checks = rng.choices(range(len(cfg.check_weights)), cfg.check_weights)[0] if cfg.check_weights else 0
         if cfg.check_verbosity == "verbose":  # the careful pass: no draw, so the first pass's stream is kept
             return WorkedPlan((first, *((True,) * steps for _ in range(checks))), slips)
@@ -119,10 +150,12 @@ class CorpusGenerator:
 
     def document(self, rng: random.Random) -> str:
         u = rng.random()
-        for share, make in ((self.cfg.filler_fraction, self.filler_document),
-                            (self.cfg.drill_fraction, self.drill_document),
-                            (self.cfg.lookup_fraction, self.lookup_document),
-                            (self.cfg.worked_fraction, self.worked_document)):
+        for share, make in (
+            (self.cfg.filler_fraction, self.filler_document),
+            (self.cfg.drill_fraction, self.drill_document),
+            (self.cfg.lookup_fraction, self.lookup_document),
+            (self.cfg.worked_fraction, self.worked_document),
+        ):
             if u < share:
                 return make(rng)
             u -= share

@@ -32,8 +32,10 @@ def _text_field(record: dict, name: str) -> str:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as exc:  # a lone "\ud800" escape decodes to no valid character
-        raise ValueError(f"field {name!r} holds {text[exc.start]!r} at character {exc.start}, an unpaired "
-                         "surrogate that is not valid Unicode") from None
+        raise ValueError(
+            f"field {name!r} holds {text[exc.start]!r} at character {exc.start}, an unpaired "
+            "surrogate that is not valid Unicode"
+        ) from None
     return text
 
 
@@ -111,7 +113,10 @@ class JsonlDataset(Task):
     def __init__(self, cfg: JsonlTask, base_dir: str | Path | None = None):
         self.cfg = cfg
         base = Path(base_dir) if base_dir is not None else Path.cwd()
-        self._paths = {"train": base / cfg.train_path, "eval": base / cfg.eval_path if cfg.eval_path else None}
+        self._paths = {
+            "train": base / cfg.train_path,
+            "eval": base / cfg.eval_path if cfg.eval_path else None,
+        }
         self._cache: dict[str, list[Problem]] = {}
 
     def problems(self, split: Split) -> list[Problem]:

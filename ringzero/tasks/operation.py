@@ -44,7 +44,8 @@ class Operation(ABC):
 
     @abstractmethod
     def check_steps(self, body: str, instance: Instance | None) -> StepCheck:
-        """Parse a trace body and count the steps that hold; with ``instance`` they must also use its inputs."""
+        """Parse a trace body and count the steps that hold; with ``instance`` they must also use its
+        inputs."""
 
     @abstractmethod
     def drill(self, rng: random.Random) -> str:

@@ -77,8 +77,16 @@ class WorkedPlan:
 class RunningSum(Operation):
     """Sum of ``digits`` base-``modulus`` digits mod ``modulus``: digitsum (10) or parity (2)."""
 
-    def __init__(self, name: str, digits: int, modulus: int, header: str, min_digits: int | None = None,
-                 check_order: str = "forward", terse_form: str = "restated"):
+    def __init__(
+        self,
+        name: str,
+        digits: int,
+        modulus: int,
+        header: str,
+        min_digits: int | None = None,
+        check_order: str = "forward",
+        terse_form: str = "restated",
+    ):
         if digits > len(LABELS):
             raise ValueError(f"digits: at most {len(LABELS)} labelled digits (got {digits})")
         if check_order not in CHECK_ORDERS:
@@ -115,8 +123,13 @@ class RunningSum(Operation):
             return f"{LABELS[i]}={d} {state}+{d}={state + d}>{new}"
         return f"{LABELS[i]}>{new}" if self.terse_form == "implicit" else f"{LABELS[i]}={d}>{new}"
 
-    def pass_steps(self, instance: Instance, verbose: tuple[bool, ...], slips: Mapping[int, int] | None = None,
-                   reverse: bool = False) -> tuple[list[str], int]:
+    def pass_steps(
+        self,
+        instance: Instance,
+        verbose: tuple[bool, ...],
+        slips: Mapping[int, int] | None = None,
+        reverse: bool = False,
+    ) -> tuple[list[str], int]:
         """One pass over the digits (last to first if ``reverse``), ``verbose`` per step, with ``slips``
         (step -> offset of the written state); the pass carries on from whatever state it wrote. Returns
         the steps and the final state."""
@@ -135,8 +148,12 @@ class RunningSum(Operation):
         """``(trace body, answer)`` of a trace written by ``plan``: the answer is the last pass's state."""
         parts, state = [], 0
         for k, verbose in enumerate(plan.passes):
-            steps, state = self.pass_steps(instance, verbose, plan.slips if k == 0 else None,
-                                           reverse=k > 0 and self.check_order == "reverse")
+            steps, state = self.pass_steps(
+                instance,
+                verbose,
+                plan.slips if k == 0 else None,
+                reverse=k > 0 and self.check_order == "reverse",
+            )
             parts.append(" ".join(steps) if k == 0 else f"{CHECK} {' '.join(steps)}")
         return " ".join(parts), str(state)
 
@@ -144,9 +161,9 @@ class RunningSum(Operation):
         """The short form: two digits per step (``ab=73>0``), an odd last digit as a terse step."""
         steps, state = [], 0
         for i in range(0, len(instance), 2):
-            pair = instance[i:i + 2]
+            pair = instance[i : i + 2]
             state = (state + sum(pair)) % self.modulus
-            labels, digits = "".join(LABELS[i:i + len(pair)]), "".join(map(str, pair))
+            labels, digits = "".join(LABELS[i : i + len(pair)]), "".join(map(str, pair))
             steps.append(f"{labels}={digits}>{state}")
         return steps
 
@@ -221,14 +238,16 @@ class RunningSum(Operation):
         direction = -1 if reverse else 1
         steps = correct = 0
         pos = top  # the next input digit a step should read (a short step reads two)
-        state = 0  # each step is checked against the state the previous step claimed, so errors do not cascade
+        state = (
+            0  # each step is checked against the state the previous step claimed, so errors do not cascade
+        )
         i = 0
         while i < len(tokens):
             if not reverse and (m := _PAIR.fullmatch(tokens[i])):
                 labels, pair, claimed = m[1] + m[2], (int(m[3]), int(m[4])), int(m[5])
-                ok = labels == LABELS[pos:pos + 2] and all(d < self.modulus for d in pair)
+                ok = labels == LABELS[pos : pos + 2] and all(d < self.modulus for d in pair)
                 if instance is not None:
-                    ok = ok and tuple(instance[pos:pos + 2]) == pair
+                    ok = ok and tuple(instance[pos : pos + 2]) == pair
                 ok = ok and claimed == (state + sum(pair)) % self.modulus
                 steps, pos, i, state = steps + 1, pos + 2, i + 1, claimed
                 correct += ok
@@ -254,7 +273,9 @@ class RunningSum(Operation):
             return True  # without the problem an implicit step's digit is unknown: only its label is judged
         if arith is not None:
             prev, d2, total = arith
-            if not (prev == state and d2 == digit and total == prev + digit and claimed == total % self.modulus):
+            if not (
+                prev == state and d2 == digit and total == prev + digit and claimed == total % self.modulus
+            ):
                 return False
         return digit < self.modulus and claimed == (state + digit) % self.modulus
 
@@ -269,17 +290,38 @@ class RunningSum(Operation):
         head = _HEAD.fullmatch(tokens[i])
         arith = _ARITH.fullmatch(tokens[i + 1]) if head and i + 1 < len(tokens) else None
         if head and arith:
-            return (head[1], int(head[2]), (int(arith[1]), int(arith[2]), int(arith[3])), int(arith[4])), i + 2
+            return (
+                head[1],
+                int(head[2]),
+                (int(arith[1]), int(arith[2]), int(arith[3])),
+                int(arith[4]),
+            ), i + 2
         return None, i + 1
 
 
-def digitsum(digits: int, min_digits: int | None = None, check_order: str = "forward",
-             terse_form: str = "restated") -> RunningSum:
-    return RunningSum("digitsum", digits, modulus=10, header="sum mod 10", min_digits=min_digits,
-                      check_order=check_order, terse_form=terse_form)
+def digitsum(
+    digits: int, min_digits: int | None = None, check_order: str = "forward", terse_form: str = "restated"
+) -> RunningSum:
+    return RunningSum(
+        "digitsum",
+        digits,
+        modulus=10,
+        header="sum mod 10",
+        min_digits=min_digits,
+        check_order=check_order,
+        terse_form=terse_form,
+    )
 
 
-def parity(digits: int, min_digits: int | None = None, check_order: str = "forward",
-           terse_form: str = "restated") -> RunningSum:
-    return RunningSum("parity", digits, modulus=2, header="parity", min_digits=min_digits, check_order=check_order,
-                      terse_form=terse_form)
+def parity(
+    digits: int, min_digits: int | None = None, check_order: str = "forward", terse_form: str = "restated"
+) -> RunningSum:
+    return RunningSum(
+        "parity",
+        digits,
+        modulus=2,
+        header="parity",
+        min_digits=min_digits,
+        check_order=check_order,
+        terse_form=terse_form,
+    )

@@ -1,4 +1,5 @@
-"""Tokenizers behind one interface: character-level for synthetic tasks, HF ``tokenizers`` JSON for real ones."""
+"""Tokenizers behind one interface: character-level for synthetic tasks, HF ``tokenizers`` JSON for real
+ones."""
 
 from __future__ import annotations
 

@@ -47,7 +47,8 @@ class UnencodableText(RingzeroError):
 
     ``found`` lists ``(position, piece)`` in the order they occur, positions counted in characters
     (code points) of the text as given; the message names the first ``MAX_NAMED`` of them, e.g.
-    ``'T' at position 0 and 'F' at position 15 are not in the tokenizer's vocabulary, which has no unknown token``.
+    ``'T' at position 0 and 'F' at position 15 are not in the tokenizer's vocabulary, which has no unknown
+    token``.
     """
 
     def __init__(self, found: Sequence[tuple[int, str]], vocabulary: str):

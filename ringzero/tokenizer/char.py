@@ -12,13 +12,7 @@ from ringzero.errors import RingzeroError
 from ringzero.tokenizer.base import Tokenizer, UnencodableText
 
 SPECIALS = ("<pad>", "<bos>", "<eos>")  # ids 0, 1, 2
-DEFAULT_ALPHABET = (
-    "0123456789"
-    "abcdefghijklmnopqrstuvwxyz"
-    " \n"
-    "+-*/=<>()[]{}"
-    ".,:;?!'_#|"
-)
+DEFAULT_ALPHABET = "0123456789abcdefghijklmnopqrstuvwxyz \n+-*/=<>()[]{}.,:;?!'_#|"
 
 
 class CharTokenizer(Tokenizer):
@@ -39,8 +33,10 @@ class CharTokenizer(Tokenizer):
         ids = [self.bos_id] if add_bos else []
         ids += [self._ids.get(ch) for ch in text]
         if None in ids:
-            raise UnencodableText([(pos, ch) for pos, ch in enumerate(text) if ch not in self._ids],
-                                  "the char tokenizer's alphabet")
+            raise UnencodableText(
+                [(pos, ch) for pos, ch in enumerate(text) if ch not in self._ids],
+                "the char tokenizer's alphabet",
+            )
         if add_eos:
             ids.append(self.eos_id)
         return ids
@@ -50,7 +46,9 @@ class CharTokenizer(Tokenizer):
         for tid in ids:
             tid = int(tid)
             if not 0 <= tid < self.vocab_size:
-                raise RingzeroError(f"char tokenizer: id {tid} is outside the vocabulary of {self.vocab_size}")
+                raise RingzeroError(
+                    f"char tokenizer: id {tid} is outside the vocabulary of {self.vocab_size}"
+                )
             if tid < len(SPECIALS):
                 if not skip_special:
                     out.append(SPECIALS[tid])

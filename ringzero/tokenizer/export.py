@@ -44,15 +44,23 @@ def tokenizer_files(tok: Tokenizer) -> dict[str, bytes]:
         names = dict(zip(("pad", "bos", "eos"), EXPORTED_SPECIALS, strict=True))
     elif isinstance(tok, HFJsonTokenizer):
         tokenizer_json = tok.path.read_text()
-        names = {role: tok._tok.id_to_token(tid) for role, tid in
-                 (("pad", tok.pad_id), ("bos", tok.bos_id), ("eos", tok.eos_id))}
+        names = {
+            role: tok._tok.id_to_token(tid)
+            for role, tid in (("pad", tok.pad_id), ("bos", tok.bos_id), ("eos", tok.eos_id))
+        }
     else:
         raise TypeError(f"no model-folder export for a {type(tok).__name__}")
     config = {
         "tokenizer_class": "PreTrainedTokenizerFast",
-        "bos_token": names["bos"], "eos_token": names["eos"], "pad_token": names["pad"],
-        "add_bos_token": False, "add_eos_token": False,
+        "bos_token": names["bos"],
+        "eos_token": names["eos"],
+        "pad_token": names["pad"],
+        "add_bos_token": False,
+        "add_eos_token": False,
         "clean_up_tokenization_spaces": False,
         "model_max_length": 1 << 30,
     }
-    return {"tokenizer.json": tokenizer_json.encode(), "tokenizer_config.json": json.dumps(config, indent=2).encode()}
+    return {
+        "tokenizer.json": tokenizer_json.encode(),
+        "tokenizer_config.json": json.dumps(config, indent=2).encode(),
+    }

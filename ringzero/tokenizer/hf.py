@@ -27,7 +27,9 @@ class HFJsonTokenizer(Tokenizer):
     """Specials come from the arguments, else the first known name found in the vocabulary; a missing
     pad falls back to eos (padding is masked anyway), a missing bos or eos is an error."""
 
-    def __init__(self, path: str | Path, bos: str | None = None, eos: str | None = None, pad: str | None = None):
+    def __init__(
+        self, path: str | Path, bos: str | None = None, eos: str | None = None, pad: str | None = None
+    ):
         from tokenizers import Tokenizer as _HF
 
         path = Path(path)
@@ -62,13 +64,18 @@ class HFJsonTokenizer(Tokenizer):
         except Exception as exc:  # tokenizers raises bare Exceptions (and TypeError for a lone surrogate)
             found = self._unencodable(text)
             if found:
-                raise UnencodableText(found, "the tokenizer's vocabulary, which has no unknown token") from None
-            raise RingzeroError(f"the tokenizer cannot encode this text: {type(exc).__name__}: {exc}") from None
+                raise UnencodableText(
+                    found, "the tokenizer's vocabulary, which has no unknown token"
+                ) from None
+            raise RingzeroError(
+                f"the tokenizer cannot encode this text: {type(exc).__name__}: {exc}"
+            ) from None
         return ([self.bos_id] if add_bos else []) + ids + ([self.eos_id] if add_eos else [])
 
     def _unencodable(self, text: str) -> list[tuple[int, str]]:
         """``(position, piece)`` of each piece of ``text`` the model has no token for: the pre-tokenizer's
-        pieces (each character, for the char tokenizer's export) outside the added tokens, tried one by one."""
+        pieces (each character, for the char tokenizer's export) outside the added tokens, tried one by
+        one."""
         surrogates = [(i, ch) for i, ch in enumerate(text) if "\ud800" <= ch <= "\udfff"]
         if surrogates:
             return surrogates
@@ -79,7 +86,7 @@ class HFJsonTokenizer(Tokenizer):
         for token in self._tok.get_added_tokens_decoder().values():
             at = text.find(token.content) if token.content else -1
             while at != -1:
-                taken[at:at + len(token.content)] = [True] * len(token.content)
+                taken[at : at + len(token.content)] = [True] * len(token.content)
                 at = text.find(token.content, at + 1)
         pieces = pre.pre_tokenize_str(text) if pre is not None else [(text, (0, len(text)))]
         found = []

@@ -11,8 +11,13 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def ringzero(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "ringzero.cli.main", *args], cwd=ROOT, capture_output=True,
-                          text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "ringzero.cli.main", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_validate_tiny_config():
@@ -22,8 +27,17 @@ def test_validate_tiny_config():
 
 
 def test_three_mistakes_reported_without_traceback():
-    out = ringzero("config", "validate", "configs/tiny-cpu.yaml", "--set", "model.d_modl=3",
-                   "--set", "stages.stage1.loss.eps_high=-1", "--set", "run.name=Bad_Name")
+    out = ringzero(
+        "config",
+        "validate",
+        "configs/tiny-cpu.yaml",
+        "--set",
+        "model.d_modl=3",
+        "--set",
+        "stages.stage1.loss.eps_high=-1",
+        "--set",
+        "run.name=Bad_Name",
+    )
     assert out.returncode == 2
     assert "Traceback" not in out.stderr
     assert "3 problems" in out.stderr
@@ -41,7 +55,9 @@ def test_schema_is_json_schema_of_run_configs():
     assert out.returncode == 0
     schema = json.loads(out.stdout)
     assert set(schema["required"]) == {"run"}
-    assert {"model", "precision", "parallel", "engines", "task", "storage", "stages"} <= set(schema["properties"])
+    assert {"model", "precision", "parallel", "engines", "task", "storage", "stages"} <= set(
+        schema["properties"]
+    )
 
 
 def test_show_fills_defaults_and_applies_overrides():
@@ -51,13 +67,35 @@ def test_show_fills_defaults_and_applies_overrides():
 
 
 def test_nproc_is_checked_against_the_config_before_any_rank_starts(tmp_path):
-    """A job of the wrong size, or a config that does not load, stops before torchrun: one message, status 2."""
-    out = ringzero("run", "configs/micro-megatron.yaml", "--nproc", "4", "--set", "engines.training.pp=2",
-                   "--set", f"run.run_dir={tmp_path / 'run'}", "--set", f"storage.root=file://{tmp_path / 'store'}")
+    """A job of the wrong size, or a config that does not load, stops before torchrun: one message, status
+    2."""
+    out = ringzero(
+        "run",
+        "configs/micro-megatron.yaml",
+        "--nproc",
+        "4",
+        "--set",
+        "engines.training.pp=2",
+        "--set",
+        f"run.run_dir={tmp_path / 'run'}",
+        "--set",
+        f"storage.root=file://{tmp_path / 'store'}",
+    )
     assert out.returncode == 2
-    assert ("--nproc 4: the config's parallel.dp x parallel.cp x engines.training.pp = 1 x 1 x 2 = 2 ranks"
-            in out.stderr)
+    assert (
+        "--nproc 4: the config's parallel.dp x parallel.cp x engines.training.pp = 1 x 1 x 2 = 2 ranks"
+        in out.stderr
+    )
     assert "torch.distributed" not in out.stderr and not (tmp_path / "run").exists()
-    out = ringzero("stage", "run", "configs/micro-megatron.yaml", "--stage", "base", "--nproc", "2",
-                   "--set", "task.digits=1")
+    out = ringzero(
+        "stage",
+        "run",
+        "configs/micro-megatron.yaml",
+        "--stage",
+        "base",
+        "--nproc",
+        "2",
+        "--set",
+        "task.digits=1",
+    )
     assert out.returncode == 2 and out.stderr.count("task.digits") == 1 and "Traceback" not in out.stderr

@@ -33,6 +33,7 @@ def _config(change):
         change(doc)
         (d / "config.json").write_text(json.dumps(doc))
         return "config.json"
+
     return edit
 
 
@@ -40,6 +41,7 @@ def _raw_config(text: str):
     def edit(d: Path) -> str:
         (d / "config.json").write_text(text)
         return "config.json"
+
     return edit
 
 
@@ -48,18 +50,21 @@ def _weights(change):
         file = d / "model.safetensors"
         file.write_bytes(change(file.read_bytes()))
         return "model.safetensors"
+
     return edit
 
 
 def _header(change):
     """Edit the first tensor's header entry, keeping the data as it is."""
+
     def rewrite(data: bytes) -> bytes:
         n = struct.unpack("<Q", data[:8])[0]
-        header = json.loads(data[8:8 + n])
+        header = json.loads(data[8 : 8 + n])
         change(header[next(k for k in header if k != "__metadata__")])
         raw = json.dumps(header).encode()
         raw += b" " * (-len(raw) % 8)
-        return struct.pack("<Q", len(raw)) + raw + data[8 + n:]
+        return struct.pack("<Q", len(raw)) + raw + data[8 + n :]
+
     return _weights(rewrite)
 
 
@@ -72,6 +77,7 @@ def _index(change):
         change(doc, names)
         (d / "model.safetensors.index.json").write_text(json.dumps(doc))
         return "model.safetensors.index.json"
+
     return edit
 
 
@@ -80,29 +86,51 @@ CASES = {
     "config nested too deeply": (_raw_config("[" * 5000 + "]" * 5000), "nested too deeply"),
     "config a list": (_raw_config("[1]"), "expected a JSON object"),
     "architectures an int": (_config(lambda c: c.update(architectures=5)), "architectures must be a list"),
-    "architectures a string": (_config(lambda c: c.update(architectures="xBailingMoeV2_5ForCausalLMx")),
-                               "architectures must be a list"),
-    "layers a string": (_config(lambda c: c.update(num_hidden_layers="two")), "num_hidden_layers must be an integer"),
+    "architectures a string": (
+        _config(lambda c: c.update(architectures="xBailingMoeV2_5ForCausalLMx")),
+        "architectures must be a list",
+    ),
+    "layers a string": (
+        _config(lambda c: c.update(num_hidden_layers="two")),
+        "num_hidden_layers must be an integer",
+    ),
     "ringzero a list": (_config(lambda c: c.update(ringzero=[1, 2])), "ringzero must be an object"),
-    "first_k_dense_replace a string": (_config(lambda c: c.update(num_experts=1, first_k_dense_replace="a")),
-                                       "first_k_dense_replace must be an integer"),
+    "first_k_dense_replace a string": (
+        _config(lambda c: c.update(num_experts=1, first_k_dense_replace="a")),
+        "first_k_dense_replace must be an integer",
+    ),
     "vocab negative": (_config(lambda c: c.update(vocab_size=-1)), "vocab_size"),
     "weights empty": (_weights(lambda b: b""), "shorter than the 8-byte header size"),
-    "header size past the file": (_weights(lambda b: struct.pack("<Q", 2**60) + b"{}"), "truncated or not safetensors"),
+    "header size past the file": (
+        _weights(lambda b: struct.pack("<Q", 2**60) + b"{}"),
+        "truncated or not safetensors",
+    ),
     "header torn": (_weights(lambda b: b[:50]), "truncated or not safetensors"),
     "header not JSON": (_weights(lambda b: struct.pack("<Q", 8) + b"{nope!!}"), "header is not valid JSON"),
     "data truncated": (_weights(lambda b: b[:-100]), "file truncated?"),
     "dtype integer": (_header(lambda e: e.update(dtype="I64")), "dtype I64; model weights must be one of"),
     "dtype unknown": (_header(lambda e: e.update(dtype="Q9")), "unknown dtype 'Q9'"),
-    "shape disagrees with the data": (_header(lambda e: e.update(shape=[1, 1])), "needs 4 bytes but data_offsets"),
+    "shape disagrees with the data": (
+        _header(lambda e: e.update(shape=[1, 1])),
+        "needs 4 bytes but data_offsets",
+    ),
     "shape not sizes": (_header(lambda e: e.update(shape=["a"])), "is not a list of sizes"),
-    "index misses a tensor": (_index(lambda doc, names: doc["weight_map"].pop(names[0])), "is not in the index"),
-    "index names a ghost tensor": (_index(lambda doc, names: doc["weight_map"].update({"model.ghost": SHARD})),
-                                   "does not hold it"),
-    "index names a missing shard": (_index(lambda doc, names: doc["weight_map"].update({names[0]: "other.safetensors"})),
-                                    "not in the folder"),
-    "index reaches outside the folder": (_index(lambda doc, names: doc["weight_map"].update(
-        {names[0]: "../elsewhere/model.safetensors"})), "outside the folder"),
+    "index misses a tensor": (
+        _index(lambda doc, names: doc["weight_map"].pop(names[0])),
+        "is not in the index",
+    ),
+    "index names a ghost tensor": (
+        _index(lambda doc, names: doc["weight_map"].update({"model.ghost": SHARD})),
+        "does not hold it",
+    ),
+    "index names a missing shard": (
+        _index(lambda doc, names: doc["weight_map"].update({names[0]: "other.safetensors"})),
+        "not in the folder",
+    ),
+    "index reaches outside the folder": (
+        _index(lambda doc, names: doc["weight_map"].update({names[0]: "../elsewhere/model.safetensors"})),
+        "outside the folder",
+    ),
     "index not JSON": (_index(lambda doc, names: doc.update(weight_map=[1])), "not a safetensors index"),
 }
 

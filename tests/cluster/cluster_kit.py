@@ -62,7 +62,9 @@ def pod_specs(obj: dict) -> list[tuple[str, dict]]:
     if kind in ("Deployment", "Job", "StatefulSet", "DaemonSet"):
         return [(kind, spec["template"]["spec"])]
     if kind == "PyTorchJob":
-        return [(f"PyTorchJob/{role}", r["template"]["spec"]) for role, r in spec["pytorchReplicaSpecs"].items()]
+        return [
+            (f"PyTorchJob/{role}", r["template"]["spec"]) for role, r in spec["pytorchReplicaSpecs"].items()
+        ]
     if kind == "TrainJob":
         found = []
         for patch in spec.get("runtimePatches", []):
@@ -135,8 +137,11 @@ def plain_secret_env(obj: dict) -> list[str]:
 def _strict(node):
     """Close every object schema that lists its properties: the API server would silently prune a typo."""
     if isinstance(node, dict):
-        if ("properties" in node and "additionalProperties" not in node
-                and not node.get("x-kubernetes-preserve-unknown-fields")):
+        if (
+            "properties" in node
+            and "additionalProperties" not in node
+            and not node.get("x-kubernetes-preserve-unknown-fields")
+        ):
             node["additionalProperties"] = False
         for value in node.values():
             _strict(value)
@@ -158,12 +163,16 @@ def validate(obj: dict) -> None:
     if obj["kind"] in CRD_KINDS:
         errors = sorted(crd_validator(obj["kind"]).iter_errors(obj), key=lambda e: list(e.path))
         if errors:
-            raise AssertionError("; ".join(f"{'.'.join(map(str, e.path))}: {e.message[:200]}" for e in errors))
+            raise AssertionError(
+                "; ".join(f"{'.'.join(map(str, e.path))}: {e.message[:200]}" for e in errors)
+            )
         return
     try:
         kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
     except kubernetes_validate.ValidationError as e:
-        raise AssertionError(f"{obj['kind']} {obj['metadata']['name']}: {'.'.join(map(str, e.path))}: {e.message}") from None
+        raise AssertionError(
+            f"{obj['kind']} {obj['metadata']['name']}: {'.'.join(map(str, e.path))}: {e.message}"
+        ) from None
 
 
 def dumps(objs: list[dict]) -> str:

@@ -1,4 +1,5 @@
-"""Cluster tests: the chart is rendered with a helm CLI fetched from PyPI; the launcher talks to a fake API."""
+"""Cluster tests: the chart is rendered with a helm CLI fetched from PyPI; the launcher talks to a fake
+API."""
 
 from __future__ import annotations
 

@@ -39,8 +39,18 @@ def test_every_object_validates(rendered, name):
 
 def test_default_install_has_the_documented_objects(rendered):
     kinds = sorted(o["kind"] for o in rendered["defaults"])
-    for kind in ("ServiceAccount", "Role", "RoleBinding", "ConfigMap", "Deployment", "PersistentVolumeClaim",
-                 "Service", "Job", "NetworkPolicy", "TrainJob"):
+    for kind in (
+        "ServiceAccount",
+        "Role",
+        "RoleBinding",
+        "ConfigMap",
+        "Deployment",
+        "PersistentVolumeClaim",
+        "Service",
+        "Job",
+        "NetworkPolicy",
+        "TrainJob",
+    ):
         assert kind in kinds, f"{kind} missing from {kinds}"
     jobs = {o["metadata"]["name"] for o in by_kind(rendered["defaults"], "Job")}
     assert jobs == {f"{RELEASE}-ringzero-create-bucket", f"{RELEASE}-ringzero-pipeline-upload"}
@@ -109,7 +119,9 @@ def shipped_run_config(objs):
     upload = the(objs, "Job", "-pipeline-upload")["spec"]["template"]["spec"]["containers"][0]
     name = next(e["value"] for e in upload["env"] if e["name"] == "RUN_CONFIG")
     data = yaml.safe_load(the(objs, "ConfigMap", "-runs")["data"][name])
-    apply_overrides(data, yaml.safe_load(the(objs, "ConfigMap", "-cluster")["data"]["pipeline-overrides.yaml"]) or [])
+    apply_overrides(
+        data, yaml.safe_load(the(objs, "ConfigMap", "-cluster")["data"]["pipeline-overrides.yaml"]) or []
+    )
     return parse_config(data, name)
 
 
@@ -123,17 +135,27 @@ def test_gpu_values_run_the_world_of_the_shipped_run_config(rendered, name):
     (The CPU profile runs a user-supplied, one-process config; the launcher refuses cluster-h200 there.)
     """
     objs = rendered[name]
-    settings = ClusterSettings.model_validate(yaml.safe_load(the(objs, "ConfigMap", "-cluster")["data"]["cluster.yaml"]))
+    settings = ClusterSettings.model_validate(
+        yaml.safe_load(the(objs, "ConfigMap", "-cluster")["data"]["cluster.yaml"])
+    )
     cfg = shipped_run_config(objs)
     assert settings.device == "gpu"
     world = settings.num_nodes * settings.gpus_per_node
     assert world == settings.world_size() == cfg.parallel.dp * cfg.parallel.cp, (
         f"{name}: {settings.num_nodes} nodes x {settings.gpus_per_node} GPUs = {world}, but {cfg.run.name} "
-        f"needs dp {cfg.parallel.dp} x cp {cfg.parallel.cp}")
+        f"needs dp {cfg.parallel.dp} x cp {cfg.parallel.cp}"
+    )
     # The smoke job the release tests with requests the same nodes and GPUs.
-    (smoke,) = [o for o in objs if o["kind"] in ("TrainJob", "PyTorchJob") and o["metadata"]["name"].endswith("-smoke")]
+    (smoke,) = [
+        o
+        for o in objs
+        if o["kind"] in ("TrainJob", "PyTorchJob") and o["metadata"]["name"].endswith("-smoke")
+    ]
     if smoke["kind"] == "TrainJob":
-        nodes, limits = smoke["spec"]["trainer"]["numNodes"], smoke["spec"]["trainer"]["resourcesPerNode"]["limits"]
+        nodes, limits = (
+            smoke["spec"]["trainer"]["numNodes"],
+            smoke["spec"]["trainer"]["resourcesPerNode"]["limits"],
+        )
     else:
         replicas = smoke["spec"]["pytorchReplicaSpecs"]
         nodes = sum(r["replicas"] for r in replicas.values())
@@ -147,10 +169,18 @@ def test_gpu_values_launch_the_shipped_run_config(rendered):
     from ringzero.cluster.launch import render_stage
 
     settings = ClusterSettings.model_validate(
-        yaml.safe_load(the(rendered["gpu"], "ConfigMap", "-cluster")["data"]["cluster.yaml"]))
+        yaml.safe_load(the(rendered["gpu"], "ConfigMap", "-cluster")["data"]["cluster.yaml"])
+    )
     cfg = shipped_run_config(rendered["gpu"])
-    job = StageJob(run=cfg.run.name, stage="base", name="cluster-h200-base-0a1b2c3d", namespace=NAMESPACE,
-                   config_yaml="", dp=cfg.parallel.dp, cp=cfg.parallel.cp)
+    job = StageJob(
+        run=cfg.run.name,
+        stage="base",
+        name="cluster-h200-base-0a1b2c3d",
+        namespace=NAMESPACE,
+        config_yaml="",
+        dp=cfg.parallel.dp,
+        cp=cfg.parallel.cp,
+    )
     trainer = render_stage(settings, job)[-1]["spec"]["trainer"]
     assert trainer["command"] == ["torchrun"]
     assert trainer["args"][:2] == ["--nnodes=1", "--nproc-per-node=4"]
@@ -174,8 +204,15 @@ def test_chart_copy_of_the_run_config_matches_configs():
 def test_extra_run_configs_are_shipped_and_selectable(helm_bin, tmp_path):
     from cluster_kit import render
 
-    objs = render(helm_bin, [], ("runConfigs.bundled=false", "runConfigs.extra.mine\\.yaml=run: {name: mine}",
-                                 "pipeline.runConfig=mine.yaml"))
+    objs = render(
+        helm_bin,
+        [],
+        (
+            "runConfigs.bundled=false",
+            "runConfigs.extra.mine\\.yaml=run: {name: mine}",
+            "pipeline.runConfig=mine.yaml",
+        ),
+    )
     data = the(objs, "ConfigMap", "-runs")["data"]
     assert list(data) == ["mine.yaml"]
     upload = the(objs, "Job", "-pipeline-upload")
@@ -184,7 +221,9 @@ def test_extra_run_configs_are_shipped_and_selectable(helm_bin, tmp_path):
 
 
 def test_upload_job_compiles_with_this_release_settings(rendered):
-    container = the(rendered["multiuser"], "Job", "-pipeline-upload")["spec"]["template"]["spec"]["containers"][0]
+    container = the(rendered["multiuser"], "Job", "-pipeline-upload")["spec"]["template"]["spec"][
+        "containers"
+    ][0]
     script = container["args"][0]
     assert "ringzero kfp compile" in script and "python -m ringzero.cluster.kfp_upload" in script
     # the release's settings come from its cluster ConfigMap, mounted where --install reads it
@@ -228,11 +267,16 @@ def test_upload_script_overrides_load_with_the_real_config_loader(rendered, tmp_
     (tmp_path / "bin").mkdir()
     for tool in ("ringzero", "python"):
         stand_in = tmp_path / "bin" / tool
-        stand_in.write_text(f'#!/bin/sh\n"{sys.executable}" -c \'import json,sys; '
-                            f'json.dump(sys.argv[1:], open("{tmp_path}/{tool}.json", "w"))\' "$@"\n')
+        stand_in.write_text(
+            f'#!/bin/sh\n"{sys.executable}" -c \'import json,sys; '
+            f'json.dump(sys.argv[1:], open("{tmp_path}/{tool}.json", "w"))\' "$@"\n'
+        )
         stand_in.chmod(0o755)
-    script = container["args"][0].replace("/etc/ringzero/runs", str(etc / "runs")).replace(
-        "/etc/ringzero/cluster", str(etc / "cluster"))
+    script = (
+        container["args"][0]
+        .replace("/etc/ringzero/runs", str(etc / "runs"))
+        .replace("/etc/ringzero/cluster", str(etc / "cluster"))
+    )
     done = subprocess.run(["/bin/sh", "-c", script], env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
 
@@ -243,7 +287,10 @@ def test_upload_script_overrides_load_with_the_real_config_loader(rendered, tmp_
     cfg, kfp = load_kfp_config(argv[2], installed.overrides(Path(argv[2]).name))
     assert cfg.storage.root == "s3://my-ringzero-runs/runs/cluster-h200"
     assert (cfg.storage.s3.endpoint, cfg.storage.s3.secure, cfg.storage.s3.region) == (
-        "s3.us-east-1.amazonaws.com", True, "us-east-1")
+        "s3.us-east-1.amazonaws.com",
+        True,
+        "us-east-1",
+    )
     assert (kfp.mode, kfp.base_image, kfp.s3_secret.name) == ("cluster", "ringzero/cpu:0.1.0", "ringzero-s3")
     assert kfp.service_account == "rz-ringzero" and cfg.cluster.service_account == "rz-ringzero"
     assert cfg.cluster.images.trainer.repository == "ringzero/trainer"

@@ -10,24 +10,43 @@ from cluster_kit import COMBINATIONS, NAMESPACE, pod_specs, render
 from ringzero.config.cluster import ClusterSettings
 
 # Kinds that live outside any namespace; everything else the chart renders must name its namespace.
-CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition", "PersistentVolume",
-                  "StorageClass", "PriorityClass", "ClusterTrainingRuntime", "ValidatingWebhookConfiguration",
-                  "MutatingWebhookConfiguration"}
+CLUSTER_SCOPED = {
+    "Namespace",
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "CustomResourceDefinition",
+    "PersistentVolume",
+    "StorageClass",
+    "PriorityClass",
+    "ClusterTrainingRuntime",
+    "ValidatingWebhookConfiguration",
+    "MutatingWebhookConfiguration",
+}
 DIGEST = "sha256:" + "0123456789abcdef" * 4
 # values path of each image -> its repository in values.yaml
-IMAGES = {"images.trainer": "ringzero/trainer", "images.rollout": "ringzero/rollout", "images.cpu": "ringzero/cpu",
-          "minio.image": "quay.io/minio/minio", "minio.clientImage": "quay.io/minio/mc"}
+IMAGES = {
+    "images.trainer": "ringzero/trainer",
+    "images.rollout": "ringzero/rollout",
+    "images.cpu": "ringzero/cpu",
+    "minio.image": "quay.io/minio/minio",
+    "minio.clientImage": "quay.io/minio/mc",
+}
 KEY_DIR = "/etc/ringzero/s3"
 
 
 def namespace_problems(objs: list[dict]) -> list[str]:
-    return [f"{o['kind']}/{o['metadata']['name']}: metadata.namespace is {o['metadata'].get('namespace')!r}"
-            for o in objs if o["kind"] not in CLUSTER_SCOPED and o["metadata"].get("namespace") != NAMESPACE]
+    return [
+        f"{o['kind']}/{o['metadata']['name']}: metadata.namespace is {o['metadata'].get('namespace')!r}"
+        for o in objs
+        if o["kind"] not in CLUSTER_SCOPED and o["metadata"].get("namespace") != NAMESPACE
+    ]
 
 
 def containers(obj: dict) -> list[dict]:
     """Every container of the object; a TrainJob's trainer counts as one (its image and env run there)."""
-    found = [c for _, pod in pod_specs(obj) for c in pod.get("initContainers", []) + pod.get("containers", [])]
+    found = [
+        c for _, pod in pod_specs(obj) for c in pod.get("initContainers", []) + pod.get("containers", [])
+    ]
     if obj["kind"] == "TrainJob":
         found.append({"name": "trainer", **obj["spec"]["trainer"]})
     return found
@@ -54,7 +73,9 @@ def test_every_namespaced_object_names_the_release_namespace(rendered, name):
 def test_the_namespace_check_flags_a_missing_namespace(rendered):
     objs = [dict(o, metadata=dict(o["metadata"])) for o in rendered["defaults"]]
     del objs[0]["metadata"]["namespace"]
-    assert namespace_problems(objs) == [f"{objs[0]['kind']}/{objs[0]['metadata']['name']}: metadata.namespace is None"]
+    assert namespace_problems(objs) == [
+        f"{objs[0]['kind']}/{objs[0]['metadata']['name']}: metadata.namespace is None"
+    ]
     assert not namespace_problems([{"kind": "ClusterRole", "metadata": {"name": "x"}}])
 
 
@@ -70,7 +91,9 @@ def test_a_digest_pins_every_container_of_that_image(helm_bin, path, files):
     assert all(i == f"{repo}@{DIGEST}" for i in ours), ours
     assert all(i.startswith(f"{repo}:") and "@" not in i for i in before), before
     # Every other image is untouched.
-    assert sorted(i for i in images(pinned) if i not in ours) == sorted(i for i in images(plain) if i not in before)
+    assert sorted(i for i in images(pinned) if i not in ours) == sorted(
+        i for i in images(plain) if i not in before
+    )
     if path.startswith("images."):
         kind = path.split(".")[1]
         # The launcher starts this image for stages and rollout servers: the digest reaches it too.
@@ -107,13 +130,17 @@ def test_s3_keys_reach_pods_as_mounted_files(rendered, name):
             for secret in volumes.values():
                 assert secret["secretName"] == "ringzero-s3"
                 assert secret["defaultMode"] in (0o400, 0o440)
-                assert secret["items"] == [{"key": "access-key", "path": "access-key"},
-                                           {"key": "secret-key", "path": "secret-key"}]
+                assert secret["items"] == [
+                    {"key": "access-key", "path": "access-key"},
+                    {"key": "secret-key", "path": "secret-key"},
+                ]
             for c in pod.get("initContainers", []) + pod.get("containers", []):
                 mounts = [m for m in c.get("volumeMounts", []) if m["name"] in volumes]
                 for m in mounts:
                     assert m["readOnly"] is True and m["mountPath"] == KEY_DIR, (where, m)
-                env = env_of.get(c["name"], {}) | (env_of.get("trainer", {}) if obj["kind"] == "TrainJob" else {})
+                env = env_of.get(c["name"], {}) | (
+                    env_of.get("trainer", {}) if obj["kind"] == "TrainJob" else {}
+                )
                 files = {k: v for k, v in env.items() if k.endswith("_FILE") and v and v.startswith(KEY_DIR)}
                 if files:
                     assert mounts, f"{where}/{c['name']} names key files it does not mount"

@@ -11,11 +11,21 @@ from cluster_kit import COMBINATIONS, plain_secret_env, pod_specs, restricted_vi
 
 def test_the_pod_checker_flags_a_weak_pod():
     """Guard against a checker that passes everything."""
-    weak = {"securityContext": {"runAsUser": 0}, "hostNetwork": True,
-            "containers": [{"name": "c", "securityContext": {"capabilities": {"add": ["NET_ADMIN"]}}}]}
+    weak = {
+        "securityContext": {"runAsUser": 0},
+        "hostNetwork": True,
+        "containers": [{"name": "c", "securityContext": {"capabilities": {"add": ["NET_ADMIN"]}}}],
+    }
     problems = "\n".join(restricted_violations("weak", weak))
-    for expected in ("runAsUser 0", "hostNetwork", "allowPrivilegeEscalation", "capabilities not dropped",
-                     "root filesystem writable", "seccomp", "no writable /tmp"):
+    for expected in (
+        "runAsUser 0",
+        "hostNetwork",
+        "allowPrivilegeEscalation",
+        "capabilities not dropped",
+        "root filesystem writable",
+        "seccomp",
+        "no writable /tmp",
+    ):
         assert expected in problems
 
 
@@ -47,9 +57,12 @@ def test_rbac_is_namespaced_and_explicit(rendered, name):
 
 
 def test_rbac_grants_exactly_what_the_launcher_uses(rendered):
-    grants = {(g, r): set(rule["verbs"])
-              for rule in next(o for o in rendered["defaults"] if o["kind"] == "Role")["rules"]
-              for g in rule["apiGroups"] for r in rule["resources"]}
+    grants = {
+        (g, r): set(rule["verbs"])
+        for rule in next(o for o in rendered["defaults"] if o["kind"] == "Role")["rules"]
+        for g in rule["apiGroups"]
+        for r in rule["resources"]
+    }
     lifecycle = {"create", "get", "list", "watch", "delete"}
     assert grants[("trainer.kubeflow.org", "trainjobs")] == lifecycle
     assert grants[("apps", "deployments")] == lifecycle
@@ -58,8 +71,11 @@ def test_rbac_grants_exactly_what_the_launcher_uses(rendered):
     assert grants[("", "pods/log")] == {"get"}
     assert "create" not in grants[("", "pods")]
     assert ("kubeflow.org", "pytorchjobs") not in grants
-    fallback = {r for rule in next(o for o in rendered["pytorchjob"] if o["kind"] == "Role")["rules"]
-                for r in rule["resources"]}
+    fallback = {
+        r
+        for rule in next(o for o in rendered["pytorchjob"] if o["kind"] == "Role")["rules"]
+        for r in rule["resources"]
+    }
     assert "pytorchjobs" in fallback and "trainjobs" not in fallback
 
 
@@ -69,8 +85,14 @@ def test_no_credential_values_rendered(rendered, name):
     assert not [o for o in objs if o["kind"] == "Secret"], "the chart must not create Secrets"
     bad = [(o["kind"], o["metadata"]["name"], n) for o in objs for n in plain_secret_env(o)]
     assert not bad, bad
-    refs = [e for o in objs for where, pod in pod_specs(o) for c in pod.get("containers", [])
-            for e in c.get("env", []) if "secretKeyRef" in str(e)]
+    refs = [
+        e
+        for o in objs
+        for where, pod in pod_specs(o)
+        for c in pod.get("containers", [])
+        for e in c.get("env", [])
+        if "secretKeyRef" in str(e)
+    ]
     assert not refs, "Secrets reach pods as mounted files, never as environment variables"
 
 
@@ -91,8 +113,10 @@ def test_network_policies_cover_every_chart_pod(rendered, name):
             assert any(selected(labels, p) for p in policies), f"{obj['metadata']['name']} has no policy"
     rollout = next(p for p in policies if p["metadata"]["name"].endswith("-rollout"))
     assert rollout["spec"]["ingress"][0]["ports"] == [{"port": 30000, "protocol": "TCP"}]
-    assert rollout["spec"]["ingress"][0]["from"][0]["podSelector"]["matchLabels"][
-        "app.kubernetes.io/component"] == "trainer"
+    assert (
+        rollout["spec"]["ingress"][0]["from"][0]["podSelector"]["matchLabels"]["app.kubernetes.io/component"]
+        == "trainer"
+    )
 
 
 def test_network_policies_can_be_turned_off(helm_bin):
@@ -122,19 +146,27 @@ def test_reading_nodes_and_the_job_crds_is_the_one_cluster_grant_and_can_be_turn
     (role,) = [o for o in objs if o["kind"] == "ClusterRole"]
     assert role["rules"] == [
         {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list"]},
-        {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"],
-         "resourceNames": ["trainjobs.trainer.kubeflow.org", "pytorchjobs.kubeflow.org"], "verbs": ["get"]},
+        {
+            "apiGroups": ["apiextensions.k8s.io"],
+            "resources": ["customresourcedefinitions"],
+            "resourceNames": ["trainjobs.trainer.kubeflow.org", "pytorchjobs.kubeflow.org"],
+            "verbs": ["get"],
+        },
     ]
     # the CRD names granted are the ones the launcher's version check reads
     from ringzero.cluster.versions import CRDS
 
     assert set(role["rules"][1]["resourceNames"]) == {c.name for c in CRDS.values()}
     (binding,) = [o for o in objs if o["kind"] == "ClusterRoleBinding"]
-    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
-                                  "name": role["metadata"]["name"]}
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "ClusterRole",
+        "name": role["metadata"]["name"],
+    }
     (account,) = [o for o in objs if o["kind"] == "ServiceAccount" and o["metadata"]["name"] == "rz-ringzero"]
-    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account["metadata"]["name"],
-                                    "namespace": "ml"}]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": account["metadata"]["name"], "namespace": "ml"}
+    ]
     # two releases in two namespaces get two cluster-scoped names
     assert role["metadata"]["name"] == "ml-rz-ringzero-read-cluster"
     off = render(helm_bin, [], ("rbac.readCluster=false",))

@@ -70,7 +70,11 @@ def test_every_value_is_documented():
     walk(schema, "")
     assert not undocumented, undocumented
     lines = (CHART / "values.yaml").read_text().splitlines()
-    bare = [line for i, line in enumerate(lines)
-            if re.match(r"^\s*[A-Za-z][A-Za-z0-9]*:", line)
-            and "#" not in line and not (i and lines[i - 1].strip().startswith("#"))]
+    bare = [
+        line
+        for i, line in enumerate(lines)
+        if re.match(r"^\s*[A-Za-z][A-Za-z0-9]*:", line)
+        and "#" not in line
+        and not (i and lines[i - 1].strip().startswith("#"))
+    ]
     assert not bare, f"values.yaml keys without a comment on or above them: {bare}"

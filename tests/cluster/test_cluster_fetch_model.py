@@ -19,8 +19,14 @@ from ringzero.store.manifest import STARTED_FILE
 TENSORS = {"model.embed_tokens.weight": torch.randn(8, 4), "lm_head.weight": torch.randn(8, 4)}
 CONFIG = {"architectures": ["BailingMoeV2_5ForCausalLM"], "hidden_size": 4}
 EXTRAS = {"generation_config.json": b'{"eos_token_id": 1}', "tokenizer.json": b'{"model": {}}'}
-HF_FILES = ["config.json", "generation_config.json", "model-00001-of-00002.safetensors",
-            "model-00002-of-00002.safetensors", "model.safetensors.index.json", "tokenizer.json"]
+HF_FILES = [
+    "config.json",
+    "generation_config.json",
+    "model-00001-of-00002.safetensors",
+    "model-00002-of-00002.safetensors",
+    "model.safetensors.index.json",
+    "tokenizer.json",
+]
 
 
 def run(capsys, *argv) -> tuple[int, str, str]:
@@ -61,7 +67,9 @@ def test_fetch_writes_a_plain_hf_folder_from_s3(moto_endpoint, tmp_path, monkeyp
     assert sorted(p.name for p in dest.iterdir()) == HF_FILES
     assert json.loads((dest / "config.json").read_text()) == CONFIG
     weight_map = json.loads((dest / "model.safetensors.index.json").read_text())["weight_map"]
-    loaded = {k: v for f in set(weight_map.values()) for k, v in safetensors.torch.load_file(dest / f).items()}
+    loaded = {
+        k: v for f in set(weight_map.values()) for k, v in safetensors.torch.load_file(dest / f).items()
+    }
     assert all(torch.equal(loaded[k], v) for k, v in TENSORS.items()) and loaded.keys() == TENSORS.keys()
 
 
@@ -88,8 +96,10 @@ def test_fetch_refuses_a_corrupted_file_naming_it(tmp_path, capsys):
     ("argv", "message"),
     [
         (["s3://bucket/runs/base", "{tmp}/policy"], "give the S3 endpoint with --endpoint HOST:PORT"),
-        (["s3://bucket/runs/base", "{tmp}/policy", "--endpoint", "http://h:9"], "bad S3 settings: Value error, give "
-                                                                                "host:port without a scheme"),
+        (
+            ["s3://bucket/runs/base", "{tmp}/policy", "--endpoint", "http://h:9"],
+            "bad S3 settings: Value error, give host:port without a scheme",
+        ),
         (["http://host/x", "{tmp}/policy"], "is not a store URI"),
         (["s3://bucket", "{tmp}/policy", "--endpoint", "h:9"], "names no checkpoint folder"),
     ],
@@ -107,4 +117,3 @@ def test_fetch_refuses_a_non_empty_destination(tmp_path, capsys):
     code, _, err = run(capsys, uri, tmp_path / "policy")
     assert code == 2
     assert f"cannot export to {tmp_path / 'policy'}: the folder exists and is not empty" in err
-

@@ -66,7 +66,9 @@ def dockerignore_excludes(path: str) -> bool:
         if not line or line.startswith("#"):
             continue
         negate, pattern = line.startswith("!"), line.lstrip("!").rstrip("/")
-        if any(fnmatch.fnmatch(c, pattern) or fnmatch.fnmatch(c, pattern.replace("**/", "")) for c in candidates):
+        if any(
+            fnmatch.fnmatch(c, pattern) or fnmatch.fnmatch(c, pattern.replace("**/", "")) for c in candidates
+        ):
             excluded = not negate
     return excluded
 
@@ -89,7 +91,9 @@ def test_final_user_is_not_root(dockerfile):
     users = [rest for w, rest in instrs[last_from:] if w == "USER"]
     assert users, "the final stage never sets USER"
     uid = users[-1].split(":")[0]
-    assert uid.isdigit() and int(uid) != 0, f"USER {users[-1]}: give a numeric non-root uid so runAsNonRoot can check it"
+    assert uid.isdigit() and int(uid) != 0, (
+        f"USER {users[-1]}: give a numeric non-root uid so runAsNonRoot can check it"
+    )
     values = yaml.safe_load((CHART / "values.yaml").read_text())
     assert int(uid) == values["runAsUser"], "the chart's runAsUser must match the images' user"
 

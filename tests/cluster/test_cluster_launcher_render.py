@@ -17,27 +17,49 @@ from ringzero.config.cluster import ClusterSettings
 from ringzero.errors import RingzeroError
 from ringzero.store.config import S3Settings
 
-IMAGES = {k: {"repository": f"registry.example/ringzero/{k}", "tag": "0.1.0"} for k in ("trainer", "rollout", "cpu")}
+IMAGES = {
+    k: {"repository": f"registry.example/ringzero/{k}", "tag": "0.1.0"} for k in ("trainer", "rollout", "cpu")
+}
 
 
 def settings(**over) -> ClusterSettings:
-    base = {"namespace": "ml", "images": IMAGES, "s3_secret": {"name": "ringzero-s3"}, "num_nodes": 2,
-            "gpus_per_node": 8, "node_selector": {"nvidia.com/gpu.product": "NVIDIA-H200"},
-            "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
-            "rollout": {"tp_size": 4, "replicas": 2}}
+    base = {
+        "namespace": "ml",
+        "images": IMAGES,
+        "s3_secret": {"name": "ringzero-s3"},
+        "num_nodes": 2,
+        "gpus_per_node": 8,
+        "node_selector": {"nvidia.com/gpu.product": "NVIDIA-H200"},
+        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        "rollout": {"tp_size": 4, "replicas": 2},
+    }
     return ClusterSettings.model_validate({**base, **over})
 
 
 def job(**over) -> StageJob:
-    base = dict(run="h200", stage="stage1", name=launch_name("h200", "stage1", "pod-abc"), namespace="ml",
-                config_yaml="run: {name: h200}\n", dp=4, cp=4, stage_args=("--init", "s3://ringzero/runs/h200/base"),
-                owner=OwnerRef("v1", "Pod", "step-pod", "1234-uid"))
+    base = dict(
+        run="h200",
+        stage="stage1",
+        name=launch_name("h200", "stage1", "pod-abc"),
+        namespace="ml",
+        config_yaml="run: {name: h200}\n",
+        dp=4,
+        cp=4,
+        stage_args=("--init", "s3://ringzero/runs/h200/base"),
+        owner=OwnerRef("v1", "Pod", "step-pod", "1234-uid"),
+    )
     return StageJob(**{**base, **over})
 
 
 def rollout(lm_head_fp32=True, deterministic=False, body="bfloat16") -> RolloutSpec:
-    return RolloutSpec("s3://ringzero/runs/h200/base", S3Settings(endpoint="minio.ml.svc:9000"),
-                       lm_head_fp32, deterministic, seed=7, body=body)
+    return RolloutSpec(
+        "s3://ringzero/runs/h200/base",
+        S3Settings(endpoint="minio.ml.svc:9000"),
+        lm_head_fp32,
+        deterministic,
+        seed=7,
+        body=body,
+    )
 
 
 def kinds(objs):
@@ -50,8 +72,15 @@ def test_every_launched_object_validates(backend, kind):
     assert kinds(objs) == ["ConfigMap", "Deployment", "Service", "Service", kind]
     for obj in objs:
         validate(obj)
-    shared = settings(backend=backend, rollout={"replicas": 2, "tp_size": 4, "weight_sync": "disk",
-                                                "shared_weights_pvc": "ringzero-weights"})
+    shared = settings(
+        backend=backend,
+        rollout={
+            "replicas": 2,
+            "tp_size": 4,
+            "weight_sync": "disk",
+            "shared_weights_pvc": "ringzero-weights",
+        },
+    )
     for obj in render_stage(shared, job(), rollout()):
         validate(obj)
 
@@ -77,9 +106,14 @@ def test_ipc_lock_is_added_to_the_nccl_containers_only_and_is_the_one_relaxation
                 continue  # a TrainJob patch names the container, its context is in the patch
             added[c["name"]] = caps.get("add", [])
             assert caps.get("drop") == ["ALL"], (where, c["name"])
-    assert added == {"node" if backend == "trainjob" else "pytorch": ["IPC_LOCK"], "sglang": ["IPC_LOCK"],
-                     "fetch-model": []}
-    violations = [v for where, pod in (p for o in objs for p in pod_specs(o)) for v in restricted_violations(where, pod)]
+    assert added == {
+        "node" if backend == "trainjob" else "pytorch": ["IPC_LOCK"],
+        "sglang": ["IPC_LOCK"],
+        "fetch-model": [],
+    }
+    violations = [
+        v for where, pod in (p for o in objs for p in pod_specs(o)) for v in restricted_violations(where, pod)
+    ]
     assert violations and all(v.endswith("adds capabilities") for v in violations)
     with pytest.raises(ValidationError, match="ipc_lock is for NCCL over InfiniBand"):
         settings(device="cpu", gpus_per_node=0, ipc_lock=True)
@@ -102,25 +136,37 @@ def test_trainer_and_sglang_containers_have_a_memory_backed_dev_shm(backend):
     assert seen >= {"sglang", "node" if backend == "trainjob" else "pytorch"}
 
 
-STAGE = ["-m", "ringzero.cli.main", "stage", "run", "/etc/ringzero/run/config.yaml", "--stage", "stage1",
-         "--init", "s3://ringzero/runs/h200/base"]
+STAGE = [
+    "-m",
+    "ringzero.cli.main",
+    "stage",
+    "run",
+    "/etc/ringzero/run/config.yaml",
+    "--stage",
+    "stage1",
+    "--init",
+    "s3://ringzero/runs/h200/base",
+]
 
 
 def torchrun_flags(args: list[str]) -> dict[str, str]:
     """torchrun's own --name=value flags: everything before the -m that starts the stage."""
-    return dict(a.removeprefix("--").split("=", 1) for a in args[:args.index("-m")])
+    return dict(a.removeprefix("--").split("=", 1) for a in args[: args.index("-m")])
 
 
 def test_trainjob_runs_the_stage_on_torch_distributed():
     tj = render_stage(settings(), job())[-1]
     spec, trainer = tj["spec"], tj["spec"]["trainer"]
-    assert spec["runtimeRef"] == {"apiGroup": "trainer.kubeflow.org", "kind": "ClusterTrainingRuntime",
-                                  "name": "torch-distributed"}
+    assert spec["runtimeRef"] == {
+        "apiGroup": "trainer.kubeflow.org",
+        "kind": "ClusterTrainingRuntime",
+        "name": "torch-distributed",
+    }
     assert (trainer["numNodes"], trainer["numProcPerNode"]) == (2, 8)
     assert trainer["resourcesPerNode"]["limits"]["nvidia.com/gpu"] == "8"
     assert trainer["image"] == "registry.example/ringzero/trainer:0.1.0"
     assert trainer["command"] == ["torchrun"]
-    assert trainer["args"][trainer["args"].index("-m"):] == STAGE
+    assert trainer["args"][trainer["args"].index("-m") :] == STAGE
     pod = pod_specs(tj)[0][1]
     assert pod["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H200"}
     assert pod["tolerations"][0]["key"] == "nvidia.com/gpu"
@@ -132,15 +178,22 @@ def test_trainjob_torchrun_matches_the_nodes_and_the_rendezvous_of_the_torch_plu
     j = job(dp=dp, cp=cp)
     trainer = render_stage(settings(num_nodes=nodes, gpus_per_node=gpus), j)[-1]["spec"]["trainer"]
     flags = torchrun_flags(trainer["args"])
-    assert flags == {"nnodes": str(nodes), "nproc-per-node": str(gpus), "rdzv-backend": "c10d",
-                     "rdzv-endpoint": "$(PET_MASTER_ADDR):$(PET_MASTER_PORT)", "rdzv-id": j.name,
-                     "max-restarts": "0"}
+    assert flags == {
+        "nnodes": str(nodes),
+        "nproc-per-node": str(gpus),
+        "rdzv-backend": "c10d",
+        "rdzv-endpoint": "$(PET_MASTER_ADDR):$(PET_MASTER_PORT)",
+        "rdzv-id": j.name,
+        "max-restarts": "0",
+    }
     # The same counts in the fields the torch plugin turns into PET_NNODES / PET_NPROC_PER_NODE and the pods.
     assert (trainer["numNodes"], trainer["numProcPerNode"]) == (nodes, gpus)
     assert trainer["resourcesPerNode"]["limits"]["nvidia.com/gpu"] == str(gpus)
     assert nodes * gpus == dp * cp
     # The plugin sets the PET_* variables; a job that set them itself would contradict it.
-    assert not [e for e in trainer["env"] if e["name"].startswith("PET_") or e["name"] in ("RANK", "WORLD_SIZE")]
+    assert not [
+        e for e in trainer["env"] if e["name"].startswith("PET_") or e["name"] in ("RANK", "WORLD_SIZE")
+    ]
 
 
 @pytest.mark.parametrize("nodes,gpus,dp,cp", [(1, 8, 2, 4), (3, 8, 6, 4), (2, 4, 2, 4)])
@@ -155,9 +208,14 @@ def test_pytorchjob_torchrun_meets_at_the_master_the_operator_names(nodes, gpus,
         (container,) = role["template"]["spec"]["containers"]
         assert container["command"] == ["torchrun"]
         assert torchrun_flags(container["args"]) == {
-            "nnodes": str(nodes), "nproc-per-node": str(gpus), "rdzv-backend": "c10d",
-            "rdzv-endpoint": "$(MASTER_ADDR):$(MASTER_PORT)", "rdzv-id": j.name, "max-restarts": "0"}
-        assert container["args"][container["args"].index("-m"):] == STAGE
+            "nnodes": str(nodes),
+            "nproc-per-node": str(gpus),
+            "rdzv-backend": "c10d",
+            "rdzv-endpoint": "$(MASTER_ADDR):$(MASTER_PORT)",
+            "rdzv-id": j.name,
+            "max-restarts": "0",
+        }
+        assert container["args"][container["args"].index("-m") :] == STAGE
         # MASTER_PORT is this port's number; the operator creates the Master's Service for it.
         assert {"name": "pytorchjob-port", "containerPort": 23456, "protocol": "TCP"} in container["ports"]
         assert container["resources"]["limits"]["nvidia.com/gpu"] == str(gpus)
@@ -190,9 +248,19 @@ def test_objects_are_tied_to_the_run_and_owned_by_the_step_pod():
     for obj in render_stage(settings(), j, rollout()):
         labels = obj["metadata"]["labels"]
         assert (labels["ringzero.dev/run"], labels["ringzero.dev/stage"], labels["ringzero.dev/launch"]) == (
-            "h200", "stage1", j.name)
-        assert obj["metadata"]["ownerReferences"] == [{"apiVersion": "v1", "kind": "Pod", "name": "step-pod",
-                                                       "uid": "1234-uid", "blockOwnerDeletion": False}]
+            "h200",
+            "stage1",
+            j.name,
+        )
+        assert obj["metadata"]["ownerReferences"] == [
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "name": "step-pod",
+                "uid": "1234-uid",
+                "blockOwnerDeletion": False,
+            }
+        ]
     tj = render_stage(settings(), j)[-1]
     patch = tj["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0]
     assert patch["template"]["spec"]["template"]["metadata"]["labels"]["ringzero.dev/launch"] == j.name
@@ -228,7 +296,9 @@ def test_rollout_servers_follow_the_precision_policy():
     fetch = pod["initContainers"][0]
     assert fetch["args"][:2] == ["s3://ringzero/runs/h200/base", "/models/policy"]
     assert deployment["spec"]["replicas"] == 2
-    plain = render_stage(settings(), job(), rollout(lm_head_fp32=False, deterministic=True, body="float32"))[1]
+    plain = render_stage(settings(), job(), rollout(lm_head_fp32=False, deterministic=True, body="float32"))[
+        1
+    ]
     plain_args = plain["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--enable-fp32-lm-head" not in plain_args and "--enable-deterministic-inference" in plain_args
     assert plain_args[plain_args.index("--dtype") + 1] == "float32"
@@ -248,36 +318,59 @@ def test_every_replica_is_resolvable_through_a_headless_service():
     assert headless["metadata"]["name"] == f"{j.name}-pods" and len(headless["metadata"]["name"]) <= 63
     assert headless["spec"]["clusterIP"] == "None"
     assert headless["spec"]["publishNotReadyAddresses"] is False
-    assert headless["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"] == service["spec"]["selector"]
+    assert (
+        headless["spec"]["selector"]
+        == deployment["spec"]["selector"]["matchLabels"]
+        == service["spec"]["selector"]
+    )
     assert headless["spec"]["ports"] == service["spec"]["ports"]
     assert "clusterIP" not in service["spec"]  # the load-balanced Service stays as it was
 
 
 def overrides(args: list[str]) -> dict[str, str]:
     pairs = [args[i + 1] for i, a in enumerate(args) if a == "--set"]
-    return dict(p.removeprefix("engines.rollout.").split("=", 1) for p in pairs if p.startswith("engines.rollout."))
+    return dict(
+        p.removeprefix("engines.rollout.").split("=", 1) for p in pairs if p.startswith("engines.rollout.")
+    )
 
 
 def test_the_trainer_is_pointed_at_every_replica_and_the_served_checkpoint():
     j = job()
     args = render_stage(settings(), j, rollout())[-1]["spec"]["trainer"]["args"]
     assert overrides(args) == {
-        "kind": "sglang", "endpoint": f"http://{j.name}-rollout.ml.svc:30000",
-        "replica_dns": f"{j.name}-pods.ml.svc:30000", "replicas": "2", "tp_size": "4",
-        "weight_sync": "distributed", "served_uri": "s3://ringzero/runs/h200/base",
+        "kind": "sglang",
+        "endpoint": f"http://{j.name}-rollout.ml.svc:30000",
+        "replica_dns": f"{j.name}-pods.ml.svc:30000",
+        "replicas": "2",
+        "tp_size": "4",
+        "weight_sync": "distributed",
+        "served_uri": "s3://ringzero/runs/h200/base",
     }
     # The overrides load into the run config the job reads.
-    cfg = load_config(REPO / "configs" / "tiny-cpu.yaml", [f"engines.rollout.{k}={v}" for k, v in overrides(args).items()])
+    cfg = load_config(
+        REPO / "configs" / "tiny-cpu.yaml", [f"engines.rollout.{k}={v}" for k, v in overrides(args).items()]
+    )
     engine = cfg.engines.rollout
     assert (engine.replica_dns, engine.replicas, engine.tp_size, engine.weight_sync) == (
-        f"{j.name}-pods.ml.svc:30000", 2, 4, "distributed")
+        f"{j.name}-pods.ml.svc:30000",
+        2,
+        4,
+        "distributed",
+    )
 
 
 @pytest.mark.parametrize("backend", ["trainjob", "pytorchjob"])
 def test_disk_sync_mounts_one_claim_in_trainer_and_server_pods(backend):
     j = job()
-    shared = settings(backend=backend, rollout={"replicas": 2, "tp_size": 4, "weight_sync": "disk",
-                                                "shared_weights_pvc": "ringzero-weights"})
+    shared = settings(
+        backend=backend,
+        rollout={
+            "replicas": 2,
+            "tp_size": 4,
+            "weight_sync": "disk",
+            "shared_weights_pvc": "ringzero-weights",
+        },
+    )
     objs = render_stage(shared, j, rollout())
     claim = {"name": "shared-weights", "persistentVolumeClaim": {"claimName": "ringzero-weights"}}
     for where, pod in [p for o in objs for p in pod_specs(o)]:
@@ -287,8 +380,11 @@ def test_disk_sync_mounts_one_claim_in_trainer_and_server_pods(backend):
             assert mount["mountPath"] == "/shared-weights"
             assert mount.get("readOnly", False) == (container["name"] == "sglang"), where
     trainer = objs[-1]
-    args = trainer["spec"]["trainer"]["args"] if backend == "trainjob" else (
-        trainer["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["args"])
+    args = (
+        trainer["spec"]["trainer"]["args"]
+        if backend == "trainjob"
+        else (trainer["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["args"])
+    )
     assert overrides(args)["weight_sync"] == "disk"
     assert overrides(args)["weights_dir"] == f"/shared-weights/{j.name}"
     # Without a rollout nothing is mounted.
@@ -332,20 +428,30 @@ def test_credentials_are_mounted_files_never_values(monkeypatch):
         for where, pod in [p for o in objs for p in pod_specs(o)]:
             (volume,) = [v for v in pod["volumes"] if "secret" in v]
             assert volume["secret"] == {
-                "secretName": "ringzero-s3", "defaultMode": 0o440,
-                "items": [{"key": "access-key", "path": "access-key"}, {"key": "secret-key", "path": "secret-key"}]}
+                "secretName": "ringzero-s3",
+                "defaultMode": 0o440,
+                "items": [
+                    {"key": "access-key", "path": "access-key"},
+                    {"key": "secret-key", "path": "secret-key"},
+                ],
+            }
             for c in pod.get("initContainers", []) + pod["containers"]:
                 mounts = [m for m in c.get("volumeMounts", []) if m["name"] == volume["name"]]
                 env = {e["name"]: e.get("value") for e in c.get("env", [])}
                 if mounts:
-                    assert mounts == [{"name": volume["name"], "mountPath": "/etc/ringzero/s3", "readOnly": True}]
+                    assert mounts == [
+                        {"name": volume["name"], "mountPath": "/etc/ringzero/s3", "readOnly": True}
+                    ]
                     readers += 1
                 if "RINGZERO_S3_ACCESS_KEY_FILE" in env:
                     assert mounts, f"{where}/{c['name']} names key files it does not mount"
                     assert env["RINGZERO_S3_SECRET_KEY_FILE"] == "/etc/ringzero/s3/secret-key"
         trainer = objs[-1]
-        trainer_env = (trainer["spec"]["trainer"]["env"] if backend == "trainjob" else
-                       trainer["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["env"])
+        trainer_env = (
+            trainer["spec"]["trainer"]["env"]
+            if backend == "trainjob"
+            else trainer["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["env"]
+        )
         assert {"name": "RINGZERO_S3_ACCESS_KEY_FILE", "value": "/etc/ringzero/s3/access-key"} in trainer_env
         assert readers >= 2, f"{backend}: the trainer and the fetch-model container mount the keys"
 
@@ -354,8 +460,11 @@ def test_credential_files_follow_the_secret_key_names():
     s = settings(s3_secret={"name": "store-keys", "access_key_key": "id", "secret_key_key": "key"})
     objs = render_stage(s, job(), rollout())
     volumes = [v["secret"] for o in objs for _, pod in pod_specs(o) for v in pod["volumes"] if "secret" in v]
-    assert volumes and all(v["secretName"] == "store-keys" and v["items"] == [
-        {"key": "id", "path": "access-key"}, {"key": "key", "path": "secret-key"}] for v in volumes)
+    assert volumes and all(
+        v["secretName"] == "store-keys"
+        and v["items"] == [{"key": "id", "path": "access-key"}, {"key": "key", "path": "secret-key"}]
+        for v in volumes
+    )
 
 
 def test_secret_looking_plain_env_is_refused():
@@ -377,15 +486,18 @@ def test_cpu_device_uses_the_cpu_image_and_refuses_sglang():
         render_stage(cpu, job(dp=1, cp=1), rollout())
 
 
-@pytest.mark.parametrize("change,field", [
-    ({"images": {**IMAGES, "trainer": {"repository": "r/t", "tag": "latest"}}}, "images.trainer.tag"),
-    ({"images": {**IMAGES, "cpu": {"repository": "r/c:1.0", "tag": "1.0"}}}, "images.cpu.repository"),
-    ({"device": "cpu"}, "gpus_per_node must be 0"),
-    ({"gpus_per_node": 0}, "gpus_per_node must be at least 1"),
-    ({"namespace": "Not_A_Label"}, "namespace"),
-    ({"tolerations": [{"key": "k", "operator": "Exists", "value": "v"}]}, "tolerations.0"),
-    ({"s3_secret": {"name": "ringzero-s3", "access_key": "AKIA"}}, "s3_secret.access_key"),
-])
+@pytest.mark.parametrize(
+    "change,field",
+    [
+        ({"images": {**IMAGES, "trainer": {"repository": "r/t", "tag": "latest"}}}, "images.trainer.tag"),
+        ({"images": {**IMAGES, "cpu": {"repository": "r/c:1.0", "tag": "1.0"}}}, "images.cpu.repository"),
+        ({"device": "cpu"}, "gpus_per_node must be 0"),
+        ({"gpus_per_node": 0}, "gpus_per_node must be at least 1"),
+        ({"namespace": "Not_A_Label"}, "namespace"),
+        ({"tolerations": [{"key": "k", "operator": "Exists", "value": "v"}]}, "tolerations.0"),
+        ({"s3_secret": {"name": "ringzero-s3", "access_key": "AKIA"}}, "s3_secret.access_key"),
+    ],
+)
 def test_bad_cluster_settings_name_the_field(change, field):
     with pytest.raises(ValidationError) as err:
         settings(**change)

@@ -14,27 +14,60 @@ from ringzero.config.cluster import ClusterSettings
 from ringzero.store.config import S3Settings
 
 IMAGES = {k: {"repository": f"r/{k}", "tag": "1"} for k in ("trainer", "rollout", "cpu")}
-SETTINGS = ClusterSettings.model_validate({
-    "namespace": "ml", "images": IMAGES, "s3_secret": {"name": "s3"}, "gpus_per_node": 8, "log_lines": 3,
-    "rollout": {"ready_timeout_s": 3600}, "pending_timeout_s": 600, "image_pull_timeout_s": 300,
-})
-JOB = StageJob(run="r", stage="stage1", name="r-stage1-0a1b2c3d", namespace="ml", config_yaml="run: {name: r}\n",
-               dp=2, cp=4)
+SETTINGS = ClusterSettings.model_validate(
+    {
+        "namespace": "ml",
+        "images": IMAGES,
+        "s3_secret": {"name": "s3"},
+        "gpus_per_node": 8,
+        "log_lines": 3,
+        "rollout": {"ready_timeout_s": 3600},
+        "pending_timeout_s": 600,
+        "image_pull_timeout_s": 300,
+    }
+)
+JOB = StageJob(
+    run="r",
+    stage="stage1",
+    name="r-stage1-0a1b2c3d",
+    namespace="ml",
+    config_yaml="run: {name: r}\n",
+    dp=2,
+    cp=4,
+)
 ROLLOUT = RolloutSpec("s3://b/ckpt", S3Settings(), lm_head_fp32=True, deterministic=False, seed=0)
-UNSCHEDULABLE = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
-                 "message": "0/3 nodes are available: 3 Insufficient nvidia.com/gpu."}
-SCHEDULER_EVENT = {"type": "Warning", "reason": "FailedScheduling",
-                   "message": "0/3 nodes are available: 3 Insufficient nvidia.com/gpu."}
+UNSCHEDULABLE = {
+    "type": "PodScheduled",
+    "status": "False",
+    "reason": "Unschedulable",
+    "message": "0/3 nodes are available: 3 Insufficient nvidia.com/gpu.",
+}
+SCHEDULER_EVENT = {
+    "type": "Warning",
+    "reason": "FailedScheduling",
+    "message": "0/3 nodes are available: 3 Insufficient nvidia.com/gpu.",
+}
 
 
 def pending_pod(name="r-node-0", **status):
-    return {"metadata": {"name": name}, "spec": {"containers": [{"name": "node"}]},
-            "status": {"phase": "Pending", **status}}
+    return {
+        "metadata": {"name": name},
+        "spec": {"containers": [{"name": "node"}]},
+        "status": {"phase": "Pending", **status},
+    }
 
 
 def waiting(reason, message="", restarts=0, image="r/trainer:1"):
-    return {"containerStatuses": [{"name": "node", "image": image, "restartCount": restarts,
-                                   "state": {"waiting": {"reason": reason, "message": message}}}]}
+    return {
+        "containerStatuses": [
+            {
+                "name": "node",
+                "image": image,
+                "restartCount": restarts,
+                "state": {"waiting": {"reason": reason, "message": message}},
+            }
+        ]
+    }
 
 
 def launch(api, clock, rollout=None):
@@ -42,30 +75,50 @@ def launch(api, clock, rollout=None):
 
 
 def test_an_unschedulable_pod_fails_the_stage_after_the_pending_timeout_with_the_scheduler_s_reason():
-    api = FakeApi({"TrainJob": [[RUNNING]]}, pods=[pending_pod(conditions=[UNSCHEDULABLE])],
-                  events={"r-node-0": [SCHEDULER_EVENT]})
+    api = FakeApi(
+        {"TrainJob": [[RUNNING]]},
+        pods=[pending_pod(conditions=[UNSCHEDULABLE])],
+        events={"r-node-0": [SCHEDULER_EVENT]},
+    )
     clock = FakeClock()
     with pytest.raises(StageFailed) as err:
         launch(api, clock)
     message = str(err.value)
     assert not isinstance(err.value, StageTimeout)
-    assert "pod r-node-0 cannot be scheduled (0/3 nodes are available: 3 Insufficient nvidia.com/gpu.)" in message
+    assert (
+        "pod r-node-0 cannot be scheduled (0/3 nodes are available: 3 Insufficient nvidia.com/gpu.)"
+        in message
+    )
     assert "Warning FailedScheduling: 0/3 nodes are available" in message
     assert 600 <= clock.now < 1200  # minutes, not the job's 2-day deadline
     assert api.deleted == ["TrainJob", "ConfigMap"]
 
 
 def test_a_pod_that_waits_for_a_gpu_briefly_is_left_alone():
-    api = FakeApi({"TrainJob": [[RUNNING]] * 5 + [[lambda: api.pods.clear(), {"status": {"conditions": [
-        {"type": "Complete", "status": "True"}]}}]]}, pods=[pending_pod(conditions=[UNSCHEDULABLE])])
+    api = FakeApi(
+        {
+            "TrainJob": [[RUNNING]] * 5
+            + [
+                [
+                    lambda: api.pods.clear(),
+                    {"status": {"conditions": [{"type": "Complete", "status": "True"}]}},
+                ]
+            ]
+        },
+        pods=[pending_pod(conditions=[UNSCHEDULABLE])],
+    )
     launch(api, FakeClock())  # scheduled before the pending timeout: the stage completes
 
 
 def test_an_image_that_cannot_be_pulled_fails_after_the_pull_timeout():
-    api = FakeApi({"TrainJob": [[RUNNING]]},
-                  pods=[pending_pod(**waiting("ImagePullBackOff", 'Back-off pulling image "r/trainer:1"'))])
+    api = FakeApi(
+        {"TrainJob": [[RUNNING]]},
+        pods=[pending_pod(**waiting("ImagePullBackOff", 'Back-off pulling image "r/trainer:1"'))],
+    )
     clock = FakeClock()
-    with pytest.raises(StageFailed, match=r"container node \(image r/trainer:1\) has not pulled its image for 300 s"):
+    with pytest.raises(
+        StageFailed, match=r"container node \(image r/trainer:1\) has not pulled its image for 300 s"
+    ):
         launch(api, clock)
     assert clock.now < 600
 
@@ -79,19 +132,34 @@ def test_a_malformed_image_name_fails_at_once():
 
 
 def test_a_missing_secret_key_fails_the_stage():
-    api = FakeApi({"TrainJob": [[RUNNING]]}, pods=[pending_pod(
-        **waiting("CreateContainerConfigError", 'couldn\'t find key secret-key in Secret ml/s3'))])
-    with pytest.raises(StageFailed, match="cannot start: CreateContainerConfigError couldn't find key secret-key"):
+    api = FakeApi(
+        {"TrainJob": [[RUNNING]]},
+        pods=[
+            pending_pod(
+                **waiting("CreateContainerConfigError", "couldn't find key secret-key in Secret ml/s3")
+            )
+        ],
+    )
+    with pytest.raises(
+        StageFailed, match="cannot start: CreateContainerConfigError couldn't find key secret-key"
+    ):
         launch(api, FakeClock())
 
 
 def test_a_crash_loop_fails_the_stage_with_the_container_s_last_lines():
-    crashing = {"metadata": {"name": "r-node-0"}, "spec": {"containers": [{"name": "node"}]},
-                "status": {"phase": "Running", **waiting("CrashLoopBackOff", restarts=3)}}
-    api = FakeApi({"TrainJob": [[RUNNING]]}, pods=[crashing], logs={("r-node-0", "node"): "ImportError: no einops"})
+    crashing = {
+        "metadata": {"name": "r-node-0"},
+        "spec": {"containers": [{"name": "node"}]},
+        "status": {"phase": "Running", **waiting("CrashLoopBackOff", restarts=3)},
+    }
+    api = FakeApi(
+        {"TrainJob": [[RUNNING]]}, pods=[crashing], logs={("r-node-0", "node"): "ImportError: no einops"}
+    )
     with pytest.raises(StageFailed) as err:
         launch(api, FakeClock())
-    assert "crashed 3 times (CrashLoopBackOff)" in str(err.value) and "ImportError: no einops" in str(err.value)
+    assert "crashed 3 times (CrashLoopBackOff)" in str(err.value) and "ImportError: no einops" in str(
+        err.value
+    )
 
 
 def test_rollout_servers_that_cannot_be_scheduled_fail_long_before_their_ready_timeout():
@@ -110,6 +178,10 @@ def test_the_settings_default_to_minutes_and_the_job_deadline_to_days():
 
 
 def test_a_ready_deployment_is_not_held_back_by_the_pod_check():
-    api = FakeApi({"Deployment": [[READY]], "TrainJob": [[{"status": {"conditions": [
-        {"type": "Complete", "status": "True"}]}}]]})
+    api = FakeApi(
+        {
+            "Deployment": [[READY]],
+            "TrainJob": [[{"status": {"conditions": [{"type": "Complete", "status": "True"}]}}]],
+        }
+    )
     launch(api, FakeClock(), ROLLOUT)

@@ -19,13 +19,27 @@ from ringzero.config.cluster import ClusterSettings
 from ringzero.errors import RingzeroError
 
 IMAGES = {k: {"repository": f"r/{k}", "tag": "1"} for k in ("trainer", "rollout", "cpu")}
-JOB = StageJob(run="r", stage="stage1", name="r-stage1-0a1b2c3d", namespace="ml", config_yaml="run: {name: r}\n",
-               dp=1, cp=1)
+JOB = StageJob(
+    run="r",
+    stage="stage1",
+    name="r-stage1-0a1b2c3d",
+    namespace="ml",
+    config_yaml="run: {name: r}\n",
+    dp=1,
+    cp=1,
+)
 
 
 def settings(backend: str) -> ClusterSettings:
-    return ClusterSettings.model_validate({"namespace": "ml", "images": IMAGES, "s3_secret": {"name": "s3"},
-                                           "backend": backend, "gpus_per_node": 1})
+    return ClusterSettings.model_validate(
+        {
+            "namespace": "ml",
+            "images": IMAGES,
+            "s3_secret": {"name": "s3"},
+            "backend": backend,
+            "gpus_per_node": 1,
+        }
+    )
 
 
 @functools.cache
@@ -58,16 +72,22 @@ def walk(obj, prefix=""):
 
 
 @pytest.mark.parametrize(("backend", "kind"), [("trainjob", "TrainJob"), ("pytorchjob", "PyTorchJob")])
-def test_the_checked_fields_are_the_top_fields_the_launcher_renders_and_the_shipped_crd_has_them(backend, kind):
+def test_the_checked_fields_are_the_top_fields_the_launcher_renders_and_the_shipped_crd_has_them(
+    backend, kind
+):
     want = CRDS[backend]
     (job,) = [o for o in render_stage(settings(backend), JOB) if o["kind"] == kind]
     rendered = set(walk(job))
     for path in want.fields:
         assert path in rendered, f"{path} is checked but the launcher does not set it"
-    # every spec field directly under spec (and the trainer's / run policy's) that the launcher sets is checked
-    top = {p for p in rendered if p.count(".") == 1 and p.startswith("spec.")} - {"spec.pytorchReplicaSpecs",
-                                                                                   "spec.runtimeRef", "spec.trainer",
-                                                                                   "spec.runPolicy"}
+    # every spec field directly under spec (and the trainer's / run policy's) that the launcher sets is
+    # checked
+    top = {p for p in rendered if p.count(".") == 1 and p.startswith("spec.")} - {
+        "spec.pytorchReplicaSpecs",
+        "spec.runtimeRef",
+        "spec.trainer",
+        "spec.runPolicy",
+    }
     assert top <= set(want.fields)
     crd = shipped("trainjobs" if backend == "trainjob" else "pytorchjobs")
     assert crd["metadata"]["name"] == want.name
@@ -79,7 +99,9 @@ def test_trainer_v2_1_is_refused_before_anything_is_created_naming_the_version()
     with pytest.raises(RingzeroError) as err:
         launch_stage(api, settings("trainjob"), JOB, clock=FakeClock())
     message = str(err.value)
-    assert "trainjobs.trainer.kubeflow.org CRD lacks spec.runtimePatches, spec.activeDeadlineSeconds" in message
+    assert (
+        "trainjobs.trainer.kubeflow.org CRD lacks spec.runtimePatches, spec.activeDeadlineSeconds" in message
+    )
     assert "Kubeflow Trainer v2.2 or newer" in message and "nothing was created" in message
     assert api.created == []
 
@@ -146,6 +168,9 @@ def test_the_kubernetes_client_reads_the_crd_and_tells_absent_from_forbidden():
         assert api.get_crd("nope.example.org") is None
         with pytest.raises(CrdUnreadable):
             api.get_crd("pytorchjobs.kubeflow.org")
-        assert paths[0] == "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/trainjobs.trainer.kubeflow.org"
+        assert (
+            paths[0]
+            == "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/trainjobs.trainer.kubeflow.org"
+        )
     finally:
         server.shutdown()

@@ -17,13 +17,28 @@ from ringzero.config.cluster import ClusterSettings
 from ringzero.store.config import S3Settings
 
 IMAGES = {k: {"repository": f"r/{k}", "tag": "1"} for k in ("trainer", "rollout", "cpu")}
-SETTINGS = ClusterSettings.model_validate({
-    "namespace": "ml", "images": IMAGES, "s3_secret": {"name": "s3"}, "gpus_per_node": 8, "log_lines": 3,
-    "job_timeout_s": 100, "rollout": {"ready_timeout_s": 50},
-})
-JOB = StageJob(run="r", stage="stage1", name="r-stage1-0a1b2c3d", namespace="ml", config_yaml="run: {name: r}\n",
-               dp=2, cp=4)
+SETTINGS = ClusterSettings.model_validate(
+    {
+        "namespace": "ml",
+        "images": IMAGES,
+        "s3_secret": {"name": "s3"},
+        "gpus_per_node": 8,
+        "log_lines": 3,
+        "job_timeout_s": 100,
+        "rollout": {"ready_timeout_s": 50},
+    }
+)
+JOB = StageJob(
+    run="r",
+    stage="stage1",
+    name="r-stage1-0a1b2c3d",
+    namespace="ml",
+    config_yaml="run: {name: r}\n",
+    dp=2,
+    cp=4,
+)
 ROLLOUT = RolloutSpec("s3://b/ckpt", S3Settings(), lm_head_fp32=True, deterministic=False, seed=0)
+
 
 def test_success_returns_the_finished_job_and_cleans_up():
     api = FakeApi({"TrainJob": [[RUNNING, RUNNING, COMPLETE]]})
@@ -35,8 +50,12 @@ def test_success_returns_the_finished_job_and_cleans_up():
 
 def test_rollout_servers_become_ready_before_the_job_starts():
     order = []
-    api = FakeApi({"Deployment": [[{"status": {}}, READY]],
-                   "TrainJob": [[lambda: order.append(list(api.deleted)), COMPLETE]]})
+    api = FakeApi(
+        {
+            "Deployment": [[{"status": {}}, READY]],
+            "TrainJob": [[lambda: order.append(list(api.deleted)), COMPLETE]],
+        }
+    )
     launch_stage(api, SETTINGS, JOB, ROLLOUT, clock=FakeClock())
     assert api.created == ["ConfigMap", "Deployment", "Service", "Service", "TrainJob"]
     assert order == [[]]  # the servers were still up while the job ran
@@ -44,10 +63,15 @@ def test_rollout_servers_become_ready_before_the_job_starts():
 
 
 def test_failure_surfaces_the_reason_and_the_failed_pod_logs_first():
-    logs = {("r-node-0", "node"): "step 1\nstep 2\nTraceback\nValueError: loss is nan",
-            ("r-node-1", "node"): "waiting for peers"}
-    api = FakeApi({"TrainJob": [[RUNNING, FAILED]]}, pods=[pod("r-node-1", "Running"), pod("r-node-0", "Failed")],
-                  logs=logs)
+    logs = {
+        ("r-node-0", "node"): "step 1\nstep 2\nTraceback\nValueError: loss is nan",
+        ("r-node-1", "node"): "waiting for peers",
+    }
+    api = FakeApi(
+        {"TrainJob": [[RUNNING, FAILED]]},
+        pods=[pod("r-node-1", "Running"), pod("r-node-0", "Failed")],
+        logs=logs,
+    )
     with pytest.raises(StageFailed) as err:
         launch_stage(api, SETTINGS, JOB, clock=FakeClock())
     text = str(err.value)
@@ -59,8 +83,11 @@ def test_failure_surfaces_the_reason_and_the_failed_pod_logs_first():
 
 
 def test_a_job_that_never_ends_times_out_and_is_deleted():
-    api = FakeApi({"TrainJob": [[RUNNING]]}, pods=[pod("r-node-0", "Running")],
-                  logs={("r-node-0", "node"): "step 99999"})
+    api = FakeApi(
+        {"TrainJob": [[RUNNING]]},
+        pods=[pod("r-node-0", "Running")],
+        logs={("r-node-0", "node"): "step 99999"},
+    )
     with pytest.raises(StageTimeout, match="did not finish within 100 s") as err:
         launch_stage(api, SETTINGS, JOB, clock=FakeClock())
     assert "step 99999" in str(err.value)
@@ -68,8 +95,10 @@ def test_a_job_that_never_ends_times_out_and_is_deleted():
 
 
 def test_servers_that_never_get_ready_time_out_before_any_job():
-    api = FakeApi({"Deployment": [[{"status": {"availableReplicas": 0}}]]},
-                  pods=[pod("r-rollout-x", "Pending", containers=("sglang",))])
+    api = FakeApi(
+        {"Deployment": [[{"status": {"availableReplicas": 0}}]]},
+        pods=[pod("r-rollout-x", "Pending", containers=("sglang",))],
+    )
     with pytest.raises(StageTimeout, match="Deployment ml/r-stage1-0a1b2c3d-rollout"):
         launch_stage(api, SETTINGS, JOB, ROLLOUT, clock=FakeClock())
     assert "TrainJob" not in api.created
@@ -122,13 +151,19 @@ def test_one_failed_delete_does_not_stop_the_others():
 
 def test_pytorchjob_backend_reads_its_own_conditions():
     settings = SETTINGS.model_copy(update={"backend": "pytorchjob"})
-    done = {"status": {"conditions": [{"type": "Running", "status": "False"},
-                                      {"type": "Succeeded", "status": "True"}]}}
+    done = {
+        "status": {
+            "conditions": [{"type": "Running", "status": "False"}, {"type": "Succeeded", "status": "True"}]
+        }
+    }
     api = FakeApi({"PyTorchJob": [[RUNNING, done]]})
     launch_stage(api, settings, JOB, clock=FakeClock())
     assert api.created == ["ConfigMap", "PyTorchJob"]
-    failed = FakeApi({"PyTorchJob": [[FAILED]]}, pods=[pod("r-master-0", "Failed", ("pytorch",))],
-                     logs={("r-master-0", "pytorch"): "CUDA out of memory"})
+    failed = FakeApi(
+        {"PyTorchJob": [[FAILED]]},
+        pods=[pod("r-master-0", "Failed", ("pytorch",))],
+        logs={("r-master-0", "pytorch"): "CUDA out of memory"},
+    )
     with pytest.raises(StageFailed, match="CUDA out of memory"):
         launch_stage(failed, settings, JOB, clock=FakeClock())
 

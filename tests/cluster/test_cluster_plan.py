@@ -56,7 +56,10 @@ def test_the_two_node_profile_on_one_node_is_refused_naming_what_is_short():
     done = plan(["values-gpu.yaml", "values-gpu-2node.yaml"], "--nodes", "1", "--gpus-per-node", "8")
     assert done.returncode == 2
     assert "stage1 (rl): DOES NOT FIT" in done.stdout and "stage base (pretrain): fits" in done.stdout
-    assert "needs 16 GPUs at once (rollout 2 x 4 + trainer 1 x 8) on 1 node x 8 GPUs; 8 GPUs short" in done.stderr
+    assert (
+        "needs 16 GPUs at once (rollout 2 x 4 + trainer 1 x 8) on 1 node x 8 GPUs; 8 GPUs short"
+        in done.stderr
+    )
     assert "no node has room for 2 rollout pods (4 GPUs" in done.stderr
 
 
@@ -66,9 +69,18 @@ def test_the_one_node_profile_prints_every_object_and_fits():
     out = json.loads(done.stdout)
     assert out["fits"] is True
     stage1 = next(s for s in out["stages"] if s["stage"] == "stage1")
-    assert [o["kind"] for o in stage1["objects"]] == ["ConfigMap", "Deployment", "Service", "Service", "TrainJob"]
+    assert [o["kind"] for o in stage1["objects"]] == [
+        "ConfigMap",
+        "Deployment",
+        "Service",
+        "Service",
+        "TrainJob",
+    ]
     assert stage1["objects"][-1]["torchrun"] == "1 node x 4 processes (dp 2 x cp 2)"
-    assert {(g["role"], g["count"], g["gpus"]) for g in stage1["pods"]} == {("trainer", 1, 4), ("rollout", 1, 4)}
+    assert {(g["role"], g["count"], g["gpus"]) for g in stage1["pods"]} == {
+        ("trainer", 1, 4),
+        ("rollout", 1, 4),
+    }
     base = next(s for s in out["stages"] if s["stage"] == "base")
     assert [o["kind"] for o in base["objects"]] == ["ConfigMap", "TrainJob"]  # pretraining samples nothing
 
@@ -84,8 +96,20 @@ def test_cpu_and_memory_are_checked_when_given():
     done = plan(["values-gpu.yaml"], "--nodes", "1", "--gpus-per-node", "8", "--memory-per-node", "1500Gi")
     assert done.returncode == 2
     assert "no node has room for a rollout pod (4 GPUs, 32 CPU, 640Gi)" in done.stderr
-    assert plan(["values-gpu.yaml"], "--nodes", "1", "--gpus-per-node", "8", "--cpu-per-node", "112",
-                "--memory-per-node", "1900Gi").returncode == 0
+    assert (
+        plan(
+            ["values-gpu.yaml"],
+            "--nodes",
+            "1",
+            "--gpus-per-node",
+            "8",
+            "--cpu-per-node",
+            "112",
+            "--memory-per-node",
+            "1900Gi",
+        ).returncode
+        == 0
+    )
 
 
 def test_pods_must_fit_one_node_not_just_the_sum():
@@ -111,25 +135,45 @@ def test_the_settings_read_from_values_are_the_ones_the_chart_installs(helm_bin,
     objects = render(helm_bin, files)
     [cm] = [o for o in objects if o["kind"] == "ConfigMap" and o["metadata"]["name"].endswith("-cluster")]
     installed = yaml.safe_load(cm["data"]["cluster.yaml"])
-    assert settings_dict(load_values([CHART / f for f in files]), release=RELEASE, namespace=NAMESPACE) == installed
+    assert (
+        settings_dict(load_values([CHART / f for f in files]), release=RELEASE, namespace=NAMESPACE)
+        == installed
+    )
 
 
 def test_the_release_carries_the_profile_s_overrides_to_its_pipeline(helm_bin):
     from ringzero.kfp.install import Install
 
     for combo, expected in (("gpu-2node", ["parallel.cp=4"]), ("gpu", [])):
-        [cm] = [o for o in render(helm_bin, COMBINATIONS[combo]) if o["kind"] == "ConfigMap"
-                and o["metadata"]["name"].endswith("-cluster")]
+        [cm] = [
+            o
+            for o in render(helm_bin, COMBINATIONS[combo])
+            if o["kind"] == "ConfigMap" and o["metadata"]["name"].endswith("-cluster")
+        ]
         assert (yaml.safe_load(cm["data"]["pipeline-overrides.yaml"]) or []) == expected
         overrides = Install(cm["data"], "test").overrides("cluster-h200.yaml")
-        assert overrides[-len(expected):] == expected if expected else not any("parallel" in o for o in overrides)
+        assert (
+            overrides[-len(expected) :] == expected
+            if expected
+            else not any("parallel" in o for o in overrides)
+        )
     assert pipeline_overrides(load_values([CHART / "values-gpu-2node.yaml"])) == ["parallel.cp=4"]
 
 
 def test_pipeline_stages_count_in_the_ranks_the_plan_lays_out():
     """pp multiplies the ranks like dp, cp and tp: a layout of the same 4 ranks fits, one of 8 is refused."""
-    done = plan(["values-gpu.yaml"], "--nodes", "1", "--gpus-per-node", "8", "--set", "parallel.dp=1",
-                "--set", "engines.training.pp=2", "--json")
+    done = plan(
+        ["values-gpu.yaml"],
+        "--nodes",
+        "1",
+        "--gpus-per-node",
+        "8",
+        "--set",
+        "parallel.dp=1",
+        "--set",
+        "engines.training.pp=2",
+        "--json",
+    )
     assert done.returncode == 0, done.stderr
     stage1 = next(s for s in json.loads(done.stdout)["stages"] if s["stage"] == "stage1")
     assert stage1["objects"][-1]["torchrun"] == "1 node x 4 processes (dp 1 x cp 2 x pp 2)"

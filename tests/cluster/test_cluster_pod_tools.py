@@ -55,7 +55,9 @@ def test_upload_creates_then_versions_by_content(tmp_path):
     package.write_text("pipelineSpec: 2\n")
     kfp_upload.upload(later, package, "ringzero")
     assert later.calls[1][1] != version and later.calls[1][2] == "pid-1"
-    assert "already has version" in kfp_upload.upload(FakeKfp(existing="pid-1", conflict=True), package, "ringzero")
+    assert "already has version" in kfp_upload.upload(
+        FakeKfp(existing="pid-1", conflict=True), package, "ringzero"
+    )
 
 
 def test_upload_reports_a_missing_package(tmp_path, capsys):
@@ -64,7 +66,12 @@ def test_upload_reports_a_missing_package(tmp_path, capsys):
 
 
 def test_rendezvous_reads_either_operator():
-    trainer = {"PET_MASTER_ADDR": "node-0", "PET_MASTER_PORT": "29500", "PET_NODE_RANK": "1", "PET_NNODES": "2"}
+    trainer = {
+        "PET_MASTER_ADDR": "node-0",
+        "PET_MASTER_PORT": "29500",
+        "PET_NODE_RANK": "1",
+        "PET_NNODES": "2",
+    }
     operator = {"MASTER_ADDR": "master-0", "MASTER_PORT": "23456", "RANK": "0", "WORLD_SIZE": "3"}
     assert smoke.rendezvous(trainer) == ("node-0", 29500, 1, 2)
     assert smoke.rendezvous(operator) == ("master-0", 23456, 0, 3)

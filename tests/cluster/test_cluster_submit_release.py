@@ -31,9 +31,16 @@ class KfpApi:
                 n = int(self.headers.get("Content-Length") or 0)
                 body = json.loads(self.rfile.read(n)) if n else None
                 api.requests.append((self.command, self.path.split("?")[0], body))
-                name = {("GET", "/apis/v2beta1/healthz"): "healthz", ("GET", "/apis/v2beta1/experiments"): "experiments",
-                        ("POST", "/apis/v2beta1/runs"): "run"}.get((self.command, self.path.split("?")[0]))
-                data = (RECORDED / f"kfp-v2beta1-{name}.json").read_bytes() if name else b'{"error": "not found"}'
+                name = {
+                    ("GET", "/apis/v2beta1/healthz"): "healthz",
+                    ("GET", "/apis/v2beta1/experiments"): "experiments",
+                    ("POST", "/apis/v2beta1/runs"): "run",
+                }.get((self.command, self.path.split("?")[0]))
+                data = (
+                    (RECORDED / f"kfp-v2beta1-{name}.json").read_bytes()
+                    if name
+                    else b'{"error": "not found"}'
+                )
                 self.send_response(200 if name else 404)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
@@ -60,8 +67,12 @@ class ReleaseApi:
     def list_config_maps(self, namespace, label_selector):
         self.asked.append((namespace, label_selector))
         wanted = dict(part.split("=") for part in label_selector.split(","))
-        return [m for m in self.config_maps if m["metadata"]["namespace"] == namespace
-                and all(m["metadata"]["labels"].get(k) == v for k, v in wanted.items())]
+        return [
+            m
+            for m in self.config_maps
+            if m["metadata"]["namespace"] == namespace
+            and all(m["metadata"]["labels"].get(k) == v for k, v in wanted.items())
+        ]
 
 
 @pytest.fixture
@@ -78,16 +89,29 @@ def submit(monkeypatch, objects, *args):
     return code, release_api
 
 
-def test_the_notes_command_submits_the_release_s_run_as_its_service_account(helm_bin, monkeypatch, kfp_api,
-                                                                            capsys):
+def test_the_notes_command_submits_the_release_s_run_as_its_service_account(
+    helm_bin, monkeypatch, kfp_api, capsys
+):
     objects = render(helm_bin, COMBINATIONS["gpu-2node"])
-    code, release_api = submit(monkeypatch, objects, "--release", RELEASE, "--release-namespace", NAMESPACE,
-                               "--host", kfp_api.url, "cluster-h200.yaml")
+    code, release_api = submit(
+        monkeypatch,
+        objects,
+        "--release",
+        RELEASE,
+        "--release-namespace",
+        NAMESPACE,
+        "--host",
+        kfp_api.url,
+        "cluster-h200.yaml",
+    )
     out = capsys.readouterr()
     assert code == 0, out.err
     assert "as service account rz-ringzero: run id 0b8e5d52-7c34-4a18-9f0e-3d2a61c4b9f7" in out.out
     assert [(m, p) for m, p, _ in kfp_api.requests] == [
-        ("GET", "/apis/v2beta1/healthz"), ("GET", "/apis/v2beta1/experiments"), ("POST", "/apis/v2beta1/runs")]
+        ("GET", "/apis/v2beta1/healthz"),
+        ("GET", "/apis/v2beta1/experiments"),
+        ("POST", "/apis/v2beta1/runs"),
+    ]
     run = kfp_api.requests[-1][2]
     assert run["service_account"] == "rz-ringzero"
     assert run["experiment_id"] == "6d41c1a4-2b0c-4f3c-9d1e-5b8f0c0a7e11"
@@ -98,15 +122,30 @@ def test_the_notes_command_submits_the_release_s_run_as_its_service_account(helm
     # the release's store, Secret, cluster settings and its profile's parallel dims travel in the spec
     assert "s3://ringzero/runs/cluster-h200" in text and "ringzero-s3" in text
     assert "rz-ringzero-minio.ml.svc:9000" in text
-    assert all((NAMESPACE, s) in release_api.asked for s in (
-        "app.kubernetes.io/instance=rz,app.kubernetes.io/component=cluster-settings",
-        "app.kubernetes.io/instance=rz,app.kubernetes.io/component=run-configs"))
+    assert all(
+        (NAMESPACE, s) in release_api.asked
+        for s in (
+            "app.kubernetes.io/instance=rz,app.kubernetes.io/component=cluster-settings",
+            "app.kubernetes.io/instance=rz,app.kubernetes.io/component=run-configs",
+        )
+    )
 
 
-def test_the_submitted_config_is_the_one_the_release_ships_with_its_profile_overrides(helm_bin, monkeypatch, kfp_api):
+def test_the_submitted_config_is_the_one_the_release_ships_with_its_profile_overrides(
+    helm_bin, monkeypatch, kfp_api
+):
     objects = render(helm_bin, COMBINATIONS["gpu-2node"])
-    code, _ = submit(monkeypatch, objects, "--release", RELEASE, "--release-namespace", NAMESPACE, "--host",
-                     kfp_api.url, "cluster-h200.yaml")
+    code, _ = submit(
+        monkeypatch,
+        objects,
+        "--release",
+        RELEASE,
+        "--release-namespace",
+        NAMESPACE,
+        "--host",
+        kfp_api.url,
+        "cluster-h200.yaml",
+    )
     assert code == 0
     spec = kfp_api.requests[-1][2]["pipeline_spec"]
     configs = [v for v in _strings(spec) if v.startswith("{") and '"parallel"' in v]
@@ -130,14 +169,35 @@ def _strings(node):
 
 def test_an_unknown_release_or_run_config_is_named(helm_bin, monkeypatch, kfp_api, capsys):
     objects = render(helm_bin, COMBINATIONS["gpu"])
-    code, _ = submit(monkeypatch, objects, "--release", "other", "--release-namespace", NAMESPACE, "--host",
-                     kfp_api.url, "cluster-h200.yaml")
+    code, _ = submit(
+        monkeypatch,
+        objects,
+        "--release",
+        "other",
+        "--release-namespace",
+        NAMESPACE,
+        "--host",
+        kfp_api.url,
+        "cluster-h200.yaml",
+    )
     assert code == 2
     assert "release 'other' in namespace 'ml': no ConfigMaps labelled" in capsys.readouterr().err
-    code, _ = submit(monkeypatch, objects, "--release", RELEASE, "--release-namespace", NAMESPACE, "--host",
-                     kfp_api.url, "my-run.yaml")
+    code, _ = submit(
+        monkeypatch,
+        objects,
+        "--release",
+        RELEASE,
+        "--release-namespace",
+        NAMESPACE,
+        "--host",
+        kfp_api.url,
+        "my-run.yaml",
+    )
     assert code == 2
-    assert "my-run.yaml: no such file here, nor a run config of the release (cluster-h200.yaml)" in capsys.readouterr().err
+    assert (
+        "my-run.yaml: no such file here, nor a run config of the release (cluster-h200.yaml)"
+        in capsys.readouterr().err
+    )
     assert not kfp_api.requests  # nothing was submitted
 
 

@@ -10,12 +10,36 @@ from ringzero.config import parse_config
 from ringzero.config.loader import apply_overrides, read_yaml
 from ringzero.errors import ConfigError
 
-scalars = st.one_of(st.none(), st.booleans(), st.integers(-10**6, 10**6), st.floats(allow_nan=True),
-                    st.text(max_size=12))
-keys = st.sampled_from(["run", "model", "stages", "name", "kind", "steps", "rl", "lr", "x", "task", "mla",
-                        "precision", "train", "storage", "root", "gate", "loss", "tiers"])
-trees = st.recursive(scalars, lambda kids: st.one_of(st.lists(kids, max_size=4),
-                                                     st.dictionaries(keys, kids, max_size=5)), max_leaves=20)
+scalars = st.one_of(
+    st.none(), st.booleans(), st.integers(-(10**6), 10**6), st.floats(allow_nan=True), st.text(max_size=12)
+)
+keys = st.sampled_from(
+    [
+        "run",
+        "model",
+        "stages",
+        "name",
+        "kind",
+        "steps",
+        "rl",
+        "lr",
+        "x",
+        "task",
+        "mla",
+        "precision",
+        "train",
+        "storage",
+        "root",
+        "gate",
+        "loss",
+        "tiers",
+    ]
+)
+trees = st.recursive(
+    scalars,
+    lambda kids: st.one_of(st.lists(kids, max_size=4), st.dictionaries(keys, kids, max_size=5)),
+    max_leaves=20,
+)
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])

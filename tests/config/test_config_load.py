@@ -70,27 +70,53 @@ def test_three_mistakes_are_all_reported_with_paths():
 @pytest.mark.parametrize(
     ("mutate", "expected"),
     [
-        (lambda d: d["model"].update(num_attention_heads=0), "model.num_attention_heads: Input should be greater than or equal to 1 (got 0)"),
-        (lambda d: d["model"].update(layout="LLX"), "model.layout: must be hybrid, mla, lightning or a string"),
+        (
+            lambda d: d["model"].update(num_attention_heads=0),
+            "model.num_attention_heads: Input should be greater than or equal to 1 (got 0)",
+        ),
+        (
+            lambda d: d["model"].update(layout="LLX"),
+            "model.layout: must be hybrid, mla, lightning or a string",
+        ),
         (lambda d: d["model"].update(layout="LLM"), "layout has 3 layer letters but num_hidden_layers is 4"),
         (lambda d: d["model"].update(qk_rope_head_dim=7), "model.qk_rope_head_dim: must be even"),
         (lambda d: d["precision"].update(train="fp16"), "precision.train: unknown precision preset 'fp16'"),
         (lambda d: d["precision"].update(train={"body": "float16"}), "precision.train.body: Input should be"),
         (lambda d: d["storage"].update(root="/tmp/x"), "storage.root: must start with file:// or s3://"),
         (lambda d: d["storage"].update(root="s3:///x"), "storage.root: s3 URI needs a bucket name"),
-        (lambda d: d.update(storage={"root": "s3://b", "s3": {"endpoint": "http://h:9000"}}),
-         "storage.s3.endpoint: give host:port without a scheme"),
+        (
+            lambda d: d.update(storage={"root": "s3://b", "s3": {"endpoint": "http://h:9000"}}),
+            "storage.s3.endpoint: give host:port without a scheme",
+        ),
         (lambda d: d["engines"].update(rollout={"kind": "sglang"}), "engines.rollout: endpoint is required"),
-        (lambda d: d["task"].update(kind="sudoku"), "task: Input tag 'sudoku' found using 'kind' does not match"),
+        (
+            lambda d: d["task"].update(kind="sudoku"),
+            "task: Input tag 'sudoku' found using 'kind' does not match",
+        ),
         (lambda d: d["stages"][1].update(kind="grpo"), "stages[1]: Input tag 'grpo' found using 'kind'"),
         (lambda d: d["stages"][1].update(minibatches=3), "minibatches (3) must divide"),
-        (lambda d: d["stages"][1].update(gate=["ratio/p99 <== 1"]), "stages[1].gate[0]: cannot parse 'ratio/p99 <== 1'"),
+        (
+            lambda d: d["stages"][1].update(gate=["ratio/p99 <== 1"]),
+            "stages[1].gate[0]: cannot parse 'ratio/p99 <== 1'",
+        ),
         (lambda d: d["stages"][1].update(stepz=3), "stages[1].stepz: unknown key; did you mean 'steps'?"),
-        (lambda d: d["stages"][1]["loss"].update(kind="dpo"), "stages[1].loss.kind: Input should be 'sg_clip_is' or"),
-        (lambda d: d["stages"][2].update(init="nowhere"), "stages[2].init: 'nowhere' is neither a URI nor an earlier"),
-        (lambda d: d["stages"][3].update(name="stage1"), "stages[3].name: 'stage1' is used by an earlier stage"),
+        (
+            lambda d: d["stages"][1]["loss"].update(kind="dpo"),
+            "stages[1].loss.kind: Input should be 'sg_clip_is' or",
+        ),
+        (
+            lambda d: d["stages"][2].update(init="nowhere"),
+            "stages[2].init: 'nowhere' is neither a URI nor an earlier",
+        ),
+        (
+            lambda d: d["stages"][3].update(name="stage1"),
+            "stages[3].name: 'stage1' is used by an earlier stage",
+        ),
         (lambda d: d["stages"][4]["tiers"][2].update(name="fast"), "tier names must be unique"),
-        (lambda d: d["stages"][5].update(compare=["tier", "later"]), "stages[5].compare[1]: 'later' is neither"),
+        (
+            lambda d: d["stages"][5].update(compare=["tier", "later"]),
+            "stages[5].compare[1]: 'later' is neither",
+        ),
         (lambda d: d.pop("run"), "run: required field is missing"),
         (lambda d: d.update(extra_section={}), "extra_section: unknown key"),
     ],
@@ -110,7 +136,9 @@ def test_unknown_top_level_key_lists_allowed_sections():
 
 
 def test_overrides_by_index_and_by_stage_name(tmp_path):
-    cfg = load_config(TINY, ["stages.stage1.steps=7", "stages.0.batch_size=4", "model.tie_word_embeddings=true"])
+    cfg = load_config(
+        TINY, ["stages.stage1.steps=7", "stages.0.batch_size=4", "model.tie_word_embeddings=true"]
+    )
     assert cfg.stage("stage1").steps == 7
     assert cfg.stages[0].batch_size == 4
     assert cfg.model.tie_word_embeddings is True
@@ -183,8 +211,10 @@ def test_config_hash_tracks_content():
 
 def test_precision_presets_and_explicit_policy_agree():
     data = tiny_data()
-    data["precision"] = {"train": {"body": "bfloat16", "attention_softmax_fp32": True, "lm_head_fp32": True},
-                         "rollout": "bf16"}
+    data["precision"] = {
+        "train": {"body": "bfloat16", "attention_softmax_fp32": True, "lm_head_fp32": True},
+        "rollout": "bf16",
+    }
     cfg = parse_config(data)
     assert cfg.precision.train.name() == "fp32-islands"
     assert cfg.precision.rollout.name() == "bf16"

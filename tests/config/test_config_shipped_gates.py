@@ -21,7 +21,9 @@ def test_rl_gates_read_the_engine_gap_from_the_summary(path):
     for metric in gated:
         # a gate on a metric the summary lacks fails as "missing"; eval/* comes from the held-out evaluation
         assert metric in SUMMARY_KEYS or metric.startswith("eval/"), metric
-        assert not metric.startswith(("ratio/", "logratio/")), f"{metric}: the all-minibatch tail includes staleness"
+        assert not metric.startswith(("ratio/", "logratio/")), (
+            f"{metric}: the all-minibatch tail includes staleness"
+        )
     assert "gap/ratio/p99" in gated
     for s in cfg.stages:
         for t in getattr(s, "stop_when", []):
@@ -30,4 +32,5 @@ def test_rl_gates_read_the_engine_gap_from_the_summary(path):
 
 def test_the_chart_carries_the_cluster_config_unchanged():
     assert (ROOT / "helm/ringzero/files/runs/cluster-h200.yaml").read_text() == (
-        ROOT / "configs/cluster-h200.yaml").read_text()
+        ROOT / "configs/cluster-h200.yaml"
+    ).read_text()

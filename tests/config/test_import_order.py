@@ -8,13 +8,25 @@ import pytest
 
 @pytest.mark.parametrize(
     "module",
-    ["ringzero.config.stages", "ringzero.model.config", "ringzero.tasks.config", "ringzero.store.config",
-     "ringzero.parallel.config", "ringzero.config.run", "ringzero.config.loader", "ringzero.config",
-     "ringzero.config.cluster", "ringzero.config.kfp"],
+    [
+        "ringzero.config.stages",
+        "ringzero.model.config",
+        "ringzero.tasks.config",
+        "ringzero.store.config",
+        "ringzero.parallel.config",
+        "ringzero.config.run",
+        "ringzero.config.loader",
+        "ringzero.config",
+        "ringzero.config.cluster",
+        "ringzero.config.kfp",
+    ],
 )
 def test_first_import(module):
-    out = subprocess.run([sys.executable, "-c", f"import {module}; import sys; print('torch' in sys.modules)"],
-                         capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, "-c", f"import {module}; import sys; print('torch' in sys.modules)"],
+        capture_output=True,
+        text=True,
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "False", "config modules must not import torch"
 
@@ -24,11 +36,14 @@ ABOVE = ("ringzero.cluster", "ringzero.kfp", "ringzero.stages", "ringzero.pipeli
 BELOW_ALLOWED = {"ringzero.stages", "ringzero.config.stages"}
 
 
-@pytest.mark.parametrize("statement", [
-    "import ringzero.config",
-    "from ringzero.config import RunConfig, config_hash, load_config, parse_config",
-    "import ringzero.config.loader, ringzero.config.cluster, ringzero.config.kfp",
-])
+@pytest.mark.parametrize(
+    "statement",
+    [
+        "import ringzero.config",
+        "from ringzero.config import RunConfig, config_hash, load_config, parse_config",
+        "import ringzero.config.loader, ringzero.config.cluster, ringzero.config.kfp",
+    ],
+)
 def test_the_config_layer_imports_nothing_above_it(statement):
     code = f"{statement}; import sys, json; print(json.dumps(sorted(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

@@ -1,5 +1,5 @@
-"""Fixtures the megatron engine tests share: megatron's parallel state in this process, pools of gloo ranks, the
-torch engine's one-process run every layout is compared with."""
+"""Fixtures the megatron engine tests share: megatron's parallel state in this process, pools of gloo ranks,
+the torch engine's one-process run every layout is compared with."""
 
 from __future__ import annotations
 
@@ -18,7 +18,9 @@ def one_rank(tmp_path):
     torch.set_num_threads(1)
     made = not dist.is_initialized()
     if made:
-        dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+        dist.init_process_group(
+            "gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1
+        )
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=1)
     try:
         yield

@@ -15,14 +15,29 @@ from ringzero.model.routing import capture_routing
 from ringzero.model.tolerances import compare
 
 
-def tiny_config(q_lora_rank: int | None = None, rope_interleave: bool = True, tie: bool = False) -> ModelConfig:
+def tiny_config(
+    q_lora_rank: int | None = None, rope_interleave: bool = True, tie: bool = False
+) -> ModelConfig:
     """Both layer kinds (Lightning, MLA, Lightning: two different decay factors), 2 heads (one per rank
     at TP = 2), Lightning blocks shorter than the sequence."""
     return ModelConfig(
-        vocab_size=32, hidden_size=32, num_hidden_layers=3, num_attention_heads=2, layout="LML",
-        head_dim=8, partial_rotary_factor=0.5, group_norm_size=2, lightning_block_size=4,
-        q_lora_rank=q_lora_rank, kv_lora_rank=8, qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=8,
-        rope_interleave=rope_interleave, intermediate_size=48, tie_word_embeddings=tie,
+        vocab_size=32,
+        hidden_size=32,
+        num_hidden_layers=3,
+        num_attention_heads=2,
+        layout="LML",
+        head_dim=8,
+        partial_rotary_factor=0.5,
+        group_norm_size=2,
+        lightning_block_size=4,
+        q_lora_rank=q_lora_rank,
+        kv_lora_rank=8,
+        qk_nope_head_dim=8,
+        qk_rope_head_dim=4,
+        v_head_dim=8,
+        rope_interleave=rope_interleave,
+        intermediate_size=48,
+        tie_word_embeddings=tie,
         initializer_range=0.2,
     )
 
@@ -31,9 +46,18 @@ def tiny_moe_config(tie: bool = False) -> ModelConfig:
     """``tiny_config`` with MoE layers from layer 1 on (one MLA, one Lightning): 4 experts in 2 groups,
     top 2 from the best group (megatron's group score is then ringzero's), one shared expert, a routed
     scaling factor that is not 1."""
-    return tiny_config(tie=tie).model_copy(update=dict(
-        num_experts=4, num_experts_per_tok=2, n_group=2, topk_group=1, moe_intermediate_size=16,
-        num_shared_experts=1, first_k_dense_replace=1, routed_scaling_factor=2.5))
+    return tiny_config(tie=tie).model_copy(
+        update=dict(
+            num_experts=4,
+            num_experts_per_tok=2,
+            n_group=2,
+            topk_group=1,
+            moe_intermediate_size=16,
+            num_shared_experts=1,
+            first_k_dense_replace=1,
+            routed_scaling_factor=2.5,
+        )
+    )
 
 
 def random_hybrid(cfg: ModelConfig, policy: PrecisionPolicy, seed: int = 0) -> HybridLM:
@@ -62,13 +86,17 @@ def megatron_routing(mlm) -> tuple[dict[int, list[torch.Tensor]], list]:
         router = getattr(layer.mlp, "router", None)
         if router is not None:
             records[i] = []
-            handles.append(router.register_forward_hook(
-                lambda mod, args, out, i=i: records[i].append(out[1].detach().clone())))
+            handles.append(
+                router.register_forward_hook(
+                    lambda mod, args, out, i=i: records[i].append(out[1].detach().clone())
+                )
+            )
     return records, handles
 
 
-def routing_agreement(ref_chosen: dict[int, torch.Tensor], records: dict[int, list[torch.Tensor]],
-                      B: int, S: int) -> dict:
+def routing_agreement(
+    ref_chosen: dict[int, torch.Tensor], records: dict[int, list[torch.Tensor]], B: int, S: int
+) -> dict:
     """Per MoE layer: tokens whose chosen experts (as a set) agree, of how many; experts used. The megatron
     maps are gathered over TP (each rank routes a slice of the padded ``[S, B]`` tokens there)."""
     from megatron.core import parallel_state
@@ -77,15 +105,23 @@ def routing_agreement(ref_chosen: dict[int, torch.Tensor], records: dict[int, li
     for i, chosen_BSK in ref_chosen.items():
         map_NE = records[i][0]
         if parallel_state.get_tensor_model_parallel_world_size() > 1:
-            parts = [torch.empty_like(map_NE) for _ in range(parallel_state.get_tensor_model_parallel_world_size())]
-            torch.distributed.all_gather(parts, map_NE, group=parallel_state.get_tensor_model_parallel_group())
+            parts = [
+                torch.empty_like(map_NE) for _ in range(parallel_state.get_tensor_model_parallel_world_size())
+            ]
+            torch.distributed.all_gather(
+                parts, map_NE, group=parallel_state.get_tensor_model_parallel_group()
+            )
             map_NE = torch.cat(parts)
         map_NE = map_NE[: S * B]
         E = map_NE.shape[1]
         chosen_NK = chosen_BSK.transpose(0, 1).reshape(S * B, -1)  # megatron's token order: s * B + b
         ref_NE = torch.zeros(S * B, E, dtype=torch.bool).scatter_(1, chosen_NK, True)
-        out[i] = {"agree": int((ref_NE == map_NE).all(1).sum()), "tokens": S * B,
-                  "experts_used": int(ref_NE.any(0).sum()), "experts": E}
+        out[i] = {
+            "agree": int((ref_NE == map_NE).all(1).sum()),
+            "tokens": S * B,
+            "experts_used": int(ref_NE.any(0).sum()),
+            "experts": E,
+        }
     return out
 
 
@@ -147,7 +183,9 @@ def parity_job(ctx, cfg: ModelConfig, tp: int, shape: tuple[int, int] = (2, 9)) 
         parallel_state.destroy_model_parallel()
 
 
-def cp_parity(cfg: ModelConfig, seed: int = 0, shape: tuple[int, int] = (2, 11), policy: str = "fp32") -> dict:
+def cp_parity(
+    cfg: ModelConfig, seed: int = 0, shape: tuple[int, int] = (2, 11), policy: str = "fp32"
+) -> dict:
     """MegatronLM under context parallelism (megatron's parallel state set up by the caller with cp > 1)
     vs HybridLM on the whole sequence, identical weights: each CP rank takes its zigzag shard of the input
     columns with their global positions (layout padding at -1), scores its next tokens, and the
@@ -206,8 +244,9 @@ def cp_parity(cfg: ModelConfig, seed: int = 0, shape: tuple[int, int] = (2, 11),
     }
 
 
-def cp_parity_job(ctx, cfg: ModelConfig, tp: int, cp: int, shape: tuple[int, int] = (2, 11),
-                  policy: str = "fp32") -> dict:
+def cp_parity_job(
+    ctx, cfg: ModelConfig, tp: int, cp: int, shape: tuple[int, int] = (2, 11), policy: str = "fp32"
+) -> dict:
     """``cp_parity`` on a gloo rank of a pool of ``tp * cp`` ranks."""
     from megatron.core import parallel_state
 

@@ -38,18 +38,24 @@ def test_shards_follow_megatron_layouts():
     qkv = state["layers.0.attention.query_key_value.weight"]
     q, k, v = qkv.split(inner)
     half = inner // 2
-    assert torch.equal(rank1["decoder.layers.0.self_attention.query_key_value.weight"],
-                       torch.cat([q[half:], k[half:], v[half:]]))
+    assert torch.equal(
+        rank1["decoder.layers.0.self_attention.query_key_value.weight"],
+        torch.cat([q[half:], k[half:], v[half:]]),
+    )
     # gated fc1: rank 1 holds its gate rows, then its up rows.
     gate, up = state["layers.1.mlp.gate_proj.weight"], state["layers.1.mlp.up_proj.weight"]
     n = gate.shape[0] // 2
     assert torch.equal(rank1["decoder.layers.1.mlp.linear_fc1.weight"], torch.cat([gate[n:], up[n:]]))
     assert torch.equal(full["decoder.layers.1.mlp.linear_fc1.weight"], torch.cat([gate, up]))
     # row-parallel projections split columns; norms are whole on every rank.
-    assert torch.equal(rank1["decoder.layers.1.self_attention.linear_proj.weight"],
-                       state["layers.1.attention.dense.weight"].chunk(2, dim=1)[1])
-    assert torch.equal(rank1["decoder.layers.1.self_attention.q_layernorm.weight"],
-                       state["layers.1.attention.q_a_layernorm.weight"])
+    assert torch.equal(
+        rank1["decoder.layers.1.self_attention.linear_proj.weight"],
+        state["layers.1.attention.dense.weight"].chunk(2, dim=1)[1],
+    )
+    assert torch.equal(
+        rank1["decoder.layers.1.self_attention.q_layernorm.weight"],
+        state["layers.1.attention.q_a_layernorm.weight"],
+    )
     assert torch.equal(_split(torch.arange(12), 0, 3, 1, 2), torch.tensor([2, 3, 6, 7, 10, 11]))
 
 

@@ -39,8 +39,9 @@ def test_it_trains_like_the_torch_engine_and_the_megatron_optimizer(two_ranks, s
 
 def test_the_adam_state_is_sharded_over_the_data_parallel_ranks(sharded):
     counts = sharded["moment_elements"]
-    total = sum(v.numel() for v in sharded["rl_weights"].values()
-                if v.is_floating_point() and not v.numel() == 0)
+    total = sum(
+        v.numel() for v in sharded["rl_weights"].values() if v.is_floating_point() and not v.numel() == 0
+    )
     assert len(counts) == 2 and sum(counts) <= total
     for count in counts:
         assert 0.45 * sum(counts) < count < 0.55 * sum(counts), counts

@@ -45,7 +45,9 @@ def test_each_rank_holds_half_the_routed_experts(megatron_ep2):
         local = {n.split(".local_experts.")[1].split(".")[0] for n in s["experts"]}
         assert local == {str(j) for j in range(half)}
         for name, shape in s["experts"].items():
-            assert shape == ((2 * width, hidden) if name.endswith("linear_fc1.weight") else (hidden, width)), name
+            assert shape == (
+                (2 * width, hidden) if name.endswith("linear_fc1.weight") else (hidden, width)
+            ), name
     # at the seam every expert, full, under HybridLM's global names
     names = megatron_ep2["rl_weights"]
     assert {j for j in range(E) if f"layers.1.mlp.experts.{j}.gate_proj.weight" in names} == set(range(E))
@@ -59,16 +61,28 @@ def test_megatron_ep2_trains_like_the_torch_engine_at_dp2(torch_dp2, megatron_ep
 
 
 def test_expert_gradients_summed_over_every_dp_rank_fail_the_comparison(torch_dp2, two_ranks, tmp_path):
-    bad = two_ranks.run(run_engine_experts_summed_over_dp, "megatron", 1, f"file://{tmp_path}/store", dp=2, moe=True,
-                        ep=2)[0]
-    # every EP rank's expert j is another expert: the sum mixes experts 0 and 2 (1 and 3), already in pretraining
+    bad = two_ranks.run(
+        run_engine_experts_summed_over_dp, "megatron", 1, f"file://{tmp_path}/store", dp=2, moe=True, ep=2
+    )[0]
+    # every EP rank's expert j is another expert: the sum mixes experts 0 and 2 (1 and 3), already in
+    # pretraining
     with pytest.raises(AssertionError, match=r"pretrained layers\.1\.mlp\.experts\."):
         assert_same(torch_dp2, bad, "experts summed over dp")
 
 
-def test_megatron_ep2_with_the_distributed_optimizer_trains_like_the_torch_engine(torch_dp2, two_ranks, tmp_path):
-    got = two_ranks.run(run_engine, "megatron", 1, f"file://{tmp_path}/store", dp=2, moe=True, ep=2,
-                        distributed_optimizer=True)[0]
+def test_megatron_ep2_with_the_distributed_optimizer_trains_like_the_torch_engine(
+    torch_dp2, two_ranks, tmp_path
+):
+    got = two_ranks.run(
+        run_engine,
+        "megatron",
+        1,
+        f"file://{tmp_path}/store",
+        dp=2,
+        moe=True,
+        ep=2,
+        distributed_optimizer=True,
+    )[0]
     assert got["rl_weights"].keys() == torch_dp2["rl_weights"].keys()
     assert_same(torch_dp2, got, "megatron dp=2 ep=2 distributed optimizer")
     # the dense parameters' moments are split over the two DP ranks, each rank's experts' are its own
@@ -83,8 +97,9 @@ def four_ranks():
         yield pool
 
 
-def test_cp2_ep2_folds_the_cp_ranks_into_expert_groups_and_trains_like_the_torch_engine(torch_dp2, four_ranks,
-                                                                                          tmp_path):
+def test_cp2_ep2_folds_the_cp_ranks_into_expert_groups_and_trains_like_the_torch_engine(
+    torch_dp2, four_ranks, tmp_path
+):
     """dp 2 x cp 2 x ep 2 on four ranks: megatron puts the two CP ranks of a sequence on two expert shards
     (expert-data-parallel ranks [0, 2] and [1, 3]), the engine checks that layout at join and sums the
     expert gradients over those groups; the run equals the torch engine's at dp 2 (any layout trains the
@@ -96,8 +111,16 @@ def test_cp2_ep2_folds_the_cp_ranks_into_expert_groups_and_trains_like_the_torch
 
 
 def test_cp2_ep2_with_expert_gradients_summed_over_every_replica_rank_fails(torch_dp2, four_ranks, tmp_path):
-    bad = four_ranks.run(run_engine_experts_summed_over_dp, "megatron", 1, f"file://{tmp_path}/store", dp=2,
-                         moe=True, ep=2, cp=2)[0]
+    bad = four_ranks.run(
+        run_engine_experts_summed_over_dp,
+        "megatron",
+        1,
+        f"file://{tmp_path}/store",
+        dp=2,
+        moe=True,
+        ep=2,
+        cp=2,
+    )[0]
     with pytest.raises(AssertionError, match=r"layers\.1\.mlp\.experts\."):
         assert_same(torch_dp2, bad, "experts summed over dp x cp")
 

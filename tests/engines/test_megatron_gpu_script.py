@@ -18,8 +18,13 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.slow
 def test_megatron_check_smoke(tmp_path):
     env = {**os.environ, "OUT": str(tmp_path), "PYTHONPATH": str(ROOT)}
-    out = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu" / "megatron_check.py"), "--smoke"], env=env,
-                         capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "gpu" / "megatron_check.py"), "--smoke"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads((tmp_path / "megatron_check.json").read_text())
     fp32, islands = result["parity_tp1"]

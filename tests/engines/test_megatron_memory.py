@@ -1,7 +1,8 @@
 """No rank keeps a full copy of the model: after the megatron engine builds a stage and takes a step, a rank
 holds its parameter shards and their optimizer state only (no serving HybridLM until something samples
-in-process), so its bytes at TP 2 are about half of TP 1's (``ringzero.stages.rank_memory``, ``bench/megatron_memory.py``; the bound is the
-issue's 1.15 x (TP 1 bytes) / tp). A serving model is still built on demand, with the trained weights."""
+in-process), so its bytes at TP 2 are about half of TP 1's (``ringzero.stages.rank_memory``,
+``bench/megatron_memory.py``; the bound is the issue's 1.15 x (TP 1 bytes) / tp). A serving model is still
+built on demand, with the trained weights."""
 
 from __future__ import annotations
 
@@ -39,13 +40,22 @@ def test_the_serving_model_is_built_on_demand_with_the_trained_weights(one_rank)
     cfg = config(1, 128, 2, 4, "ringzero")
     stage = cfg.stages[0]
     rt = single(torch.device("cpu"))
-    setup = training_engine(cfg).build(cfg, None, None, cfg.precision.train, rt, optim=stage.optim, total_steps=1,
-                                       schedule="constant")
+    setup = training_engine(cfg).build(
+        cfg, None, None, cfg.precision.train, rt, optim=stage.optim, total_steps=1, schedule="constant"
+    )
     assert setup.serving is None
     task, tokenizer = task_and_tokenizer(cfg)
-    lm_step(setup.model, CorpusWindows(task, tokenizer, stage.seq_len, 0).batch(0, 2), rt, optimizer=setup.optimizer,
-            sharding=cfg.parallel.sharding, micro_batch=2)
+    lm_step(
+        setup.model,
+        CorpusWindows(task, tokenizer, stage.seq_len, 0).batch(0, 2),
+        rt,
+        optimizer=setup.optimizer,
+        sharding=cfg.parallel.sharding,
+        micro_batch=2,
+    )
     served = setup.served()
     masters = setup.optimizer.master_state_dict()
-    assert all(torch.equal(served.state_dict()[k], masters[k].to(served.state_dict()[k].dtype)) for k in masters)
+    assert all(
+        torch.equal(served.state_dict()[k], masters[k].to(served.state_dict()[k].dtype)) for k in masters
+    )
     assert setup.served() is served  # built once, refreshed in place after

@@ -76,19 +76,31 @@ def test_round_trip_is_exact(tp):
     assert all(torch.equal(back[k], v) for k, v in state.items())
     if tp == 2:
         # expert 3's gated fc1 on rank 1: its gate rows, then its up rows; the router and its bias whole
-        gate, up = state["layers.1.mlp.experts.3.gate_proj.weight"], state["layers.1.mlp.experts.3.up_proj.weight"]
+        gate, up = (
+            state["layers.1.mlp.experts.3.gate_proj.weight"],
+            state["layers.1.mlp.experts.3.up_proj.weight"],
+        )
         n = gate.shape[0] // 2
-        assert torch.equal(shards[1]["decoder.layers.1.mlp.experts.local_experts.3.linear_fc1.weight"],
-                           torch.cat([gate[n:], up[n:]]))
-        assert torch.equal(shards[1]["decoder.layers.1.mlp.router.expert_bias"], state["layers.1.mlp.gate.expert_bias"])
-        assert torch.equal(shards[1]["decoder.layers.2.mlp.shared_experts.linear_fc2.weight"],
-                           state["layers.2.mlp.shared_experts.down_proj.weight"].chunk(2, dim=1)[1])
+        assert torch.equal(
+            shards[1]["decoder.layers.1.mlp.experts.local_experts.3.linear_fc1.weight"],
+            torch.cat([gate[n:], up[n:]]),
+        )
+        assert torch.equal(
+            shards[1]["decoder.layers.1.mlp.router.expert_bias"], state["layers.1.mlp.gate.expert_bias"]
+        )
+        assert torch.equal(
+            shards[1]["decoder.layers.2.mlp.shared_experts.linear_fc2.weight"],
+            state["layers.2.mlp.shared_experts.down_proj.weight"].chunk(2, dim=1)[1],
+        )
 
 
-@pytest.mark.parametrize("change, expected", [
-    ({"norm_topk_prob": False}, "norm_topk_prob is false"),
-    ({"num_experts": 8, "num_experts_per_tok": 4}, "num_experts_per_tok // topk_group = 4 // 1 != 2"),
-])
+@pytest.mark.parametrize(
+    "change, expected",
+    [
+        ({"norm_topk_prob": False}, "norm_topk_prob is false"),
+        ({"num_experts": 8, "num_experts_per_tok": 4}, "num_experts_per_tok // topk_group = 4 // 1 != 2"),
+    ],
+)
 def test_what_megatron_cannot_express_is_refused_at_build(one_rank, change, expected):
     from ringzero.engines.megatron.model import MegatronLM
 

@@ -30,8 +30,9 @@ pytestmark = [pytest.mark.distributed, pytest.mark.slow, pytest.mark.xdist_group
 
 @pytest.fixture(scope="module")
 def pp2(pools, tmp_path_factory):
-    return pools[2].run(run_engine, "megatron", 1, f"file://{tmp_path_factory.mktemp('megatron-pp2')}/store",
-                        pp=2)[0]
+    return pools[2].run(
+        run_engine, "megatron", 1, f"file://{tmp_path_factory.mktemp('megatron-pp2')}/store", pp=2
+    )[0]
 
 
 def test_each_stage_holds_its_layers_only(pp2):
@@ -55,10 +56,14 @@ def test_pp2_trains_like_the_torch_engine_on_one_process(torch_run, pp2):
     assert_same(torch_run, pp2, "megatron pp=2")
 
 
-def test_pp2_with_the_distributed_optimizer_and_with_moe_trains_like_the_torch_engine(torch_run, pools, tmp_path):
+def test_pp2_with_the_distributed_optimizer_and_with_moe_trains_like_the_torch_engine(
+    torch_run, pools, tmp_path
+):
     """megatron's distributed optimizer takes its gradient norm over the stages too; the MoE layer (on the
     last stage) routes and trains as on one process."""
-    got = pools[2].run(run_engine, "megatron", 1, f"file://{tmp_path}/do/store", pp=2, distributed_optimizer=True)[0]
+    got = pools[2].run(
+        run_engine, "megatron", 1, f"file://{tmp_path}/do/store", pp=2, distributed_optimizer=True
+    )[0]
     assert_same(torch_run, got, "megatron pp=2 distributed optimizer")
     torch_moe = pools[1].run(run_engine, "torch", 1, f"file://{tmp_path}/torch-moe/store", 1, True)[0]
     moe = pools[2].run(run_engine, "megatron", 1, f"file://{tmp_path}/moe/store", moe=True, pp=2)[0]
@@ -72,7 +77,10 @@ def test_pp2_scores_logp_old_for_the_corrections_like_one_process(pools, tmp_pat
     got = pools[2].run(run_engine, "megatron", 1, f"file://{tmp_path}/pp2/store", pp=2, corrections=True)[0]
     for want, have in zip(ref["rl_steps"], got["rl_steps"], strict=True):
         # logp_old against the rollout's log-probs: ~1 with both fp32; 0-ish if the stages had not summed it
-        w_ref, w_got = want["metrics"]["correction/tis/weight_mean"], have["metrics"]["correction/tis/weight_mean"]
+        w_ref, w_got = (
+            want["metrics"]["correction/tis/weight_mean"],
+            have["metrics"]["correction/tis/weight_mean"],
+        )
         assert w_ref == pytest.approx(1.0, abs=0.05) and w_got == pytest.approx(w_ref, abs=1e-5)
     assert_same(ref, got, "megatron pp=2 with corrections")
 
@@ -101,8 +109,17 @@ def test_a_gradient_norm_of_one_stage_fails_the_comparison(torch_run, pools, tmp
 def test_a_rollback_restores_each_stage_s_own_shards_bit_for_bit(pools, tmp_path, distributed_optimizer):
     """The rollback guard snapshots each rank's own shards (no gather): after a step and a restore the weights
     are those of the snapshot, and the same step taken again lands on the same weights, bit for bit."""
-    got = pools[2].run(run_engine, "megatron", 1, f"file://{tmp_path}/store", pp=2,
-                       distributed_optimizer=distributed_optimizer, rollback_check=True)[0]["rollback"]
-    assert any(not torch.equal(got["before"][k], got["after"][k]) for k in got["before"])  # the step moved them
+    got = pools[2].run(
+        run_engine,
+        "megatron",
+        1,
+        f"file://{tmp_path}/store",
+        pp=2,
+        distributed_optimizer=distributed_optimizer,
+        rollback_check=True,
+    )[0]["rollback"]
+    assert any(
+        not torch.equal(got["before"][k], got["after"][k]) for k in got["before"]
+    )  # the step moved them
     assert all(torch.equal(got["restored"][k], got["before"][k]) for k in got["before"])
     assert all(torch.equal(got["again"][k], got["after"][k]) for k in got["after"])

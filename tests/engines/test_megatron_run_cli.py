@@ -25,10 +25,25 @@ pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 def run(tmp_path: Path, *extra: str) -> dict:
     store = f"file://{tmp_path / 'store'}"
     out = subprocess.run(
-        [sys.executable, "-m", "ringzero.cli.main", "run", str(ROOT / "configs" / "micro-megatron.yaml"),
-         "--set", f"storage.root={store}", "--set", f"run.run_dir={tmp_path / 'run'}",
-         "--set", "stages.base.steps=8", *extra],
-        cwd=ROOT, capture_output=True, text=True, timeout=480)
+        [
+            sys.executable,
+            "-m",
+            "ringzero.cli.main",
+            "run",
+            str(ROOT / "configs" / "micro-megatron.yaml"),
+            "--set",
+            f"storage.root={store}",
+            "--set",
+            f"run.run_dir={tmp_path / 'run'}",
+            "--set",
+            "stages.base.steps=8",
+            *extra,
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=480,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     s = open_store(store)
     finals = {uri.split("/")[-2]: uri for uri in s.list("stages/") if uri.endswith("/final")}

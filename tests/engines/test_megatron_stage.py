@@ -1,7 +1,7 @@
 """The stage code trains the same under the megatron engine as under the torch engine: a micro run's
 pretraining losses and weights, its RL rollouts token for token, its losses and its final weights, at
-TP = 1 and TP = 2 and at CP = 2 (gloo ranks), and with a MoE layer at TP = 1, within the fp32 tolerance helper (the
-engines differ in kernels and summation order only); resume state is layout-free (full tensors under the
+TP = 1 and TP = 2 and at CP = 2 (gloo ranks), and with a MoE layer at TP = 1, within the fp32 tolerance helper
+(the engines differ in kernels and summation order only); resume state is layout-free (full tensors under the
 model's names, the MoE routing biases included)."""
 
 from __future__ import annotations
@@ -21,7 +21,9 @@ STEP_KEYS = ("loss/total", "ratio/p99", "ratio/max", "reward/mean", "len/mean", 
 
 @pytest.fixture(scope="module")
 def torch_moe_run(pools, tmp_path_factory):
-    return pools[1].run(run_engine, "torch", 1, f"file://{tmp_path_factory.mktemp('torch-moe')}/store", 1, True)[0]
+    return pools[1].run(
+        run_engine, "torch", 1, f"file://{tmp_path_factory.mktemp('torch-moe')}/store", 1, True
+    )[0]
 
 
 def assert_same(ref: dict, got: dict, label: str) -> None:
@@ -38,7 +40,9 @@ def test_megatron_trains_like_the_torch_engine(torch_run, pools, tmp_path, tp):
     assert_same(torch_run, got, f"megatron tp={tp}")
     # resume state by parameter name, full tensors: the same whatever the TP degree that wrote it
     assert got["optim_meta"]["layout"] == "hybrid-names"
-    assert {k.split(".", 1)[1] for k in got["optim_keys"] if k.startswith("exp_avg.")} == set(got["rl_weights"])
+    assert {k.split(".", 1)[1] for k in got["optim_keys"] if k.startswith("exp_avg.")} == set(
+        got["rl_weights"]
+    )
 
 
 @pytest.mark.parametrize("distributed_optimizer", [False, True])
@@ -46,8 +50,9 @@ def test_megatron_cp2_trains_like_the_torch_engine(torch_run, pools, tmp_path, d
     """Context parallelism inside the megatron layers (MLA all-to-all over heads, Lightning all-gather of
     states, zigzag shards) trains as the torch engine does on one rank; megatron's distributed optimizer
     then shards the state over the two CP ranks."""
-    got = pools[2].run(run_engine, "megatron", 1, f"file://{tmp_path}/store", 1, False, distributed_optimizer,
-                       False, 1, 2)[0]
+    got = pools[2].run(
+        run_engine, "megatron", 1, f"file://{tmp_path}/store", 1, False, distributed_optimizer, False, 1, 2
+    )[0]
     if distributed_optimizer:
         assert_state_sharded(got)
     assert got["trained"] == "MegatronLM"
@@ -64,6 +69,9 @@ def test_megatron_trains_moe_like_the_torch_engine(torch_moe_run, pools, tmp_pat
 
 def test_the_comparison_catches_a_wrong_update(torch_run):
     """Negative control: weights that moved one more small step do not pass for the same run."""
-    bent = {**torch_run, "rl_weights": {k: v + 1e-3 * torch.sign(v) for k, v in torch_run["rl_weights"].items()}}
+    bent = {
+        **torch_run,
+        "rl_weights": {k: v + 1e-3 * torch.sign(v) for k, v in torch_run["rl_weights"].items()},
+    }
     with pytest.raises(AssertionError, match="RL weights"):
         assert_same(torch_run, bent, "bent")

@@ -72,8 +72,13 @@ def test_a_pipeline_stage_reads_only_the_files_of_its_tensors(saved):
     want = {k for k in state if k.startswith("layers.2.") or k.startswith(("norm.", "lm_head."))}
     assert got.keys() == want
     manifest = store._manifest("ck")
-    holding = [f for f in manifest.shards if any(t.startswith(("model.layers.2.", "model.norm.", "lm_head."))
-                                                 for t in manifest.files[f].tensors)]
+    holding = [
+        f
+        for f in manifest.shards
+        if any(
+            t.startswith(("model.layers.2.", "model.norm.", "lm_head.")) for t in manifest.files[f].tensors
+        )
+    ]
     assert log.files == holding and len(holding) < len(manifest.shards)
 
 

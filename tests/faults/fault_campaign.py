@@ -19,9 +19,9 @@ resumes), a corrupted shard (``ringzero store verify`` names it, the rerun refus
 restarted mid-run (moto's server in this process, which keeps its objects across the restart), for
 outages shorter and longer than the store's retry budget.
 
-    python tests/faults/fault_campaign.py --trials 20 --out tests/faults/results/faults.json     # the full campaign
-    python tests/faults/fault_campaign.py --trials 2 --kinds pretrain,rl                   # a short one
-    python tests/faults/fault_campaign.py --trials 0 --others 0 --s3 3                     # S3 outages only
+    python tests/faults/fault_campaign.py --trials 20 --out tests/faults/results/faults.json # the full
+    campaign python tests/faults/fault_campaign.py --trials 2 --kinds pretrain,rl # a short one python
+    tests/faults/fault_campaign.py --trials 0 --others 0 --s3 3 # S3 outages only
 
 Prints a Markdown table (trials, resumed, lost, torn, equal) and writes every trial's record as JSON.
 """
@@ -47,26 +47,71 @@ ROOT = Path(__file__).resolve().parents[2]
 POINTS = ROOT / "tests" / "faults" / "fault_points"
 GUARD_S = 600  # only against a hung child
 MICRO_MODEL = {
-    "vocab_size": 64, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "layout": "LM",
-    "intermediate_size": 64, "max_position_embeddings": 96, "kv_lora_rank": 8, "qk_nope_head_dim": 8,
-    "qk_rope_head_dim": 4, "v_head_dim": 8, "head_dim": 8, "lightning_block_size": 16,
+    "vocab_size": 64,
+    "hidden_size": 32,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "layout": "LM",
+    "intermediate_size": 64,
+    "max_position_embeddings": 96,
+    "kv_lora_rank": 8,
+    "qk_nope_head_dim": 8,
+    "qk_rope_head_dim": 4,
+    "v_head_dim": 8,
+    "head_dim": 8,
+    "lightning_block_size": 16,
 }
-BASE = {"name": "base", "kind": "pretrain", "steps": 24, "batch_size": 8, "seq_len": 48, "checkpoint_every": 4}
+BASE = {
+    "name": "base",
+    "kind": "pretrain",
+    "steps": 24,
+    "batch_size": 8,
+    "seq_len": 48,
+    "checkpoint_every": 4,
+}
 TARGETS = {
     "pretrain": {**BASE, "name": "target"},
-    "rl": {"name": "target", "kind": "rl", "steps": 6, "prompts_per_step": 2, "samples_per_prompt": 2,
-           "minibatches": 1, "checkpoint_every": 1, "min_steps": 0, "sampling": {"max_new_tokens": 12}},
-    "distill": {"name": "target", "kind": "distill", "prompts": 16, "samples_per_prompt": 8, "epochs": 4,
-                "batch_size": 4, "micro_batch": 4, "max_seq_len": 64, "sampling": {"max_new_tokens": 24},
-                "optim": {"lr": 1e-3, "warmup_steps": 0}},
-    "eval": {"name": "target", "kind": "eval", "prompts": 8, "k": 2, "sampling": {"max_new_tokens": 12},
-             "compare": ["base"]},
+    "rl": {
+        "name": "target",
+        "kind": "rl",
+        "steps": 6,
+        "prompts_per_step": 2,
+        "samples_per_prompt": 2,
+        "minibatches": 1,
+        "checkpoint_every": 1,
+        "min_steps": 0,
+        "sampling": {"max_new_tokens": 12},
+    },
+    "distill": {
+        "name": "target",
+        "kind": "distill",
+        "prompts": 16,
+        "samples_per_prompt": 8,
+        "epochs": 4,
+        "batch_size": 4,
+        "micro_batch": 4,
+        "max_seq_len": 64,
+        "sampling": {"max_new_tokens": 24},
+        "optim": {"lr": 1e-3, "warmup_steps": 0},
+    },
+    "eval": {
+        "name": "target",
+        "kind": "eval",
+        "prompts": 8,
+        "k": 2,
+        "sampling": {"max_new_tokens": 12},
+        "compare": ["base"],
+    },
 }
 RESUME_EVENT = {"pretrain": "pretrain.resume", "rl": "rl.resume", "distill": "distill.resume"}
 
 
-def config(root: Path, kind: str, with_target: bool = True, store: str | None = None, dp: int = 1, **run) -> Path:
-    base = {**BASE, "steps": 300, "checkpoint_every": 100} if kind == "distill" else BASE  # answers some right
+def config(
+    root: Path, kind: str, with_target: bool = True, store: str | None = None, dp: int = 1, **run
+) -> Path:
+    base = (
+        {**BASE, "steps": 300, "checkpoint_every": 100} if kind == "distill" else BASE
+    )  # answers some right
     stages = ([] if kind == "pretrain" else [base]) + ([TARGETS[kind]] if with_target else [])
     data = {
         "run": {"name": "faults", "seed": 0, "run_dir": str(root / "run"), "threads": 1, **run},
@@ -85,7 +130,9 @@ def config(root: Path, kind: str, with_target: bool = True, store: str | None = 
 def child_env(fault: str | None = None, count: Path | None = None, extra_path: bool = True) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("RINGZERO_FAULT")}
     if extra_path:
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(POINTS), str(ROOT), os.environ.get("PYTHONPATH")]))
+        env["PYTHONPATH"] = os.pathsep.join(
+            filter(None, [str(POINTS), str(ROOT), os.environ.get("PYTHONPATH")])
+        )
     env["OMP_NUM_THREADS"] = "1"
     if fault:
         env["RINGZERO_FAULT"] = fault
@@ -109,8 +156,15 @@ def start(cfg: Path, env: dict, *extra: str):
     fresh interpreter with ``RINGZERO_FAULTS_FORK=0``. Either way a separate process that a kill ends."""
     if forking():
         return _server().start(["run", str(cfg), *extra], env, ROOT)
-    return subprocess.Popen([sys.executable, "-m", "ringzero.cli.main", "run", str(cfg), *extra], env=env, cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "ringzero.cli.main", "run", str(cfg), *extra],
+        env=env,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
 
 
 def finish(proc: subprocess.Popen, timeout: float = GUARD_S) -> tuple[int, str]:
@@ -139,6 +193,7 @@ def target_hash(evs: list[dict]) -> str | None:
 
 
 # -- what a reader sees in the store --------------------------------------------------------------------
+
 
 def store_state(store_root: str, h: str | None) -> dict:
     """Committed checkpoints of the target stage verified by checksum; the newest resume point's step;
@@ -187,6 +242,7 @@ def final_digest(store_root: str, h: str, kind: str) -> str:
 
 
 # -- the campaign ---------------------------------------------------------------------------------------
+
 
 @dataclass
 class Reference:
@@ -245,13 +301,31 @@ def reference(kind: str, work: Path, dp: int = 1) -> Reference:
     if rc != 0:
         raise SystemExit(f"{kind}: the reference run failed:\n{out[-3000:]}")
     evs = events(ref)
-    start_s = next(e["timestamp_s"] for e in map(_stamp, evs) if e.get("event") == "stage.start"
-                   and e.get("stage") == "target") - t0
-    end_s = next(e["timestamp_s"] for e in map(_stamp, evs) if e.get("event") == "stage.done"
-                 and e.get("stage") == "target") - t0
+    start_s = (
+        next(
+            e["timestamp_s"]
+            for e in map(_stamp, evs)
+            if e.get("event") == "stage.start" and e.get("stage") == "target"
+        )
+        - t0
+    )
+    end_s = (
+        next(
+            e["timestamp_s"]
+            for e in map(_stamp, evs)
+            if e.get("event") == "stage.done" and e.get("stage") == "target"
+        )
+        - t0
+    )
     h = target_hash(evs)
-    return Reference(kind, prefix / "store", final_digest(f"file://{ref / 'store'}", h, kind), (start_s, end_s),
-                     json.loads(counts_path.read_text()) if counts_path.exists() else {}, dp)
+    return Reference(
+        kind,
+        prefix / "store",
+        final_digest(f"file://{ref / 'store'}", h, kind),
+        (start_s, end_s),
+        json.loads(counts_path.read_text()) if counts_path.exists() else {},
+        dp,
+    )
 
 
 def _stamp(e: dict) -> dict:
@@ -281,7 +355,11 @@ def rerun_and_score(trial: Trial, ref: Reference, root: Path, before: dict) -> T
 def inspect_and_rerun(trial: Trial, ref: Reference, root: Path) -> Trial:
     """What a reader sees in the trial's file store after the fault, then the rerun; the folder removed."""
     before = store_state(f"file://{root / 'store'}", target_hash(events(root)))
-    trial.newest_step, trial.outcome_before, trial.torn = before["newest_step"], before["outcome"], before["torn"]
+    trial.newest_step, trial.outcome_before, trial.torn = (
+        before["newest_step"],
+        before["outcome"],
+        before["torn"],
+    )
     rerun_and_score(trial, ref, root, before)
     shutil.rmtree(root, ignore_errors=True)
     return trial
@@ -314,7 +392,11 @@ def kill_trial(ref: Reference, work: Path, index: int, rng: random.Random, fault
     if rc == 0:
         trial.note = "finished before the kill"
     before = store_state(f"file://{root / 'store'}", target_hash(events(root)))
-    trial.newest_step, trial.outcome_before, trial.torn = before["newest_step"], before["outcome"], before["torn"]
+    trial.newest_step, trial.outcome_before, trial.torn = (
+        before["newest_step"],
+        before["outcome"],
+        before["torn"],
+    )
     trial.extra["seconds_to_death"] = round(time.monotonic() - t0, 2)
     rerun_and_score(trial, ref, root, before)
     shutil.rmtree(root, ignore_errors=True)
@@ -343,8 +425,14 @@ def wait_for_resume_point(proc: subprocess.Popen, root: Path) -> bool:
     return False
 
 
-def sigterm_trial(ref: Reference, work: Path, index: int, rng: random.Random, grace_s: float = 20.0,
-                  delay_s: float | None = None) -> Trial:
+def sigterm_trial(
+    ref: Reference,
+    work: Path,
+    index: int,
+    rng: random.Random,
+    grace_s: float = 20.0,
+    delay_s: float | None = None,
+) -> Trial:
     """SIGTERM once the step loop runs (after ``delay_s`` more, random when None): the stage must exit
     with 143 within the grace period; ``saved_on_signal`` when the loop saved a resume point for it."""
     root = work / f"{ref.kind}-term-{index:03d}"
@@ -404,7 +492,11 @@ def corrupt_trial(ref: Reference, work: Path, index: int, rng: random.Random) ->
     finish(proc)
     h = target_hash(events(root))
     store = open_store(f"file://{root / 'store'}")
-    steps = [u for u in store.list(f"stages/{h[:16]}/") if u.rstrip("/").split("/")[-1].startswith("step-")] if h else []
+    steps = (
+        [u for u in store.list(f"stages/{h[:16]}/") if u.rstrip("/").split("/")[-1].startswith("step-")]
+        if h
+        else []
+    )
     if not steps:
         trial.note = "no resume point to corrupt"
         shutil.rmtree(root, ignore_errors=True)
@@ -416,8 +508,13 @@ def corrupt_trial(ref: Reference, work: Path, index: int, rng: random.Random) ->
     at = rng.randrange(len(data))
     data[at] ^= 0x40
     shard.write_bytes(bytes(data))
-    verify = subprocess.run([sys.executable, "-m", "ringzero.cli.main", "store", "verify", newest], cwd=ROOT,
-                            capture_output=True, text=True, env=child_env(extra_path=False))
+    verify = subprocess.run(
+        [sys.executable, "-m", "ringzero.cli.main", "store", "verify", newest],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env=child_env(extra_path=False),
+    )
     trial.extra["verify_exit"] = verify.returncode
     trial.extra["verify_names_file"] = shard.name in (verify.stdout + verify.stderr)
     rc, out = finish(start(config(root, ref.kind), child_env(extra_path=False)))
@@ -428,7 +525,9 @@ def corrupt_trial(ref: Reference, work: Path, index: int, rng: random.Random) ->
     return trial
 
 
-def rank_kill_trial(ref: Reference, work: Path, index: int, rng: random.Random, grace_s: float = 20.0) -> Trial:
+def rank_kill_trial(
+    ref: Reference, work: Path, index: int, rng: random.Random, grace_s: float = 20.0
+) -> Trial:
     """``--nproc 2``: SIGKILL one rank mid-stage; the job must end within a bound and the rerun resume."""
     root = work / f"{ref.kind}-rank-{index:03d}"
     shutil.copytree(ref.prefix, root / "store")
@@ -510,20 +609,33 @@ class MotoS3:
     def client(self):
         import boto3
 
-        return boto3.client("s3", endpoint_url=f"http://{self.endpoint}", region_name="us-east-1",
-                            aws_access_key_id=self.keys["RINGZERO_S3_ACCESS_KEY"],
-                            aws_secret_access_key=self.keys["RINGZERO_S3_SECRET_KEY"])
+        return boto3.client(
+            "s3",
+            endpoint_url=f"http://{self.endpoint}",
+            region_name="us-east-1",
+            aws_access_key_id=self.keys["RINGZERO_S3_ACCESS_KEY"],
+            aws_secret_access_key=self.keys["RINGZERO_S3_SECRET_KEY"],
+        )
 
     def upload(self, folder: Path, bucket: str, prefix: str) -> None:
         client = self.client()
         client.create_bucket(Bucket=bucket)
         for path in folder.rglob("*"):
             if path.is_file() and not path.name.startswith("."):
-                client.put_object(Bucket=bucket, Key=f"{prefix}/{path.relative_to(folder)}", Body=path.read_bytes())
+                client.put_object(
+                    Bucket=bucket, Key=f"{prefix}/{path.relative_to(folder)}", Body=path.read_bytes()
+                )
 
 
-def s3_restart_trial(ref: Reference, work: Path, index: int, rng: random.Random, s3: MotoS3,
-                     down_s: float | None, backoff: dict | None = None) -> Trial:
+def s3_restart_trial(
+    ref: Reference,
+    work: Path,
+    index: int,
+    rng: random.Random,
+    s3: MotoS3,
+    down_s: float | None,
+    backoff: dict | None = None,
+) -> Trial:
     """The S3 server stopped for ``down_s`` seconds while the stage runs, then started again (its data
     kept): the run must retry and finish, or fail with a clear error; either way nothing half-written
     may be visible, and a rerun ends where an uninterrupted run ends. ``backoff`` overrides the store's
@@ -591,7 +703,7 @@ def s3_restart_trial(ref: Reference, work: Path, index: int, rng: random.Random,
         client = s3.client()
         for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix="runs/"):
             for o in page.get("Contents", []):
-                dest = digest_store / o["Key"][len("runs/"):]
+                dest = digest_store / o["Key"][len("runs/") :]
                 dest.parent.mkdir(parents=True, exist_ok=True)
                 dest.write_bytes(client.get_object(Bucket=bucket, Key=o["Key"])["Body"].read())
         trial.equal = final_digest(f"file://{digest_store}", h, ref.kind) == ref.digest
@@ -602,10 +714,16 @@ def s3_restart_trial(ref: Reference, work: Path, index: int, rng: random.Random,
 
 
 FAULT_NAMES = {
-    "random-time": "SIGKILL, random moment", "shard": "SIGKILL mid-shard write", "commit": "SIGKILL before COMMITTED",
-    "outcome": "SIGKILL before the outcome", "outcome-after": "SIGKILL after the outcome",
-    "manifest": "SIGKILL at the run manifest", "sigterm": "SIGTERM", "enospc": "disk full mid-save",
-    "corrupt-shard": "corrupted shard", "one-rank-killed": "1 of 2 ranks SIGKILLed",
+    "random-time": "SIGKILL, random moment",
+    "shard": "SIGKILL mid-shard write",
+    "commit": "SIGKILL before COMMITTED",
+    "outcome": "SIGKILL before the outcome",
+    "outcome-after": "SIGKILL after the outcome",
+    "manifest": "SIGKILL at the run manifest",
+    "sigterm": "SIGTERM",
+    "enospc": "disk full mid-save",
+    "corrupt-shard": "corrupted shard",
+    "one-rank-killed": "1 of 2 ranks SIGKILLed",
 }
 
 
@@ -614,36 +732,49 @@ def _detail(fault: str, ts: list[Trial]) -> str:
     n = len(ts)
     if fault == "sigterm":
         signalled = [t for t in ts if "exit_s" in t.extra]
-        return (f"{sum(t.extra['within_grace'] for t in signalled)}/{len(signalled)} exited 143 within the grace "
-                f"(max {max((t.extra['exit_s'] for t in signalled), default=0):.1f} s); "
-                f"{sum(t.extra['saved_on_signal'] for t in signalled)} saved a resume point for the signal")
+        return (
+            f"{sum(t.extra['within_grace'] for t in signalled)}/{len(signalled)} exited 143 within the grace "
+            f"(max {max((t.extra['exit_s'] for t in signalled), default=0):.1f} s); "
+            f"{sum(t.extra['saved_on_signal'] for t in signalled)} saved a resume point for the signal"
+        )
     if fault == "enospc":
         return f"{sum(t.extra.get('clean_error', False) for t in ts)}/{n} failed with a clear error (exit 2)"
     if fault == "corrupt-shard":
-        return (f"verify named the file {sum(t.extra.get('verify_names_file', False) for t in ts)}/{n}; "
-                f"rerun refused it {sum(t.extra.get('rerun_refused', False) for t in ts)}/{n}")
+        return (
+            f"verify named the file {sum(t.extra.get('verify_names_file', False) for t in ts)}/{n}; "
+            f"rerun refused it {sum(t.extra.get('rerun_refused', False) for t in ts)}/{n}"
+        )
     if fault == "one-rank-killed":
         ends = [t.extra["job_end_s"] for t in ts if "job_end_s" in t.extra]
         return f"the job ended {max(ends, default=0):.1f} s after the kill at most"
     if fault.startswith("s3-down"):
-        return (f"finished {sum(t.extra.get('finished', False) for t in ts)}/{n}, failed cleanly "
-                f"{sum(not t.extra.get('finished', False) and t.extra.get('clean_error', False) for t in ts)}/{n}")
+        return (
+            f"finished {sum(t.extra.get('finished', False) for t in ts)}/{n}, failed cleanly "
+            f"{sum(not t.extra.get('finished', False) and t.extra.get('clean_error', False) for t in ts)}/{n}"
+        )
     reused = sum("outcome reused" in t.note for t in ts)
     return f"{reused} reused a committed outcome" if reused else ""
 
 
 def table(trials: list[Trial]) -> str:
-    rows = ["| stage kind | fault | trials | rerun succeeded | committed steps lost | torn reads | equal final | "
-            "checks |", "|---|---|---:|---:|---:|---:|---:|---|"]
+    rows = [
+        "| stage kind | fault | trials | rerun succeeded | committed steps lost | torn reads | equal final | "
+        "checks |",
+        "|---|---|---:|---:|---:|---:|---:|---|",
+    ]
     groups: dict[tuple[str, str], list[Trial]] = {}
     for t in trials:
         groups.setdefault((t.kind, t.fault.split(":")[0]), []).append(t)
     order = list(FAULT_NAMES)
-    for (kind, fault), ts in sorted(groups.items(), key=lambda kv: (kv[0][0], order.index(kv[0][1])
-                                                                    if kv[0][1] in order else 99, kv[0][1])):
+    for (kind, fault), ts in sorted(
+        groups.items(),
+        key=lambda kv: (kv[0][0], order.index(kv[0][1]) if kv[0][1] in order else 99, kv[0][1]),
+    ):
         name = FAULT_NAMES.get(fault, fault.replace("s3-down-", "S3 down "))
-        rows.append(f"| {kind} | {name} | {len(ts)} | {sum(t.resumed for t in ts)} | {sum(t.lost for t in ts)} | "
-                    f"{sum(t.torn for t in ts)} | {sum(t.equal for t in ts)} | {_detail(fault, ts)} |")
+        rows.append(
+            f"| {kind} | {name} | {len(ts)} | {sum(t.resumed for t in ts)} | {sum(t.lost for t in ts)} | "
+            f"{sum(t.torn for t in ts)} | {sum(t.equal for t in ts)} | {_detail(fault, ts)} |"
+        )
     return "\n".join(rows)
 
 
@@ -659,8 +790,12 @@ def s3_campaign(kinds: list[str], trials: int, seed: int, work: Path) -> list[Tr
             for down_s in (3.0, 60.0):
                 t = s3_restart_trial(ref, work, 2 * i + (down_s > 10), rng, s3, down_s)
                 out.append(t)
-                print(f"  {kind} {t.fault}: {t.extra} resumed={t.resumed} lost={t.lost} torn={t.torn} equal={t.equal} "
-                      f"{t.note[:120]}", flush=True)
+                print(
+                    f"  {kind} {t.fault}: {t.extra} resumed={t.resumed} lost={t.lost} torn={t.torn} "
+                    f"equal={t.equal} "
+                    f"{t.note[:120]}",
+                    flush=True,
+                )
         shutil.rmtree(ref.prefix.parent, ignore_errors=True)
     return out
 
@@ -670,29 +805,41 @@ def campaign(kinds: list[str], trials: int, seed: int, work: Path, others: int) 
     out: list[Trial] = []
     for kind in kinds:
         ref = reference(kind, work)
-        print(f"{kind}: reference stage {ref.stage_s[0]:.1f}-{ref.stage_s[1]:.1f} s, writes {ref.counts}", flush=True)
+        print(
+            f"{kind}: reference stage {ref.stage_s[0]:.1f}-{ref.stage_s[1]:.1f} s, writes {ref.counts}",
+            flush=True,
+        )
         points = fault_points(ref, rng)
         for i in range(trials):
             # every fault point once per round of trials, random moments for the rest
             fault = points[i % len(points)] if points and i % 2 == 1 else None
             t = kill_trial(ref, work, i, rng, fault)
             out.append(t)
-            print(f"  {kind} {t.fault}: resumed={t.resumed} lost={t.lost} torn={t.torn} equal={t.equal} {t.note[:80]}",
-                  flush=True)
+            print(
+                f"  {kind} {t.fault}: resumed={t.resumed} lost={t.lost} torn={t.torn} equal={t.equal} "
+                f"{t.note[:80]}",
+                flush=True,
+            )
         if kind == "eval":
             continue
         for i in range(others):
             for make in (sigterm_trial, disk_full_trial, corrupt_trial):
                 t = make(ref, work, i, rng)
                 out.append(t)
-                print(f"  {kind} {t.fault}: {t.extra} resumed={t.resumed} lost={t.lost} torn={t.torn} equal={t.equal}",
-                      flush=True)
+                print(
+                    f"  {kind} {t.fault}: {t.extra} resumed={t.resumed} lost={t.lost} torn={t.torn} "
+                    f"equal={t.equal}",
+                    flush=True,
+                )
         if kind == "rl":
             ref2 = reference(kind, work, dp=2)
             for i in range(others):
                 t = rank_kill_trial(ref2, work, i, rng)
                 out.append(t)
-                print(f"  {kind} {t.fault}: {t.extra} resumed={t.resumed} lost={t.lost} torn={t.torn}", flush=True)
+                print(
+                    f"  {kind} {t.fault}: {t.extra} resumed={t.resumed} lost={t.lost} torn={t.torn}",
+                    flush=True,
+                )
         shutil.rmtree(ref.prefix.parent, ignore_errors=True)
     return out
 
@@ -705,8 +852,13 @@ def main() -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--s3", type=int, default=0, help="S3 outage trials of each length per stage kind (moto)")
     p.add_argument("--out", type=Path, help="write every trial's record here (JSON)")
-    p.add_argument("--report", type=Path, nargs="+", metavar="JSON",
-                   help="no trials: print the table of these records and write it into BENCHMARKS.md")
+    p.add_argument(
+        "--report",
+        type=Path,
+        nargs="+",
+        metavar="JSON",
+        help="no trials: print the table of these records and write it into BENCHMARKS.md",
+    )
     args = p.parse_args()
     if args.report:
         from mdsection import write_section
@@ -719,7 +871,11 @@ def main() -> int:
     started = time.time()
     with tempfile.TemporaryDirectory(prefix="faults-") as tmp:
         kinds = args.kinds.split(",")
-        trials = campaign(kinds, args.trials, args.seed, Path(tmp), args.others) if args.trials or args.others else []
+        trials = (
+            campaign(kinds, args.trials, args.seed, Path(tmp), args.others)
+            if args.trials or args.others
+            else []
+        )
         if args.s3:
             trials += s3_campaign([k for k in kinds if k != "eval"], args.s3, args.seed, Path(tmp) / "s3")
     print(table(trials))

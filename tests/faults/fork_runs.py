@@ -29,7 +29,8 @@ HELPER = r"""
 import atexit, json, os, signal, sys, threading, traceback
 import torch  # noqa: F401  - the point of the helper: imported once, before any fork
 import ringzero.cli.main as cli
-import ringzero.cli.run_cmd, ringzero.pipeline.local, ringzero.stages.pretrain, ringzero.stages.rl  # noqa: F401
+import ringzero.cli.run_cmd, ringzero.pipeline.local  # noqa: F401
+import ringzero.stages.pretrain, ringzero.stages.rl  # noqa: F401
 import ringzero.stages.distill, ringzero.stages.evaluate, ringzero.store.s3  # noqa: F401
 out_lock = threading.Lock()
 
@@ -58,8 +59,10 @@ def child(request):
     os.environ.clear()
     os.environ.update(request["env"])
     os.chdir(request["cwd"])
-    sys.path[:0] = [p for p in request["env"].get("PYTHONPATH", "").split(os.pathsep) if p and p not in sys.path]
-    sys.argv = [cli.__file__, *request["argv"]]  # what `python -m ringzero.cli.main ...` would see (torchrun reads it)
+    paths = request["env"].get("PYTHONPATH", "").split(os.pathsep)
+    sys.path[:0] = [p for p in paths if p and p not in sys.path]
+    # what `python -m ringzero.cli.main ...` would see (torchrun reads it)
+    sys.argv = [cli.__file__, *request["argv"]]
     signal.signal(signal.SIGINT, signal.default_int_handler)
     code = 0
     try:
@@ -102,8 +105,14 @@ class ForkServer:
     """One warm helper per process that uses it; ``start`` forks a run from it."""
 
     def __init__(self, root: Path, env: dict):
-        self._proc = subprocess.Popen([sys.executable, "-c", HELPER], cwd=root, env=env, text=True,
-                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        self._proc = subprocess.Popen(
+            [sys.executable, "-c", HELPER],
+            cwd=root,
+            env=env,
+            text=True,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+        )
         self._lock = threading.Lock()
         self._started: dict[int, int] = {}
         self._exits: dict[int, int] = {}
@@ -140,8 +149,13 @@ class ForkServer:
     def start(self, argv: list[str], env: dict, cwd: Path) -> ForkedRun:
         with self._lock:
             self._next += 1
-            request = {"id": self._next, "argv": argv, "env": env, "cwd": str(cwd),
-                       "out": str(self._folder / f"run-{self._next}.log")}
+            request = {
+                "id": self._next,
+                "argv": argv,
+                "env": env,
+                "cwd": str(cwd),
+                "out": str(self._folder / f"run-{self._next}.log"),
+            }
             self._proc.stdin.write(json.dumps(request) + "\n")
             self._proc.stdin.flush()
         with self._changed:

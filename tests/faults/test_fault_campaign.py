@@ -1,8 +1,8 @@
-"""The short fault campaign (``tests/faults/fault_campaign.py`` with a few trials per fault): real runs on micro
-pipelines, killed at random moments and at the store's commit points, stopped with SIGTERM, failed by a
+"""The short fault campaign (``tests/faults/fault_campaign.py`` with a few trials per fault): real runs on
+micro pipelines, killed at random moments and at the store's commit points, stopped with SIGTERM, failed by a
 full disk, given a corrupted shard, and (RL) run as two ranks of which one is killed. After each, what a
-reader sees in the store must verify, and the rerun must resume from the newest committed resume point
-(or reuse the committed outcome) and end bit for bit where an uninterrupted run ends."""
+reader sees in the store must verify, and the rerun must resume from the newest committed resume point (or
+reuse the committed outcome) and end bit for bit where an uninterrupted run ends."""
 
 from __future__ import annotations
 
@@ -31,7 +31,9 @@ def assert_killed(ref: faults.Reference, t: faults.Trial, fault: str | None) -> 
         return
     point, n = fault.split(":")
     passed = ref.counts.get({"outcome-after": "outcome"}.get(point, point), 0)
-    assert passed >= int(n), f"{ref.kind}: the reference passed {point} {passed} times, so {fault} never fires"
+    assert passed >= int(n), (
+        f"{ref.kind}: the reference passed {point} {passed} times, so {fault} never fires"
+    )
     assert t.exit_code == -9, f"{ref.kind} {fault}: the run was not killed at its write point: {t}"
 
 
@@ -108,8 +110,8 @@ def test_pretrain_rides_out_a_short_s3_outage_and_fails_cleanly_in_a_long_one(wo
     budget is ridden out (the run finishes), a longer one is not (a clear error, nothing half-written
     visible); the rerun of either ends where an uninterrupted run ends. The trials shrink the budget
     (waits of 0.1-0.2 s doubling, five retries: 3.1-6.2 s in all, against 7.75-15.5 s by default) so that
-    an outage of 0.5 s proves what 3 s proves at the default budget (tests/faults/fault_campaign.py runs 3 s and 60 s);
-    the long outage lasts until the run gives up, so a run that computes through part of it cannot
+    an outage of 0.5 s proves what 3 s proves at the default budget (tests/faults/fault_campaign.py runs 3 s
+    and 60 s); the long outage lasts until the run gives up, so a run that computes through part of it cannot
     outlast it (a fixed 10 s outage was once ridden out that way on loaded cores)."""
     rng = random.Random(4)
     s3 = faults.MotoS3()

@@ -176,8 +176,10 @@ class PlantedEngine:
         if any(CRASH in r.input_ids for r in requests):
             session_key = SECRET  # noqa: F841
             raise ValueError("engine crashed")
-        return [[Completion(list(r.input_ids), [r.input_ids[-1]], [-1.0], "length", None, self.weight_version)]
-                for r in requests]
+        return [
+            [Completion(list(r.input_ids), [r.input_ids[-1]], [-1.0], "length", None, self.weight_version)]
+            for r in requests
+        ]
 
     def update_weights_from_disk(self, uri: str, weight_version: str) -> None:
         from ringzero.model.checkpoint import load_model
@@ -201,16 +203,26 @@ def test_the_servers_failures_log_frames_not_locals(logs, planted_store, tmp_pat
     server = RolloutServer(PlantedEngine(), PlantedTokenizer(), model_path="planted://0")
     answers = []
     with ServerThread(server.app) as thread:
-        crash = requests.post(thread.url + "/generate", json={"text": "a?", "sampling_params": ONE}, timeout=30)
+        crash = requests.post(
+            thread.url + "/generate", json={"text": "a?", "sampling_params": ONE}, timeout=30
+        )
         assert (crash.status_code, crash.json()["message"]) == (500, "ValueError: engine crashed")
         # the tokenizer fails while the answer is written: no handler expects that
-        decode = requests.post(thread.url + "/generate", json={"text": "az", "sampling_params": ONE}, timeout=30)
+        decode = requests.post(
+            thread.url + "/generate", json={"text": "az", "sampling_params": ONE}, timeout=30
+        )
         assert (decode.status_code, decode.json()["message"]) == (500, "RuntimeError: decoder broke")
-        update = requests.post(thread.url + "/update_weights_from_disk",
-                               json={"model_path": f"{store}/inputs/step-1"}, timeout=30)
+        update = requests.post(
+            thread.url + "/update_weights_from_disk",
+            json={"model_path": f"{store}/inputs/step-1"},
+            timeout=30,
+        )
         assert update.status_code == 400 and "connection reset" in update.json()["message"], update.text
         answers += [crash.content, decode.content, update.content]
-        assert requests.post(thread.url + "/generate", json={"text": "a", "sampling_params": ONE}).status_code == 200
+        assert (
+            requests.post(thread.url + "/generate", json={"text": "a", "sampling_params": ONE}).status_code
+            == 200
+        )
     text = logs.read()
     for event in (b"rollout.engine_failed", b"rollout.request_failed", b"rollout.weight_update_failed"):
         assert event in text

@@ -45,11 +45,13 @@ def test_the_previous_handler_comes_back():
 
 
 def test_the_watchdog_ends_a_loop_that_never_reaches_its_boundary():
-    script = ("import os, signal, time\nfrom ringzero.stages import preemption\n"
-              "preemption.install(0.5)\n"
-              "with preemption.preemptible():\n"
-              "    os.kill(os.getpid(), signal.SIGTERM)\n"
-              "    time.sleep(30)\n")
+    script = (
+        "import os, signal, time\nfrom ringzero.stages import preemption\n"
+        "preemption.install(0.5)\n"
+        "with preemption.preemptible():\n"
+        "    os.kill(os.getpid(), signal.SIGTERM)\n"
+        "    time.sleep(30)\n"
+    )
     started = time.monotonic()
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=60)
     took = time.monotonic() - started

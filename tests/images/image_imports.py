@@ -46,8 +46,13 @@ def written_imports(module: str) -> set[str]:
         return set()
     tree = ast.parse(path.read_text(), filename=str(path))
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
-    optional = {id(n) for t in ast.walk(tree) if isinstance(t, ast.Try) and _catches_import_error(t)
-                for stmt in t.body for n in ast.walk(stmt)}
+    optional = {
+        id(n)
+        for t in ast.walk(tree)
+        if isinstance(t, ast.Try) and _catches_import_error(t)
+        for stmt in t.body
+        for n in ast.walk(stmt)
+    }
     out = set()
     for node in ast.walk(tree):
         if id(node) in optional:  # `try: import x / except ImportError:` works without x
@@ -62,8 +67,14 @@ def written_imports(module: str) -> set[str]:
                 base = node.module
             out.add(base)
             out.update(f"{base}.{a.name}" for a in node.names)
-        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("ringzero."):
-            if " " not in node.value and importlib.util.find_spec(node.value.rpartition(".")[0] or node.value):
+        elif (
+            isinstance(node, ast.Constant)
+            and isinstance(node.value, str)
+            and node.value.startswith("ringzero.")
+        ):
+            if " " not in node.value and importlib.util.find_spec(
+                node.value.rpartition(".")[0] or node.value
+            ):
                 out.add(node.value)
     return out
 
@@ -85,6 +96,7 @@ def _is_module(name: str) -> bool:
 
 def closure(entries: list[str], excluded: dict[str, str]) -> set[str]:
     """Own modules reachable from ``entries`` through any import statement, never entering ``excluded``."""
+
     def out(name: str) -> bool:
         return any(name == e or name.startswith(e + ".") for e in excluded)
 
@@ -115,7 +127,9 @@ def image_site(allowed: set[str], into: Path) -> Path:
     for dist in installed():
         if canonical(dist.metadata["Name"]) not in allowed:
             continue
-        for top in {f.parts[0] for f in dist.files or () if f.parts and f.parts[0] not in ("..", "__pycache__")}:
+        for top in {
+            f.parts[0] for f in dist.files or () if f.parts and f.parts[0] not in ("..", "__pycache__")
+        }:
             if top.endswith(".pth"):
                 continue
             source = Path(dist.locate_file(top))
@@ -130,8 +144,14 @@ def import_in_image(modules: set[str], allowed: set[str], tmp: Path) -> subproce
     skipped there as it would be in the image, and a required one fails with ModuleNotFoundError."""
     site = image_site(allowed, tmp)
     env = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": f"{site}{os.pathsep}{ROOT}", "HOME": str(tmp)}
-    return subprocess.run([sys.executable, "-S", "-c", _IMPORT, *sorted(modules)], capture_output=True, text=True,
-                          cwd=tmp, env=env, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-S", "-c", _IMPORT, *sorted(modules)],
+        capture_output=True,
+        text=True,
+        cwd=tmp,
+        env=env,
+        timeout=300,
+    )
 
 
 def written_third_party(modules: set[str]) -> set[str]:
@@ -169,8 +189,11 @@ def _provider(top: str) -> list[str]:
     if top in _providers():
         return _providers()[top]
     spec = importlib.util.find_spec(top)
-    origin = spec and (spec.origin if spec.origin and spec.origin != "namespace" else
-                       next(iter(spec.submodule_search_locations or ()), None))
+    origin = spec and (
+        spec.origin
+        if spec.origin and spec.origin != "namespace"
+        else next(iter(spec.submodule_search_locations or ()), None)
+    )
     if origin:
         path = Path(origin).resolve()
         candidates = [path] if path.is_file() else sorted(path.rglob("*.py"))[:1]

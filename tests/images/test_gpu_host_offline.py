@@ -29,13 +29,20 @@ def host(tmp_path_factory):
     root = tmp_path_factory.mktemp("gpu-host")
     site = image_site(host_packages(), root)
     python = root / "python"
-    python.write_text(f'#!/bin/sh\nexport PYTHONPATH="${{PYTHONPATH:+$PYTHONPATH:}}{site}"\n'
-                      f'exec {sys.executable} -S "$@"\n')
+    python.write_text(
+        f'#!/bin/sh\nexport PYTHONPATH="${{PYTHONPATH:+$PYTHONPATH:}}{site}"\nexec {sys.executable} -S "$@"\n'
+    )
     python.chmod(0o755)
     wheels = root / "wheels"
     version = f"{sys.version_info.major}.{sys.version_info.minor}"
-    got = subprocess.run(["bash", "bench/gpu/wheels.sh", str(wheels), "--python-version", version], cwd=ROOT,
-                         env={**os.environ, "PYTHON": sys.executable}, capture_output=True, text=True, timeout=300)
+    got = subprocess.run(
+        ["bash", "bench/gpu/wheels.sh", str(wheels), "--python-version", version],
+        cwd=ROOT,
+        env={**os.environ, "PYTHON": sys.executable},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert got.returncode == 0, got.stdout + got.stderr
     return python, wheels
 
@@ -43,8 +50,14 @@ def host(tmp_path_factory):
 def run_check(python, out, *args) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     env.update(PYTHON=str(python), OUT=str(out), OMP_NUM_THREADS="1")
-    return subprocess.run(["bash", "bench/gpu/run.sh", "--smoke", *args], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=600)
+    return subprocess.run(
+        ["bash", "bench/gpu/run.sh", "--smoke", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 def test_the_wheels_are_exactly_the_pinned_list_and_match_the_trainer_lock(host):
@@ -82,8 +95,14 @@ def test_with_the_wheels_every_phase_runs_offline_within_the_printed_budget(host
     assert budget <= 480
     assert f"installed {len(list(wheels.glob('*.whl')))} wheels" in ran.stdout
     assert "megatron-core is not installed" not in ran.stdout  # the megatron phase ran from the carried wheel
-    for name in ("stage_steps.json", "gap_checks.json", "megatron_check.json", "decode_graphs.json", "gpu.json",
-                 "gpu.md"):
+    for name in (
+        "stage_steps.json",
+        "gap_checks.json",
+        "megatron_check.json",
+        "decode_graphs.json",
+        "gpu.json",
+        "gpu.md",
+    ):
         assert (out / name).exists(), f"{name} missing; {log[-2000:]}"
     # the host's torch was used, not one from the wheels
     assert not list((out / "site").glob("torch*"))

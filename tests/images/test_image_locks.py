@@ -37,7 +37,9 @@ def test_every_line_is_pinned_and_the_dockerfile_installs_exactly_the_lock(image
     assert pins(image)
     dockerfile = (ROOT / "images" / image / "Dockerfile").read_text()
     assert f"source=images/{image}/requirements.lock" in dockerfile
-    installs = [line for line in dockerfile.splitlines() if "pip install" in line and "requirements.lock" in line]
+    installs = [
+        line for line in dockerfile.splitlines() if "pip install" in line and "requirements.lock" in line
+    ]
     assert installs and all("--no-deps" in line for line in installs), installs
     # nothing else is resolved at build time: every other pip install names a pinned torch or nothing
     for line in dockerfile.splitlines():
@@ -58,7 +60,9 @@ def test_ringzero_s_declared_dependencies_are_in_every_image(image):
 def test_the_trainer_holds_the_megatron_core_its_dockerfile_names_and_einops():
     """einops: megatron-core imports it inside ``try`` without declaring it, and calls it for hierarchical
     context-parallel groups and MLA's inference path, so an image without it fails there at run time."""
-    version = re.search(r"^ARG MEGATRON_CORE_VERSION=(\S+)", (ROOT / "images/trainer/Dockerfile").read_text(), re.M)
+    version = re.search(
+        r"^ARG MEGATRON_CORE_VERSION=(\S+)", (ROOT / "images/trainer/Dockerfile").read_text(), re.M
+    )
     assert pins("trainer")["megatron-core"] == version.group(1)
     assert "einops" in pins("trainer")
 
@@ -96,7 +100,9 @@ def test_the_image_s_code_imports_with_only_its_lock_and_base(image, tmp_path):
 def test_negative_controls_a_trainer_without_requests_or_tokenizers_is_caught(tmp_path):
     """Both were missing from ringzero's declared dependencies until this check: the rollout client talks
     HTTP with requests at import, and every checkpoint writes a tokenizer.json with tokenizers (lazily)."""
-    ran = import_in_image({"ringzero.rollout.clients.http_client"}, allowed("trainer") - {"requests"}, tmp_path)
+    ran = import_in_image(
+        {"ringzero.rollout.clients.http_client"}, allowed("trainer") - {"requests"}, tmp_path
+    )
     assert ran.returncode != 0 and "No module named 'requests'" in ran.stderr
     written = distributions(written_third_party(entries("trainer")))
     assert "tokenizers" in written and "tokenizers" in allowed("trainer")
@@ -133,12 +139,22 @@ def test_the_fetch_model_container_finds_ringzero_where_the_rollout_image_puts_i
     from ringzero.config.cluster import ClusterSettings
     from ringzero.store.config import S3Settings
 
-    settings = ClusterSettings.model_validate({
-        "namespace": "ml", "images": {k: {"repository": k, "tag": "1"} for k in ("trainer", "rollout", "cpu")},
-        "s3_secret": {"name": "s3"}})
+    settings = ClusterSettings.model_validate(
+        {
+            "namespace": "ml",
+            "images": {k: {"repository": k, "tag": "1"} for k in ("trainer", "rollout", "cpu")},
+            "s3_secret": {"name": "s3"},
+        }
+    )
     job = StageJob(run="r", stage="s", name="r-s-1", namespace="ml", config_yaml="", dp=1, cp=1)
-    (deployment,) = [o for o in render_rollout(settings, job, RolloutSpec("s3://b/c", S3Settings(), True, False, 0))
-                     if o["kind"] == "Deployment"]
+    (deployment,) = [
+        o
+        for o in render_rollout(settings, job, RolloutSpec("s3://b/c", S3Settings(), True, False, 0))
+        if o["kind"] == "Deployment"
+    ]
     pod = deployment["spec"]["template"]["spec"]
-    env = {c["name"]: {e["name"]: e.get("value") for e in c["env"]} for c in [*pod["containers"], *pod["initContainers"]]}
+    env = {
+        c["name"]: {e["name"]: e.get("value") for e in c["env"]}
+        for c in [*pod["containers"], *pod["initContainers"]]
+    }
     assert env["fetch-model"]["PYTHONPATH"] == RINGZERO_SITE and "PYTHONPATH" not in env["sglang"]

@@ -65,11 +65,24 @@ def signal_job(proc: subprocess.Popen, sig: int) -> None:
 
 
 def start(tmp_path: Path, *extra: str, nproc: int = 2) -> subprocess.Popen:
-    argv = [sys.executable, "-m", "ringzero.cli.main", "run", str(CONFIG), "--nproc", str(nproc),
-            "--set", f"run.run_dir={tmp_path}/run", "--set", f"storage.root=file://{tmp_path}/store", *extra]
+    argv = [
+        sys.executable,
+        "-m",
+        "ringzero.cli.main",
+        "run",
+        str(CONFIG),
+        "--nproc",
+        str(nproc),
+        "--set",
+        f"run.run_dir={tmp_path}/run",
+        "--set",
+        f"storage.root=file://{tmp_path}/store",
+        *extra,
+    ]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True
+    )
     STARTED.append(proc)
     return proc
 
@@ -150,8 +163,14 @@ def test_parallel_dims_that_do_not_match_the_ranks_are_refused(tmp_path):
 
 @pytest.mark.slow
 def test_a_killed_rank_ends_the_job_and_a_rerun_resumes(tmp_path):
-    long_base = ("--set", "stages.base.steps=400", "--set", "stages.base.checkpoint_every=10",
-                 "--set", "parallel.dp=2")
+    long_base = (
+        "--set",
+        "stages.base.steps=400",
+        "--set",
+        "stages.base.checkpoint_every=10",
+        "--set",
+        "parallel.dp=2",
+    )
     proc = start(tmp_path, *long_base)
     wait_for(lambda: committed_steps(tmp_path) or None, 180, "a committed resume point", proc)
     victim = wait_for(lambda: rank_pid(proc, 1), 30, "rank 1's process", proc)
@@ -165,16 +184,26 @@ def test_a_killed_rank_ends_the_job_and_a_rerun_resumes(tmp_path):
 
     status, out = finish(start(tmp_path, *long_base), timeout=400)
     assert status == 0, out[-4000:]
-    resumed = [json.loads(line) for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()
-               if '"pretrain.resume"' in line]
+    resumed = [
+        json.loads(line)
+        for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()
+        if '"pretrain.resume"' in line
+    ]
     assert resumed and resumed[-1]["step"] >= 10, "the rerun started over instead of resuming"
 
 
 @pytest.mark.slow
 def test_a_second_job_on_the_same_stage_is_refused_and_the_first_finishes(tmp_path):
-    long_base = ("--set", "stages.base.steps=150", "--set", "stages.base.checkpoint_every=10",
-                 "--set", "parallel.dp=2")
+    long_base = (
+        "--set",
+        "stages.base.steps=150",
+        "--set",
+        "stages.base.checkpoint_every=10",
+        "--set",
+        "parallel.dp=2",
+    )
     first = start(tmp_path, *long_base)
+
     def mid_base():
         """The lease of a stage that has committed a resume point and no outcome yet (base, mid-stage)."""
         for held in (tmp_path / "store").glob("stages/*/lease.json"):

@@ -19,5 +19,7 @@ def fake_runners(monkeypatch):
     monkeypatch.syspath_prepend(str(PLUGINS))
     from fake_stage_runners import RUNNERS
 
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(PLUGINS), os.environ.get("PYTHONPATH")])))
+    monkeypatch.setenv(
+        "PYTHONPATH", os.pathsep.join(filter(None, [str(PLUGINS), os.environ.get("PYTHONPATH")]))
+    )
     monkeypatch.setenv(TEST_RUNNERS_ENV, ",".join(f"{k}=fake_stage_runners:{f}" for k, f in RUNNERS.items()))

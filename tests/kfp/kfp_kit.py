@@ -14,24 +14,40 @@ GPU_KFP = {
     "base_image": "registry.example/ringzero:0.1.0",
     "s3_secret": {"name": "ringzero-s3", "access_key_key": "id", "secret_key_key": "key"},
     "stage_pod": {
-        "cpu": "16", "memory": "256Gi", "gpus": 8,
+        "cpu": "16",
+        "memory": "256Gi",
+        "gpus": 8,
         "node_selector": {"pool": "h200"},
         "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
     },
 }
 
 
-def micro_config(root: Path, *, gate: list[str], rl_steps: int = 2, kfp: dict | None = None,
-                 storage: str | None = None, extra_stages: list[dict] | None = None,
-                 parallel: dict | None = None) -> Path:
+def micro_config(
+    root: Path,
+    *,
+    gate: list[str],
+    rl_steps: int = 2,
+    kfp: dict | None = None,
+    storage: str | None = None,
+    extra_stages: list[dict] | None = None,
+    parallel: dict | None = None,
+) -> Path:
     """base (pretrain) -> stage1 (rl, gated) -> distill -> eval (compares all three); returns its path."""
     data = {
         "run": {"name": "micro", "run_dir": str(root / "run")},
         "storage": {"root": storage or f"file://{root / 'store'}"},
         "stages": [
             {"name": "base", "kind": "pretrain", "steps": 1},
-            {"name": "stage1", "kind": "rl", "steps": rl_steps, "prompts_per_step": 1, "samples_per_prompt": 2,
-             "minibatches": 1, "gate": gate},
+            {
+                "name": "stage1",
+                "kind": "rl",
+                "steps": rl_steps,
+                "prompts_per_step": 1,
+                "samples_per_prompt": 2,
+                "minibatches": 1,
+                "gate": gate,
+            },
             {"name": "distill", "kind": "distill", "prompts": 2},
             {"name": "eval", "kind": "eval", "prompts": 2, "compare": ["base", "stage1", "distill"]},
             *(extra_stages or []),

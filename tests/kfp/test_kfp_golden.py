@@ -19,28 +19,54 @@ REGENERATE = "ringzero kfp compile configs/tiny-cpu.yaml --output pipelines/comp
 def test_compiled_tiny_pipeline_matches_the_checked_in_file(tmp_path):
     out = tmp_path / "tiny-cpu.yaml"
     compile_docs(CONFIG, out)
-    # Compared as parsed documents (the spec has no volatile fields: no timestamps, the SDK version is pinned).
+    # Compared as parsed documents (the spec has no volatile fields: no timestamps, the SDK version is
+    # pinned).
     if list(yaml.safe_load_all(out.read_text())) != list(yaml.safe_load_all(GOLDEN.read_text())):
-        diff = "".join(difflib.unified_diff(
-            GOLDEN.read_text().splitlines(keepends=True), out.read_text().splitlines(keepends=True),
-            "checked in", "compiled now", n=2,
-        ))
-        pytest.fail(f"{GOLDEN.relative_to(REPO)} is stale; if the change is intended, regenerate it with\n"
-                    f"  {REGENERATE}\n{diff[:6000]}")
+        diff = "".join(
+            difflib.unified_diff(
+                GOLDEN.read_text().splitlines(keepends=True),
+                out.read_text().splitlines(keepends=True),
+                "checked in",
+                "compiled now",
+                n=2,
+            )
+        )
+        pytest.fail(
+            f"{GOLDEN.relative_to(REPO)} is stale; if the change is intended, regenerate it with\n"
+            f"  {REGENERATE}\n{diff[:6000]}"
+        )
 
 
 # -- the compiled pipeline read against the run config, not against the compiler ---------------------
 
 SHIPPED = sorted((REPO / "configs").glob("*.yaml"))
 STAGE_OUTPUTS = {
-    "parameters": {"checkpoint_uri": {"parameterType": "STRING"}, "summary_json": {"parameterType": "STRING"}},
-    "artifacts": {name: {"artifactType": {"schemaTitle": title, "schemaVersion": "0.0.1"}}
-                  for name, title in (("metrics", "system.Metrics"), ("report", "system.HTML"),
-                                      ("summary", "system.Markdown"))},
+    "parameters": {
+        "checkpoint_uri": {"parameterType": "STRING"},
+        "summary_json": {"parameterType": "STRING"},
+    },
+    "artifacts": {
+        name: {"artifactType": {"schemaTitle": title, "schemaVersion": "0.0.1"}}
+        for name, title in (
+            ("metrics", "system.Metrics"),
+            ("report", "system.HTML"),
+            ("summary", "system.Markdown"),
+        )
+    },
 }
 STAGE_INPUTS = {"init_uri", "base_uri", "mode", "run_config", "run_id", "stage_name"}
-KIND_INPUTS = {"rl": {"reference_uri"}, "eval": {"compare_uris"}, "pretrain": {"stage_kind"}, "distill": {"stage_kind"}}
-COMPONENT = {"pretrain": "lm", "distill": "lm", "rl": "rl", "eval": "eval"}  # one next-token component for two kinds
+KIND_INPUTS = {
+    "rl": {"reference_uri"},
+    "eval": {"compare_uris"},
+    "pretrain": {"stage_kind"},
+    "distill": {"stage_kind"},
+}
+COMPONENT = {
+    "pretrain": "lm",
+    "distill": "lm",
+    "rl": "rl",
+    "eval": "eval",
+}  # one next-token component for two kinds
 MAKES_CHECKPOINT = ("pretrain", "rl", "distill")
 
 
@@ -68,8 +94,11 @@ class Dags:
         self.dags = {"root": spec["root"]["dag"]}
         self.dags.update({n: c["dag"] for n, c in spec["components"].items() if "dag" in c})
         self.where = {key: (dag, task) for dag, d in self.dags.items() for key, task in d["tasks"].items()}
-        self.parent = {task["componentRef"]["name"]: dag for dag, task in self.where.values()
-                       if task["componentRef"]["name"] in self.dags}
+        self.parent = {
+            task["componentRef"]["name"]: dag
+            for dag, task in self.where.values()
+            if task["componentRef"]["name"] in self.dags
+        }
 
     def by_name(self, display: str) -> tuple[str, str, dict]:
         (found,) = [(dag, key, t) for key, (dag, t) in self.where.items() if t["taskInfo"]["name"] == display]
@@ -82,7 +111,9 @@ class Dags:
             return self.where[ref["producerTask"]][1]["taskInfo"]["name"], ref["outputParameterKey"]
         if "componentInputParameter" in source and dag != "root":
             (holder,) = [t for d, t in self.where.values() if t["componentRef"]["name"] == dag]
-            return self.producer(self.parent[dag], holder["inputs"]["parameters"][source["componentInputParameter"]])
+            return self.producer(
+                self.parent[dag], holder["inputs"]["parameters"][source["componentInputParameter"]]
+            )
         return None
 
     def enclosing(self, dag: str) -> list[str]:
@@ -97,8 +128,13 @@ def check_pipeline(spec: dict, cfg, kfp) -> None:
     executors = spec["deploymentSpec"]["executors"]
     expected = expected_inputs(cfg.stages)
     tasks = {s.name: dags.by_name(s.name) for s in cfg.stages}
-    stage_tasks = [t["taskInfo"]["name"] for _, t in dags.where.values() if t["componentRef"]["name"].endswith(
-        tuple(f"-stage{suffix}" for suffix in ("", *(f"-{i}" for i in range(2, 20)))))]
+    stage_tasks = [
+        t["taskInfo"]["name"]
+        for _, t in dags.where.values()
+        if t["componentRef"]["name"].endswith(
+            tuple(f"-stage{suffix}" for suffix in ("", *(f"-{i}" for i in range(2, 20))))
+        )
+    ]
     assert sorted(stage_tasks) == sorted(tasks), "one task per stage of the config, no more"
     root_config = spec["root"]["inputDefinitions"]["parameters"]["run_config"]["defaultValue"]
     assert json.loads(root_config) == cfg.model_dump(mode="json", exclude_unset=True)
@@ -111,10 +147,15 @@ def check_pipeline(spec: dict, cfg, kfp) -> None:
         assert task["inputs"]["parameters"]["stage_name"]["runtimeValue"]["constant"] == stage.name
         assert task["inputs"]["parameters"]["mode"]["runtimeValue"]["constant"] == kfp.mode
         # The component's interface: what each stage takes and what it hands on.
-        assert set(component["inputDefinitions"]["parameters"]) == STAGE_INPUTS | KIND_INPUTS.get(stage.kind, set())
+        assert set(component["inputDefinitions"]["parameters"]) == STAGE_INPUTS | KIND_INPUTS.get(
+            stage.kind, set()
+        )
         assert component["outputDefinitions"] == STAGE_OUTPUTS, stage.name
         container = executors[component["executorLabel"]]["container"]
-        assert container["args"][container["args"].index("--function_to_execute") + 1] == f"{COMPONENT[stage.kind]}_stage"
+        assert (
+            container["args"][container["args"].index("--function_to_execute") + 1]
+            == f"{COMPONENT[stage.kind]}_stage"
+        )
         assert container["image"] == kfp.base_image
         pod = kfp.stage_pod
         if kfp.mode == "in-process" and (pod.cpu or pod.memory or pod.gpus):
@@ -149,10 +190,13 @@ def check_pipeline(spec: dict, cfg, kfp) -> None:
         if not stage.gate:
             continue
         gate_dag, _, gate = dags.by_name(f"{stage.name}-gate")
-        assert dags.producer(gate_dag, gate["inputs"]["parameters"]["summary_json"]) == (stage.name, "summary_json")
+        assert dags.producer(gate_dag, gate["inputs"]["parameters"]["summary_json"]) == (
+            stage.name,
+            "summary_json",
+        )
         _, _, cond = dags.by_name(f"{stage.name}-passed")
         inside = cond["componentRef"]["name"]
-        for later in order[i + 1:]:
+        for later in order[i + 1 :]:
             assert inside in dags.enclosing(tasks[later][0]), (stage.name, later)
         assert inside not in dags.enclosing(tasks[stage.name][0])
 
@@ -171,10 +215,18 @@ def test_each_shipped_config_compiles_to_its_stage_graph_image_and_pods(config, 
 
     base = load_config(config)
     ranks = base.parallel.dp * base.parallel.cp * base.engines.training.tp
-    overrides = ["kfp.base_image=registry.example/ringzero:9.9", "kfp.stage_pod.cpu=6500m",
-                 "kfp.stage_pod.memory=24Gi", f"kfp.stage_pod.gpus={ranks}"]
+    overrides = [
+        "kfp.base_image=registry.example/ringzero:9.9",
+        "kfp.stage_pod.cpu=6500m",
+        "kfp.stage_pod.memory=24Gi",
+        f"kfp.stage_pod.gpus={ranks}",
+    ]
     spec, _ = compile_docs(config, tmp_path / "p.yaml", overrides)
     cfg, kfp = load_kfp_config(config, overrides)
     assert (kfp.base_image, kfp.stage_pod.cpu, kfp.stage_pod.memory, kfp.stage_pod.gpus) == (
-        "registry.example/ringzero:9.9", "6500m", "24Gi", ranks)
+        "registry.example/ringzero:9.9",
+        "6500m",
+        "24Gi",
+        ranks,
+    )
     check_pipeline(spec, cfg, kfp)

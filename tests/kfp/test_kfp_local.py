@@ -15,7 +15,9 @@ pytestmark = [pytest.mark.xdist_group("kfp"), pytest.mark.slow, pytest.mark.usef
 
 
 def run_local(tmp_path, **config) -> tuple[int, dict]:
-    code = main(["kfp", "run-local", str(micro_config(tmp_path, **config)), "--pipeline-root", str(tmp_path / "kfp")])
+    code = main(
+        ["kfp", "run-local", str(micro_config(tmp_path, **config)), "--pipeline-root", str(tmp_path / "kfp")]
+    )
     return code, json.loads((tmp_path / "run" / "manifest.json").read_text())
 
 
@@ -40,21 +42,33 @@ def test_a_passing_gate_runs_every_stage_with_checkpoints_wired_through(tmp_path
     assert stage1["inputs"]["base_uri"] == distill["inputs"]["base_uri"] == base["output_uri"]
     assert distill["inputs"]["init_uri"] == stage1["output_uri"]
     assert ev["inputs"]["init_uri"] == distill["output_uri"]
-    assert ev["inputs"]["compare"] == {"base": base["output_uri"], "stage1": stage1["output_uri"],
-                                       "distill": distill["output_uri"]}
+    assert ev["inputs"]["compare"] == {
+        "base": base["output_uri"],
+        "stage1": stage1["output_uri"],
+        "distill": distill["output_uri"],
+    }
     assert ev["summary"]["eval/compared"] == 3.0
     assert stage1["gate"]["passed"] is True and all(r.startswith("pass: ") for r in stage1["gate"]["reasons"])
-    # What the UI renders: each stage's Markdown and the run report so far, the gate's reasons, the final status.
+    # What the UI renders: each stage's Markdown and the run report so far, the gate's reasons, the final
+    # status.
     files = {p.name: p.read_text() for p in outputs_of(tmp_path, "rl-stage")}
     assert "## stage `stage1` (rl): ran" in files["summary"]
-    assert files["report"].count("<polyline") == 6  # reward, len, gap p99, gap max, ratio p99, ratio max were logged
-    assert "<span class='status running'>running</span>" in files["report"] and files["report"].count("not run") == 2
+    assert (
+        files["report"].count("<polyline") == 6
+    )  # reward, len, gap p99, gap max, ratio p99, ratio max were logged
+    assert (
+        "<span class='status running'>running</span>" in files["report"]
+        and files["report"].count("not run") == 2
+    )
     (metrics,) = executor_output(tmp_path, "rl-stage")["artifacts"]["metrics"]["artifacts"]
     assert metrics["metadata"] == stage1["summary"]
     assert "PASS" in "".join(p.read_text() for p in outputs_of(tmp_path, "gate"))
     final = {p.name: p.read_text() for p in outputs_of(tmp_path, "record-status")}
     assert "## run `micro`: succeeded" in final["summary"]
-    assert "<span class='status succeeded'>succeeded</span>" in final["report"] and "not run" not in final["report"]
+    assert (
+        "<span class='status succeeded'>succeeded</span>" in final["report"]
+        and "not run" not in final["report"]
+    )
 
 
 def test_a_failing_gate_stops_the_run_with_nothing_downstream(tmp_path):

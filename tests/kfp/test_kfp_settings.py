@@ -17,12 +17,15 @@ def test_gpu_settings_are_refused_in_cluster_mode():
     assert KfpSettings(mode="cluster").stage_pod.gpus == 0
 
 
-@pytest.mark.parametrize(("pod", "field"), [
-    ({"memory": "16GB"}, "memory"),
-    ({"cpu": "four"}, "cpu"),
-    ({"gpus": -1}, "gpus"),
-    ({"tolerations": [{"key": "k", "operator": "Exists", "value": "v"}]}, "tolerations"),
-])
+@pytest.mark.parametrize(
+    ("pod", "field"),
+    [
+        ({"memory": "16GB"}, "memory"),
+        ({"cpu": "four"}, "cpu"),
+        ({"gpus": -1}, "gpus"),
+        ({"tolerations": [{"key": "k", "operator": "Exists", "value": "v"}]}, "tolerations"),
+    ],
+)
 def test_bad_pod_settings_name_their_field(pod, field):
     with pytest.raises(ValidationError) as info:
         KfpSettings(stage_pod=pod)
@@ -36,7 +39,9 @@ def test_kfp_section_is_read_next_to_the_run_config(tmp_path):
 
 
 def test_overrides_reach_the_kfp_section(tmp_path):
-    _, settings = load_kfp_config(micro_config(tmp_path, gate=[]), ["kfp.mode=cluster", "kfp.base_image=img:1"])
+    _, settings = load_kfp_config(
+        micro_config(tmp_path, gate=[]), ["kfp.mode=cluster", "kfp.base_image=img:1"]
+    )
     assert (settings.mode, settings.base_image) == ("cluster", "img:1")
 
 
@@ -63,13 +68,28 @@ def test_a_whole_section_problem_names_the_field_it_is_about(tmp_path):
     ]
 
 
-@pytest.mark.parametrize(("gpus", "parallel", "fragment"), [
-    (8, None, "kfp.stage_pod.gpus: 8 GPUs run the stage with 8 local ranks, but parallel.dp x parallel.cp = "
-              "1 x 1 = 1"),
-    (4, {"dp": 2, "cp": 4}, "4 GPUs run the stage with 4 local ranks, but parallel.dp x parallel.cp = 2 x 4 = 8"),
-    (0, {"dp": 2}, "kfp.stage_pod.gpus: 0 runs the stage as 1 process, but parallel.dp x parallel.cp = 2 x 1 = 2"),
-    (1, {"cp": 2}, "1 GPUs run the stage with 1 local ranks, but parallel.dp x parallel.cp = 1 x 2 = 2"),
-])
+@pytest.mark.parametrize(
+    ("gpus", "parallel", "fragment"),
+    [
+        (
+            8,
+            None,
+            "kfp.stage_pod.gpus: 8 GPUs run the stage with 8 local ranks, but parallel.dp x parallel.cp = "
+            "1 x 1 = 1",
+        ),
+        (
+            4,
+            {"dp": 2, "cp": 4},
+            "4 GPUs run the stage with 4 local ranks, but parallel.dp x parallel.cp = 2 x 4 = 8",
+        ),
+        (
+            0,
+            {"dp": 2},
+            "kfp.stage_pod.gpus: 0 runs the stage as 1 process, but parallel.dp x parallel.cp = 2 x 1 = 2",
+        ),
+        (1, {"cp": 2}, "1 GPUs run the stage with 1 local ranks, but parallel.dp x parallel.cp = 1 x 2 = 2"),
+    ],
+)
 def test_in_process_steps_must_run_dp_times_cp_ranks(tmp_path, gpus, parallel, fragment):
     config = micro_config(tmp_path, gate=[], kfp={"stage_pod": {"gpus": gpus}}, parallel=parallel)
     with pytest.raises(ConfigError) as info:
@@ -77,14 +97,19 @@ def test_in_process_steps_must_run_dp_times_cp_ranks(tmp_path, gpus, parallel, f
     assert len(info.value.problems) == 1 and fragment in info.value.problems[0]
 
 
-@pytest.mark.parametrize(("gpus", "parallel"), [(0, None), (1, None), (2, {"dp": 2}), (8, {"dp": 2, "cp": 4})])
+@pytest.mark.parametrize(
+    ("gpus", "parallel"), [(0, None), (1, None), (2, {"dp": 2}), (8, {"dp": 2, "cp": 4})]
+)
 def test_in_process_steps_with_one_rank_per_gpu_load(tmp_path, gpus, parallel):
-    cfg, settings = load_kfp_config(micro_config(tmp_path, gate=[], kfp={"stage_pod": {"gpus": gpus}},
-                                                 parallel=parallel))
+    cfg, settings = load_kfp_config(
+        micro_config(tmp_path, gate=[], kfp={"stage_pod": {"gpus": gpus}}, parallel=parallel)
+    )
     assert settings.stage_pod.local_ranks() == cfg.parallel.dp * cfg.parallel.cp == max(gpus, 1)
 
 
 def test_cluster_mode_steps_leave_the_ranks_to_the_launcher(tmp_path):
     # The step only waits; the launcher checks the job's nodes x GPUs against dp x cp.
-    cfg, _ = load_kfp_config(micro_config(tmp_path, gate=[], kfp={"mode": "cluster"}, parallel={"dp": 2, "cp": 4}))
+    cfg, _ = load_kfp_config(
+        micro_config(tmp_path, gate=[], kfp={"mode": "cluster"}, parallel={"dp": 2, "cp": 4})
+    )
     assert cfg.parallel.dp * cfg.parallel.cp == 8

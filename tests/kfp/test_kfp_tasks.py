@@ -75,8 +75,13 @@ def test_metrics_artifact_gets_finite_scalars_only(tmp_path):
 
 
 def _executed(metrics, name="stage1"):
-    outcome = StageOutcome(output_uri="file:///s/ckpt", summary={"len/mean": 3.0, "x/<b>": 1.0},
-                           stop_reason="max_steps", steps=len(metrics), wall_s=2.0)
+    outcome = StageOutcome(
+        output_uri="file:///s/ckpt",
+        summary={"len/mean": 3.0, "x/<b>": 1.0},
+        stop_reason="max_steps",
+        steps=len(metrics),
+        wall_s=2.0,
+    )
     gate = GateResult(passed=False, reasons=["FAIL: len/mean = 3 violates len/mean <= 2"])
     return ExecutedStage(name, "rl", "ab" * 32, StageInputs(), outcome, gate, False, metrics)
 
@@ -105,7 +110,9 @@ def test_run_report_refuses_a_stage_whose_outcome_is_not_in_the_store(cfg, tmp_p
     store = open_store(f"file://{tmp_path}/store")
     manifest = RunManifest(cfg, store, tmp_path / "run")
     manifest.record(_executed([]))
-    with pytest.raises(RingzeroError, match="stage 'stage1': stages/abababababababab/outcome.json is missing"):
+    with pytest.raises(
+        RingzeroError, match="stage 'stage1': stages/abababababababab/outcome.json is missing"
+    ):
         report.run_report_html(cfg, store, manifest.doc)
 
 
@@ -114,10 +121,11 @@ def test_stage_markdown_lists_the_summary_and_output():
     assert "| len/mean | 3 |" in text and "output: `file:///s/ckpt`" in text
 
 
-
 def test_an_unknown_mode_is_refused(cfg):
     with pytest.raises(RingzeroError, match="mode 'elsewhere': expected one of"):
-        tasks.run_stage(tasks.config_text(cfg), "base", "pretrain", "elsewhere", "run-1", init_uri="", base_uri="")
+        tasks.run_stage(
+            tasks.config_text(cfg), "base", "pretrain", "elsewhere", "run-1", init_uri="", base_uri=""
+        )
 
 
 def test_cluster_mode_hands_the_stage_to_the_cluster_launcher(cfg, tmp_path, monkeypatch):
@@ -128,15 +136,24 @@ def test_cluster_mode_hands_the_stage_to_the_cluster_launcher(cfg, tmp_path, mon
     def launched(cfg_, store, stage, inputs, run_dir):
         calls.append((stage.name, inputs))
         outcome = StageOutcome("file:///s/stage1", {"reward/mean": 0.5}, "max_steps", 3, 1.0)
-        ex = ExecutedStage(stage.name, stage.kind, "cd" * 32, inputs, outcome, GateResult(True, ["ok"]), False, [])
+        ex = ExecutedStage(
+            stage.name, stage.kind, "cd" * 32, inputs, outcome, GateResult(True, ["ok"]), False, []
+        )
         _committed(store, ex)  # as the stage's job does
         return ex
 
     monkeypatch.setattr(ringzero.cluster, "execute_stage_on_cluster", launched)
     summary = Recorder(tmp_path / "summary.md")
     uri, summary_json = tasks.run_stage(
-        tasks.config_text(cfg), "stage1", "rl", "cluster", "run-1", init_uri="file:///s/base", base_uri="file:///s/base",
-        reference_uri="file:///s/ref", summary=summary,
+        tasks.config_text(cfg),
+        "stage1",
+        "rl",
+        "cluster",
+        "run-1",
+        init_uri="file:///s/base",
+        base_uri="file:///s/base",
+        reference_uri="file:///s/ref",
+        summary=summary,
     )
     assert calls == [("stage1", StageInputs("file:///s/base", "file:///s/ref", "file:///s/base", {}))]
     assert (uri, json.loads(summary_json)) == ("file:///s/stage1", {"reward/mean": 0.5})
@@ -150,7 +167,8 @@ def _gpu_cfg(tmp_path, gpus, parallel):
 
 
 class Ranks:
-    """Stands in for `ringzero stage run ... --nproc N`: records the command, then runs the stage as it would."""
+    """Stands in for `ringzero stage run ... --nproc N`: records the command, then runs the stage as it
+    would."""
 
     def __init__(self, code=0, commit=True):
         self.argv, self.code, self.commit = [], code, commit
@@ -182,12 +200,15 @@ def test_a_step_with_gpus_runs_its_stage_with_one_local_rank_per_gpu(tmp_path, m
     cfg = _gpu_cfg(tmp_path, gpus, parallel)
     ranks = Ranks()
     monkeypatch.setattr(tasks, "_run_command", ranks)
-    uri, _ = tasks.run_stage(tasks.config_text(cfg), "base", "pretrain", "in-process", "run-1", init_uri="",
-                             base_uri="")
+    uri, _ = tasks.run_stage(
+        tasks.config_text(cfg), "base", "pretrain", "in-process", "run-1", init_uri="", base_uri=""
+    )
     (argv,) = ranks.argv
     assert argv[1:6] == ["-m", "ringzero.cli.main", "stage", "run", argv[5]]
     assert argv[6:] == ["--stage", "base", "--nproc", str(gpus)]
-    assert ranks.config["kfp"]["stage_pod"]["gpus"] == gpus and ranks.config["parallel"]["dp"] == parallel["dp"]
+    assert (
+        ranks.config["kfp"]["stage_pod"]["gpus"] == gpus and ranks.config["parallel"]["dp"] == parallel["dp"]
+    )
     assert uri.startswith(f"file://{tmp_path}/store/")  # the ranks' committed outcome, read back by the step
 
 
@@ -199,8 +220,9 @@ def test_a_step_with_gpus_reuses_a_committed_stage(tmp_path, monkeypatch):
     store.put_json(outcome_key(stage_hash(cfg, stage, StageInputs())), asdict(outcome))
     ranks = Ranks(commit=False)
     monkeypatch.setattr(tasks, "_run_command", ranks)
-    uri, _ = tasks.run_stage(tasks.config_text(cfg), "base", "pretrain", "in-process", "run-1", init_uri="",
-                             base_uri="")
+    uri, _ = tasks.run_stage(
+        tasks.config_text(cfg), "base", "pretrain", "in-process", "run-1", init_uri="", base_uri=""
+    )
     assert uri == "file:///s/base" and ranks.argv == []
 
 
@@ -210,29 +232,58 @@ def test_a_step_whose_ranks_fail_or_commit_nothing_fails(tmp_path, monkeypatch, 
     ranks = Ranks(code=code, commit=False)
     monkeypatch.setattr(tasks, "_run_command", ranks)
     with pytest.raises(RingzeroError, match=match):
-        tasks.run_stage(tasks.config_text(cfg), "stage1", "rl", "in-process", "run-1", init_uri="file:///s/base",
-                        base_uri="file:///s/base", reference_uri="file:///s/ref")
+        tasks.run_stage(
+            tasks.config_text(cfg),
+            "stage1",
+            "rl",
+            "in-process",
+            "run-1",
+            init_uri="file:///s/base",
+            base_uri="file:///s/base",
+            reference_uri="file:///s/ref",
+        )
     # The ranks get the step's inputs exactly, so they commit under the identity the step looks up.
     (argv,) = ranks.argv
-    assert argv[6:] == ["--stage", "stage1", "--init", "file:///s/base", "--reference", "file:///s/ref",
-                        "--base", "file:///s/base", "--nproc", "2"]
+    assert argv[6:] == [
+        "--stage",
+        "stage1",
+        "--init",
+        "file:///s/base",
+        "--reference",
+        "file:///s/ref",
+        "--base",
+        "file:///s/base",
+        "--nproc",
+        "2",
+    ]
 
 
 @pytest.mark.usefixtures("fake_runners")
 def test_a_step_without_gpus_runs_its_one_rank_in_process(tmp_path, monkeypatch):
     cfg = _gpu_cfg(tmp_path, 1, None)
     monkeypatch.setattr(tasks, "_run_command", lambda argv: pytest.fail(f"started {argv}"))
-    uri, _ = tasks.run_stage(tasks.config_text(cfg), "base", "pretrain", "in-process", "run-1", init_uri="",
-                             base_uri="")
+    uri, _ = tasks.run_stage(
+        tasks.config_text(cfg), "base", "pretrain", "in-process", "run-1", init_uri="", base_uri=""
+    )
     assert uri
 
 
-@pytest.mark.parametrize(("gpus", "parallel", "ranks"), [(4, {"dp": 2}, "4 local ranks"), (0, {"cp": 2}, "1 process")])
-def test_a_step_refuses_a_config_whose_pod_cannot_run_dp_times_cp(tmp_path, monkeypatch, gpus, parallel, ranks):
+@pytest.mark.parametrize(
+    ("gpus", "parallel", "ranks"), [(4, {"dp": 2}, "4 local ranks"), (0, {"cp": 2}, "1 process")]
+)
+def test_a_step_refuses_a_config_whose_pod_cannot_run_dp_times_cp(
+    tmp_path, monkeypatch, gpus, parallel, ranks
+):
     # A config that never went through load_kfp_config (a hand-edited run parameter) is refused by the step.
     cfg = _gpu_cfg(tmp_path, gpus, parallel)
     monkeypatch.setattr(tasks, "_run_command", lambda argv: pytest.fail(f"started {argv}"))
     with pytest.raises(ConfigError) as info:
-        tasks.run_stage(tasks.config_text(cfg), "base", "pretrain", "in-process", "run-1", init_uri="", base_uri="")
+        tasks.run_stage(
+            tasks.config_text(cfg), "base", "pretrain", "in-process", "run-1", init_uri="", base_uri=""
+        )
     (problem,) = info.value.problems
-    assert problem.startswith("kfp.stage_pod.gpus: ") and ranks in problem and "parallel.dp x parallel.cp" in problem
+    assert (
+        problem.startswith("kfp.stage_pod.gpus: ")
+        and ranks in problem
+        and "parallel.dp x parallel.cp" in problem
+    )

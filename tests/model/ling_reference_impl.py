@@ -23,13 +23,40 @@ SHARD_ABOVE = 64  # more tensors than this (and no max_shard_tensors given): sha
 
 def tiny_config(**overrides) -> dict:
     cfg = dict(
-        vocab_size=48, hidden_size=32, num_hidden_layers=4, layer_group_size=2, num_attention_heads=4,
-        num_key_value_heads=4, head_dim=8, partial_rotary_factor=0.5, qk_rope_head_dim=4, qk_nope_head_dim=8,
-        v_head_dim=8, kv_lora_rank=12, q_lora_rank=None, intermediate_size=40, hidden_act="silu",
-        use_qk_norm=True, group_norm_size=2, rms_norm_eps=1e-6, rope_theta=10000.0, rope_interleave=True,
-        tie_word_embeddings=False, num_experts=None, first_k_dense_replace=1, moe_intermediate_size=16,
-        num_experts_per_tok=2, num_shared_experts=1, n_group=2, topk_group=1, routed_scaling_factor=1.0,
-        norm_topk_prob=True, max_position_embeddings=512, bos_token_id=1, eos_token_id=2, pad_token_id=0,
+        vocab_size=48,
+        hidden_size=32,
+        num_hidden_layers=4,
+        layer_group_size=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        head_dim=8,
+        partial_rotary_factor=0.5,
+        qk_rope_head_dim=4,
+        qk_nope_head_dim=8,
+        v_head_dim=8,
+        kv_lora_rank=12,
+        q_lora_rank=None,
+        intermediate_size=40,
+        hidden_act="silu",
+        use_qk_norm=True,
+        group_norm_size=2,
+        rms_norm_eps=1e-6,
+        rope_theta=10000.0,
+        rope_interleave=True,
+        tie_word_embeddings=False,
+        num_experts=None,
+        first_k_dense_replace=1,
+        moe_intermediate_size=16,
+        num_experts_per_tok=2,
+        num_shared_experts=1,
+        n_group=2,
+        topk_group=1,
+        routed_scaling_factor=1.0,
+        norm_topk_prob=True,
+        max_position_embeddings=512,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
     )
     cfg.update(overrides)
     if "num_key_value_heads" not in overrides:
@@ -38,7 +65,9 @@ def tiny_config(**overrides) -> dict:
 
 
 def tiny_moe_config(**overrides) -> dict:
-    return tiny_config(**{"num_experts": 8, "n_group": 4, "topk_group": 2, "num_experts_per_tok": 2, **overrides})
+    return tiny_config(
+        **{"num_experts": 8, "n_group": 4, "topk_group": 2, "num_experts_per_tok": 2, **overrides}
+    )
 
 
 # ----------------------------------------------------------------------------------------------- layout
@@ -65,7 +94,12 @@ def _has_shared(cfg: dict) -> bool:
 def reference_tensor_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
     """Every tensor of the reference checkpoint, by name, in a fixed order."""
     D, H, V, hd = cfg["hidden_size"], cfg["num_attention_heads"], cfg["vocab_size"], _head_dim(cfg)
-    nope, rope, vd, r = cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"], cfg["v_head_dim"], cfg["kv_lora_rank"]
+    nope, rope, vd, r = (
+        cfg["qk_nope_head_dim"],
+        cfg["qk_rope_head_dim"],
+        cfg["v_head_dim"],
+        cfg["kv_lora_rank"],
+    )
     shapes: dict[str, tuple[int, ...]] = {"model.word_embeddings.weight": (V, D)}
 
     def mlp(prefix: str, inter: int) -> None:
@@ -129,13 +163,18 @@ def random_reference_tensors(cfg: dict, seed: int, dtype=torch.float32) -> dict[
     return out
 
 
-def write_reference_folder(path, config: dict, seed: int, dtype=torch.float32,
-                           max_shard_tensors: int | None = None) -> dict[str, torch.Tensor]:
+def write_reference_folder(
+    path, config: dict, seed: int, dtype=torch.float32, max_shard_tensors: int | None = None
+) -> dict[str, torch.Tensor]:
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     tensors = random_reference_tensors(config, seed, dtype)
-    meta = {**config, "architectures": ["BailingMoeV2_5ForCausalLM"], "model_type": "bailing_moe_v2_5",
-            "torch_dtype": str(dtype).removeprefix("torch.")}
+    meta = {
+        **config,
+        "architectures": ["BailingMoeV2_5ForCausalLM"],
+        "model_type": "bailing_moe_v2_5",
+        "torch_dtype": str(dtype).removeprefix("torch."),
+    }
     (path / "config.json").write_text(json.dumps(meta, indent=2))
     gen_cfg = {k: config[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if k in config}
     (path / "generation_config.json").write_text(json.dumps(gen_cfg, indent=2))
@@ -145,7 +184,7 @@ def write_reference_folder(path, config: dict, seed: int, dtype=torch.float32,
         save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})
         return tensors
     per = max_shard_tensors or SHARD_ABOVE
-    chunks = [names[j:j + per] for j in range(0, len(names), per)]
+    chunks = [names[j : j + per] for j in range(0, len(names), per)]
     weight_map = {}
     for k, chunk in enumerate(chunks, start=1):
         fname = f"model-{k:05d}-of-{len(chunks):05d}.safetensors"
@@ -186,12 +225,13 @@ def swiglu(x: torch.Tensor, W: dict, prefix: str) -> torch.Tensor:
 
 
 def rope_rotate_half(x: torch.Tensor, theta: float) -> torch.Tensor:
-    """NeoX RoPE on x [B, S, heads, d] at positions 0..S-1: pairs (x[i], x[i + d/2]), frequency theta^(-2i/d)."""
+    """NeoX RoPE on x [B, S, heads, d] at positions 0..S-1: pairs (x[i], x[i + d/2]), frequency
+    theta^(-2i/d)."""
     S, d = x.shape[1], x.shape[-1]
     inv_freq = 1.0 / theta ** (torch.arange(0, d, 2, dtype=F64) / d)
     freqs = torch.arange(S, dtype=F64)[:, None] * inv_freq[None, :]
     emb = torch.cat([freqs, freqs], dim=-1)[None, :, None, :]
-    x1, x2 = x[..., : d // 2], x[..., d // 2:]
+    x1, x2 = x[..., : d // 2], x[..., d // 2 :]
     return x * emb.cos() + torch.cat([-x2, x1], dim=-1) * emb.sin()
 
 
@@ -203,6 +243,7 @@ def deinterleave(x: torch.Tensor) -> torch.Tensor:
 
 def alibi_slopes(n: int) -> list[float]:
     """ALiBi / Lightning-Attention head slopes, with the non-power-of-two workaround."""
+
     def power_of_2(m: int) -> list[float]:
         start = 2 ** (-(2 ** -(math.log2(m) - 3)))
         return [start * start**i for i in range(m)]
@@ -225,8 +266,11 @@ def linear_attention_slopes(cfg: dict, layer: int, slope_rule: str = "sglang") -
     return torch.tensor(alibi_slopes(cfg["num_attention_heads"]), dtype=F64) * (1 - offset / (L - 1) + 1e-5)
 
 
-def lightning_recurrence(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slope: torch.Tensor) -> torch.Tensor:
-    """q, k [B, S, H, dk], v [B, S, H, dv], slope [H]: S_t = exp(-slope) S_{t-1} + k_t^T v_t, o_t = q_t S_t."""
+def lightning_recurrence(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slope: torch.Tensor
+) -> torch.Tensor:
+    """q, k [B, S, H, dk], v [B, S, H, dv], slope [H]: S_t = exp(-slope) S_{t-1} + k_t^T v_t, o_t = q_t
+    S_t."""
     B, S, H, dk = q.shape
     state = torch.zeros(B, H, dk, v.shape[-1], dtype=F64)
     decay = torch.exp(-slope)[None, :, None, None]
@@ -237,12 +281,17 @@ def lightning_recurrence(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slop
     return torch.stack(out, dim=1)
 
 
-def linear_attention(cfg: dict, W: dict, p: str, x: torch.Tensor, layer: int, slope_rule: str) -> torch.Tensor:
+def linear_attention(
+    cfg: dict, W: dict, p: str, x: torch.Tensor, layer: int, slope_rule: str
+) -> torch.Tensor:
     B, S, _ = x.shape
     H, hd, eps = cfg["num_attention_heads"], _head_dim(cfg), cfg["rms_norm_eps"]
     q, k, v = lin(x, W[p + "query_key_value.weight"]).view(B, S, 3 * H, hd).split(H, dim=2)
     if cfg.get("use_qk_norm"):
-        q, k = rms_norm(q, W[p + "query_layernorm.weight"], eps), rms_norm(k, W[p + "key_layernorm.weight"], eps)
+        q, k = (
+            rms_norm(q, W[p + "query_layernorm.weight"], eps),
+            rms_norm(k, W[p + "key_layernorm.weight"], eps),
+        )
     rd = int(hd * cfg.get("partial_rotary_factor", 1.0))
     q = torch.cat([rope_rotate_half(q[..., :rd], cfg["rope_theta"]), q[..., rd:]], dim=-1)
     k = torch.cat([rope_rotate_half(k[..., :rd], cfg["rope_theta"]), k[..., rd:]], dim=-1)
@@ -260,8 +309,10 @@ def mla_attention(cfg: dict, W: dict, p: str, x: torch.Tensor, norm_eps: float) 
     if cfg.get("q_lora_rank") is None:
         q = lin(x, W[p + "q_proj.weight"])
     else:
-        q = lin(rms_norm(lin(x, W[p + "q_a_proj.weight"]), W[p + "q_a_layernorm.weight"], norm_eps),
-                W[p + "q_b_proj.weight"])
+        q = lin(
+            rms_norm(lin(x, W[p + "q_a_proj.weight"]), W[p + "q_a_layernorm.weight"], norm_eps),
+            W[p + "q_b_proj.weight"],
+        )
     q_nope, q_rope = q.view(B, S, H, nope + rope).split([nope, rope], dim=-1)
     c, k_rope = lin(x, W[p + "kv_a_proj_with_mqa.weight"]).split([r, rope], dim=-1)
     kv = lin(rms_norm(c, W[p + "kv_a_layernorm.weight"], norm_eps), W[p + "kv_b_proj.weight"])
@@ -285,7 +336,9 @@ def route(cfg: dict, x: torch.Tensor, gate_w: torch.Tensor, expert_bias: torch.T
     scores = torch.sigmoid(lin(x, gate_w))
     routing = (scores + expert_bias).view(-1, G, E // G)
     group_score = routing.topk(min(2, E // G), dim=-1).values.sum(-1)
-    allowed = torch.zeros_like(group_score, dtype=torch.bool).scatter(1, group_score.topk(keep, dim=-1).indices, True)
+    allowed = torch.zeros_like(group_score, dtype=torch.bool).scatter(
+        1, group_score.topk(keep, dim=-1).indices, True
+    )
     routing = routing.masked_fill(~allowed[:, :, None], float("-inf")).view(-1, E)
     idx = routing.topk(top_k, dim=-1).indices
     weights = scores.gather(1, idx)  # the unbiased scores: the bias only steers the choice
@@ -309,9 +362,16 @@ def moe_mlp(cfg: dict, W: dict, p: str, x: torch.Tensor) -> tuple[torch.Tensor, 
     return y.view_as(x), idx.view(*x.shape[:-1], -1)
 
 
-def reference_logits(config: dict, tensors: dict, input_ids: torch.Tensor, slope_rule: str = "sglang",
-                     mla_norm_eps: float | None = None, return_routing: bool = False):
-    """fp64 logits [B, S, V] of input_ids [B, S]; with return_routing also {moe layer index: experts [B, S, k]}.
+def reference_logits(
+    config: dict,
+    tensors: dict,
+    input_ids: torch.Tensor,
+    slope_rule: str = "sglang",
+    mla_norm_eps: float | None = None,
+    return_routing: bool = False,
+):
+    """fp64 logits [B, S, V] of input_ids [B, S]; with return_routing also {moe layer index: experts [B, S,
+    k]}.
 
     mla_norm_eps is the eps of q_a_layernorm / kv_a_layernorm. None means rms_norm_eps, as SGLang does; the
     HF modeling file builds those two norms with its default eps 1e-6 whatever rms_norm_eps says.

@@ -8,13 +8,30 @@ from ringzero.model.config import ModelConfig, PrecisionPolicy
 from ringzero.model.decode_check import random_weights_
 
 TINY = dict(
-    vocab_size=64, hidden_size=32, num_hidden_layers=4, num_attention_heads=2, layer_group_size=4,
-    intermediate_size=48, max_position_embeddings=64,
-    kv_lora_rank=8, qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=6,
-    head_dim=8, group_norm_size=2, lightning_block_size=4,
+    vocab_size=64,
+    hidden_size=32,
+    num_hidden_layers=4,
+    num_attention_heads=2,
+    layer_group_size=4,
+    intermediate_size=48,
+    max_position_embeddings=64,
+    kv_lora_rank=8,
+    qk_nope_head_dim=8,
+    qk_rope_head_dim=4,
+    v_head_dim=6,
+    head_dim=8,
+    group_norm_size=2,
+    lightning_block_size=4,
 )
-TINY_MOE = dict(num_experts=6, num_experts_per_tok=2, n_group=3, topk_group=2, moe_intermediate_size=16,
-                num_shared_experts=1, first_k_dense_replace=1)
+TINY_MOE = dict(
+    num_experts=6,
+    num_experts_per_tok=2,
+    n_group=3,
+    topk_group=2,
+    moe_intermediate_size=16,
+    num_shared_experts=1,
+    first_k_dense_replace=1,
+)
 
 
 def tiny_cfg(**overrides) -> ModelConfig:

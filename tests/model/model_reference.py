@@ -69,7 +69,13 @@ def decayed_linear_attention(q_SHk, k_SHk, v_SHv, slopes, initial_state=None):
 
 def mla_layer(layer, x_SD, pos_S):
     """One row of an ``MLAttention`` layer from the DeepSeek-V2 formulas (materialised per-head K/V)."""
-    H, dn, dr, dv, r = layer.num_attention_heads, layer.nope_dim, layer.rope_dim, layer.v_dim, layer.kv_lora_rank
+    H, dn, dr, dv, r = (
+        layer.num_attention_heads,
+        layer.nope_dim,
+        layer.rope_dim,
+        layer.v_dim,
+        layer.kv_lora_rank,
+    )
     eps = layer.kv_a_layernorm.eps
     S = x_SD.shape[0]
     if layer.q_lora_rank is None:
@@ -89,10 +95,16 @@ def mla_layer(layer, x_SD, pos_S):
     for t in range(S):
         p = float(pos_S[t])
         k_rope = rope(kv_a[t, r:], p, layer.rope_theta)
-        qs.append(torch.stack([torch.cat([q[t, h, :dn], rope(q[t, h, dn:], p, layer.rope_theta)]) for h in range(H)]))
+        qs.append(
+            torch.stack(
+                [torch.cat([q[t, h, :dn], rope(q[t, h, dn:], p, layer.rope_theta)]) for h in range(H)]
+            )
+        )
         ks.append(torch.stack([torch.cat([kv_b[h, :dn] @ c_kv[t], k_rope]) for h in range(H)]))
         vs.append(torch.stack([kv_b[h, dn:] @ c_kv[t] for h in range(H)]))
-    o, _ = softmax_attention(torch.stack(qs), torch.stack(ks), torch.stack(vs), pos_S, pos_S, (dn + dr) ** -0.5)
+    o, _ = softmax_attention(
+        torch.stack(qs), torch.stack(ks), torch.stack(vs), pos_S, pos_S, (dn + dr) ** -0.5
+    )
     return o.reshape(S, H * dv) @ w(layer.dense.weight).T
 
 
@@ -115,13 +127,17 @@ def lightning_layer(layer, x_SD, pos_S):
             v[t] = 0
     o, _ = decayed_linear_attention(q / math.sqrt(d), k, v, layer.slopes)
     G = layer.g_norm.n_groups  # group RMSNorm over G equal slices of the H*d channels
-    o = rms(o.reshape(S, G, H * d // G), w(layer.g_norm.weight).view(G, -1), layer.g_norm.eps).reshape(S, H * d)
+    o = rms(o.reshape(S, G, H * d // G), w(layer.g_norm.weight).view(G, -1), layer.g_norm.eps).reshape(
+        S, H * d
+    )
     o = torch.sigmoid(x_SD @ w(layer.g_proj.weight).T) * o
     return o @ w(layer.dense.weight).T
 
 
 def swiglu(m, h):
-    return (torch.nn.functional.silu(h @ w(m.gate_proj.weight).T) * (h @ w(m.up_proj.weight).T)) @ w(m.down_proj.weight).T
+    return (torch.nn.functional.silu(h @ w(m.gate_proj.weight).T) * (h @ w(m.up_proj.weight).T)) @ w(
+        m.down_proj.weight
+    ).T
 
 
 def moe(m, h_SD):
@@ -131,11 +147,13 @@ def moe(m, h_SD):
     for t in range(h_SD.shape[0]):
         scores = torch.sigmoid(w(m.gate.weight) @ h_SD[t])
         routing = scores + (0 if m.gate.expert_bias is None else w(m.gate.expert_bias))
-        group_score = [sorted(routing[g * E // G:(g + 1) * E // G].tolist())[-2:] for g in range(G)]
+        group_score = [sorted(routing[g * E // G : (g + 1) * E // G].tolist())[-2:] for g in range(G)]
         groups = sorted(range(G), key=lambda g: -sum(group_score[g]))[: m.topk_group]
         allowed = [e for e in range(E) if e // (E // G) in groups]
         chosen = sorted(allowed, key=lambda e: -float(routing[e]))[: m.top_k]
-        weights = scores[chosen] / (scores[chosen].sum() + 1e-20) if m.normalize and m.top_k > 1 else scores[chosen]
+        weights = (
+            scores[chosen] / (scores[chosen].sum() + 1e-20) if m.normalize and m.top_k > 1 else scores[chosen]
+        )
         for e, wt in zip(chosen, weights * m.scaling, strict=True):
             out[t] += wt * swiglu(m.experts[e], h_SD[t : t + 1])[0]
     if m.shared_experts is not None:

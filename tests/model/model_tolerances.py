@@ -17,5 +17,6 @@ from ringzero.model.tolerances import tolerance
 def assert_close(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype | None = None) -> None:
     """Compare at the tolerance of ``dtype`` (default: ``actual``'s dtype); dtypes may differ."""
     tol = tolerance(dtype or actual.dtype)
-    torch.testing.assert_close(actual.detach().double(), expected.detach().double(),
-                               atol=tol.atol, rtol=tol.rtol)
+    torch.testing.assert_close(
+        actual.detach().double(), expected.detach().double(), atol=tol.atol, rtol=tol.rtol
+    )

@@ -15,9 +15,19 @@ from ringzero.cli.main import main
 RUN_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "tiny-cpu.yaml"
 
 SMALL = {
-    "vocab_size": 32, "hidden_size": 16, "num_hidden_layers": 2, "num_attention_heads": 2, "layer_group_size": 2, "intermediate_size": 24,
-    "kv_lora_rank": 8, "qk_nope_head_dim": 4, "qk_rope_head_dim": 4, "v_head_dim": 4,
-    "head_dim": 4, "partial_rotary_factor": 1.0, "lightning_block_size": 4,
+    "vocab_size": 32,
+    "hidden_size": 16,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "layer_group_size": 2,
+    "intermediate_size": 24,
+    "kv_lora_rank": 8,
+    "qk_nope_head_dim": 4,
+    "qk_rope_head_dim": 4,
+    "v_head_dim": 4,
+    "head_dim": 4,
+    "partial_rotary_factor": 1.0,
+    "lightning_block_size": 4,
 }
 
 
@@ -89,8 +99,20 @@ def test_fp64_lightning_check_is_fp64_accurate_on_two_threads_every_time():
     import sys
 
     env = {**os.environ, "OMP_NUM_THREADS": "2", "MKL_NUM_THREADS": "2"}
-    cmd = [sys.executable, "-m", "ringzero.cli.main", "check", "decode", "--layer", "lightning",
-           "--dtype", "float64", "--json"]
-    results = {json.loads(subprocess.run(cmd, env=env, capture_output=True, text=True, check=True).stdout)["max_abs"]
-               for _ in range(4)}
+    cmd = [
+        sys.executable,
+        "-m",
+        "ringzero.cli.main",
+        "check",
+        "decode",
+        "--layer",
+        "lightning",
+        "--dtype",
+        "float64",
+        "--json",
+    ]
+    results = {
+        json.loads(subprocess.run(cmd, env=env, capture_output=True, text=True, check=True).stdout)["max_abs"]
+        for _ in range(4)
+    }
     assert len(results) == 1 and results.pop() < 1e-12

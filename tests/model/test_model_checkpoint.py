@@ -36,7 +36,10 @@ def test_round_trip_gives_identical_logits(store, gen, tied):
     config = ckpt.config
     assert config["architectures"] == ["BailingMoeV2_5ForCausalLM"] and config["torch_dtype"] == "float32"
     assert config["hidden_size"] == cfg.hidden_size and config["layer_group_size"] == 4
-    assert "model.layers.3.attention.kv_b_proj.weight" in ckpt.tensors and ("lm_head.weight" in ckpt.tensors) != tied
+    assert (
+        "model.layers.3.attention.kv_b_proj.weight" in ckpt.tensors
+        and ("lm_head.weight" in ckpt.tensors) != tied
+    )
     assert json.loads(ckpt.files["generation_config.json"])["eos_token_id"] == CharTokenizer.eos_id
     assert {"tokenizer.json", "tokenizer_config.json"} <= set(ckpt.files)
 
@@ -79,8 +82,11 @@ def test_unexpected_tensor_is_named(saved):
 
 def test_shape_mismatch_is_named(saved):
     bad = _tamper(saved, "base", change_config=lambda c: c.update({"intermediate_size": 40}))
-    with pytest.raises(RingzeroError, match=r"tensor model\.layers\.0\.mlp\.gate_proj\.weight has shape "
-                                            r"\[48, 32\], the config needs \[40, 32\]"):
+    with pytest.raises(
+        RingzeroError,
+        match=r"tensor model\.layers\.0\.mlp\.gate_proj\.weight has shape "
+        r"\[48, 32\], the config needs \[40, 32\]",
+    ):
         load_model(bad)
 
 
@@ -91,7 +97,9 @@ def test_invalid_model_config_names_the_field(saved):
 
 def test_foreign_config_and_bad_sources_are_refused(saved):
     with pytest.raises(RingzeroError, match="ringzero loads 'BailingMoeV2_5ForCausalLM'"):
-        load_model(_tamper(saved, "base", change_config=lambda c: c.update(architectures=["Qwen2ForCausalLM"])))
+        load_model(
+            _tamper(saved, "base", change_config=lambda c: c.update(architectures=["Qwen2ForCausalLM"]))
+        )
     with pytest.raises(RingzeroError, match="pass the store"):
         load_model("base")
     with pytest.raises(RingzeroError, match="differs from the model"):

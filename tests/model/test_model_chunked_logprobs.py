@@ -50,7 +50,9 @@ def test_values_and_gradients_equal_the_unchunked_reference(gen, chunk, body, dt
 def test_entropy_without_gradient(gen, chunk):
     model, hidden, targets = _setup(gen, "float64")
     logits = model.logits(hidden)
-    logp, ent = chunked_token_logprobs(model.logits, hidden, targets, 1.3, chunk_tokens=chunk, with_entropy=True)
+    logp, ent = chunked_token_logprobs(
+        model.logits, hidden, targets, 1.3, chunk_tokens=chunk, with_entropy=True
+    )
     assert_close(ent, entropy(logits, 1.3))
     assert_close(logp, token_logprobs(logits, targets, 1.3))
     assert logp.requires_grad and not ent.requires_grad
@@ -100,15 +102,18 @@ def test_no_saved_tensor_spans_all_positions_times_vocab(gen):
     V, B, S, chunk = 512, 4, 150, 64
     model, hidden, targets = _setup(gen, "float32", vocab=V, B=B, S=S)
     unchunked = _largest_saved(lambda: token_logprobs(model.logits(hidden), targets))
-    chunked = _largest_saved(lambda: chunked_token_logprobs(model.logits, hidden, targets, chunk_tokens=chunk))
+    chunked = _largest_saved(
+        lambda: chunked_token_logprobs(model.logits, hidden, targets, chunk_tokens=chunk)
+    )
     assert unchunked >= B * S * V  # the probe sees the whole log-softmax when it is saved
     assert chunked < B * S * V / 4 and chunked <= max(chunk * V, V * 32)
 
 
 def _peak_bytes(fn) -> int:
     """Peak live tensor bytes over the profiler's memory timeline while ``fn`` runs (forward + backward)."""
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True,
-                 with_stack=True) as prof:
+    with profile(
+        activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True, with_stack=True
+    ) as prof:
         fn()
     _, sizes = MemoryProfileTimeline(prof._memory_profile())._coalesce_timeline(torch.device("cpu"))
     return int(max(sum(s) for s in sizes))
@@ -126,6 +131,7 @@ def test_peak_memory_is_one_chunk_not_the_whole_sequence(gen):
             else:
                 logp = token_logprobs(model.logits(hidden), targets)
             logp.sum().backward()
+
         return run
 
     peak_full = _peak_bytes(step(False))
@@ -148,16 +154,21 @@ def test_scoring_numerator_is_unchanged(gen, monkeypatch, chunk):
     for r, s in enumerate(seqs):
         ids[r, : len(s)] = torch.tensor(s)
     first = min(plens) - 1
-    ref = token_logprobs(model.logits(model.hidden(ids[:, :-1])[:, first:]), ids[:, first + 1:], 0.8)
+    ref = token_logprobs(model.logits(model.hidden(ids[:, :-1])[:, first:]), ids[:, first + 1 :], 0.8)
     for r, (s, p) in enumerate(zip(seqs, plens, strict=True)):
-        want = ref[r, p - 1 - first: len(s) - 1 - first]
+        want = ref[r, p - 1 - first : len(s) - 1 - first]
         if chunk == scoring.SCORE_CHUNK_TOKENS:
             assert torch.equal(got[r], want)
         else:
             assert_close(got[r], want)
     params = list(model.parameters())
     g_got = torch.autograd.grad(sum(t.sum() for t in got), params)
-    g_ref = torch.autograd.grad(sum(ref[r, p - 1 - first: len(s) - 1 - first].sum()
-                                    for r, (s, p) in enumerate(zip(seqs, plens, strict=True))), params)
+    g_ref = torch.autograd.grad(
+        sum(
+            ref[r, p - 1 - first : len(s) - 1 - first].sum()
+            for r, (s, p) in enumerate(zip(seqs, plens, strict=True))
+        ),
+        params,
+    )
     for a, b in zip(g_got, g_ref, strict=True):
         assert_close(a, b)

@@ -31,8 +31,12 @@ def test_stage_steps_model_section_validates(argv):
 
 def test_gap_checks_smoke_runs_on_the_cpu(tmp_path):
     env = {"OUT": str(tmp_path), "PYTHONPATH": str(GPU.parents[1])}
-    subprocess.run([sys.executable, str(GPU / "gap_checks.py"), "--smoke"], check=True, capture_output=True,
-                   env={**os.environ, **env})
+    subprocess.run(
+        [sys.executable, str(GPU / "gap_checks.py"), "--smoke"],
+        check=True,
+        capture_output=True,
+        env={**os.environ, **env},
+    )
     out = json.loads((tmp_path / "gap_checks.json").read_text())
     assert out["percentiles"]["max_abs_diff_vs_numpy"] == 0.0
     assert all(row["rows_not_bitwise"] == 0 for row in out["bitwise"])

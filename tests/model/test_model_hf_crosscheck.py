@@ -4,9 +4,9 @@
   rotates pairs (x0, x1), (x2, x3)...; ours rotates (x_i, x_{i+d/2}). The two agree once the RoPE rows of
   the query and latent projections are permuted evens-then-odds, which the test does.
 - Lightning vs ``MiniMaxLightningAttention`` (fp32). Intended differences switched off or mapped: no q/k
-  norm, no RoPE (``partial_rotary_factor=0``), identity q/k/v activation (``hidden_act="linear"``; MiniMax uses
-  SiLU), our ``head_dim**-0.5`` query scale folded into the mapped q weight. The sigmoid output gate is the
-  same in both and stays on. MiniMax normalises all heads together, Ling per head: they coincide for one
+  norm, no RoPE (``partial_rotary_factor=0``), identity q/k/v activation (``hidden_act="linear"``; MiniMax
+  uses SiLU), our ``head_dim**-0.5`` query scale folded into the mapped q weight. The sigmoid output gate is
+  the same in both and stays on. MiniMax normalises all heads together, Ling per head: they coincide for one
   head (compared with both norms on); for several heads the group norm is off and MiniMax's norm removed.
 """
 
@@ -46,12 +46,21 @@ def test_mla_matches_deepseek_v3_attention(gen, q_lora_rank, interleave):
     cfg = tiny_cfg(q_lora_rank=q_lora_rank, rope_interleave=interleave)
     ours = randomize(MLAttention(cfg, 0, policy("float32")).float())
     hf_cfg = DeepseekV3Config(
-        vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, num_attention_heads=cfg.num_attention_heads,
-        num_key_value_heads=cfg.num_attention_heads, num_hidden_layers=1, q_lora_rank=q_lora_rank,
-        kv_lora_rank=cfg.kv_lora_rank, qk_nope_head_dim=cfg.qk_nope_head_dim,
-        qk_rope_head_dim=cfg.qk_rope_head_dim, v_head_dim=cfg.v_head_dim, rope_interleave=interleave,
-        rope_parameters={"rope_type": "default", "rope_theta": cfg.rope_theta}, attention_bias=False,
-        max_position_embeddings=64, rms_norm_eps=cfg.rms_norm_eps,
+        vocab_size=cfg.vocab_size,
+        hidden_size=cfg.hidden_size,
+        num_attention_heads=cfg.num_attention_heads,
+        num_key_value_heads=cfg.num_attention_heads,
+        num_hidden_layers=1,
+        q_lora_rank=q_lora_rank,
+        kv_lora_rank=cfg.kv_lora_rank,
+        qk_nope_head_dim=cfg.qk_nope_head_dim,
+        qk_rope_head_dim=cfg.qk_rope_head_dim,
+        v_head_dim=cfg.v_head_dim,
+        rope_interleave=interleave,
+        rope_parameters={"rope_type": "default", "rope_theta": cfg.rope_theta},
+        attention_bias=False,
+        max_position_embeddings=64,
+        rms_norm_eps=cfg.rms_norm_eps,
     )
     hf_cfg._attn_implementation = "eager"
     hf = DeepseekV3Attention(hf_cfg, layer_idx=0).float().eval()
@@ -83,9 +92,15 @@ def _minimax(cfg, layer_idx, block_size):
     from transformers.models.minimax.modeling_minimax import MiniMaxLightningAttention
 
     hf_cfg = MiniMaxConfig(
-        vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, num_attention_heads=cfg.num_attention_heads,
-        num_key_value_heads=cfg.num_attention_heads, head_dim=cfg.head_dim, num_hidden_layers=cfg.num_hidden_layers,
-        layer_types=["linear_attention"] * cfg.num_hidden_layers, block_size=block_size, hidden_act="linear",
+        vocab_size=cfg.vocab_size,
+        hidden_size=cfg.hidden_size,
+        num_attention_heads=cfg.num_attention_heads,
+        num_key_value_heads=cfg.num_attention_heads,
+        head_dim=cfg.head_dim,
+        num_hidden_layers=cfg.num_hidden_layers,
+        layer_types=["linear_attention"] * cfg.num_hidden_layers,
+        block_size=block_size,
+        hidden_act="linear",
         intermediate_size=cfg.intermediate_size,
     )
     return MiniMaxLightningAttention(hf_cfg, layer_idx).float().eval()
@@ -114,8 +129,14 @@ def _copy_lightning(ours, hf):
 @pytest.mark.parametrize("num_attention_heads", [1, 3])
 @pytest.mark.parametrize("layer_idx", [0, 2])
 def test_lightning_matches_minimax_lightning_attention(gen, num_attention_heads, layer_idx):
-    cfg = tiny_cfg(num_attention_heads=num_attention_heads, layout="lightning", use_qk_norm=False,
-                   partial_rotary_factor=0.0, group_norm_size=1, lightning_block_size=3)
+    cfg = tiny_cfg(
+        num_attention_heads=num_attention_heads,
+        layout="lightning",
+        use_qk_norm=False,
+        partial_rotary_factor=0.0,
+        group_norm_size=1,
+        lightning_block_size=3,
+    )
     ours = randomize(LightningAttention(cfg, layer_idx, policy("float32")).float())
     ours.slopes = minimax_slopes(num_attention_heads, layer_idx, cfg.num_hidden_layers)
     hf = _minimax(cfg, layer_idx, block_size=4)  # different block sizes: the block split must not matter
@@ -129,8 +150,13 @@ def test_lightning_matches_minimax_lightning_attention(gen, num_attention_heads,
 
 
 def test_lightning_left_padding_matches_minimax_padding_mask(gen):
-    cfg = tiny_cfg(num_attention_heads=2, layout="lightning", use_qk_norm=False, partial_rotary_factor=0.0,
-                   group_norm_size=1)
+    cfg = tiny_cfg(
+        num_attention_heads=2,
+        layout="lightning",
+        use_qk_norm=False,
+        partial_rotary_factor=0.0,
+        group_norm_size=1,
+    )
     ours = randomize(LightningAttention(cfg, 1, policy("float32")).float())
     ours.slopes = minimax_slopes(2, 1, cfg.num_hidden_layers)
     hf = _minimax(cfg, 1, block_size=4)

@@ -33,7 +33,9 @@ def _prompts(gen, lengths, vocab=64):
 
 
 def test_layer_pattern():
-    kinds = [b.kind for b in HybridLM(tiny_cfg(num_hidden_layers=8, layer_group_size=4), policy("float32")).layers]
+    kinds = [
+        b.kind for b in HybridLM(tiny_cfg(num_hidden_layers=8, layer_group_size=4), policy("float32")).layers
+    ]
     assert kinds == ["lightning"] * 3 + ["mla"] + ["lightning"] * 3 + ["mla"]
     tied = HybridLM(tiny_cfg(tie_word_embeddings=True), policy("float32"))
     assert tied.lm_head is None and "lm_head.weight" not in tied.state_dict()
@@ -78,7 +80,7 @@ def test_left_padded_rows_equal_unpadded_sequences(gen):
     batched = model(ids, pos)
     for b, prompt in enumerate(prompts):
         alone = model(torch.tensor([prompt]))
-        assert_close(batched[b, -len(prompt):], alone[0])
+        assert_close(batched[b, -len(prompt) :], alone[0])
 
 
 def test_prefill_then_default_positions_continue_each_row(gen):
@@ -106,7 +108,7 @@ def test_cache_select_drops_and_repeats_rows(gen):
     cache.select([2, 0, 0])  # row 1 finished; row 0 gets two samples
     assert cache.batch_size == 3
     follow = torch.tensor([[7, 8], [9, 10], [11, 12]])
-    outs = [model(follow[:, t:t + 1], cache=cache) for t in range(2)]
+    outs = [model(follow[:, t : t + 1], cache=cache) for t in range(2)]
     got = torch.cat(outs, 1)
     for b, src in enumerate([2, 0, 0]):
         alone = model(torch.tensor([prompts[src] + follow[b].tolist()]))

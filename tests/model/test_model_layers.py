@@ -59,7 +59,9 @@ def _decode(layer, x, pos, prefill: int, chunk: int, body_dtype):
     if isinstance(layer, MLAttention):
         inner = MLALayerCache(B, layer.latent_width, body_dtype, "cpu", capacity=2)
     else:
-        inner = LightningLayerCache(B, layer.num_attention_heads, layer.head_dim, layer.head_dim, layer.state_dtype, "cpu")
+        inner = LightningLayerCache(
+            B, layer.num_attention_heads, layer.head_dim, layer.head_dim, layer.state_dtype, "cpu"
+        )
     cache = DecodeCache([inner], B, "cpu", capacity=2)
     outs, s = [], 0
     while s < x.shape[1]:
@@ -104,8 +106,17 @@ def test_swapped_core_receives_the_contract_arguments(gen):
     seen = {}
 
     def mla_core(q_nope, q_rope, c_kv, k_rope, w_uk, w_uv, positions, scale, softmax_fp32):
-        seen["mla"] = (q_nope.shape, q_rope.shape, c_kv.shape, k_rope.shape, w_uk.shape, w_uv.shape,
-                       positions, scale, softmax_fp32)
+        seen["mla"] = (
+            q_nope.shape,
+            q_rope.shape,
+            c_kv.shape,
+            k_rope.shape,
+            w_uk.shape,
+            w_uv.shape,
+            positions,
+            scale,
+            softmax_fp32,
+        )
         return torch.zeros(*q_nope.shape[:3], w_uv.shape[1], dtype=q_nope.dtype)
 
     def lightning_core(q, k, v, log_decay, block_size):
@@ -126,6 +137,6 @@ def test_swapped_core_receives_the_contract_arguments(gen):
     pos = torch.arange(100, 105)
     assert (mla(x, pos) == 0).all() and (light(x, pos) == 0).all()
     assert seen["mla"][:6] == ((2, 5, 2, 8), (2, 5, 2, 4), (2, 5, 8), (2, 5, 4), (2, 8, 8), (2, 6, 8))
-    assert torch.equal(seen["mla"][6], pos) and seen["mla"][7] == pytest.approx(12 ** -0.5) and seen["mla"][8]
+    assert torch.equal(seen["mla"][6], pos) and seen["mla"][7] == pytest.approx(12**-0.5) and seen["mla"][8]
     assert seen["lightning"][:3] == ((2, 5, 2, 8),) * 3 and seen["lightning"][4] == 4
     assert (seen["lightning"][3] < 0).all()

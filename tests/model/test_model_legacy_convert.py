@@ -12,12 +12,19 @@ from ringzero.model.config import PrecisionPolicy
 from ringzero.model.hybrid import HybridLM
 from ringzero.store import open_store
 
-OLD_NAMES = [(".input_layernorm.", ".attn_norm."), (".post_attention_layernorm.", ".mlp_norm."),
-             (".attention.query_layernorm.", ".attn.q_norm."), (".attention.key_layernorm.", ".attn.k_norm."),
-             (".attention.g_norm.", ".attn.out_norm."), (".attention.g_proj.", ".attn.gate_proj."),
-             (".attention.dense.", ".attn.o_proj."), (".attention.kv_a_proj_with_mqa.", ".attn.kv_a_proj."),
-             (".attention.kv_a_layernorm.", ".attn.kv_a_norm."), (".attention.q_a_layernorm.", ".attn.q_a_norm."),
-             (".attention.", ".attn.")]
+OLD_NAMES = [
+    (".input_layernorm.", ".attn_norm."),
+    (".post_attention_layernorm.", ".mlp_norm."),
+    (".attention.query_layernorm.", ".attn.q_norm."),
+    (".attention.key_layernorm.", ".attn.k_norm."),
+    (".attention.g_norm.", ".attn.out_norm."),
+    (".attention.g_proj.", ".attn.gate_proj."),
+    (".attention.dense.", ".attn.o_proj."),
+    (".attention.kv_a_proj_with_mqa.", ".attn.kv_a_proj."),
+    (".attention.kv_a_layernorm.", ".attn.kv_a_norm."),
+    (".attention.q_a_layernorm.", ".attn.q_a_norm."),
+    (".attention.", ".attn."),
+]
 
 
 def _earlier_format(model: HybridLM):
@@ -34,16 +41,35 @@ def _earlier_format(model: HybridLM):
             name = name.replace(new, old)
         tensors[name] = t.clone()
     old_model = {
-        "vocab_size": cfg.vocab_size, "d_model": cfg.hidden_size, "n_layers": cfg.num_hidden_layers,
-        "n_heads": cfg.num_attention_heads, "layout": cfg.layout, "mla_every": cfg.layer_group_size,
-        "mla": {"q_lora_rank": cfg.q_lora_rank, "kv_lora_rank": cfg.kv_lora_rank,
-                "qk_nope_head_dim": cfg.qk_nope_head_dim, "qk_rope_head_dim": cfg.qk_rope_head_dim,
-                "v_head_dim": cfg.v_head_dim, "rope_theta": cfg.rope_theta, "attention_impl": "explicit"},
-        "lightning": {"head_dim": cfg.head_dim, "block_size": cfg.lightning_block_size, "output_gate": True,
-                      "group_norm": True, "qk_norm": cfg.use_qk_norm, "rope_fraction": cfg.partial_rotary_factor,
-                      "rope_theta": cfg.rope_theta},
-        "mlp_hidden": cfg.intermediate_size, "tie_embeddings": cfg.tie_word_embeddings,
-        "max_seq_len": cfg.max_position_embeddings, "norm_eps": cfg.rms_norm_eps, "init_std": cfg.initializer_range,
+        "vocab_size": cfg.vocab_size,
+        "d_model": cfg.hidden_size,
+        "n_layers": cfg.num_hidden_layers,
+        "n_heads": cfg.num_attention_heads,
+        "layout": cfg.layout,
+        "mla_every": cfg.layer_group_size,
+        "mla": {
+            "q_lora_rank": cfg.q_lora_rank,
+            "kv_lora_rank": cfg.kv_lora_rank,
+            "qk_nope_head_dim": cfg.qk_nope_head_dim,
+            "qk_rope_head_dim": cfg.qk_rope_head_dim,
+            "v_head_dim": cfg.v_head_dim,
+            "rope_theta": cfg.rope_theta,
+            "attention_impl": "explicit",
+        },
+        "lightning": {
+            "head_dim": cfg.head_dim,
+            "block_size": cfg.lightning_block_size,
+            "output_gate": True,
+            "group_norm": True,
+            "qk_norm": cfg.use_qk_norm,
+            "rope_fraction": cfg.partial_rotary_factor,
+            "rope_theta": cfg.rope_theta,
+        },
+        "mlp_hidden": cfg.intermediate_size,
+        "tie_embeddings": cfg.tie_word_embeddings,
+        "max_seq_len": cfg.max_position_embeddings,
+        "norm_eps": cfg.rms_norm_eps,
+        "init_std": cfg.initializer_range,
     }
     return tensors, {"architectures": ["RingzeroHybridLM"], "ringzero_format": 1, "ringzero_model": old_model}
 

@@ -38,8 +38,13 @@ CASES = {
     "dense": tiny_config(),
     "dense_q_lora_tail": tiny_config(q_lora_rank=12, num_hidden_layers=5, layer_group_size=2),
     "moe": tiny_moe_config(),
-    "moe_6_heads_tied": tiny_moe_config(num_attention_heads=6, group_norm_size=3, tie_word_embeddings=True,
-                                        routed_scaling_factor=2.5, first_k_dense_replace=0),
+    "moe_6_heads_tied": tiny_moe_config(
+        num_attention_heads=6,
+        group_norm_size=3,
+        tie_word_embeddings=True,
+        routed_scaling_factor=2.5,
+        first_k_dense_replace=0,
+    ),
     "not_interleaved": tiny_config(rope_interleave=False),
 }
 
@@ -53,8 +58,9 @@ def test_folder_from_an_independent_writer_loads_and_matches_its_forward(tmp_pat
     _, tensors = read_folder(tmp_path / "ref")
     loaded = load_folder(tmp_path / "ref", FP64)
     ids = _ids(config["vocab_size"])
-    want, routing = reference_logits(config, {k: v.to(F64) for k, v in tensors.items()}, ids,
-                                     slope_rule="sglang", return_routing=True)
+    want, routing = reference_logits(
+        config, {k: v.to(F64) for k, v in tensors.items()}, ids, slope_rule="sglang", return_routing=True
+    )
     with capture_routing(loaded.model) as chosen:
         got = loaded.model(ids)
     assert_close(got, want, F64)
@@ -69,8 +75,11 @@ def test_hf_decay_rule_is_one_layer_shallower_than_sglangs():
     assert sglang != hf and decay_slopes(4, 0, 1) == decay_slopes(4, 0, 1, rule="hf")  # one layer: no depth
 
 
-@pytest.mark.parametrize("cfg", [ModelConfig(), ModelConfig(num_experts=4, n_group=2, first_k_dense_replace=1,
-                                                           tie_word_embeddings=True)], ids=["dense", "moe"])
+@pytest.mark.parametrize(
+    "cfg",
+    [ModelConfig(), ModelConfig(num_experts=4, n_group=2, first_k_dense_replace=1, tie_word_embeddings=True)],
+    ids=["dense", "moe"],
+)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_export_then_load_is_bitwise(tmp_path, cfg, dtype):
     model = randomize(HybridLM(cfg, PrecisionPolicy.preset("fp32")))
@@ -80,15 +89,31 @@ def test_export_then_load_is_bitwise(tmp_path, cfg, dtype):
         want = value if "expert_bias" in name else value.to(dtype).to(value.dtype)
         assert torch.equal(back.state_dict()[name], want), name
     config = json.loads((tmp_path / "out" / "config.json").read_text())
-    assert config["architectures"] == ["BailingMoeV2_5ForCausalLM"] and config["model_type"] == "bailing_hybrid"
+    assert (
+        config["architectures"] == ["BailingMoeV2_5ForCausalLM"] and config["model_type"] == "bailing_hybrid"
+    )
 
 
 def test_exported_folder_reads_back_in_the_reference_implementation(tmp_path):
     """The other direction: what ringzero writes, the independent reader loads and its forward agrees."""
-    cfg = ModelConfig(vocab_size=48, hidden_size=32, num_hidden_layers=4, layer_group_size=2, head_dim=8,
-                      qk_rope_head_dim=4, qk_nope_head_dim=8, v_head_dim=8, kv_lora_rank=12, intermediate_size=40,
-                      group_norm_size=2, num_experts=4, n_group=2, topk_group=1, moe_intermediate_size=16,
-                      first_k_dense_replace=1)
+    cfg = ModelConfig(
+        vocab_size=48,
+        hidden_size=32,
+        num_hidden_layers=4,
+        layer_group_size=2,
+        head_dim=8,
+        qk_rope_head_dim=4,
+        qk_nope_head_dim=8,
+        v_head_dim=8,
+        kv_lora_rank=12,
+        intermediate_size=40,
+        group_norm_size=2,
+        num_experts=4,
+        n_group=2,
+        topk_group=1,
+        moe_intermediate_size=16,
+        first_k_dense_replace=1,
+    )
     model = randomize(HybridLM(cfg, FP64))
     write_folder(tmp_path / "out", cfg, model.state_dict(), dtype=torch.float64)
     config, tensors = read_folder(tmp_path / "out")
@@ -110,10 +135,13 @@ def test_import_refuses_a_wrong_shape_and_a_missing_tensor_naming_both(tmp_path)
     def edit(config, tensors):
         tensors["model.layers.0.attention.g_proj.weight"] = torch.zeros(3, 3)
         del tensors["model.layers.1.attention.kv_b_proj.weight"]
+
     folder = _write_broken(tmp_path, edit)
     with pytest.raises(RingzeroError) as err:
         check_folder(folder)
-    assert "tensor model.layers.0.attention.g_proj.weight has shape [3, 3], the config needs [32, 32]" in str(err.value)
+    assert "tensor model.layers.0.attention.g_proj.weight has shape [3, 3], the config needs [32, 32]" in str(
+        err.value
+    )
     assert "missing tensor model.layers.1.attention.kv_b_proj.weight" in str(err.value)
     assert main(["import", str(folder), "--to", f"file://{tmp_path}/store/base"]) == 2
     assert not (tmp_path / "store" / "base").exists()  # nothing half-written
@@ -123,15 +151,21 @@ def test_import_refuses_an_unknown_architecture_and_unsupported_keys(tmp_path):
     folder = _write_broken(tmp_path, lambda c, t: c.update(architectures=["LlamaForCausalLM"]))
     with pytest.raises(RingzeroError, match="architectures is \\['LlamaForCausalLM'\\]"):
         check_folder(folder)
-    folder = _write_broken(tmp_path, lambda c, t: c.update(architectures=["BailingMoeV2_5ForCausalLM"],
-                                                           linear_silu=True, use_bias=True))
+    folder = _write_broken(
+        tmp_path,
+        lambda c, t: c.update(architectures=["BailingMoeV2_5ForCausalLM"], linear_silu=True, use_bias=True),
+    )
     with pytest.raises(ConfigError) as err:
         check_folder(folder)
-    assert "linear_silu is True" in str(err.value) and "use_bias / use_qkv_bias must be false" in str(err.value)
+    assert "linear_silu is True" in str(err.value) and "use_bias / use_qkv_bias must be false" in str(
+        err.value
+    )
 
 
 def test_earlier_format_is_refused_with_how_to_convert(tmp_path):
-    folder = _write_broken(tmp_path, lambda c, t: c.update(architectures=["RingzeroHybridLM"], ringzero_format=1))
+    folder = _write_broken(
+        tmp_path, lambda c, t: c.update(architectures=["RingzeroHybridLM"], ringzero_format=1)
+    )
     with pytest.raises(RingzeroError, match="convert it once with `ringzero convert"):
         check_folder(folder)
 
@@ -141,6 +175,7 @@ def test_mtp_layers_of_a_published_checkpoint_are_dropped_on_import(tmp_path):
         config["num_nextn_predict_layers"] = 1  # a published folder's MTP layer, which ringzero drops
         tensors["model.layers.4.eh_proj.weight"] = torch.zeros(32, 64)
         tensors["model.layers.4.mlp.gate_proj.weight"] = torch.zeros(40, 32)
+
     folder = _write_broken(tmp_path, edit)
     assert check_folder(folder).num_hidden_layers == 4
 
@@ -148,15 +183,22 @@ def test_mtp_layers_of_a_published_checkpoint_are_dropped_on_import(tmp_path):
 def test_cli_export_import_serve_folder_round_trip(tmp_path, capsys):
     out = tmp_path / "exported"
     assert main(["export", "--init", "random", "--config", "configs/tiny-cpu.yaml", str(out)]) == 0
-    assert {p.name for p in out.iterdir()} == {"config.json", "generation_config.json", "model.safetensors",
-                                               "tokenizer.json", "tokenizer_config.json"}
+    assert {p.name for p in out.iterdir()} == {
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    }
     assert main(["import", str(out), "--to", f"file://{tmp_path}/store/bases/tiny"]) == 0
     from ringzero.model.checkpoint import load_model
 
     a = load_folder(out).model.state_dict()
     b = load_model(f"file://{tmp_path}/store/bases/tiny").model.state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)
-    assert main(["export", "--init", "random", "--config", "configs/tiny-cpu.yaml", str(out)]) == 2  # not empty
+    assert (
+        main(["export", "--init", "random", "--config", "configs/tiny-cpu.yaml", str(out)]) == 2
+    )  # not empty
 
 
 def test_sglang_servability_is_checked_against_its_loader():
@@ -165,8 +207,10 @@ def test_sglang_servability_is_checked_against_its_loader():
     assert sglang_problems(ModelConfig(num_hidden_layers=16, layer_group_size=8, head_dim=32)) == []
     # MLA at layers 1 and 3 loads in SGLang 0.5.23 (its load_weights maps .dense. to .o_proj. at every layer)
     assert sglang_problems(ModelConfig(num_hidden_layers=4, layer_group_size=2)) == []
-    assert any("must be a multiple of layer_group_size" in p
-               for p in sglang_problems(ModelConfig(num_hidden_layers=10, layer_group_size=8)))
+    assert any(
+        "must be a multiple of layer_group_size" in p
+        for p in sglang_problems(ModelConfig(num_hidden_layers=10, layer_group_size=8))
+    )
     (tied,) = sglang_problems(ModelConfig(num_hidden_layers=4, layer_group_size=2, tie_word_embeddings=True))
     assert tied.startswith("tie_word_embeddings: true") and "AttributeError" in tied
     (other,) = sglang_problems(ModelConfig(), version="0.6.0")
@@ -177,8 +221,15 @@ def test_null_shared_experts_are_written_as_zero_and_load_back_the_same_model(tm
     """SGLang 0.5.23 tests ``num_shared_experts > 0``: a null would raise there, 0 means the same."""
     from ringzero.model.hf_format import hf_config, model_config_from_hf
 
-    moe = dict(num_hidden_layers=4, layer_group_size=2, num_experts=4, num_experts_per_tok=2, n_group=2,
-               topk_group=1, moe_intermediate_size=32)
+    moe = dict(
+        num_hidden_layers=4,
+        layer_group_size=2,
+        num_experts=4,
+        num_experts_per_tok=2,
+        n_group=2,
+        topk_group=1,
+        moe_intermediate_size=32,
+    )
     doc = hf_config(ModelConfig(**moe, num_shared_experts=None), torch.float32)
     assert doc["num_shared_experts"] == 0
     back = model_config_from_hf(doc, "config.json")

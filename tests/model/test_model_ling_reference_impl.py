@@ -39,7 +39,10 @@ def _f64(tensors):
 
 def test_recurrence_equals_quadratic_masked_form(gen):
     B, S, H, dk, dv = 2, 11, 3, 5, 4
-    q, k = torch.randn(B, S, H, dk, generator=gen, dtype=F64), torch.randn(B, S, H, dk, generator=gen, dtype=F64)
+    q, k = (
+        torch.randn(B, S, H, dk, generator=gen, dtype=F64),
+        torch.randn(B, S, H, dk, generator=gen, dtype=F64),
+    )
     v = torch.randn(B, S, H, dv, generator=gen, dtype=F64)
     slope = torch.tensor([0.05, 0.5, 2.0], dtype=F64)
     expected = torch.zeros(B, S, H, dv, dtype=F64)
@@ -70,7 +73,7 @@ def test_rope_layouts_are_pair_rotations(gen):
     x = torch.randn(1, S, 2, d, generator=gen, dtype=F64)
     angles = torch.arange(S, dtype=F64)[:, None] * theta ** (-torch.arange(0, d, 2, dtype=F64) / d)
     turn = torch.polar(torch.ones_like(angles), angles)[None, :, None, :]
-    z = torch.complex(x[..., : d // 2], x[..., d // 2:]) * turn
+    z = torch.complex(x[..., : d // 2], x[..., d // 2 :]) * turn
     torch.testing.assert_close(rope_rotate_half(x, theta), torch.cat([z.real, z.imag], -1))
     zi = torch.complex(x[..., 0::2], x[..., 1::2]) * turn
     torch.testing.assert_close(rope_rotate_half(deinterleave(x), theta), torch.cat([zi.real, zi.imag], -1))
@@ -91,7 +94,9 @@ def test_interleaved_mla_equals_plain_mla_with_permuted_rows(q_lora_rank):
     kv_rows = list(range(r)) + [r + p for p in perm]
     permuted = dict(tensors)
     for i in range(2):
-        q_name = f"model.layers.{i}.attention." + ("q_proj.weight" if q_lora_rank is None else "q_b_proj.weight")
+        q_name = f"model.layers.{i}.attention." + (
+            "q_proj.weight" if q_lora_rank is None else "q_b_proj.weight"
+        )
         kv_name = f"model.layers.{i}.attention.kv_a_proj_with_mqa.weight"
         permuted[q_name] = tensors[q_name][q_rows]
         permuted[kv_name] = tensors[kv_name][kv_rows]
@@ -107,12 +112,22 @@ def test_interleaved_mla_equals_plain_mla_with_permuted_rows(q_lora_rank):
 
 def _moe_weights(cfg, seed):
     tensors = _f64(random_reference_tensors(cfg, seed))
-    return {k.removeprefix("model.layers.1.mlp."): v for k, v in tensors.items() if k.startswith("model.layers.1.mlp.")}
+    return {
+        k.removeprefix("model.layers.1.mlp."): v
+        for k, v in tensors.items()
+        if k.startswith("model.layers.1.mlp.")
+    }
 
 
 def test_moe_with_every_expert_is_the_sigmoid_weighted_sum(gen):
-    cfg = tiny_moe_config(num_experts_per_tok=8, n_group=1, topk_group=1, norm_topk_prob=False,
-                          routed_scaling_factor=1.0, num_shared_experts=0)
+    cfg = tiny_moe_config(
+        num_experts_per_tok=8,
+        n_group=1,
+        topk_group=1,
+        norm_topk_prob=False,
+        routed_scaling_factor=1.0,
+        num_shared_experts=0,
+    )
     W = _moe_weights(cfg, seed=2)
     assert not any(k.startswith("shared_experts") for k in W)
     x = torch.randn(2, 5, cfg["hidden_size"], generator=gen, dtype=F64)
@@ -147,7 +162,7 @@ def test_grouped_topk_stays_inside_chosen_groups(gen):
     idx, weights = route(cfg, x, gate, bias)
     routing = (torch.sigmoid(x @ gate.T) + bias).tolist()
     for n, row in enumerate(idx.tolist()):
-        group_score = [sum(sorted(routing[n][3 * g: 3 * g + 3])[-2:]) for g in range(4)]
+        group_score = [sum(sorted(routing[n][3 * g : 3 * g + 3])[-2:]) for g in range(4)]
         groups = sorted(range(4), key=lambda g: -group_score[g])[:2]
         allowed = [e for e in range(12) if e // 3 in groups]
         assert {e // 3 for e in row} <= set(groups)
@@ -171,7 +186,10 @@ def test_folder_round_trip(tmp_path, dtype, max_shard_tensors):
     assert config["torch_dtype"] == str(dtype).removeprefix("torch.")
     assert {k: config[k] for k in cfg} == cfg
     assert json.loads((tmp_path / "generation_config.json").read_text()) == {
-        "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0}
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "pad_token_id": 0,
+    }
     assert loaded.keys() == tensors.keys()
     for name, t in tensors.items():
         assert loaded[name].dtype == dtype and loaded[name].shape == t.shape
@@ -242,7 +260,9 @@ def test_forward_is_causal_and_reports_routing(gen):
     assert sorted(routing) == [1, 2, 3, 4] and all(r.shape == (2, 8, 2) for r in routing.values())
     changed = ids.clone()
     changed[:, 5:] = (changed[:, 5:] + 1) % cfg["vocab_size"]
-    torch.testing.assert_close(reference_logits(cfg, tensors, changed)[:, :5], logits[:, :5], rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(
+        reference_logits(cfg, tensors, changed)[:, :5], logits[:, :5], rtol=1e-12, atol=1e-12
+    )
     assert not torch.allclose(reference_logits(cfg, tensors, changed)[:, 5:], logits[:, 5:])
     assert not torch.allclose(reference_logits(cfg, tensors, ids, slope_rule="hf"), logits)
     assert not torch.allclose(reference_logits(cfg, tensors, ids, mla_norm_eps=1.0), logits)

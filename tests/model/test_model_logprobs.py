@@ -23,8 +23,13 @@ def test_logprobs_match_reference(gen, temperature):
     logits = torch.randn(2, 5, 11, generator=gen, dtype=torch.float64) * 4
     targets = torch.randint(0, 11, (2, 5), generator=gen)
     got = token_logprobs(logits, targets, temperature)
-    want = torch.tensor([[_reference_logprob(logits[b, s], int(targets[b, s]), temperature) for s in range(5)]
-                         for b in range(2)], dtype=torch.float64)
+    want = torch.tensor(
+        [
+            [_reference_logprob(logits[b, s], int(targets[b, s]), temperature) for s in range(5)]
+            for b in range(2)
+        ],
+        dtype=torch.float64,
+    )
     assert_close(got, want)
 
 

@@ -13,12 +13,15 @@ from ringzero.model.precision import logits_dtype, state_dtype
 BF16, F32, F64 = torch.bfloat16, torch.float32, torch.float64
 
 
-@pytest.mark.parametrize("preset,body,logits,state", [
-    ("fp32-islands", BF16, F32, F32),
-    ("bf16", BF16, BF16, F32),
-    ("fp32", F32, F32, F32),
-    ("fp64", F64, F64, F64),
-])
+@pytest.mark.parametrize(
+    "preset,body,logits,state",
+    [
+        ("fp32-islands", BF16, F32, F32),
+        ("bf16", BF16, BF16, F32),
+        ("fp32", F32, F32, F32),
+        ("fp64", F64, F64, F64),
+    ],
+)
 def test_dtypes_follow_the_policy(gen, preset, body, logits, state):
     pol = PrecisionPolicy.preset(preset)
     model = HybridLM(tiny_cfg(), pol)

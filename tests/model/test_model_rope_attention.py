@@ -18,12 +18,22 @@ F64 = torch.float64
 @pytest.mark.parametrize("per_row", [False, True])
 def test_rope_matches_complex_rotation(gen, per_row):
     x = torch.randn(2, 5, 3, 8, generator=gen, dtype=F64)
-    pos = torch.tensor([[0, 1, 7, 100000, -3], [5, 6, 7, 8, 9]]) if per_row else torch.tensor([0, 1, 7, 100000, 3])
+    pos = (
+        torch.tensor([[0, 1, 7, 100000, -3], [5, 6, 7, 8, 9]])
+        if per_row
+        else torch.tensor([0, 1, 7, 100000, 3])
+    )
     cos, sin = rope_cos_sin(pos, 8, 500.0, F64)
     got = apply_rope(x, cos, sin)
     p = pos if per_row else pos[None].expand(2, -1)
-    want = torch.stack([torch.stack([torch.stack([rope(x[b, s, h], float(p[b, s]), 500.0) for h in range(3)])
-                                     for s in range(5)]) for b in range(2)])
+    want = torch.stack(
+        [
+            torch.stack(
+                [torch.stack([rope(x[b, s, h], float(p[b, s]), 500.0) for h in range(3)]) for s in range(5)]
+            )
+            for b in range(2)
+        ]
+    )
     assert_close(got, want)
 
 

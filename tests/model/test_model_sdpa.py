@@ -27,10 +27,14 @@ CASES = {
     "plain": (torch.arange(7), torch.arange(7)),
     "shifted": (torch.arange(3, 10), torch.arange(3, 10)),
     "left_padded_rows": (torch.tensor([[-2, -1, 0, 1, 2, 3, 4], [0, 1, 2, 3, 4, 5, 6]]),) * 2,
-    "unordered_with_padding": (torch.tensor([[9, 2, -1, 5], [0, 1, 2, 3]]),
-                               torch.tensor([[-2, -1, 0, 1, 5, 2], [0, 1, 2, 3, 4, 5]])),
-    "cache_keys": (torch.tensor([[5, 6], [3, 4]]),
-                   torch.tensor([[-1, 0, 1, 2, 3, 4, 5, 6], [-3, -2, -1, 0, 1, 2, 3, 4]])),
+    "unordered_with_padding": (
+        torch.tensor([[9, 2, -1, 5], [0, 1, 2, 3]]),
+        torch.tensor([[-2, -1, 0, 1, 5, 2], [0, 1, 2, 3, 4, 5]]),
+    ),
+    "cache_keys": (
+        torch.tensor([[5, 6], [3, 4]]),
+        torch.tensor([[-1, 0, 1, 2, 3, 4, 5, 6], [-3, -2, -1, 0, 1, 2, 3, 4]]),
+    ),
     "all_future_keys": (torch.tensor([0, 1, 2]), torch.tensor([3, 4, 5, 6])),
 }
 
@@ -88,8 +92,10 @@ def test_sdpa_keeps_the_island_in_a_bf16_body(gen, case):
     plain = causal_attention(q, k, v, q_pos, k_pos, 0.5, False)
     assert sdpa.dtype == BF16
     assert_close(sdpa, island, BF16)
-    err = {name: float((t.double() - exact).abs().max()) for name, t in
-           [("island", island), ("sdpa", sdpa), ("plain", plain)]}
+    err = {
+        name: float((t.double() - exact).abs().max())
+        for name, t in [("island", island), ("sdpa", sdpa), ("plain", plain)]
+    }
     assert err["sdpa"] <= 1.01 * err["island"] + 1e-6 < err["plain"], err
 
 
@@ -113,8 +119,14 @@ def test_cpu_kernels_upcast_bf16_inside(gen, backend):
 
 def test_sdpa_refuses_lse_and_unknown_impls():
     with pytest.raises(ValueError, match="log-sum-exp"):
-        sdpa_causal_attention(*(torch.zeros(1, 2, 1, 4) for _ in range(3)), torch.arange(2), torch.arange(2),
-                              1.0, True, return_lse=True)
+        sdpa_causal_attention(
+            *(torch.zeros(1, 2, 1, 4) for _ in range(3)),
+            torch.arange(2),
+            torch.arange(2),
+            1.0,
+            True,
+            return_lse=True,
+        )
     with pytest.raises(ValueError, match="unknown attention impl"):
         attention_fn("flash")
     with pytest.raises(ValidationError):
@@ -164,8 +176,12 @@ def test_cached_prefill_through_sdpa_matches_the_parallel_form(gen):
     pos = torch.stack([torch.arange(10) - (7 - n) for n in lens])  # row 1 left-padded by 3
     want = explicit(ids, pos)
     cache = sdpa.new_cache(2)
-    parts = [sdpa(ids[:, :5], pos[:, :5], cache=cache), sdpa(ids[:, 5:8], pos[:, 5:8], cache=cache),
-             sdpa(ids[:, 8:9], pos[:, 8:9], cache=cache), sdpa(ids[:, 9:], pos[:, 9:], cache=cache)]
+    parts = [
+        sdpa(ids[:, :5], pos[:, :5], cache=cache),
+        sdpa(ids[:, 5:8], pos[:, 5:8], cache=cache),
+        sdpa(ids[:, 8:9], pos[:, 8:9], cache=cache),
+        sdpa(ids[:, 9:], pos[:, 9:], cache=cache),
+    ]
     got = torch.cat(parts, dim=1)
     real = pos >= 0
     assert_close(got[real], want[real])
@@ -182,8 +198,9 @@ def test_sdpa_model_under_context_parallelism():
     assert per_rank[0]["cores"] == ["LightningAllGatherCore", "MLAAllToAllCore"]
     assert all(torch.isfinite(g).all() for r in per_rank for g in r["grads"].values())
     logits = SeqLayout(SEQ, cp, "contiguous").unshard([r["logits"] for r in per_rank])
-    single = random_weights_(HybridLM(sdpa_model_cfg(), PrecisionPolicy.preset("fp64")),
-                             torch.Generator().manual_seed(0))
+    single = random_weights_(
+        HybridLM(sdpa_model_cfg(), PrecisionPolicy.preset("fp64")), torch.Generator().manual_seed(0)
+    )
     ids, pos = cp_batch()
     want = single(ids, pos)
     real = pos >= 0

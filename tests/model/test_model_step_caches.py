@@ -14,14 +14,28 @@ from ringzero.model.hybrid import HybridLM
 from ringzero.model.lightning import DecayTables, lightning_blocks, lightning_step
 from ringzero.model.precision import at_least_fp32
 
-MICRO = dict(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, layout="LM",
-             intermediate_size=48, max_position_embeddings=64, kv_lora_rank=8, qk_nope_head_dim=8,
-             qk_rope_head_dim=4, v_head_dim=6, head_dim=8, lightning_block_size=4)
+MICRO = dict(
+    vocab_size=64,
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    layout="LM",
+    intermediate_size=48,
+    max_position_embeddings=64,
+    kv_lora_rank=8,
+    qk_nope_head_dim=8,
+    qk_rope_head_dim=4,
+    v_head_dim=6,
+    head_dim=8,
+    lightning_block_size=4,
+)
 SLOPES = [0.5, 0.05, 1e-5]
 
 
 def _islands(seed: int = 0, **overrides) -> HybridLM:
-    model = HybridLM(ModelConfig.model_validate({**MICRO, **overrides}), PrecisionPolicy.preset("fp32-islands"))
+    model = HybridLM(
+        ModelConfig.model_validate({**MICRO, **overrides}), PrecisionPolicy.preset("fp32-islands")
+    )
     model.reset_parameters(torch.Generator().manual_seed(seed))
     return model
 
@@ -64,9 +78,13 @@ def test_head_cast_follows_an_optimizer_step_and_gradients_reach_the_weight():
     model, h = _islands(), _hidden()
     with torch.inference_mode():
         before = model.logits(h).clone()
-    optimizer = TrainOptimizer(model, OptimSettings(lr=1e-2, warmup_steps=0), total_steps=10, schedule="constant")
+    optimizer = TrainOptimizer(
+        model, OptimSettings(lr=1e-2, warmup_steps=0), total_steps=10, schedule="constant"
+    )
     model.logits(h).square().mean().backward()
-    assert model.head_weight.grad is not None and model.head_weight.grad.abs().sum() > 0  # autograd reaches it
+    assert (
+        model.head_weight.grad is not None and model.head_weight.grad.abs().sum() > 0
+    )  # autograd reaches it
     optimizer.step()
     with torch.inference_mode():
         after = model.logits(h)
@@ -75,7 +93,8 @@ def test_head_cast_follows_an_optimizer_step_and_gradients_reach_the_weight():
 
 
 def _uncached_blocks(q, k, v, log_decay, block_size, initial_state=None):
-    """``lightning_blocks`` as written before its decay tables were cached (kept verbatim as the reference)."""
+    """``lightning_blocks`` as written before its decay tables were cached (kept verbatim as the
+    reference)."""
     B, S, H, dk = q.shape
     dv = v.shape[-1]
     compute = at_least_fp32(q.dtype)
@@ -87,7 +106,7 @@ def _uncached_blocks(q, k, v, log_decay, block_size, initial_state=None):
     outs = []
     for start in range(0, S, block_size):
         L = min(block_size, S - start)
-        qb, kb, vb = (t[:, :, start:start + L] for t in (q_BHSk, k_BHSk, v_BHSv))
+        qb, kb, vb = (t[:, :, start : start + L] for t in (q_BHSk, k_BHSk, v_BHSv))
         a = torch.arange(L, device=q.device, dtype=compute)
         diff_LL = a[:, None] - a[None, :]
         decay_HLL = torch.exp(ld_H[:, None, None] * diff_LL.clamp(min=0)) * (diff_LL >= 0)
@@ -95,7 +114,9 @@ def _uncached_blocks(q, k, v, log_decay, block_size, initial_state=None):
         inter = (qb * torch.exp(ld_H[:, None] * (a + 1))[..., None]) @ state
         outs.append(intra + inter)
         k_decay_HL = torch.exp(ld_H[:, None] * (L - 1 - a))
-        state = torch.exp(ld_H * L)[:, None, None] * state + ((kb * k_decay_HL[..., None]).transpose(-1, -2) @ vb)
+        state = torch.exp(ld_H * L)[:, None, None] * state + (
+            (kb * k_decay_HL[..., None]).transpose(-1, -2) @ vb
+        )
     return torch.cat(outs, dim=2).transpose(1, 2).to(q.dtype), state
 
 
@@ -116,7 +137,9 @@ def test_cached_decay_tables_give_the_uncached_bits(dtype, inference):
             q, k, v = _qkv(S, dtype, seed=S)
             for start in (None, s0):
                 o, st = lightning_blocks(q, k, v, tables.log_decay(), 4, start, tables)
-                want_o, want_st = _uncached_blocks(q, k, v, -torch.tensor(SLOPES, dtype=state_dtype), 4, start)
+                want_o, want_st = _uncached_blocks(
+                    q, k, v, -torch.tensor(SLOPES, dtype=state_dtype), 4, start
+                )
                 assert torch.equal(o, want_o) and torch.equal(st, want_st)
         q, k, v = (t[:, 0] for t in _qkv(1, dtype))
         o, st = lightning_step(q, k, v, tables.log_decay(), s0.clone(), tables)
@@ -133,7 +156,9 @@ def test_decay_tables_stay_bounded_and_inference_entries_never_reach_autograd():
     q, k, v = (t.requires_grad_(True) for t in _qkv(11, torch.float32))
     o, _ = lightning_blocks(q, k, v, tables.log_decay(), 16, tables=tables)  # same length, now with autograd
     o.sum().backward()
-    assert q.grad is not None and torch.equal(o.detach(), _uncached_blocks(q, k, v, -torch.tensor(SLOPES), 16)[0])
+    assert q.grad is not None and torch.equal(
+        o.detach(), _uncached_blocks(q, k, v, -torch.tensor(SLOPES), 16)[0]
+    )
 
 
 def test_model_forward_with_cached_decays_matches_a_fresh_model():

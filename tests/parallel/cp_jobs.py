@@ -28,15 +28,25 @@ def core_inputs(kind: str, seq_len: int, seed: int, left_pad: int = 2) -> dict:
     pos[1] -= left_pad
     if kind == "mla":
         d = MLA_DIMS
-        tokens = {"q_nope": rnd(B, seq_len, H, d["n"]), "q_rope": rnd(B, seq_len, H, d["p"]),
-                  "c_kv": rnd(B, seq_len, d["r"]), "k_rope": rnd(B, seq_len, d["p"])}
-        weights = {"w_uk": rnd(H, d["n"], d["r"]) / d["r"] ** 0.5, "w_uv": rnd(H, d["v"], d["r"]) / d["r"] ** 0.5}
+        tokens = {
+            "q_nope": rnd(B, seq_len, H, d["n"]),
+            "q_rope": rnd(B, seq_len, H, d["p"]),
+            "c_kv": rnd(B, seq_len, d["r"]),
+            "k_rope": rnd(B, seq_len, d["p"]),
+        }
+        weights = {
+            "w_uk": rnd(H, d["n"], d["r"]) / d["r"] ** 0.5,
+            "w_uv": rnd(H, d["v"], d["r"]) / d["r"] ** 0.5,
+        }
         cotangent = rnd(B, seq_len, H, d["v"])
         return {"tokens": tokens, "weights": weights, "cotangent": cotangent, "positions": pos}
     d = LIGHTNING_DIMS
     keep = (pos >= 0).double()[..., None, None]  # padding carries no key/value, as the layer arranges
-    tokens = {"q": rnd(B, seq_len, H, d["k"]) * 0.5, "k": rnd(B, seq_len, H, d["k"]) * 0.5 * keep,
-              "v": rnd(B, seq_len, H, d["v"]) * keep}
+    tokens = {
+        "q": rnd(B, seq_len, H, d["k"]) * 0.5,
+        "k": rnd(B, seq_len, H, d["k"]) * 0.5 * keep,
+        "v": rnd(B, seq_len, H, d["v"]) * keep,
+    }
     log_decay = -torch.linspace(0.05, 0.6, H, dtype=torch.float64)
     cotangent = rnd(B, seq_len, H, d["v"])
     return {"tokens": tokens, "weights": {}, "cotangent": cotangent, "positions": pos, "log_decay": log_decay}
@@ -44,14 +54,31 @@ def core_inputs(kind: str, seq_len: int, seed: int, left_pad: int = 2) -> dict:
 
 def _call(kind, core, tokens, weights, pos, inputs, dtype):
     if kind == "mla":
-        return core(tokens["q_nope"], tokens["q_rope"], tokens["c_kv"], tokens["k_rope"], weights["w_uk"],
-                    weights["w_uv"], pos, SCALE, True)
+        return core(
+            tokens["q_nope"],
+            tokens["q_rope"],
+            tokens["c_kv"],
+            tokens["k_rope"],
+            weights["w_uk"],
+            weights["w_uv"],
+            pos,
+            SCALE,
+            True,
+        )
     state = torch.promote_types(dtype, torch.float32)
     return core(tokens["q"], tokens["k"], tokens["v"], inputs["log_decay"].to(state), LIGHTNING_DIMS["block"])
 
 
-def core_job(ctx, kind: str, strategies: list[str], seq_len: int, dtype: str, mode: str, seed: int = 0,
-             block_rows: int | None = None):
+def core_job(
+    ctx,
+    kind: str,
+    strategies: list[str],
+    seq_len: int,
+    dtype: str,
+    mode: str,
+    seed: int = 0,
+    block_rows: int | None = None,
+):
     """Each strategy's CP core on the shared inputs; rank 0 returns gathered outputs and all gradients
     (weight gradients summed over the group), every rank its comm records. ``block_rows`` shrinks the
     ring's pieces and the a2a query blocks (512 in production) so short test sequences use many."""
@@ -107,9 +134,17 @@ def ling_mla_bytes_job(ctx, strategy: str, seq_len: int, dtype: str = "bfloat16"
 
     ledger = CommLedger()
     core = STRATEGIES[("mla", strategy)].build(groups.cp, ledger, "contiguous")
-    out = core(rnd(1, S, d["H"], d["n"]), rnd(1, S, d["H"], d["p"]), rnd(1, S, d["r"]), rnd(1, S, d["p"]),
-               rnd(d["H"], d["n"], d["r"]), rnd(d["H"], d["v"], d["r"]), SeqLayout(seq_len, P).positions(ctx.rank),
-               0.07, True)
+    out = core(
+        rnd(1, S, d["H"], d["n"]),
+        rnd(1, S, d["H"], d["p"]),
+        rnd(1, S, d["r"]),
+        rnd(1, S, d["p"]),
+        rnd(d["H"], d["n"], d["r"]),
+        rnd(d["H"], d["v"], d["r"]),
+        SeqLayout(seq_len, P).positions(ctx.rank),
+        0.07,
+        True,
+    )
     out.float().sum().backward()
     (call,) = ledger.calls
     return call.fwd.__dict__.copy(), call.bwd.__dict__.copy()

@@ -38,23 +38,51 @@ RL_STEPS = 2
 
 
 def micro_config(dp: int, cp: int, normalization: str = "token_sum", kl_coef: float = 0.0):
-    return parse_config({
-        "run": {"name": "layouts", "seed": 3, "device": "cpu"},
-        "model": {"vocab_size": 64, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4, "layout": "LM",
-                  "kv_lora_rank": 12, "qk_nope_head_dim": 8, "qk_rope_head_dim": 4, "v_head_dim": 8,
-                  "head_dim": 8, "lightning_block_size": 8, "intermediate_size": 48, "max_position_embeddings": 96},
-        "precision": {"train": "fp32", "rollout": "fp32"},
-        "parallel": {"dp": dp, "cp": cp},
-        "task": {"kind": "arithmetic", "operation": "digitsum", "digits": 3, "eval_prompts": 4},
-        "stages": [
-            {"name": "base", "kind": "pretrain", "steps": PRETRAIN_STEPS, "batch_size": 4, "micro_batch": 1,
-             "seq_len": 40},
-            {"name": "rl", "kind": "rl", "steps": RL_STEPS, "prompts_per_step": 4, "samples_per_prompt": 2,
-             "minibatches": 2, "micro_batch": 1, "sampling": {"max_new_tokens": 10},
-             "optim": {"lr": 3e-3, "warmup_steps": 0},
-             "loss": {"kind": "sg_clip_is", "normalization": normalization, "kl_coef": kl_coef}},
-        ],
-    })
+    return parse_config(
+        {
+            "run": {"name": "layouts", "seed": 3, "device": "cpu"},
+            "model": {
+                "vocab_size": 64,
+                "hidden_size": 32,
+                "num_hidden_layers": 2,
+                "num_attention_heads": 4,
+                "layout": "LM",
+                "kv_lora_rank": 12,
+                "qk_nope_head_dim": 8,
+                "qk_rope_head_dim": 4,
+                "v_head_dim": 8,
+                "head_dim": 8,
+                "lightning_block_size": 8,
+                "intermediate_size": 48,
+                "max_position_embeddings": 96,
+            },
+            "precision": {"train": "fp32", "rollout": "fp32"},
+            "parallel": {"dp": dp, "cp": cp},
+            "task": {"kind": "arithmetic", "operation": "digitsum", "digits": 3, "eval_prompts": 4},
+            "stages": [
+                {
+                    "name": "base",
+                    "kind": "pretrain",
+                    "steps": PRETRAIN_STEPS,
+                    "batch_size": 4,
+                    "micro_batch": 1,
+                    "seq_len": 40,
+                },
+                {
+                    "name": "rl",
+                    "kind": "rl",
+                    "steps": RL_STEPS,
+                    "prompts_per_step": 4,
+                    "samples_per_prompt": 2,
+                    "minibatches": 2,
+                    "micro_batch": 1,
+                    "sampling": {"max_new_tokens": 10},
+                    "optim": {"lr": 3e-3, "warmup_steps": 0},
+                    "loss": {"kind": "sg_clip_is", "normalization": normalization, "kl_coef": kl_coef},
+                },
+            ],
+        }
+    )
 
 
 def runtime_of(ctx, dp: int, cp: int) -> Runtime:
@@ -64,8 +92,15 @@ def runtime_of(ctx, dp: int, cp: int) -> Runtime:
     return Runtime(device=torch.device("cpu"), dims=dims, rank=ctx.rank, groups=ctx.groups(dims))
 
 
-def run_layout(ctx, dp: int, cp: int, store_root: str, normalization: str = "token_sum",
-               kl_coef: float = 0.0, skip_grad_sum: bool = False) -> dict:
+def run_layout(
+    ctx,
+    dp: int,
+    cp: int,
+    store_root: str,
+    normalization: str = "token_sum",
+    kl_coef: float = 0.0,
+    skip_grad_sum: bool = False,
+) -> dict:
     """Pretrain losses and final weights, then per RL step its metrics and sampled tokens, and the
     final RL weights. Only rank 0 returns the record (every rank holds the same replicated state).
 
@@ -89,14 +124,24 @@ def _run_layout(ctx, dp, cp, store_root, normalization, kl_coef) -> dict:
     model = training_model(cfg, None, None, cfg.precision.train, rt).train()
     optimizer = TrainOptimizer(model, pre.optim, total_steps=pre.steps, schedule="cosine")
     windows = CorpusWindows(task, tokenizer, pre.seq_len, cfg.run.seed)
-    pretrain_losses = [lm_step(model, windows.batch(s, pre.batch_size), rt, optimizer=optimizer,
-                               micro_batch=pre.micro_batch).loss for s in range(pre.steps)]
+    pretrain_losses = [
+        lm_step(
+            model, windows.batch(s, pre.batch_size), rt, optimizer=optimizer, micro_batch=pre.micro_batch
+        ).loss
+        for s in range(pre.steps)
+    ]
     pretrained = {k: v.detach().clone() for k, v in model.state_dict().items()}
 
     store = one_writer(open_store(store_root), rt)
     with tempfile.TemporaryDirectory() as stage_dir:
-        sctx = StageContext(cfg=cfg, store=store, stage_hash=f"layout-{dp}x{cp}-{'0' * 16}",
-                            stage_dir=stage_dir, metrics=MemoryMetricWriter(), runtime=rt)
+        sctx = StageContext(
+            cfg=cfg,
+            store=store,
+            stage_hash=f"layout-{dp}x{cp}-{'0' * 16}",
+            stage_dir=stage_dir,
+            metrics=MemoryMetricWriter(),
+            runtime=rt,
+        )
         session = build_session(sctx, rl_stage, StageInputs())
         rl_init = {k: v.detach().clone() for k, v in session.model.state_dict().items()}  # RL's own start
         session.stepper.reward = VaryingReward(task)
@@ -108,5 +153,10 @@ def _run_layout(ctx, dp, cp, store_root, normalization, kl_coef) -> dict:
         rl_weights = {k: v.detach().clone() for k, v in session.model.state_dict().items()}
     if not rt.is_main:
         return None
-    return {"pretrain_losses": pretrain_losses, "pretrained": pretrained, "rl_steps": steps, "rl_init": rl_init,
-            "rl_weights": rl_weights}
+    return {
+        "pretrain_losses": pretrain_losses,
+        "pretrained": pretrained,
+        "rl_steps": steps,
+        "rl_init": rl_init,
+        "rl_weights": rl_weights,
+    }

@@ -20,13 +20,31 @@ pytestmark = pytest.mark.distributed
 
 
 def ringzero(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "ringzero.cli.main", *args], cwd=ROOT, capture_output=True,
-                          text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "ringzero.cli.main", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def test_check_cp_json_at_cp3_with_uneven_length():
-    out = ringzero("check", "cp", "--layer", "lightning", "--strategy", "ring", "--cp", "3", "--seq-len", "20",
-                   "--dtype", "float32", "--json")
+    out = ringzero(
+        "check",
+        "cp",
+        "--layer",
+        "lightning",
+        "--strategy",
+        "ring",
+        "--cp",
+        "3",
+        "--seq-len",
+        "20",
+        "--dtype",
+        "float32",
+        "--json",
+    )
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)
     assert result["ok"] and result["plan"] == {"lightning": "ring"}
@@ -35,11 +53,17 @@ def test_check_cp_json_at_cp3_with_uneven_length():
     assert [r["cp/lightning/steps_fwd"] for r in result["comm_per_rank"]] == [2, 2, 2]
 
 
-@pytest.mark.parametrize("args,message", [
-    (["--layer", "mla", "--strategy", "a2a", "--cp", "3", "--heads", "4"], "num_attention_heads % cp == 0"),
-    (["--layer", "lightning", "--strategy", "a2a"], "does not support lightning layers"),
-    (["--layer", "model", "--strategy", "ring", "--sharding", "zigzag"], "needs contiguous shards"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (
+            ["--layer", "mla", "--strategy", "a2a", "--cp", "3", "--heads", "4"],
+            "num_attention_heads % cp == 0",
+        ),
+        (["--layer", "lightning", "--strategy", "a2a"], "does not support lightning layers"),
+        (["--layer", "model", "--strategy", "ring", "--sharding", "zigzag"], "needs contiguous shards"),
+    ],
+)
 def test_refused_configurations_exit_2_with_the_reason(args, message, capsys):
     # In-process: a refusal happens before any rank is spawned.
     assert main(["check", "cp", *args]) == 2

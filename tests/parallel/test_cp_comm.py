@@ -2,8 +2,8 @@
 
 Steps: ring P-1 forward (P backward: the last hop returns dK/dV to their owners); a2a 2 each way and
 allgather 1 each way, whatever P. Bytes: each collective's logical payload per rank, derived here from
-the tensor shapes (``comm.py`` states the convention), and the bytes on the critical path. The Lightning all-gather volume does not depend
-on the sequence length; the ring's does.
+the tensor shapes (``comm.py`` states the convention), and the bytes on the critical path. The Lightning
+all-gather volume does not depend on the sequence length; the ring's does.
 """
 
 from __future__ import annotations
@@ -57,7 +57,9 @@ def test_lightning_steps_and_bytes(pools, cp):
     state = B * H * d["k"] * d["v"] * 8  # fp64 body -> fp64 state
     volumes = {}
     for seq_len in (16, 48):
-        per_rank = pools(cp).run(core_job, "lightning", ["allgather", "ring"], seq_len, "float64", "contiguous")
+        per_rank = pools(cp).run(
+            core_job, "lightning", ["allgather", "ring"], seq_len, "float64", "contiguous"
+        )
         for fwd, bwd in _records(per_rank, "allgather"):
             assert (fwd["steps"], bwd["steps"]) == (1, 1)
             assert fwd["bytes_sent"] == fwd["bytes_recv"] == bwd["bytes_sent"] == (P - 1) * state

@@ -85,7 +85,9 @@ def test_reference_is_causal_and_skips_padding():
     o = decayed_linear_attention(*lin["tokens"].values(), lin["log_decay"])
     q, k, v = lin["tokens"].values()
     lam = torch.exp(lin["log_decay"])
-    by_hand = sum(lam[None, :, None] ** (5 - j) * (q[:, 5] * k[:, j]).sum(-1)[..., None] * v[:, j] for j in range(6))
+    by_hand = sum(
+        lam[None, :, None] ** (5 - j) * (q[:, 5] * k[:, j]).sum(-1)[..., None] * v[:, j] for j in range(6)
+    )
     torch.testing.assert_close(o[:, 5], by_hand, rtol=1e-12, atol=1e-12)
 
 
@@ -100,7 +102,9 @@ def test_blocked_full_sequence_attention_equals_reference(order):
     perm = perm[perm < T]
     pos = torch.arange(T).repeat(2, 1)[:, perm]
     pos[1] -= 4  # row 1 left-padded
-    q, k, v = (torch.randn(2, T, H, d, generator=gen, dtype=torch.float64, requires_grad=True) for d in (D, D, E))
+    q, k, v = (
+        torch.randn(2, T, H, d, generator=gen, dtype=torch.float64, requires_grad=True) for d in (D, D, E)
+    )
     cot = torch.randn(2, T, H, E, generator=gen, dtype=torch.float64)
     got = blocked_causal_attention(q, k, v, pos, 0.4, True, block=5)
     grads = torch.autograd.grad((got * cot).sum(), (q, k, v))
@@ -134,8 +138,10 @@ def a2a_impls_job(ctx, seq_len: int, dtype: str, mode: str):
     base = STRATEGIES[("mla", "a2a")]
     key = ("mla", "a2a-sdpa")
     STRATEGIES[key] = dataclasses.replace(
-        base, name=key[1],
-        build=lambda group, ledger, sharding, impl="explicit": base.build(group, ledger, sharding, "sdpa"))
+        base,
+        name=key[1],
+        build=lambda group, ledger, sharding, impl="explicit": base.build(group, ledger, sharding, "sdpa"),
+    )
     try:
         return core_job(ctx, "mla", ["a2a-sdpa", "a2a"], seq_len, dtype, mode)
     finally:
@@ -185,10 +191,12 @@ def test_sdpa_full_sequence_attention_equals_reference(mode, left_pad):
     gen = torch.Generator().manual_seed(5)
     T, H, D, E = 23, 2, 6, 5
     pos = _gathered_positions(T, 2, mode, left_pad)
-    q, k, v = (torch.randn(2, pos.shape[1], H, d, generator=gen, dtype=torch.float64, requires_grad=True)
-               for d in (D, D, E))
+    q, k, v = (
+        torch.randn(2, pos.shape[1], H, d, generator=gen, dtype=torch.float64, requires_grad=True)
+        for d in (D, D, E)
+    )
     cot = torch.randn(2, pos.shape[1], H, E, generator=gen, dtype=torch.float64)
-    for positions in ([pos[0], pos] if left_pad == (0, 0) else [pos]):
+    for positions in [pos[0], pos] if left_pad == (0, 0) else [pos]:
         got = sdpa_full_sequence_attention(q, k, v, positions, 0.4, True)
         grads = torch.autograd.grad((got * cot).sum(), (q, k, v))
         want = softmax_attention(q, k, v, positions.expand_as(pos), 0.4)
@@ -201,7 +209,9 @@ def test_sdpa_full_sequence_attention_equals_reference(mode, left_pad):
 def test_sdpa_full_sequence_attention_edge_rows():
     """A row of nothing but padding gives zeros; positions shared by two tokens take the masked call."""
     gen = torch.Generator().manual_seed(6)
-    q, k, v = (torch.randn(2, 7, 2, 4, generator=gen, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    q, k, v = (
+        torch.randn(2, 7, 2, 4, generator=gen, dtype=torch.float64, requires_grad=True) for _ in range(3)
+    )
     pos = torch.tensor([[-1] * 7, [0, 1, 1, 2, 5, 3, -1]])
     got = sdpa_full_sequence_attention(q, k, v, pos, 0.5, True)
     want = softmax_attention(q, k, v, pos, 0.5)
@@ -243,20 +253,36 @@ def test_a2a_core_refuses_an_unknown_impl():
 
 
 def parallelized_cores_job(ctx, impl: str, mla_strategy: str):
-    """Every rank: a tiny HybridLM configured with ``impl``, parallelized; each attention core and its impl."""
+    """Every rank: a tiny HybridLM configured with ``impl``, parallelized; each attention core and its
+    impl."""
     from ringzero.model.config import ModelConfig, PrecisionPolicy
     from ringzero.model.hybrid import HybridLM
     from ringzero.parallel.dims import ParallelDims
     from ringzero.parallel.parallelize import parallelize
 
     groups = ctx.groups(ParallelDims(dp=1, cp=ctx.world_size, world_size=ctx.world_size))
-    cfg = ModelConfig(vocab_size=16, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, layout="LM", intermediate_size=16, max_position_embeddings=32,
-                      head_dim=8, lightning_block_size=4,
-                      kv_lora_rank=8, qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=6,
-                               mla_attention_impl=impl)
+    cfg = ModelConfig(
+        vocab_size=16,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        layout="LM",
+        intermediate_size=16,
+        max_position_embeddings=32,
+        head_dim=8,
+        lightning_block_size=4,
+        kv_lora_rank=8,
+        qk_nope_head_dim=8,
+        qk_rope_head_dim=4,
+        v_head_dim=6,
+        mla_attention_impl=impl,
+    )
     model = HybridLM(cfg, PrecisionPolicy.preset("fp32"))
     parallelize(model, groups, {"mla": mla_strategy, "lightning": "allgather"})
-    return [(type(layer.attention.core).__name__, getattr(layer.attention.core, "impl", None)) for layer in model.layers]
+    return [
+        (type(layer.attention.core).__name__, getattr(layer.attention.core, "impl", None))
+        for layer in model.layers
+    ]
 
 
 @pytest.mark.parametrize("cp", [cp_param(2)])

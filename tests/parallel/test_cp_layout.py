@@ -66,7 +66,16 @@ def test_parallel_dims_checked_against_world_size():
     assert dims.values_ranks(1) == [1, 3, 5, 7] and dims.coords(6) == (0, 1)
     # TP innermost, then CP (megatron-core's order): the ranks of one replica's shards are neighbours
     dims = ParallelDims(dp=2, cp=2, world_size=8, tp=2)
-    assert [dims.coords(r) for r in range(8)] == [(0, 0), (0, 0), (0, 1), (0, 1), (1, 0), (1, 0), (1, 1), (1, 1)]
+    assert [dims.coords(r) for r in range(8)] == [
+        (0, 0),
+        (0, 0),
+        (0, 1),
+        (0, 1),
+        (1, 0),
+        (1, 0),
+        (1, 1),
+        (1, 1),
+    ]
     assert [dims.tp_index(r) for r in range(8)] == [0, 1] * 4
     assert dims.tp_ranks(1, 0) == [4, 5] and dims.cp_ranks(1, tp_index=1) == [5, 7]
     assert dims.dp_ranks(0, tp_index=1) == [1, 5] and dims.replica_ranks(1) == [1, 3, 5, 7]
@@ -90,9 +99,20 @@ def test_parallel_dims_checked_against_world_size():
 
 
 def _model(num_attention_heads=4, layout="LMLM"):
-    cfg = ModelConfig(vocab_size=16, hidden_size=32, num_hidden_layers=len(layout), num_attention_heads=num_attention_heads, layout=layout,
-                      kv_lora_rank=8, qk_nope_head_dim=4, qk_rope_head_dim=4, v_head_dim=4,
-                      head_dim=4, partial_rotary_factor=1.0, intermediate_size=16)
+    cfg = ModelConfig(
+        vocab_size=16,
+        hidden_size=32,
+        num_hidden_layers=len(layout),
+        num_attention_heads=num_attention_heads,
+        layout=layout,
+        kv_lora_rank=8,
+        qk_nope_head_dim=4,
+        qk_rope_head_dim=4,
+        v_head_dim=4,
+        head_dim=4,
+        partial_rotary_factor=1.0,
+        intermediate_size=16,
+    )
     return HybridLM(cfg, PrecisionPolicy.preset("fp32"))
 
 
@@ -106,7 +126,9 @@ def test_plan_refusals_name_layer_and_reason():
     zig = check_plan(model, cp=2, plan={"mla": "ring", "lightning": "ring"}, sharding="zigzag")
     assert len(zig) == 2 and all("needs contiguous shards" in p for p in zig)
     crossed = check_plan(model, cp=2, plan={"mla": "allgather", "lightning": "a2a"})
-    assert any("does not support mla layers" in p and "softmax attention has no such state" in p for p in crossed)
+    assert any(
+        "does not support mla layers" in p and "softmax attention has no such state" in p for p in crossed
+    )
     assert any("does not support lightning layers" in p for p in crossed)
 
 
@@ -160,8 +182,13 @@ def test_a_job_of_the_wrong_size_names_every_degree_including_the_pipeline():
     from ringzero.parallel.runtime import from_env
 
     parallel = SimpleNamespace(dp=2, cp=1)
-    with pytest.raises(RingzeroError, match=r"parallel.dp x parallel.cp x engines.training.tp x engines.training.pp = "
-                                            r"2 x 1 x 2 x 2 = 8 ranks, but the job has WORLD_SIZE=4"):
+    with pytest.raises(
+        RingzeroError,
+        match=r"parallel.dp x parallel.cp x engines.training.tp x engines.training.pp = "
+        r"2 x 1 x 2 x 2 = 8 ranks, but the job has WORLD_SIZE=4",
+    ):
         from_env(parallel, "cpu", env={"WORLD_SIZE": "4", "RANK": "0"}, tp=2, pp=2)
-    with pytest.raises(RingzeroError, match=r"parallel.dp x parallel.cp x engines.training.pp = 2 x 1 x 2 = 4 ranks"):
+    with pytest.raises(
+        RingzeroError, match=r"parallel.dp x parallel.cp x engines.training.pp = 2 x 1 x 2 = 4 ranks"
+    ):
         from_env(parallel, "cpu", env={"WORLD_SIZE": "2", "RANK": "0"}, pp=2)

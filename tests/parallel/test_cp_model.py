@@ -31,8 +31,9 @@ def _assert_ok(report: dict) -> None:
 
 @pytest.mark.parametrize("cp", CP_SIZES)
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
-@pytest.mark.parametrize("layer,strategy", [("mla", "a2a"), ("mla", "ring"), ("lightning", "allgather"),
-                                            ("lightning", "ring")])
+@pytest.mark.parametrize(
+    "layer,strategy", [("mla", "a2a"), ("mla", "ring"), ("lightning", "allgather"), ("lightning", "ring")]
+)
 def test_layer_equals_single_process(pools, cp, dtype, layer, strategy):
     spec = CheckSpec(layer=layer, strategy=strategy, cp=cp, seq_len=23, dtype=dtype)
     report = run_check(spec, pools(cp))
@@ -44,7 +45,9 @@ def test_layer_equals_single_process(pools, cp, dtype, layer, strategy):
 
 @pytest.mark.parametrize("cp", [cp_param(2)])
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
-@pytest.mark.parametrize("strategy,sharding", [("a2a", "contiguous"), ("ring", "contiguous"), ("a2a", "zigzag")])
+@pytest.mark.parametrize(
+    "strategy,sharding", [("a2a", "contiguous"), ("ring", "contiguous"), ("a2a", "zigzag")]
+)
 def test_hybrid_training_step_cp2_equals_cp1(pools, cp, dtype, strategy, sharding):
     spec = CheckSpec(layer="model", strategy=strategy, cp=cp, seq_len=30, dtype=dtype, sharding=sharding)
     report = run_check(spec, pools(cp))

@@ -13,8 +13,10 @@ from layout_compare import assert_same
 def run() -> dict:
     w0 = torch.zeros(3)
     return {
-        "pretrain_losses": [2.0, 1.5], "pretrained": {"w": torch.ones(3)},
-        "rl_init": {"w": w0}, "rl_weights": {"w": w0 + 0.01},
+        "pretrain_losses": [2.0, 1.5],
+        "pretrained": {"w": torch.ones(3)},
+        "rl_init": {"w": w0},
+        "rl_weights": {"w": w0 + 0.01},
         "rl_steps": [{"output_ids": [[1, 2]], "metrics": {"loss/total": 0.5, "ratio/p99": 0.01}}],
     }
 

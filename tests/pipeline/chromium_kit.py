@@ -14,8 +14,16 @@ from pathlib import Path
 
 import pytest
 
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-         "--disable-component-update", "--disable-sync", "--no-first-run", "--hide-scrollbars"]
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--hide-scrollbars",
+]
 CONSOLE_LINE = re.compile(r":CONSOLE[:(][^\]]*\]\s*(.*)")
 LAUNCH_GUARD_S = 120  # only a guard against a hung browser; no assertion depends on how long it takes
 
@@ -29,15 +37,24 @@ class Rendered:
 def browser() -> str:
     if os.environ.get("RINGZERO_CHROMIUM_ERROR"):
         pytest.fail(os.environ["RINGZERO_CHROMIUM_ERROR"])
-    found = os.environ.get("RINGZERO_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
+    found = (
+        os.environ.get("RINGZERO_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
+    )
     if not found:
         pytest.fail("chromium not found: run tests/servers/chromium-start.sh (tests/run_all.sh does) first")
     return found
 
 
 def _run(page: Path, profile: Path, extra: list[str]) -> subprocess.CompletedProcess:
-    cmd = [browser(), *FLAGS, f"--user-data-dir={profile}", "--enable-logging=stderr", "--v=0", *extra,
-           page.resolve().as_uri()]
+    cmd = [
+        browser(),
+        *FLAGS,
+        f"--user-data-dir={profile}",
+        "--enable-logging=stderr",
+        "--v=0",
+        *extra,
+        page.resolve().as_uri(),
+    ]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=LAUNCH_GUARD_S, check=False)
 
 

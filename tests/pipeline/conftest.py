@@ -15,8 +15,12 @@ def fake_runners(monkeypatch):
     monkeypatch.syspath_prepend(str(PLUGINS))
     from pipeline_fake_runners import RUNNERS
 
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(PLUGINS), os.environ.get("PYTHONPATH")])))
-    monkeypatch.setenv(TEST_RUNNERS_ENV, ",".join(f"{k}=pipeline_fake_runners:{f}" for k, f in RUNNERS.items()))
+    monkeypatch.setenv(
+        "PYTHONPATH", os.pathsep.join(filter(None, [str(PLUGINS), os.environ.get("PYTHONPATH")]))
+    )
+    monkeypatch.setenv(
+        TEST_RUNNERS_ENV, ",".join(f"{k}=pipeline_fake_runners:{f}" for k, f in RUNNERS.items())
+    )
 
 
 @pytest.fixture(scope="session")

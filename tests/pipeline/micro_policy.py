@@ -26,9 +26,22 @@ from ringzero.tokenizer import CharTokenizer
 DIGITS = 4
 PROBLEMS = 4
 SFT_STEPS = 250
-MODEL = {"vocab_size": 64, "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2, "layout": "hybrid", "layer_group_size": 2,
-         "kv_lora_rank": 16, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 16,
-         "head_dim": 16, "lightning_block_size": 32, "intermediate_size": 128, "max_position_embeddings": 160}
+MODEL = {
+    "vocab_size": 64,
+    "hidden_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "layout": "hybrid",
+    "layer_group_size": 2,
+    "kv_lora_rank": 16,
+    "qk_nope_head_dim": 16,
+    "qk_rope_head_dim": 8,
+    "v_head_dim": 16,
+    "head_dim": 16,
+    "lightning_block_size": 32,
+    "intermediate_size": 128,
+    "max_position_embeddings": 160,
+}
 
 
 class FourProblems(SyntheticArithmetic):
@@ -43,14 +56,21 @@ class FourProblems(SyntheticArithmetic):
 
 
 def run_config(root: Path, stages: list[dict], **extra) -> RunConfig:
-    return RunConfig.model_validate({
-        "run": {"name": "micro", "seed": 0, "run_dir": str(root / "run")},
-        "model": MODEL,
-        "task": {"kind": "arithmetic", "operation": "digitsum", "digits": DIGITS, "eval_prompts": PROBLEMS},
-        "storage": {"root": f"file://{root / 'store'}"},
-        "stages": stages,
-        **extra,
-    })
+    return RunConfig.model_validate(
+        {
+            "run": {"name": "micro", "seed": 0, "run_dir": str(root / "run")},
+            "model": MODEL,
+            "task": {
+                "kind": "arithmetic",
+                "operation": "digitsum",
+                "digits": DIGITS,
+                "eval_prompts": PROBLEMS,
+            },
+            "storage": {"root": f"file://{root / 'store'}"},
+            "stages": stages,
+            **extra,
+        }
+    )
 
 
 def patch_task(monkeypatch, *modules) -> FourProblems:
@@ -69,8 +89,12 @@ def train_policy(cfg: RunConfig, store, verbose_copies: int = 1) -> str:
     examples = []
     for p in task.fixed:
         for verbose in [False] + [True] * verbose_copies:
-            examples.append({"prompt_ids": tok.encode(p.prompt, add_bos=True),
-                             "output_ids": tok.encode(task.worked_response(p, verbose) + "\n")})
+            examples.append(
+                {
+                    "prompt_ids": tok.encode(p.prompt, add_bos=True),
+                    "output_ids": tok.encode(task.worked_response(p, verbose) + "\n"),
+                }
+            )
     model = HybridLM(cfg.model, cfg.precision.train).train()
     optimizer = TrainOptimizer(model, OptimSettings(lr=3e-3, warmup_steps=10), total_steps=SFT_STEPS)
     ids_BS, mask_BS1 = sft_batch(examples, tok.pad_id)
@@ -89,8 +113,13 @@ class Micro:
     def context(self, root: Path) -> StageContext:
         """A stage context of its own per ``root``: tests share the store, never each other's checkpoints."""
         stage_hash = hashlib.sha256(str(root).encode()).hexdigest()
-        return StageContext(cfg=self.cfg, store=self.store, stage_hash=stage_hash, stage_dir=root / "stage",
-                            metrics=MemoryMetricWriter())
+        return StageContext(
+            cfg=self.cfg,
+            store=self.store,
+            stage_hash=stage_hash,
+            stage_dir=root / "stage",
+            metrics=MemoryMetricWriter(),
+        )
 
 
 def trained_store(root: Path) -> tuple[Path, str]:

@@ -1,4 +1,5 @@
-"""Self-distillation: the shortest correct sample per prompt is the target, and the stage shortens the policy."""
+"""Self-distillation: the shortest correct sample per prompt is the target, and the stage shortens the
+policy."""
 
 import pytest
 import torch
@@ -14,8 +15,17 @@ from ringzero.tokenizer import CharTokenizer
 
 pytestmark = pytest.mark.xdist_group("micro-policy")
 
-STAGE = {"name": "distill", "kind": "distill", "prompts": 8, "samples_per_prompt": 8, "epochs": 3, "batch_size": 4,
-         "max_seq_len": 160, "sampling": {"max_new_tokens": 100}, "optim": {"lr": 1e-3, "warmup_steps": 2}}
+STAGE = {
+    "name": "distill",
+    "kind": "distill",
+    "prompts": 8,
+    "samples_per_prompt": 8,
+    "epochs": 3,
+    "batch_size": 4,
+    "max_seq_len": 160,
+    "sampling": {"max_new_tokens": 100},
+    "optim": {"lr": 1e-3, "warmup_steps": 2},
+}
 
 
 def s(length: int, correct: bool = True, truncated: bool = False, verified: bool = False) -> Sample:
@@ -75,8 +85,10 @@ def test_distillation_trains_on_terse_traces_and_shortens_the_policy(policy, tmp
     s = outcome.summary
     plan = policy.store.get_json(f"{ctx.checkpoint_prefix}/distill-set.json")
     tok = CharTokenizer()
-    terse = {tok.encode(p.prompt, add_bos=True).__repr__(): tok.encode(task.worked_response(p, False) + "\n")
-             for p in task.fixed}
+    terse = {
+        tok.encode(p.prompt, add_bos=True).__repr__(): tok.encode(task.worked_response(p, False) + "\n")
+        for p in task.fixed
+    }
     # Every sampled prompt had a correct terse trace among its 8 samples, so each target is one.
     assert len(plan["examples"]) == 8 == s["distill/kept"]
     assert all(e["output_ids"] == terse[repr(e["prompt_ids"])] and e["verified"] for e in plan["examples"])
@@ -91,7 +103,9 @@ def test_distillation_trains_on_terse_traces_and_shortens_the_policy(policy, tmp
     assert (before["step"], after["step"]) == (0, outcome.steps) and after["len/mean"] < before["len/mean"]
 
 
-def test_an_interrupted_distillation_resumes_after_its_last_epoch_to_the_same_weights(policy, tmp_path, monkeypatch):
+def test_an_interrupted_distillation_resumes_after_its_last_epoch_to_the_same_weights(
+    policy, tmp_path, monkeypatch
+):
     patch_task(monkeypatch, distill)
     _, whole = run_distill(policy, tmp_path / "whole")
 
@@ -105,12 +119,16 @@ def test_an_interrupted_distillation_resumes_after_its_last_epoch_to_the_same_we
     with pytest.raises(KeyboardInterrupt):
         run_distill(policy, tmp_path / "cut")
     monkeypatch.setattr(train_state, "save_resume_point", saved)
-    monkeypatch.setattr(distill, "collect", lambda *a, **k: pytest.fail("a resumed stage must not sample again"))
+    monkeypatch.setattr(
+        distill, "collect", lambda *a, **k: pytest.fail("a resumed stage must not sample again")
+    )
     trained = []
     real_step = distill.lm_step
     monkeypatch.setattr(distill, "lm_step", lambda *a, **k: trained.append(1) or real_step(*a, **k))
     _, resumed = run_distill(policy, tmp_path / "cut")
-    assert resumed.steps == 6 and len(trained) == 4  # 8 examples / batch 4 = 2 steps per epoch; epoch 1 not redone
+    assert (
+        resumed.steps == 6 and len(trained) == 4
+    )  # 8 examples / batch 4 = 2 steps per epoch; epoch 1 not redone
     a, b = policy.store.load(whole.output_uri).tensors, policy.store.load(resumed.output_uri).tensors
     assert all(torch.equal(a[k], b[k]) for k in a)
 

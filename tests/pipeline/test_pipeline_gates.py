@@ -1,4 +1,5 @@
-"""Gates and caching through the local runner: a failing gate stops the run, a re-run reuses what is committed."""
+"""Gates and caching through the local runner: a failing gate stops the run, a re-run reuses what is
+committed."""
 
 from pathlib import Path
 
@@ -16,7 +17,9 @@ ALL = ["base", "stage1", "distill", "stage2", "eval"]
 
 def run(config: Path):
     cfg = load(config)
-    return run_pipeline(cfg, open_store(cfg.storage.root, cfg.storage.s3), Path(cfg.run.run_dir)), Path(cfg.run.run_dir)
+    return run_pipeline(cfg, open_store(cfg.storage.root, cfg.storage.s3), Path(cfg.run.run_dir)), Path(
+        cfg.run.run_dir
+    )
 
 
 def committed_outcomes(root: Path) -> int:
@@ -30,9 +33,13 @@ def test_a_passing_gate_lets_every_stage_run_in_order(tmp_path):
     doc = manifest(run_dir)
     assert doc["status"] == "succeeded" and [s["name"] for s in doc["stages"]] == ALL
     stage1 = doc["stages"][1]
-    assert stage1["gate"] == {"passed": True, "reasons": [
-        "pass: reward/mean = 0.45 satisfies reward/mean >= 0.2",
-        "pass: gap/ratio/p99 = 0.008 satisfies gap/ratio/p99 <= 0.5"]}
+    assert stage1["gate"] == {
+        "passed": True,
+        "reasons": [
+            "pass: reward/mean = 0.45 satisfies reward/mean >= 0.2",
+            "pass: gap/ratio/p99 = 0.008 satisfies gap/ratio/p99 <= 0.5",
+        ],
+    }
 
 
 def test_a_failing_gate_stops_the_run_with_its_reasons_and_nothing_downstream_runs(tmp_path, capsys):
@@ -43,9 +50,13 @@ def test_a_failing_gate_stops_the_run_with_its_reasons_and_nothing_downstream_ru
     assert committed_outcomes(tmp_path) == 2  # nothing downstream was even started
     doc = manifest(run_dir)
     assert doc["status"] == "gate_failed" and [s["name"] for s in doc["stages"]] == ["base", "stage1"]
-    assert doc["stages"][1]["gate"] == {"passed": False, "reasons": [
-        "pass: reward/mean = 0.45 satisfies reward/mean >= 0.2",
-        "FAIL: gap/ratio/p99 = 0.008 violates gap/ratio/p99 <= 0.005"]}
+    assert doc["stages"][1]["gate"] == {
+        "passed": False,
+        "reasons": [
+            "pass: reward/mean = 0.45 satisfies reward/mean >= 0.2",
+            "FAIL: gap/ratio/p99 = 0.008 violates gap/ratio/p99 <= 0.005",
+        ],
+    }
     out = capsys.readouterr().out
     assert "gate failed after stage 'stage1'; nothing promoted" in out
     assert "FAIL: gap/ratio/p99 = 0.008 violates gap/ratio/p99 <= 0.005" in out
@@ -57,9 +68,13 @@ def test_a_rerun_skips_every_committed_stage(tmp_path):
     first, run_dir = run(config)
     second, _ = run(config)
     assert [c["stage"] for c in fake_calls(run_dir)] == ALL  # the second run called no runner
-    assert [ex.skipped for ex in first.stages] == [False] * 5 and [ex.skipped for ex in second.stages] == [True] * 5
+    assert [ex.skipped for ex in first.stages] == [False] * 5 and [ex.skipped for ex in second.stages] == [
+        True
+    ] * 5
     assert [ex.outcome.output_uri for ex in second.stages] == [ex.outcome.output_uri for ex in first.stages]
-    assert second.stages[-1].outcome.extra == first.stages[-1].outcome.extra  # the eval table survives caching
+    assert (
+        second.stages[-1].outcome.extra == first.stages[-1].outcome.extra
+    )  # the eval table survives caching
     assert [s["skipped"] for s in manifest(run_dir)["stages"]] == [True] * 5
 
 
@@ -80,6 +95,7 @@ def test_tightening_a_gate_on_a_rerun_stops_the_run_without_rerunning_the_stage(
     result, run_dir = run(staged_config(tmp_path, stage1_gate=["len/mean <= 50"]))
     assert result.status == "gate_failed" and result.failed_gate.name == "stage1"
     assert result.failed_gate.skipped and result.failed_gate.gate.reasons == [
-        "FAIL: len/mean = 70 violates len/mean <= 50"]
+        "FAIL: len/mean = 70 violates len/mean <= 50"
+    ]
     assert [c["stage"] for c in fake_calls(run_dir)] == ALL
     assert manifest(run_dir)["status"] == "gate_failed"

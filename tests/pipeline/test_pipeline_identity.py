@@ -14,9 +14,17 @@ from ringzero.stages.base import StageInputs
 
 TINY = Path(__file__).resolve().parents[2] / "configs" / "tiny-cpu.yaml"
 TINY_BASE_HASH = "4ec0b0d413cc249b"  # the tiny config's base since its corpus has checked traces
-KNOB_VALUES = {"min_digits": 4, "short_fraction": 0.2, "verbosity": "step", "check_weights": [0.5, 0.5],
-               "slip_rate": 0.1, "slip_from": 2, "check_order": "reverse", "check_verbosity": "verbose",
-               "terse_form": "implicit"}
+KNOB_VALUES = {
+    "min_digits": 4,
+    "short_fraction": 0.2,
+    "verbosity": "step",
+    "check_weights": [0.5, 0.5],
+    "slip_rate": 0.1,
+    "slip_from": 2,
+    "check_order": "reverse",
+    "check_verbosity": "verbose",
+    "terse_form": "implicit",
+}
 
 
 def base_hash(data: dict) -> str:

@@ -15,7 +15,15 @@ from ringzero.store import open_store
 
 pytestmark = pytest.mark.usefixtures("fake_runners")
 RL_STEPS = 6
-CURVE_KEYS = ["reward/mean", "trace/rate", "len/mean", "gap/ratio/p99", "gap/ratio/max", "ratio/p99", "ratio/max"]
+CURVE_KEYS = [
+    "reward/mean",
+    "trace/rate",
+    "len/mean",
+    "gap/ratio/p99",
+    "gap/ratio/max",
+    "ratio/p99",
+    "ratio/max",
+]
 
 
 def finished_run(tmp_path: Path, gate: list[str] | None = None) -> tuple[Path, str]:
@@ -29,9 +37,11 @@ def finished_run(tmp_path: Path, gate: list[str] | None = None) -> tuple[Path, s
 
 def stage_lines(doc, metric: str) -> dict[str, int]:
     """Stage -> number of points of its line in the plot of ``metric``."""
-    (figure_index,) = [i for i, (t, a) in enumerate(doc.elements) if t == "figure" and a.get("data-metric") == metric]
+    (figure_index,) = [
+        i for i, (t, a) in enumerate(doc.elements) if t == "figure" and a.get("data-metric") == metric
+    ]
     lines, stage = {}, None
-    for tag, attrs in doc.elements[figure_index + 1:]:
+    for tag, attrs in doc.elements[figure_index + 1 :]:
         if tag == "figure":
             break
         if tag == "g" and "data-stage" in attrs:
@@ -49,7 +59,12 @@ def test_a_finished_run_reports_every_stage_gate_curve_and_the_checkpoint_compar
     assert all(r["status"] == "ran" and r["gate"] == "pass" for r in rows)
     stage1 = rows[1]
     # The fake RL stage's last step: reward 0.3 + 0.05*5, length 40 + 10*5.
-    assert (stage1["steps"], stage1["reward"], stage1["length"], stage1["stop"]) == ("6", "0.55", "90", "max_steps")
+    assert (stage1["steps"], stage1["reward"], stage1["length"], stage1["stop"]) == (
+        "6",
+        "0.55",
+        "90",
+        "max_steps",
+    )
     assert "pass: reward/mean = 0.55 satisfies reward/mean >= 0.2" in html.unescape(text)
     # One plot per curve; each stage that logged a metric draws one line with a point per step.
     assert [a["data-metric"] for a in elements(doc, "figure") if "data-metric" in a] == CURVE_KEYS
@@ -98,7 +113,9 @@ def test_chromium_renders_the_report_with_its_plots_and_no_console_errors(tmp_pa
 def test_the_render_check_sees_script_errors(tmp_path):
     """The console check above is only meaningful if a broken page fails it."""
     broken = tmp_path / "broken.html"
-    broken.write_text("<!doctype html><body><script>document.body.dataset.ready = missing.value;</script></body>")
+    broken.write_text(
+        "<!doctype html><body><script>document.body.dataset.ready = missing.value;</script></body>"
+    )
     page = render(broken, tmp_path / "profile")
     assert len(page.console) == 1 and "missing is not defined" in page.console[0]
     assert elements(parse(page.dom), "body")[0].get("data-ready") is None
@@ -108,25 +125,40 @@ def test_the_render_check_sees_script_errors(tmp_path):
 
 
 def test_series_keeps_the_last_value_per_step_and_drops_values_it_cannot_plot():
-    records = [{"step": 0, "len/mean": 1.0}, {"step": 1, "len/mean": 1e308}, {"step": 2, "len/mean": None},
-               {"step": 3}, {"step": 0, "len/mean": 5.0}, {"step": 4, "len/mean": 2}]
+    records = [
+        {"step": 0, "len/mean": 1.0},
+        {"step": 1, "len/mean": 1e308},
+        {"step": 2, "len/mean": None},
+        {"step": 3},
+        {"step": 0, "len/mean": 5.0},
+        {"step": 4, "len/mean": 2},
+    ]
     assert plots.series(records, "len/mean") == [(0, 5.0), (4, 2.0)]
 
 
-@pytest.mark.parametrize(("lo", "hi", "ticks"), [
-    (0.0, 1.0, [0.0, 0.2, 0.4, 0.6, 0.8, 1.0]),
-    (0.03, 0.97, [0.2, 0.4, 0.6, 0.8]),
-    (-3.0, 7.0, [-2.0, 0.0, 2.0, 4.0, 6.0]),
-    (120.0, 480.0, [200.0, 300.0, 400.0]),
-])
+@pytest.mark.parametrize(
+    ("lo", "hi", "ticks"),
+    [
+        (0.0, 1.0, [0.0, 0.2, 0.4, 0.6, 0.8, 1.0]),
+        (0.03, 0.97, [0.2, 0.4, 0.6, 0.8]),
+        (-3.0, 7.0, [-2.0, 0.0, 2.0, 4.0, 6.0]),
+        (120.0, 480.0, [200.0, 300.0, 400.0]),
+    ],
+)
 def test_axis_ticks_are_round_numbers_inside_the_range(lo, hi, ticks):
     assert plots.nice_ticks(lo, hi) == pytest.approx(ticks)
 
 
 def test_a_plot_puts_the_extremes_on_the_edges_and_lays_stages_side_by_side():
-    svg = plots.line_plot("len", "len/mean", [plots.Segment("a", "#000", [(0, 10.0), (4, 20.0)]),
-                                              plots.Segment("b", "#111", []),
-                                              plots.Segment("c", "#222", [(10, 15.0), (11, 15.0)])])
+    svg = plots.line_plot(
+        "len",
+        "len/mean",
+        [
+            plots.Segment("a", "#000", [(0, 10.0), (4, 20.0)]),
+            plots.Segment("b", "#111", []),
+            plots.Segment("c", "#222", [(10, 15.0), (11, 15.0)]),
+        ],
+    )
     doc = parse(svg)
     a_line, c_line = (a["points"].split() for a in elements(doc, "polyline"))
     xs = [float(p.split(",")[0]) for p in a_line + c_line]
@@ -145,9 +177,27 @@ def test_the_console_summary_shows_every_stage_and_the_comparison(tmp_path, caps
     capsys.readouterr()
     print_summary(result)
     lines = capsys.readouterr().out.splitlines()
-    stage1 = [c.strip() for c in next(line for line in lines if line.startswith("│ stage1")).strip("│").split("│")]
+    stage1 = [
+        c.strip() for c in next(line for line in lines if line.startswith("│ stage1")).strip("│").split("│")
+    ]
     del stage1[5]  # wall seconds: measured, not asserted
-    assert stage1 == ["stage1", "rl", "ran", "max_steps", "6", "0.55", "-", "-", "1", "90", "0.01", "0.75", "0.03",
-                      "-", "3.5", "pass"]  # the fake RL runner keeps no per-step p99s, so no ratio p99 median
+    assert stage1 == [
+        "stage1",
+        "rl",
+        "ran",
+        "max_steps",
+        "6",
+        "0.55",
+        "-",
+        "-",
+        "1",
+        "90",
+        "0.01",
+        "0.75",
+        "0.03",
+        "-",
+        "3.5",
+        "pass",
+    ]  # the fake RL runner keeps no per-step p99s, so no ratio p99 median
     pass_at_4 = next(line for line in lines if line.startswith("│ pass@4"))
     assert [c.strip() for c in pass_at_4.strip("│").split("│")] == ["pass@4", "0.6", "0.7", "0.8", "0.9", "1"]

@@ -25,8 +25,13 @@ GUARD_S = 300  # only against a hung child; nothing asserts on how long anything
 
 
 def ringzero_run(config, env) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "ringzero.cli.main", "run", str(config)], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "ringzero.cli.main", "run", str(config)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 def child_env(**extra) -> dict:
@@ -40,9 +45,16 @@ def wait_for_resume_point(proc, run_dir, store, stage: str, step: int):
     deadline = time.monotonic() + GUARD_S
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            pytest.fail(f"the run ended (rc {proc.returncode}) before the kill:\n{proc.stdout.read()[-3000:]}")
-        starts = [e for e in log_events(run_dir) if e.get("event") == "stage.start" and e.get("stage") == stage]
-        if starts and (marker := store / "stages" / starts[0]["hash"] / f"step-{step:06d}" / "COMMITTED").exists():
+            pytest.fail(
+                f"the run ended (rc {proc.returncode}) before the kill:\n{proc.stdout.read()[-3000:]}"
+            )
+        starts = [
+            e for e in log_events(run_dir) if e.get("event") == "stage.start" and e.get("stage") == stage
+        ]
+        if (
+            starts
+            and (marker := store / "stages" / starts[0]["hash"] / f"step-{step:06d}" / "COMMITTED").exists()
+        ):
             return marker.parent
         time.sleep(0.05)
     pytest.fail(f"no resume point {step} of {stage} within the guard")
@@ -52,8 +64,15 @@ def test_a_killed_run_resumes_mid_stage_and_reuses_finished_stages(tmp_path):
     config = real_micro_config(tmp_path, RL_STEPS)
     run_dir, store = tmp_path / "run", tmp_path / "store"
 
-    proc = ringzero_run(config, child_env(**{TEST_RUNNERS_ENV: "rl=pipeline_hold_runners:rl",
-                                             "RINGZERO_TEST_HOLD_AT": f"stage1:{HOLD_STEP}"}))
+    proc = ringzero_run(
+        config,
+        child_env(
+            **{
+                TEST_RUNNERS_ENV: "rl=pipeline_hold_runners:rl",
+                "RINGZERO_TEST_HOLD_AT": f"stage1:{HOLD_STEP}",
+            }
+        ),
+    )
     try:
         resume_point = wait_for_resume_point(proc, run_dir, store, "stage1", HOLD_STEP)
     finally:
@@ -73,15 +92,26 @@ def test_a_killed_run_resumes_mid_stage_and_reuses_finished_stages(tmp_path):
     assert rerun.returncode == 0, out[-3000:]
     events = log_events(run_dir)[events_before:]
     named = [(e["event"], e.get("stage")) for e in events if e["event"].startswith("stage.")]
-    assert named == [("stage.cached", "base"), ("stage.start", "stage1"), ("stage.done", "stage1"),
-                     ("stage.start", "eval"), ("stage.done", "eval")]
+    assert named == [
+        ("stage.cached", "base"),
+        ("stage.start", "stage1"),
+        ("stage.done", "stage1"),
+        ("stage.start", "eval"),
+        ("stage.done", "eval"),
+    ]
     (resumed,) = [e for e in events if e["event"] == "rl.resume"]
     assert resumed["step"] == HOLD_STEP and resumed["uri"].endswith(f"step-{HOLD_STEP:06d}")
     # The rerun trained only the steps after the resume point (a record is logged after each step).
-    rerun_steps = [r["step"] for r in read_metrics(run_dir / "stage1" / "metrics.jsonl") if r["time"] >= rerun_started]
+    rerun_steps = [
+        r["step"] for r in read_metrics(run_dir / "stage1" / "metrics.jsonl") if r["time"] >= rerun_started
+    ]
     assert rerun_steps == list(range(HOLD_STEP + 1, RL_STEPS + 1))
     done = manifest(run_dir)
     assert done["status"] == "succeeded"
-    assert [(s["name"], s["skipped"]) for s in done["stages"]] == [("base", True), ("stage1", False), ("eval", False)]
+    assert [(s["name"], s["skipped"]) for s in done["stages"]] == [
+        ("base", True),
+        ("stage1", False),
+        ("eval", False),
+    ]
     assert done["stages"][1]["steps"] == RL_STEPS
     assert (run_dir / "report.html").exists()

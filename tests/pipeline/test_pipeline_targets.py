@@ -21,8 +21,12 @@ TINY = Path(__file__).resolve().parents[2] / "configs" / "tiny-cpu.yaml"
 SUMMARIES = {
     "stage1": {"len/mean": 90.0, "reward/mean": 0.5},
     "distill": {"len/mean": 60.0},
-    "eval": {"eval/accuracy": 0.9, "compare/stage2/accuracy": 0.92, "compare/stage1/len_mean": 100.0,
-             "eval/nan": float("nan")},
+    "eval": {
+        "eval/accuracy": 0.9,
+        "compare/stage2/accuracy": 0.92,
+        "compare/stage1/len_mean": 100.0,
+        "eval/nan": float("nan"),
+    },
 }
 STEPS = {"stage1": {5: {"step": 5, "len/mean": 50.0}}}
 
@@ -39,18 +43,30 @@ def judge(expr: str, wall_minutes: float | None = 10.0):
         ("eval.eval/accuracy > 0.90", ("missed", 0.9, 0.9, [])),
         # scale and offset apply to their side: 0.92 - 0.03 = 0.89
         ("eval.eval/accuracy >= eval.compare/stage2/accuracy - 0.03", ("met", 0.9, pytest.approx(0.89), [])),
-        ("eval.eval/accuracy >= eval.compare/stage2/accuracy + 0.03", ("missed", 0.9, pytest.approx(0.95), [])),
+        (
+            "eval.eval/accuracy >= eval.compare/stage2/accuracy + 0.03",
+            ("missed", 0.9, pytest.approx(0.95), []),
+        ),
         ("distill.len/mean <= 0.70 * eval.compare/stage1/len_mean", ("met", 60.0, pytest.approx(70.0), [])),
-        ("distill.len/mean <= 0.5 * eval.compare/stage1/len_mean + 5", ("missed", 60.0, pytest.approx(55.0), [])),
+        (
+            "distill.len/mean <= 0.5 * eval.compare/stage1/len_mean + 5",
+            ("missed", 60.0, pytest.approx(55.0), []),
+        ),
         ("2 * stage1.len/mean - 1 == 179", ("met", 179.0, 179.0, [])),
         # a metric at a step, from the stage's records
         ("stage1.len/mean >= 1.5 * stage1.len/mean@step5", ("met", 90.0, 75.0, [])),
         ("stage1.len/mean >= 2 * stage1.len/mean@step5", ("missed", 90.0, 100.0, [])),
         ("run.wall_minutes <= 12", ("met", 10.0, 12.0, [])),
         # whatever cannot be read is missing, never met, even where the comparison would hold
-        ("stage1.len/mean >= 1.5 * stage1.len/mean@step6", ("missing", 90.0, None, ["stage1.len/mean@step6"])),
+        (
+            "stage1.len/mean >= 1.5 * stage1.len/mean@step6",
+            ("missing", 90.0, None, ["stage1.len/mean@step6"]),
+        ),
         ("eval.compare/tier/accuracy >= 0", ("missing", None, 0.0, ["eval.compare/tier/accuracy"])),
-        ("stage2.len/mean >= stage9.len/mean", ("missing", None, None, ["stage2.len/mean", "stage9.len/mean"])),
+        (
+            "stage2.len/mean >= stage9.len/mean",
+            ("missing", None, None, ["stage2.len/mean", "stage9.len/mean"]),
+        ),
         ("eval.eval/nan <= 1", ("missing", None, 1.0, ["eval.eval/nan"])),
     ],
 )
@@ -82,20 +98,38 @@ def test_the_console_manifest_and_report_show_every_target_and_the_exit_status_s
     assert main(["run", str(config)]) == 0  # a missed and a missing target: the run still succeeds
     out = capsys.readouterr().out
     assert out.index("stages") < out.index("targets (3 met, 1 missed, 1 missing)")
-    rows = {line.split("│")[1].strip(): [c.strip() for c in line.strip("│").split("│")]
-            for line in out.splitlines() if line.startswith("│ ")}
+    rows = {
+        line.split("│")[1].strip(): [c.strip() for c in line.strip("│").split("│")]
+        for line in out.splitlines()
+        if line.startswith("│ ")
+    }
     assert rows["stage1.len/mean >= 1.5 * stage1.len/mean@step0"] == [
-        "stage1.len/mean >= 1.5 * stage1.len/mean@step0", "70", "60", "met"]
+        "stage1.len/mean >= 1.5 * stage1.len/mean@step0",
+        "70",
+        "60",
+        "met",
+    ]
     assert rows["stage1.len/mean >= 1.5 * stage1.len/mean@step1"][1:] == ["70", "75", "missed"]
     assert rows["eval accurate: eval.eval/accuracy >= 0.85"][1:] == ["0.9", "0.85", "met"]
-    assert rows["eval.compare/stage1/accuracy >= 0.9"][1:] == ["-", "0.9", "missing (eval.compare/stage1/accuracy)"]
+    assert rows["eval.compare/stage1/accuracy >= 0.9"][1:] == [
+        "-",
+        "0.9",
+        "missing (eval.compare/stage1/accuracy)",
+    ]
 
     doc = manifest(tmp_path / "run")
     assert doc["status"] == "succeeded"
     assert [(t["name"], t["status"]) for t in doc["targets"]] == [
-        (t if isinstance(t, str) else t["name"], v) for t, v in zip(TARGETS, VERDICTS, strict=True)]
-    assert doc["targets"][2] == {"name": "eval accurate", "expr": "eval.eval/accuracy >= 0.85", "left": 0.9,
-                                 "right": 0.85, "status": "met", "missing": []}
+        (t if isinstance(t, str) else t["name"], v) for t, v in zip(TARGETS, VERDICTS, strict=True)
+    ]
+    assert doc["targets"][2] == {
+        "name": "eval accurate",
+        "expr": "eval.eval/accuracy >= 0.85",
+        "left": 0.9,
+        "right": 0.85,
+        "status": "met",
+        "missing": [],
+    }
 
     page = parse((tmp_path / "run" / "report.html").read_text())
     shown = table_with_header(page, "target")
@@ -131,8 +165,11 @@ def test_targets_change_no_stage_identity_of_the_tiny_config(tmp_path):
     plain = load_config(TINY)
     path = tmp_path / "tiny-targets.yaml"
     data = yaml.safe_load(TINY.read_text())
-    data["targets"] = ["eval.compare/stage1/accuracy >= 0.90", "stage1.len/mean >= 1.5 * stage1.len/mean@step5",
-                       {"name": "fast", "expr": "run.wall_minutes <= 12"}]
+    data["targets"] = [
+        "eval.compare/stage1/accuracy >= 0.90",
+        "stage1.len/mean >= 1.5 * stage1.len/mean@step5",
+        {"name": "fast", "expr": "run.wall_minutes <= 12"},
+    ]
     path.write_text(yaml.safe_dump(data))
     targeted = load_config(path)
     assert len(targeted.targets) == 3
@@ -146,7 +183,9 @@ def _hashes(cfg) -> list[str]:
         inputs = resolve_inputs(stage, done)
         h = stage_hash(cfg, stage, inputs)
         out.append(h)
-        done[stage.name] = _Done(stage.kind, f"file://store/stages/{h[:16]}/final" if stage.kind != "eval" else None)
+        done[stage.name] = _Done(
+            stage.kind, f"file://store/stages/{h[:16]}/final" if stage.kind != "eval" else None
+        )
     return out
 
 

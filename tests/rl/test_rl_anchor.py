@@ -66,40 +66,62 @@ class KnownReference:
         for r in requests:
             d = int(self.tokenizer.decode(r.input_ids).split("say ")[1][0])
             texts = ["7\n" if j < d % (r.params.n + 1) else "0\n" for j in range(r.params.n)]
-            out.append([Completion(list(r.input_ids), self.tokenizer.encode(t), [0.0] * len(t), "stop")
-                        for t in texts])
+            out.append(
+                [
+                    Completion(list(r.input_ids), self.tokenizer.encode(t), [0.0] * len(t), "stop")
+                    for t in texts
+                ]
+            )
         return out
 
 
 def policy_batch(task, tok, problems, texts, group):
     n = len(texts)
     return RolloutBatch(
-        problems=[p for p in problems for _ in range(group)], prompt_ids=[[1]] * n,
-        output_ids=[tok.encode(t) for t in texts], responses=texts,
-        logp_rollout_NT=torch.zeros(n, 2, dtype=torch.float64), mask_NT=torch.ones(n, 2, dtype=torch.bool),
-        rewards_N=torch.tensor([task.reward(None, t) for t in texts]), correct=[t.startswith("7") for t in texts],
-        truncated=[False] * n, uses_trace=[False] * n, group_size=group, forced=[False, True] * (n // 2))
+        problems=[p for p in problems for _ in range(group)],
+        prompt_ids=[[1]] * n,
+        output_ids=[tok.encode(t) for t in texts],
+        responses=texts,
+        logp_rollout_NT=torch.zeros(n, 2, dtype=torch.float64),
+        mask_NT=torch.ones(n, 2, dtype=torch.bool),
+        rewards_N=torch.tensor([task.reward(None, t) for t in texts]),
+        correct=[t.startswith("7") for t in texts],
+        truncated=[False] * n,
+        uses_trace=[False] * n,
+        group_size=group,
+        forced=[False, True] * (n // 2),
+    )
 
 
 def test_the_baseline_is_the_references_mean_reward_on_the_same_prompt():
     task, tok = SayDigit(), CharTokenizer()
     deep = Tier(name="deep", tag="[deep]", budget=None)
     prompts = task.prompts("train", 4)
-    problems = [task.with_tier(prompts[0], "[deep]"), prompts[1], task.with_tier(prompts[2], "[fast]"), prompts[3]]
+    problems = [
+        task.with_tier(prompts[0], "[deep]"),
+        prompts[1],
+        task.with_tier(prompts[2], "[fast]"),
+        prompts[3],
+    ]
     texts = ["7\n", "0\n", "0\n", "0\n", "7\n", "7\n", "7\n", "0\n"]  # two samples a prompt
     batch = policy_batch(task, tok, problems, texts, 2)
     ref = KnownReference(tok)
     params = SamplingParams(max_new_tokens=5, temperature=0.7, n=2)
     got = Anchor(ref, {"[deep]", None}, samples=4).measure(
-        batch, task=task, tokenizer=tok, params=params, reward=TaskReward(task, [deep]), seed=9, step=3)
+        batch, task=task, tokenizer=tok, params=params, reward=TaskReward(task, [deep]), seed=9, step=3
+    )
     # say 0: 0 of 4; say 1: 1 of 4; say 3 (prompt 3): 3 of 4; prompt 2 is [fast]: not anchored
     expected = torch.tensor([0.0, 0.0, 0.25, 0.25, NAN, NAN, 0.75, 0.75])
     torch.testing.assert_close(got.baseline_N, expected, equal_nan=True)
     assert [tok.decode(r.input_ids) for r in ref.requests] == [
-        "[deep] q: say 0\na: ", "q: say 1\na: ", "q: say 3\na: "]  # the very prompts, tags included
+        "[deep] q: say 0\na: ",
+        "q: say 1\na: ",
+        "q: say 3\na: ",
+    ]  # the very prompts, tags included
     assert [r.params.seed for r in ref.requests] == [derive_seed(9, "rl-anchor", 3, k) for k in (0, 1, 3)]
-    assert all(r.params.n == 4 and r.params.temperature == 0.7 and r.params.max_new_tokens == 5
-               for r in ref.requests)
+    assert all(
+        r.params.n == 4 and r.params.temperature == 0.7 and r.params.max_new_tokens == 5 for r in ref.requests
+    )
     assert got.metrics["anchor/ref_accuracy"] == pytest.approx(4 / 12)
     assert got.metrics["anchor/ref_reward"] == pytest.approx(4 / 12)
     assert got.metrics["anchor/accuracy"] == pytest.approx(2 / 3)  # own samples 0, 2, 6 (odd rows forced)
@@ -114,13 +136,17 @@ def test_no_anchored_prompt_no_reference_samples():
     problems = [task.with_tier(p, "[fast]") for p in task.prompts("train", 2)]
     batch = policy_batch(task, tok, problems, ["7\n", "0\n"] * 2, 2)
     ref = KnownReference(tok)
-    got = Anchor(ref, {None}, samples=2).measure(batch, task=task, tokenizer=tok, params=SamplingParams(n=2),
-                                                 reward=TaskReward(task), seed=0, step=0)
+    got = Anchor(ref, {None}, samples=2).measure(
+        batch, task=task, tokenizer=tok, params=SamplingParams(n=2), reward=TaskReward(task), seed=0, step=0
+    )
     assert ref.requests == [] and got.metrics == {} and torch.isnan(got.baseline_N).all()
 
 
-TIERS = [{"name": "plain", "tag": None, "budget": None}, {"name": "fast", "tag": "[fast]", "budget": 8},
-         {"name": "deep", "tag": "[deep]", "budget": None}]
+TIERS = [
+    {"name": "plain", "tag": None, "budget": None},
+    {"name": "fast", "tag": "[fast]", "budget": 8},
+    {"name": "deep", "tag": "[deep]", "budget": None},
+]
 
 
 def test_anchor_settings_name_their_fields_and_stay_out_of_the_dump_when_off():
@@ -130,8 +156,12 @@ def test_anchor_settings_name_their_fields_and_stay_out_of_the_dump_when_off():
     with pytest.raises(ValidationError, match=r"anchor.tiers: \['slow'\] name no tier of this stage"):
         RLStage.model_validate(dict(name="t", kind="rl", tiers=TIERS, anchor={"tiers": ["slow"]}))
     with pytest.raises(ValidationError, match="anchor.tiers"):
-        RLStage.model_validate(dict(name="t", kind="rl", anchor={"tiers": ["plain"]}))  # the stage has no tiers
+        RLStage.model_validate(
+            dict(name="t", kind="rl", anchor={"tiers": ["plain"]})
+        )  # the stage has no tiers
     with pytest.raises(ValidationError, match=r"anchor.samples"):
-        RLStage.model_validate(dict(name="t", kind="rl", tiers=TIERS, anchor={"tiers": ["plain"], "samples": 0}))
+        RLStage.model_validate(
+            dict(name="t", kind="rl", tiers=TIERS, anchor={"tiers": ["plain"], "samples": 0})
+        )
     with pytest.raises(ValidationError, match=r"anchor.tiers"):
         RLStage.model_validate(dict(name="t", kind="rl", tiers=TIERS, anchor={"tiers": []}))

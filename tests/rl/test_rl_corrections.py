@@ -82,7 +82,9 @@ def test_masked_is_drops_tokens_or_whole_sequences_outside_the_bounds():
     assert seq.metrics["correction/masked_is/seq_masked_frac"] == pytest.approx(2 / 3)
     assert seq.metrics["correction/sequences_dropped"] == 2.0
 
-    geo = _apply(MaskedISCorrection(lower=0.4, upper=3.0, level="sequence", form="geometric"))  # 1.06, 2, 0.02
+    geo = _apply(
+        MaskedISCorrection(lower=0.4, upper=3.0, level="sequence", form="geometric")
+    )  # 1.06, 2, 0.02
     assert geo.keep_N.tolist() == [True, True, False]
     assert geo.metrics["correction/masked_is/weight_mean"] == 1.0
 
@@ -122,15 +124,33 @@ def test_composition_multiplies_weights_ands_masks_and_reads_the_raw_ratio_in_an
 
 
 def test_settings_are_typed_and_validated():
-    loss = LossSettings.model_validate({"corrections": [
-        {"kind": "tis", "cap": 2.0}, {"kind": "masked_is", "level": "sequence", "form": "geometric",
-                                      "lower": 0.999, "upper": 1.001},
-        {"kind": "icepop"}, {"kind": "veto", "floor": 1e-4}]})
+    loss = LossSettings.model_validate(
+        {
+            "corrections": [
+                {"kind": "tis", "cap": 2.0},
+                {
+                    "kind": "masked_is",
+                    "level": "sequence",
+                    "form": "geometric",
+                    "lower": 0.999,
+                    "upper": 1.001,
+                },
+                {"kind": "icepop"},
+                {"kind": "veto", "floor": 1e-4},
+            ]
+        }
+    )
     assert [c.kind for c in loss.corrections] == ["tis", "masked_is", "icepop", "veto"]
     assert (loss.corrections[2].lower, loss.corrections[2].upper) == (0.5, 5.0)
-    for bad in ({"kind": "tis", "cap": 1.0}, {"kind": "seq_is", "form": "mean"},
-                {"kind": "masked_is", "lower": 1.2}, {"kind": "icepop", "upper": 0.9},
-                {"kind": "masked_is", "form": "geometric"}, {"kind": "veto", "floor": 1.0}, {"kind": "nope"}):
+    for bad in (
+        {"kind": "tis", "cap": 1.0},
+        {"kind": "seq_is", "form": "mean"},
+        {"kind": "masked_is", "lower": 1.2},
+        {"kind": "icepop", "upper": 0.9},
+        {"kind": "masked_is", "form": "geometric"},
+        {"kind": "veto", "floor": 1.0},
+        {"kind": "nope"},
+    ):
         with pytest.raises(ValidationError):
             LossSettings.model_validate({"corrections": [bad]})
     with pytest.raises(ValidationError, match="listed once"):
@@ -145,8 +165,15 @@ def test_objective_takes_the_old_policy_as_denominator_weighs_and_drops(kind):
     # First minibatch: the trainer's log-probs are logp_old, so the policy ratio is exactly 1.
     logp_train = corr.logp_old_NT.clone().float().nan_to_num(0.0).requires_grad_(True)
     adv = torch.tensor([1.0, -2.0, 3.0])
-    out = objective(settings, logp_train, logp_rollout.float(), adv, MASK, Normalization("token_sum", 10.0),
-                    correction=corr.rows(torch.arange(3)))
+    out = objective(
+        settings,
+        logp_train,
+        logp_rollout.float(),
+        adv,
+        MASK,
+        Normalization("token_sum", 10.0),
+        correction=corr.rows(torch.arange(3)),
+    )
     out.loss.backward()
     w = torch.tensor([[2.0, 0.6, 1.0], [3.0, 1.0, 0.0], [0.0, 0.0, 0.0]])
     if kind == "sg_clip_is":  # - sum w * min(1, 1.28) * A * logp / D
@@ -164,8 +191,16 @@ def test_dropped_tokens_leave_the_kl_term_too():
     logp_train = corr.logp_old_NT.float().nan_to_num(0.0)
     logp_ref = torch.zeros(3, 3)
     logp_ref[2] = 5.0  # a large KL on the vetoed row only
-    out = objective(settings, logp_train, torch.zeros(3, 3), torch.zeros(3), MASK, Normalization("token_sum", 10.0),
-                    logp_ref, correction=corr.rows(torch.arange(3)))
+    out = objective(
+        settings,
+        logp_train,
+        torch.zeros(3, 3),
+        torch.zeros(3),
+        MASK,
+        Normalization("token_sum", 10.0),
+        logp_ref,
+        correction=corr.rows(torch.arange(3)),
+    )
     kept = MASK.clone()
     kept[2] = False
     delta = (logp_ref - logp_train)[kept]
@@ -173,13 +208,21 @@ def test_dropped_tokens_leave_the_kl_term_too():
 
 
 def test_sample_mean_averages_each_sequence_over_its_kept_tokens():
-    settings = LossSettings(kind="sg_clip_is", normalization="sample_mean",
-                            corrections=[MaskedISCorrection(lower=0.4, upper=3.0)])
+    settings = LossSettings(
+        kind="sg_clip_is", normalization="sample_mean", corrections=[MaskedISCorrection(lower=0.4, upper=3.0)]
+    )
     corr = _apply(*settings.corrections)
     logp_train = corr.logp_old_NT.float().nan_to_num(0.0)
     adv = torch.tensor([1.0, 1.0, 1.0])
-    out = objective(settings, logp_train, torch.zeros(3, 3), adv, MASK, Normalization("sample_mean"),
-                    correction=corr.rows(torch.arange(3)))
+    out = objective(
+        settings,
+        logp_train,
+        torch.zeros(3, 3),
+        adv,
+        MASK,
+        Normalization("sample_mean"),
+        correction=corr.rows(torch.arange(3)),
+    )
     lp = logp_train
     want = -((lp[0].sum() / 3) + (lp[1, 1] / 1) + (lp[2, 1:].sum() / 2)) / 3
     assert float(out.loss) == pytest.approx(float(want), abs=1e-6)
@@ -200,31 +243,62 @@ def test_a_dropped_sequence_changes_neither_its_groups_baseline_nor_the_reward_s
         assert stats["reward/accuracy"] == pytest.approx(3 / 7)
         assert stats["reward/zero_std_groups"] == 0.0 and stats["reward/solved_groups"] == 1.0
     # With centering only, and a group left with one member (its own baseline: zero advantage).
-    adv = group_advantages([3.0, 1.0, 5.0, 2.0], 2, use_std=False, keep_N=torch.tensor([True, True, False, True]))
+    adv = group_advantages(
+        [3.0, 1.0, 5.0, 2.0], 2, use_std=False, keep_N=torch.tensor([True, True, False, True])
+    )
     assert adv.tolist() == [1.0, -1.0, 0.0, 0.0]
     # Keeping everything is the plain computation.
     r = torch.tensor([1.0, 0.0, 0.5, 0.0, 1.0, 1.0])
-    torch.testing.assert_close(group_advantages(r, 3, keep_N=torch.ones(6, dtype=torch.bool)), group_advantages(r, 3))
+    torch.testing.assert_close(
+        group_advantages(r, 3, keep_N=torch.ones(6, dtype=torch.bool)), group_advantages(r, 3)
+    )
 
 
-DENSE = ModelConfig(vocab_size=32, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, layer_group_size=2,
-                    head_dim=8, qk_rope_head_dim=4, qk_nope_head_dim=8, v_head_dim=6, kv_lora_rank=8,
-                    intermediate_size=40, group_norm_size=2)
+DENSE = ModelConfig(
+    vocab_size=32,
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    layer_group_size=2,
+    head_dim=8,
+    qk_rope_head_dim=4,
+    qk_nope_head_dim=8,
+    v_head_dim=6,
+    kv_lora_rank=8,
+    intermediate_size=40,
+    group_norm_size=2,
+)
 
 
 def _trainer_and_batch(corrections, advantage_of_dropped: float = 0.0):
     model = random_weights_(HybridLM(DENSE, PrecisionPolicy.preset("fp64")), torch.Generator().manual_seed(0))
     loss = LossSettings(normalization="sample_mean", corrections=corrections)
-    trainer = PolicyTrainer(model, TrainOptimizer(model, OptimSettings(lr=1e-2), total_steps=10, schedule="constant"),
-                            loss, minibatches=2, max_new_tokens=5, temperature=1.0, micro_batch=1)
+    trainer = PolicyTrainer(
+        model,
+        TrainOptimizer(model, OptimSettings(lr=1e-2), total_steps=10, schedule="constant"),
+        loss,
+        minibatches=2,
+        max_new_tokens=5,
+        temperature=1.0,
+        micro_batch=1,
+    )
     g = torch.Generator().manual_seed(1)
     prompts = [torch.randint(3, 32, (n,), generator=g).tolist() for n in (3, 5, 4, 2)]
     outputs = [torch.randint(3, 32, (n,), generator=g).tolist() for n in (4, 2, 5, 3)]
     mask = torch.tensor([[j < len(o) for j in range(5)] for o in outputs])
-    batch = RolloutBatch(problems=[None] * 4, prompt_ids=prompts, output_ids=outputs, responses=[""] * 4,
-                         logp_rollout_NT=torch.zeros(4, 5, dtype=torch.float64), mask_NT=mask,
-                         rewards_N=torch.tensor([1.0, 0.0, 1.0, 0.0]), correct=[False] * 4, truncated=[False] * 4,
-                         uses_trace=[False] * 4, group_size=2)
+    batch = RolloutBatch(
+        problems=[None] * 4,
+        prompt_ids=prompts,
+        output_ids=outputs,
+        responses=[""] * 4,
+        logp_rollout_NT=torch.zeros(4, 5, dtype=torch.float64),
+        mask_NT=mask,
+        rewards_N=torch.tensor([1.0, 0.0, 1.0, 0.0]),
+        correct=[False] * 4,
+        truncated=[False] * 4,
+        uses_trace=[False] * 4,
+        group_size=2,
+    )
     with torch.no_grad():
         score = trainer.score(model, batch, [0, 1, 2, 3], 5)[0].double()
     batch.logp_rollout_NT = torch.where(mask, score, torch.zeros_like(score))
@@ -239,8 +313,12 @@ def test_the_trainer_scores_logp_old_once_and_a_dropped_response_never_reaches_t
     assert corr.keep_N.tolist() == [True, True, True, False]
     shift = torch.zeros(4, 5, dtype=torch.float64)
     shift[0, 1], shift[3, 0] = math.log(3.0), -10.0
-    torch.testing.assert_close(corr.logp_old_NT.double()[batch.mask_NT], (batch.logp_rollout_NT + shift)[batch.mask_NT],
-                               rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(
+        corr.logp_old_NT.double()[batch.mask_NT],
+        (batch.logp_rollout_NT + shift)[batch.mask_NT],
+        rtol=1e-6,
+        atol=1e-6,
+    )
     assert corr.weight_NT[0, 1] == pytest.approx(2.0)  # r = 3 truncated at the cap
     assert corr.metrics["correction/sequences_dropped"] == 1.0
     with pytest.raises(ValueError, match="pass correction=trainer.correct"):
@@ -252,7 +330,7 @@ def test_the_trainer_scores_logp_old_once_and_a_dropped_response_never_reaches_t
         before = {k: v.clone() for k, v in model.state_dict().items()}
         corr = trainer.correct(batch)
         adv = group_advantages(batch.rewards_N, 2, keep_N=corr.keep_N)
-        assert adv.tolist() == pytest.approx([0.5 ** 0.5, -(0.5 ** 0.5), 0.0, 0.0], abs=1e-5)  # group 1: one kept
+        assert adv.tolist() == pytest.approx([0.5**0.5, -(0.5**0.5), 0.0, 0.0], abs=1e-5)  # group 1: one kept
         adv[3] = dropped_advantage
         metrics = trainer.train(batch, adv, seed=0, correction=corr)
         assert metrics["loss/skipped"] == 0 and math.isfinite(metrics["loss/total"])

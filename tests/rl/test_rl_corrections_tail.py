@@ -53,6 +53,7 @@ def _row_weight(out, row: int) -> float:
 
 # --- seq_is: the product of the raw ratios, then the bound and the cap ---------------------------------
 
+
 def test_seq_is_product_of_a_plus_25_and_a_minus_24_is_e_then_the_cap():
     rows = [[25.0, -24.0], [0.1, 0.2, -0.05]]
     capped = _apply([SeqISCorrection(cap=2.0)], rows)
@@ -87,6 +88,7 @@ def test_seq_is_in_float32_inputs_sums_in_float64():
 
 # --- masked_is at sequence level: the decision on the raw total ------------------------------------------
 
+
 def _one_bad_token_of_200(value: float) -> list[float]:
     return [value] + [0.0] * 199
 
@@ -100,12 +102,15 @@ def test_masked_is_rejects_a_response_with_one_token_the_engine_put_at_minus_1e4
     assert not out.keep_NT[0].any()
 
 
-@pytest.mark.parametrize(("row", "kept"), [
-    ([25.0, -24.0], False),          # product e^1 > 2
-    ([25.0, -24.5], True),           # product e^0.5 in [0.5, 2]
-    ([-1e4, 1e4 - 0.3], True),       # e^-0.3 = 0.74
-    ([-25.0] + [0.0] * 9, False),    # product e^-25 < 0.5
-])
+@pytest.mark.parametrize(
+    ("row", "kept"),
+    [
+        ([25.0, -24.0], False),  # product e^1 > 2
+        ([25.0, -24.5], True),  # product e^0.5 in [0.5, 2]
+        ([-1e4, 1e4 - 0.3], True),  # e^-0.3 = 0.74
+        ([-25.0] + [0.0] * 9, False),  # product e^-25 < 0.5
+    ],
+)
 def test_masked_is_sequence_product_decisions_on_tail_tokens(row, kept):
     out = _apply([MaskedISCorrection(lower=0.5, upper=2.0, level="sequence")], [row])
     assert out.keep_N.tolist() == [kept]
@@ -113,15 +118,18 @@ def test_masked_is_sequence_product_decisions_on_tail_tokens(row, kept):
 
 def test_masked_is_geometric_mean_decisions_on_tail_tokens():
     bounds = {"lower": 0.5, "upper": 2.0, "level": "sequence", "form": "geometric"}
-    rows = [[25.0] + [0.0] * 49,    # mean 0.5: e^0.5 = 1.65, kept
-            [25.0] + [0.0] * 24,    # mean 1.0: e > 2, dropped
-            [-25.0] + [0.0] * 49,   # mean -0.5: 0.61, kept
-            [-1e4] + [0.0] * 199]   # mean -50, dropped
+    rows = [
+        [25.0] + [0.0] * 49,  # mean 0.5: e^0.5 = 1.65, kept
+        [25.0] + [0.0] * 24,  # mean 1.0: e > 2, dropped
+        [-25.0] + [0.0] * 49,  # mean -0.5: 0.61, kept
+        [-1e4] + [0.0] * 199,
+    ]  # mean -50, dropped
     out = _apply([MaskedISCorrection(**bounds)], rows)
     assert out.keep_N.tolist() == [True, False, True, False]
 
 
 # --- the token-level pieces are unchanged on the same tails ------------------------------------------------
+
 
 def test_token_level_corrections_keep_their_results_on_tail_tokens():
     rows = [[25.0, -25.0, 1e4, -1e4, 0.3]]
@@ -158,8 +166,11 @@ EVERY_CORRECTION = [
 ]
 
 
-@pytest.mark.parametrize("settings", EVERY_CORRECTION, ids=lambda s: s[0].kind + getattr(s[0], "level", "")
-                         + (getattr(s[0], "form", None) or ""))
+@pytest.mark.parametrize(
+    "settings",
+    EVERY_CORRECTION,
+    ids=lambda s: s[0].kind + getattr(s[0], "level", "") + (getattr(s[0], "form", None) or ""),
+)
 @pytest.mark.parametrize(("case", "where"), NONFINITE, ids=[c for c, _ in NONFINITE])
 def test_a_non_finite_log_prob_drops_its_response_under_every_correction(settings, case, where):
     assert NONFINITE_RULE == "drop_response"
@@ -179,7 +190,9 @@ def test_a_non_finite_log_prob_drops_its_response_under_every_correction(setting
     assert out.metrics["correction/nonfinite_sequences"] == 1.0
     assert out.metrics["correction/sequences_dropped"] == 1.0
     kind = settings[0].kind
-    assert out.metrics[f"correction/{kind}/weight_mean"] == pytest.approx(clean.metrics[f"correction/{kind}/weight_mean"])
+    assert out.metrics[f"correction/{kind}/weight_mean"] == pytest.approx(
+        clean.metrics[f"correction/{kind}/weight_mean"]
+    )
 
 
 def test_finite_batches_report_no_non_finite_tokens():
@@ -197,27 +210,43 @@ def test_a_dropped_non_finite_response_leaves_the_loss_finite_and_its_group_base
     adv = group_advantages(rewards, 2, keep_N=corr.keep_N)
     assert adv[:2].tolist() == [0.0, 0.0]  # the group's one kept member is its own baseline
     logp_train = logp_old.nan_to_num(0.0).float().requires_grad_(True)
-    out = objective(settings, logp_train, logp_rollout.float(), adv, mask, Normalization("sample_mean"),
-                    correction=corr.rows(torch.arange(4)))
+    out = objective(
+        settings,
+        logp_train,
+        logp_rollout.float(),
+        adv,
+        mask,
+        Normalization("sample_mean"),
+        correction=corr.rows(torch.arange(4)),
+    )
     out.loss.backward()
     assert math.isfinite(out.metrics["loss/total"]) and out.metrics["loss/nonfinite"] == 0.0
     assert torch.isfinite(logp_train.grad).all() and torch.all(logp_train.grad[1] == 0)
 
 
-# --- negative control: a per-token clamp put back gets the tails wrong ---------------------------------------
+# --- negative control: a per-token clamp put back gets the tails wrong
+# ---------------------------------------
+
 
 def _clamped_per_token(logp_old_NT, logp_rollout_NT, mask_NT):
-    raw = torch.where(mask_NT, logp_old_NT.double() - logp_rollout_NT.double(), torch.zeros_like(logp_old_NT.double()))
+    raw = torch.where(
+        mask_NT, logp_old_NT.double() - logp_rollout_NT.double(), torch.zeros_like(logp_old_NT.double())
+    )
     return raw.clamp(max=20.0)
 
 
 def test_a_per_token_clamp_put_back_fails_these_cases():
     import ringzero.rl.corrections.compose as compose
+
     with mock.patch.object(compose, "raw_log_ratio", _clamped_per_token):
-        assert _row_weight(_apply([SeqISCorrection(cap=2.0)], [[25.0, -24.0]]), 0) == pytest.approx(math.exp(-4.0))
+        assert _row_weight(_apply([SeqISCorrection(cap=2.0)], [[25.0, -24.0]]), 0) == pytest.approx(
+            math.exp(-4.0)
+        )
         geo = MaskedISCorrection(lower=0.5, upper=2.0, level="sequence", form="geometric")
         assert _apply([geo], [_one_bad_token_of_200(9999.0)]).keep_N.tolist() == [True]  # mean 0.1: kept
         logp_old, logp_rollout, mask = _batch([[0.1, 0.2]])
         logp_rollout[0, 0] = -math.inf
-        assert apply_corrections([SeqISCorrection(cap=2.0)], logp_old, logp_rollout, mask).keep_N.tolist() == [True]
+        assert apply_corrections(
+            [SeqISCorrection(cap=2.0)], logp_old, logp_rollout, mask
+        ).keep_N.tolist() == [True]
     assert corrections_base.raw_log_ratio is compose.raw_log_ratio  # the patch is gone again

@@ -24,8 +24,12 @@ def test_k3_value_and_gradient_by_hand():
     expected = sum(math.exp(d) - d - 1 for d in deltas) / 3.0
     assert out.loss.item() == pytest.approx(expected, abs=1e-12)
     assert out.metrics["kl/token_mean"] == pytest.approx(expected, abs=1e-12)
-    torch.testing.assert_close(cur.grad[0], torch.tensor([(1 - math.exp(d)) / 3.0 for d in deltas],
-                                                         dtype=torch.float64), atol=1e-12, rtol=0)
+    torch.testing.assert_close(
+        cur.grad[0],
+        torch.tensor([(1 - math.exp(d)) / 3.0 for d in deltas], dtype=torch.float64),
+        atol=1e-12,
+        rtol=0,
+    )
     assert cur.grad[0, 2].item() == 0.0  # identical to the reference: no pull
 
 
@@ -64,12 +68,21 @@ def test_objective_without_kl_needs_no_reference_and_with_kl_demands_one():
     out = objective(settings, LOGP_TRAIN, LOGP_ROLLOUT, ADV, MASK2, Normalization("token_sum", 6.0))
     assert "loss/kl" not in out.metrics and out.metrics["loss/total"] == out.metrics["loss/policy"]
     with pytest.raises(ValueError, match="reference"):
-        objective(LossSettings(kl_coef=0.01), LOGP_TRAIN, LOGP_ROLLOUT, ADV, MASK2, Normalization("token_sum", 6.0))
+        objective(
+            LossSettings(kl_coef=0.01), LOGP_TRAIN, LOGP_ROLLOUT, ADV, MASK2, Normalization("token_sum", 6.0)
+        )
 
 
 def test_objective_flags_a_non_finite_kl():
     ref = LOGP_REF.clone()
     ref[0, 0] = float("nan")
-    out = objective(LossSettings(kl_coef=0.01), LOGP_TRAIN.clone().requires_grad_(True), LOGP_ROLLOUT, ADV, MASK2,
-                    Normalization("token_sum", 6.0), logp_ref_NT=ref)
+    out = objective(
+        LossSettings(kl_coef=0.01),
+        LOGP_TRAIN.clone().requires_grad_(True),
+        LOGP_ROLLOUT,
+        ADV,
+        MASK2,
+        Normalization("token_sum", 6.0),
+        logp_ref_NT=ref,
+    )
     assert not out.finite and not out.loss.requires_grad and math.isnan(out.metrics["loss/total"])

@@ -83,7 +83,9 @@ def test_ppo_clip_eps_low_defaults_to_symmetric_and_can_differ():
 
 def test_sg_clip_is_eps_low_raises_low_weights_and_zeroes_nothing():
     lt = logp_train()
-    out = sg_clip_is_loss(lt, LOGP_ROLLOUT, ADV, MASK, Normalization("token_sum", D), eps_high=EPS, eps_low=0.5)
+    out = sg_clip_is_loss(
+        lt, LOGP_ROLLOUT, ADV, MASK, Normalization("token_sum", D), eps_high=EPS, eps_low=0.5
+    )
     out.loss.backward()
     # r = e^-1 = 0.37 sits below 1 - 0.5: its weight is 0.5, not 0.37.
     assert lt.grad[0, 1].item() == pytest.approx(-0.5 * 1.5 / D)
@@ -93,8 +95,14 @@ def test_sg_clip_is_eps_low_raises_low_weights_and_zeroes_nothing():
 
 def test_zero_advantages_give_no_gradient_and_say_so():
     lt = logp_train()
-    out = sg_clip_is_loss(lt, LOGP_ROLLOUT, torch.zeros(2, dtype=torch.float64), MASK,
-                          Normalization("sample_mean"), eps_high=EPS)
+    out = sg_clip_is_loss(
+        lt,
+        LOGP_ROLLOUT,
+        torch.zeros(2, dtype=torch.float64),
+        MASK,
+        Normalization("sample_mean"),
+        eps_high=EPS,
+    )
     out.loss.backward()
     assert (lt.grad == 0).all()
     assert out.metrics["grad/coverage"] == 0.0 and out.metrics["grad/adv_nonzero"] == 0.0
@@ -145,8 +153,11 @@ def test_shapes_are_checked():
 
 
 @given(
-    log_r=st.lists(st.floats(-3, 3).filter(lambda x: abs(math.exp(x) - 1.2) > 1e-6 and abs(math.exp(x) - 0.8) > 1e-6),
-                   min_size=1, max_size=12),
+    log_r=st.lists(
+        st.floats(-3, 3).filter(lambda x: abs(math.exp(x) - 1.2) > 1e-6 and abs(math.exp(x) - 0.8) > 1e-6),
+        min_size=1,
+        max_size=12,
+    ),
     adv=st.floats(0.01, 3) | st.floats(-3, -0.01),
 )
 def test_gradient_support_of_both_losses(log_r, adv):
@@ -156,8 +167,14 @@ def test_gradient_support_of_both_losses(log_r, adv):
     grads = {}
     for loss in (sg_clip_is_loss, ppo_clip_loss):
         lt = (rollout + ratio_log).requires_grad_(True)
-        out = loss(lt, rollout, torch.tensor([adv], dtype=torch.float64), mask, Normalization("sample_mean"),
-                   eps_high=EPS)
+        out = loss(
+            lt,
+            rollout,
+            torch.tensor([adv], dtype=torch.float64),
+            mask,
+            Normalization("sample_mean"),
+            eps_high=EPS,
+        )
         out.loss.backward()
         grads[loss] = lt.grad[0]
         assert out.metrics["grad/coverage"] == pytest.approx(float((lt.grad != 0).double().mean()))
@@ -170,8 +187,14 @@ def test_gradient_support_of_both_losses(log_r, adv):
 def test_bf16_log_probs_get_an_fp32_ratio():
     lt = torch.tensor([[-1.0, -2.0]], dtype=torch.bfloat16, requires_grad=True)
     rollout = torch.tensor([[-1.0078125, -2.0]], dtype=torch.bfloat16)  # a gap bf16 can hold exactly
-    out = sg_clip_is_loss(lt, rollout, torch.tensor([1.0]), torch.ones(1, 2, dtype=torch.bool),
-                          Normalization("token_sum", 2.0), eps_high=EPS)
+    out = sg_clip_is_loss(
+        lt,
+        rollout,
+        torch.tensor([1.0]),
+        torch.ones(1, 2, dtype=torch.bool),
+        Normalization("token_sum", 2.0),
+        eps_high=EPS,
+    )
     out.loss.backward()
     assert lt.grad.dtype == torch.bfloat16
     # token 0: w = e^0.0078125 computed in fp32, then the grad -w/2 rounds once to bf16 (exactly that value).

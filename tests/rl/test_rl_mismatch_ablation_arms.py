@@ -1,4 +1,5 @@
-"""Every arm of bench/mismatch_ablation.py (``ringzero.pipeline.ablation``) is a valid stage config that runs the objective it is named for."""
+"""Every arm of bench/mismatch_ablation.py (``ringzero.pipeline.ablation``) is a valid stage config that runs
+the objective it is named for."""
 
 from __future__ import annotations
 
@@ -14,8 +15,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.mark.parametrize("arm", [*ablation.MISMATCH_ARMS, ablation.ROLLBACK_ARM])
 def test_each_arm_loads_with_its_objective_and_no_early_stop(arm):
-    cfg = load_config(ROOT / "configs" / "tiny-cpu.yaml",
-                      ablation.arm_overrides("stage1", arm, "bf16", steps=7, prompts=4, limit=0.02))
+    cfg = load_config(
+        ROOT / "configs" / "tiny-cpu.yaml",
+        ablation.arm_overrides("stage1", arm, "bf16", steps=7, prompts=4, limit=0.02),
+    )
     stage = cfg.stage("stage1")
     assert (cfg.precision.train.name(), cfg.precision.rollout.name()) == ("fp32-islands", "bf16")
     assert stage.steps == stage.min_steps == 7 and stage.prompts_per_step == 4

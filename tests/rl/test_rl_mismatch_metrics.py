@@ -31,15 +31,18 @@ def test_values_by_hand():
     assert out["mismatch/chi2_seq"] == pytest.approx((0.0 + 0.25) / 2)  # w = 1 and 0.5
     assert out["mismatch/log_ppl_diff"] == pytest.approx((0.0 - LN2) / 2)  # per-sequence mean log r: 0, -ln2
     assert out["mismatch/ess_seq"] == pytest.approx(1.5**2 / (2 * (1 + 0.25)))  # 0.9
-    assert out["mismatch/prob_corr"] == pytest.approx(-1.0)  # p_train (.25, .5, .25) vs p_rollout (.5, .25, .5)
+    assert out["mismatch/prob_corr"] == pytest.approx(
+        -1.0
+    )  # p_train (.25, .5, .25) vs p_rollout (.5, .25, .5)
     assert set(out) == {f"mismatch/{k}" for k in KEYS}
 
 
 def test_identical_engines():
     _, rollout, mask = batch()
     out = mismatch_metrics(rollout.clone(), rollout, mask, prefix="gap/mismatch")
-    assert {k: out[f"gap/mismatch/{k}"] for k in ("kl_k1", "kl_k3", "chi2_token", "chi2_seq", "log_ppl_diff")} == {
-        "kl_k1": 0.0, "kl_k3": 0.0, "chi2_token": 0.0, "chi2_seq": 0.0, "log_ppl_diff": 0.0}
+    assert {
+        k: out[f"gap/mismatch/{k}"] for k in ("kl_k1", "kl_k3", "chi2_token", "chi2_seq", "log_ppl_diff")
+    } == {"kl_k1": 0.0, "kl_k3": 0.0, "chi2_token": 0.0, "chi2_seq": 0.0, "log_ppl_diff": 0.0}
     assert out["gap/mismatch/ess_seq"] == pytest.approx(1.0)
     assert out["gap/mismatch/prob_corr"] == pytest.approx(1.0)
 

@@ -57,5 +57,31 @@ def test_bad_settings_are_refused():
 
 def test_make_normalization_follows_loss_settings():
     assert make_normalization(LossSettings(), 32, 128) == Normalization("token_sum", 32 * 128.0)
-    assert make_normalization(LossSettings(token_sum_denominator=1000), 32, 128) == Normalization("token_sum", 1000.0)
-    assert make_normalization(LossSettings(normalization="sample_mean"), 32, 128) == Normalization("sample_mean")
+    assert make_normalization(LossSettings(token_sum_denominator=1000), 32, 128) == Normalization(
+        "token_sum", 1000.0
+    )
+    assert make_normalization(LossSettings(normalization="sample_mean"), 32, 128) == Normalization(
+        "sample_mean"
+    )
+
+
+def test_token_mean_divides_the_token_sum_by_the_minibatchs_loss_tokens():
+    # verl's token-mean (agg_loss, loss_agg_mode="token-mean"): masked sum over masked count, by hand.
+    settings = LossSettings(normalization="token_mean")
+    norm = make_normalization(settings, 3, 128, tokens=int(MASK.sum()))
+    assert norm(PER_TOKEN, MASK).item() == pytest.approx((10 + 30) / 6)
+    with pytest.raises(ValueError, match="tokens="):
+        make_normalization(settings, 3, 128)
+    # every token weighs the same, as under token_sum: a 6-token response gets 3x a 2-token one's gradient
+    mask = torch.tensor([[1] * 2 + [0] * 4, [1] * 6], dtype=torch.bool)
+    lt = torch.full((2, 6), -1.0, requires_grad=True)
+    sg_clip_is_loss(
+        lt,
+        lt.detach(),
+        torch.tensor([1.0, 1.0]),
+        mask,
+        make_normalization(settings, 2, 6, tokens=8),
+        eps_high=0.2,
+    ).loss.backward()
+    per_response = lt.grad.abs().sum(dim=1)
+    assert per_response.tolist() == pytest.approx([2 / 8, 6 / 8])

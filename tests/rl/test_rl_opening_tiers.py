@@ -31,8 +31,17 @@ def _batch(opening: Opening | None, tags=("[fast]", None, "[deep]", "[fast]"), s
     base = task.prompts("train", len(tags), random.Random(5))
     problems = [p if tag is None else task.with_tier(p, tag) for p, tag in zip(base, tags, strict=True)]
     params = SamplingParams(max_new_tokens=24, temperature=1.0, n=samples)
-    return collect(EmbeddedEngine(model, tok), task, tok, problems, samples=samples, params=params,
-                   reward=TaskReward(task, TIERS), seeds=[21, 22, 23, 24][:len(tags)], opening=opening)
+    return collect(
+        EmbeddedEngine(model, tok),
+        task,
+        tok,
+        problems,
+        samples=samples,
+        params=params,
+        reward=TaskReward(task, TIERS),
+        seeds=[21, 22, 23, 24][: len(tags)],
+        opening=opening,
+    )
 
 
 def test_only_prompts_of_the_listed_tiers_get_forced_samples_last_in_their_group():
@@ -44,7 +53,7 @@ def test_only_prompts_of_the_listed_tiers_get_forced_samples_last_in_their_group
     for g in range(4):
         assert len({id(batch.problems[i]) for i in range(4 * g, 4 * g + 4)}) == 1  # one problem per group
     for i, forced in enumerate(batch.forced):
-        assert (batch.output_ids[i][:len(ids)] == list(ids)) or not forced
+        assert (batch.output_ids[i][: len(ids)] == list(ids)) or not forced
     assert own_rows(batch) == [0, 1, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13]
     assert opening_metrics(batch)["opening/forced_frac"] == pytest.approx(4 / 16)
 
@@ -55,22 +64,34 @@ def test_a_prompt_outside_the_listed_tiers_samples_as_with_no_opening():
     limited = _batch(Opening(tuple(tok.encode("<think> </think>")), samples=2, tags=frozenset({None})))
     assert limited.forced == [False] * 4 + [False, False, True, True] + [False] * 8
     for g in (0, 2, 3):  # not listed: all four samples are the policy's own, the same draws as without
-        assert limited.output_ids[4 * g:4 * g + 4] == plain.output_ids[4 * g:4 * g + 4]
+        assert limited.output_ids[4 * g : 4 * g + 4] == plain.output_ids[4 * g : 4 * g + 4]
 
 
 def test_a_batch_without_a_listed_prompt_has_no_forced_mean():
     tok = CharTokenizer()
-    batch = _batch(Opening(tuple(tok.encode("<think> </think>")), samples=1, tags=frozenset({"[deep]"})),
-                   tags=("[fast]", None))
+    batch = _batch(
+        Opening(tuple(tok.encode("<think> </think>")), samples=1, tags=frozenset({"[deep]"})),
+        tags=("[fast]", None),
+    )
     assert batch.forced == [False] * 8
     m = opening_metrics(batch)
-    assert m["opening/forced_frac"] == 0.0 and m["opening/forced_reward_mean"] != m["opening/forced_reward_mean"]
+    assert (
+        m["opening/forced_frac"] == 0.0 and m["opening/forced_reward_mean"] != m["opening/forced_reward_mean"]
+    )
 
 
 def stage(**opening):
-    return RLStage.model_validate(dict(name="tier", kind="rl", samples_per_prompt=4, prompts_per_step=4,
-                                       minibatches=1, tiers=[t.model_dump() for t in TIERS],
-                                       forced_opening=opening))
+    return RLStage.model_validate(
+        dict(
+            name="tier",
+            kind="rl",
+            samples_per_prompt=4,
+            prompts_per_step=4,
+            minibatches=1,
+            tiers=[t.model_dump() for t in TIERS],
+            forced_opening=opening,
+        )
+    )
 
 
 def test_the_stage_maps_tier_names_to_their_tags_the_untagged_one_included():

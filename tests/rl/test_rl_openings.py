@@ -29,10 +29,23 @@ FAST = Tier(name="fast", tag="[fast]", budget=20)
 
 def _setup(seed: int = 0):
     tok = CharTokenizer()
-    cfg = ModelConfig.model_validate(dict(
-        vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, layout="LM",
-        intermediate_size=48, max_position_embeddings=128, kv_lora_rank=8, qk_nope_head_dim=8,
-        qk_rope_head_dim=4, v_head_dim=6, head_dim=8, lightning_block_size=8))
+    cfg = ModelConfig.model_validate(
+        dict(
+            vocab_size=64,
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            layout="LM",
+            intermediate_size=48,
+            max_position_embeddings=128,
+            kv_lora_rank=8,
+            qk_nope_head_dim=8,
+            qk_rope_head_dim=4,
+            v_head_dim=6,
+            head_dim=8,
+            lightning_block_size=8,
+        )
+    )
     model = HybridLM(cfg, PrecisionPolicy(body="float64", attention_softmax_fp32=True, lm_head_fp32=True))
     model.reset_parameters(torch.Generator().manual_seed(seed))
     task = SyntheticArithmetic(ArithmeticTask(operation="digitsum", digits=6, min_digits=2))
@@ -43,8 +56,17 @@ def _collect(opening, samples=4, max_new=24, seed=3):
     tok, model, task = _setup()
     problems = [task.with_tier(p, FAST.tag) for p in task.prompts("train", 3, random.Random(seed))]
     params = SamplingParams(max_new_tokens=max_new, temperature=1.0, n=samples)
-    batch = collect(EmbeddedEngine(model, tok), task, tok, problems, samples=samples, params=params,
-                    reward=TaskReward(task, [FAST]), seeds=[11, 12, 13], opening=opening)
+    batch = collect(
+        EmbeddedEngine(model, tok),
+        task,
+        tok,
+        problems,
+        samples=samples,
+        params=params,
+        reward=TaskReward(task, [FAST]),
+        seeds=[11, 12, 13],
+        opening=opening,
+    )
     return tok, model, batch
 
 
@@ -54,7 +76,7 @@ def test_forced_samples_open_with_the_prefix_and_sit_last_in_their_group():
     _, _, batch = _collect(opening)
     assert batch.forced == [False, False, False, True] * 3
     for i, forced in enumerate(batch.forced):
-        starts = batch.output_ids[i][:len(opening.ids)] == list(opening.ids)
+        starts = batch.output_ids[i][: len(opening.ids)] == list(opening.ids)
         assert starts if forced else True
         assert batch.responses[i].startswith("<think> </think>") == starts
         assert batch.lengths[i] <= 24  # the opening counts against max_new_tokens
@@ -74,7 +96,7 @@ def test_the_openings_log_probs_are_the_engines_own_and_a_fresh_score_reproduces
         got = batch.logp_rollout_NT[row, :n]
         assert batch.mask_NT[row, :n].all()
         torch.testing.assert_close(got, s.logprobs.double(), atol=1e-9, rtol=0)  # float64 body: same numbers
-        assert (got[:len(opening.ids)] < 0).all()  # scored, not a placeholder 0
+        assert (got[: len(opening.ids)] < 0).all()  # scored, not a placeholder 0
 
 
 def test_without_an_opening_the_batch_is_what_it_was():
@@ -104,11 +126,18 @@ def test_an_opening_that_leaves_no_room_is_refused():
         _collect(Opening(tuple(tok.encode("<think> </think>")), samples=1), max_new=16)
 
 
-@pytest.mark.parametrize("fraction, samples, ok", [(0.25, 8, True), (0.5, 2, True), (0.05, 8, False),
-                                                   (0.95, 8, False)])
+@pytest.mark.parametrize(
+    "fraction, samples, ok", [(0.25, 8, True), (0.5, 2, True), (0.05, 8, False), (0.95, 8, False)]
+)
 def test_the_forced_share_must_leave_both_kinds_of_sample(fraction, samples, ok):
-    stage = dict(name="tier", kind="rl", samples_per_prompt=samples, prompts_per_step=4, minibatches=1,
-                 forced_opening={"fraction": fraction})
+    stage = dict(
+        name="tier",
+        kind="rl",
+        samples_per_prompt=samples,
+        prompts_per_step=4,
+        minibatches=1,
+        forced_opening={"fraction": fraction},
+    )
     if ok:
         assert RLStage.model_validate(stage).forced_opening.samples(samples) >= 1
     else:
@@ -129,14 +158,27 @@ def test_guessed_samples_are_whole_answers_scored_by_the_engine_and_never_trunca
     opening = Opening(tuple(tok.encode("<think> </think> ")), samples=3, guesses=guesses)
     problems = [task.with_tier(p, FAST.tag) for p in task.prompts("train", 4, random.Random(1))]
     params = SamplingParams(max_new_tokens=24, temperature=1.0, n=4)
-    batch = collect(EmbeddedEngine(model, tok), task, tok, problems, samples=4, params=params,
-                    reward=TaskReward(task, [FAST]), seeds=[1, 2, 3, 4], opening=opening)
+    batch = collect(
+        EmbeddedEngine(model, tok),
+        task,
+        tok,
+        problems,
+        samples=4,
+        params=params,
+        reward=TaskReward(task, [FAST]),
+        seeds=[1, 2, 3, 4],
+        opening=opening,
+    )
     forced = [i for i, f in enumerate(batch.forced) if f]
     assert len(forced) == 12
     drawn = set()
     for i in forced:
         text = batch.responses[i]
-        assert text.startswith("<think> </think> ") and text.endswith("\n") and len(text) == len("<think> </think> 0\n")
+        assert (
+            text.startswith("<think> </think> ")
+            and text.endswith("\n")
+            and len(text) == len("<think> </think> 0\n")
+        )
         drawn.add(text[-2])
         assert not batch.truncated[i]
         assert batch.correct[i] == (text[-2] == batch.problems[i].answer)
@@ -144,13 +186,17 @@ def test_guessed_samples_are_whole_answers_scored_by_the_engine_and_never_trunca
     assert len(drawn) > 3  # drawn across the answers, not one fixed guess
     seqs, plens = batch.sequences(forced)
     for row, s in zip(forced, score_tokens(model, seqs, plens), strict=True):
-        torch.testing.assert_close(batch.logp_rollout_NT[row, :batch.lengths[row]], s.logprobs.double(),
-                                   atol=1e-9, rtol=0)
+        torch.testing.assert_close(
+            batch.logp_rollout_NT[row, : batch.lengths[row]], s.logprobs.double(), atol=1e-9, rtol=0
+        )
 
 
 def test_a_task_without_an_answer_space_cannot_guess():
     from ringzero.tasks.config import ArithmeticTask as A
-    assert SyntheticArithmetic(A(operation="digitsum", digits=3)).answer_space() == [str(d) for d in range(10)]
+
+    assert SyntheticArithmetic(A(operation="digitsum", digits=3)).answer_space() == [
+        str(d) for d in range(10)
+    ]
     assert SyntheticArithmetic(A(operation="parity", digits=3)).answer_space() == ["0", "1"]
     assert SyntheticArithmetic(A(operation="add", digits=3)).answer_space() is None
     with pytest.raises(Exception, match="no answers to guess from"):

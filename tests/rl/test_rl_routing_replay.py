@@ -14,10 +14,26 @@ from ringzero.model.routing import capture_routing, replay_routing
 from ringzero.rl.rollout_batch import RolloutBatch
 from ringzero.rl.trainer import PolicyTrainer
 
-MOE = ModelConfig(vocab_size=32, hidden_size=32, num_hidden_layers=4, num_attention_heads=2, layer_group_size=2,
-                  head_dim=8, qk_rope_head_dim=4, qk_nope_head_dim=8, v_head_dim=6, kv_lora_rank=8,
-                  intermediate_size=40, group_norm_size=2, num_experts=6, n_group=3, topk_group=2,
-                  num_experts_per_tok=2, moe_intermediate_size=16, first_k_dense_replace=1)
+MOE = ModelConfig(
+    vocab_size=32,
+    hidden_size=32,
+    num_hidden_layers=4,
+    num_attention_heads=2,
+    layer_group_size=2,
+    head_dim=8,
+    qk_rope_head_dim=4,
+    qk_nope_head_dim=8,
+    v_head_dim=6,
+    kv_lora_rank=8,
+    intermediate_size=40,
+    group_norm_size=2,
+    num_experts=6,
+    n_group=3,
+    topk_group=2,
+    num_experts_per_tok=2,
+    moe_intermediate_size=16,
+    first_k_dense_replace=1,
+)
 
 
 def _model():
@@ -41,15 +57,26 @@ def _batch(model, experts_of=None):
     T = max(len(o) for o in outputs)
     experts = [(experts_of or _engine_experts)(model, p + o) for p, o in zip(prompts, outputs, strict=True)]
     mask = torch.tensor([[j < len(o) for j in range(T)] for o in outputs])
-    return RolloutBatch(problems=[None] * 3, prompt_ids=prompts, output_ids=outputs, responses=[""] * 3,
-                        logp_rollout_NT=torch.zeros(3, T, dtype=torch.float64), mask_NT=mask,
-                        rewards_N=torch.zeros(3), correct=[False] * 3, truncated=[False] * 3,
-                        uses_trace=[False] * 3, group_size=1, routed_experts=experts), T
+    return RolloutBatch(
+        problems=[None] * 3,
+        prompt_ids=prompts,
+        output_ids=outputs,
+        responses=[""] * 3,
+        logp_rollout_NT=torch.zeros(3, T, dtype=torch.float64),
+        mask_NT=mask,
+        rewards_N=torch.zeros(3),
+        correct=[False] * 3,
+        truncated=[False] * 3,
+        uses_trace=[False] * 3,
+        group_size=1,
+        routed_experts=experts,
+    ), T
 
 
 def _trainer(model, replay: bool, T: int):
-    return PolicyTrainer(model, None, LossSettings(routing_replay=replay), minibatches=1, max_new_tokens=T,
-                         temperature=1.0)
+    return PolicyTrainer(
+        model, None, LossSettings(routing_replay=replay), minibatches=1, max_new_tokens=T, temperature=1.0
+    )
 
 
 def test_replaying_the_models_own_routing_changes_nothing():
@@ -79,16 +106,29 @@ def test_replay_forces_the_reported_experts_for_every_token():
         with replay_routing(model, forced):
             logits = model(torch.tensor([seq[:-1]]))
         want = torch.log_softmax(logits[0].double(), -1)[torch.arange(len(seq) - 1), torch.tensor(seq[1:])]
-        torch.testing.assert_close(got[i, : len(o)], want[len(p) - 1:], rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(got[i, : len(o)], want[len(p) - 1 :], rtol=1e-12, atol=1e-12)
         assert not torch.allclose(got[i, : len(o)], plain[i, : len(o)])
 
 
 def test_replay_needs_moe_layers_and_is_refused_with_deterministic(tmp_path):
     with pytest.raises(ValueError, match="routing_replay needs a model with MoE layers"):
-        PolicyTrainer(HybridLM(ModelConfig(), PrecisionPolicy.preset("fp32")), None,
-                      LossSettings(routing_replay=True), minibatches=1, max_new_tokens=4, temperature=1.0)
+        PolicyTrainer(
+            HybridLM(ModelConfig(), PrecisionPolicy.preset("fp32")),
+            None,
+            LossSettings(routing_replay=True),
+            minibatches=1,
+            max_new_tokens=4,
+            temperature=1.0,
+        )
     with pytest.raises(ValueError, match="already routes every token"):
-        PolicyTrainer(_model(), None, LossSettings(routing_replay=True), minibatches=1, max_new_tokens=4,
-                      temperature=1.0, batch_invariant=True)
+        PolicyTrainer(
+            _model(),
+            None,
+            LossSettings(routing_replay=True),
+            minibatches=1,
+            max_new_tokens=4,
+            temperature=1.0,
+            batch_invariant=True,
+        )
     with pytest.raises(Exception, match=r"loss.routing_replay: the model has no MoE layers"):
         load_config("configs/tiny-cpu.yaml", ["stages.stage1.loss.routing_replay=true"])

@@ -36,7 +36,9 @@ def test_ratio_and_logratio_distributions_over_masked_tokens():
     out = ratio_tail(train, rollout, mask, eps_high=0.28)
     abs_r = np.abs(np.exp(LOG_R) - 1)
     assert out["ratio/mean"] == pytest.approx(abs_r.mean(), rel=1e-6)
-    assert out["ratio/max"] == pytest.approx(abs_r.max(), rel=1e-6)  # e^0.5 - 1 = 0.65; the padded 7.0 is ignored
+    assert out["ratio/max"] == pytest.approx(
+        abs_r.max(), rel=1e-6
+    )  # e^0.5 - 1 = 0.65; the padded 7.0 is ignored
     assert out["ratio/p50"] == pytest.approx(np.quantile(abs_r, 0.5), rel=1e-6)
     assert out["logratio/max"] == pytest.approx(1.0, rel=1e-6)
     assert out["logratio/p99.9"] == pytest.approx(np.quantile(np.abs(LOG_R), 0.999), rel=1e-6)
@@ -84,14 +86,20 @@ def test_entropy_and_kl_summaries():
 def test_length_reward_and_trace_summaries():
     lengths = [10, 20, 30, 128]
     out = length_summary(lengths, [False, False, False, True])
-    assert out == {"len/mean": 47.0, "len/p95": pytest.approx(np.percentile(lengths, 95)), "len/max": 128.0,
-                   "len/trunc_rate": 0.25}
+    assert out == {
+        "len/mean": 47.0,
+        "len/p95": pytest.approx(np.percentile(lengths, 95)),
+        "len/max": 128.0,
+        "len/trunc_rate": 0.25,
+    }
     rewards = [1.0, 0.0, 0.0, 0.0, 1.0, 1.0]
     out = reward_summary(rewards, group_size=2)
     assert out["reward/mean"] == pytest.approx(0.5)
     assert out["reward/zero_std_groups"] == pytest.approx(2 / 3)  # (0, 0) and (1, 1)
     assert out["reward/solved_groups"] == pytest.approx(2 / 3)
-    out = trace_summary([True, False, True, False, False, False], rewards, step_checks=[(4, 4), (0, 0), (4, 2)])
+    out = trace_summary(
+        [True, False, True, False, False, False], rewards, step_checks=[(4, 4), (0, 0), (4, 2)]
+    )
     assert out["trace/rate"] == pytest.approx(1 / 3)
     assert out["trace/accuracy"] == pytest.approx(0.5) and out["trace/direct_accuracy"] == pytest.approx(0.5)
     assert out["trace/step_accuracy"] == pytest.approx(6 / 8)
@@ -111,7 +119,14 @@ def test_every_key_is_accepted_by_the_metric_writer():
         **trace_summary([True, False], [1.0, 0.0]),
     }
     record = MemoryMetricWriter().log(0, metrics)
-    assert {"ratio/p99", "ratio/p99.9", "logratio/p99", "drift/pos_0-63/mean", "len/p95", "trace/rate"} <= set(record)
+    assert {
+        "ratio/p99",
+        "ratio/p99.9",
+        "logratio/p99",
+        "drift/pos_0-63/mean",
+        "len/p95",
+        "trace/rate",
+    } <= set(record)
 
 
 def test_percentiles_on_two_to_the_25_values_are_numpys_exactly():
@@ -137,7 +152,9 @@ def test_sorted_selection_matches_the_host_selection(n):
     assert tail_metrics._sorted_pick(flat, ks) == tail_metrics._partition_pick(flat, ks)
     assert quantiles(flat, QUANTILES) == np.quantile(flat.numpy(), QUANTILES).tolist()
     if torch.cuda.is_available():
-        assert quantiles(flat.cuda(), QUANTILES) == pytest.approx(np.quantile(flat.numpy(), QUANTILES), rel=1e-15)
+        assert quantiles(flat.cuda(), QUANTILES) == pytest.approx(
+            np.quantile(flat.numpy(), QUANTILES), rel=1e-15
+        )
 
 
 def test_empty_and_nan_values():

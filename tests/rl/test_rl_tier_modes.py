@@ -80,10 +80,18 @@ def batch_of(rows):
     problems = [task.with_tier(task.problem(d), tag) if tag else task.problem(d) for d, tag, _, _ in rows]
     n = len(rows)
     batch = RolloutBatch(
-        problems=problems, prompt_ids=[[1]] * n, output_ids=[[2] * length for _, _, length, _ in rows],
-        responses=["x"] * n, logp_rollout_NT=torch.zeros(n, 1, dtype=torch.float64),
-        mask_NT=torch.ones(n, 1, dtype=torch.bool), rewards_N=torch.zeros(n), correct=[c for *_, c in rows],
-        truncated=[False] * n, uses_trace=[False] * n, group_size=1)
+        problems=problems,
+        prompt_ids=[[1]] * n,
+        output_ids=[[2] * length for _, _, length, _ in rows],
+        responses=["x"] * n,
+        logp_rollout_NT=torch.zeros(n, 1, dtype=torch.float64),
+        mask_NT=torch.ones(n, 1, dtype=torch.bool),
+        rewards_N=torch.zeros(n),
+        correct=[c for *_, c in rows],
+        truncated=[False] * n,
+        uses_trace=[False] * n,
+        group_size=1,
+    )
     return task, batch
 
 
@@ -91,12 +99,19 @@ EASY, HARD = (1, 2, 3, 4), tuple(range(16))
 
 
 def test_the_untagged_tier_is_reported_under_its_name_and_under_difficulty():
-    task, batch = batch_of([
-        (EASY, None, 7, False), (HARD, None, 30, True), (HARD, None, 50, True),
-        (HARD, "[deep]", 40, True), (EASY, "[fast]", 8, True),
-    ])
+    task, batch = batch_of(
+        [
+            (EASY, None, 7, False),
+            (HARD, None, 30, True),
+            (HARD, None, 50, True),
+            (HARD, "[deep]", 40, True),
+            (EASY, "[fast]", 8, True),
+        ]
+    )
     got = tier_metrics(task, batch, [FAST, DEEP, PLAIN])
-    assert got["tier/plain/accuracy"] == pytest.approx(2 / 3) and got["tier/plain/len_mean"] == pytest.approx(29)
+    assert got["tier/plain/accuracy"] == pytest.approx(2 / 3) and got["tier/plain/len_mean"] == pytest.approx(
+        29
+    )
     assert got["tier/plain/hard/accuracy"] == 1.0 and got["tier/plain/hard/len_mean"] == 40.0
     assert got["tier/plain/easy/accuracy"] == 0.0
     assert got["difficulty/hard/accuracy"] == 1.0 and got["difficulty/easy/len_mean"] == 7.0  # as before
@@ -114,8 +129,12 @@ def test_the_contrast_takes_tagged_tiers_only_and_no_budget_is_the_deepest():
     task, batch = batch_of([(HARD, "[fast]", 10, False), (HARD, "[deep]", 40, True), (HARD, None, 90, True)])
     values = tier_metrics(task, batch, [FAST, DEEP, PLAIN])
     got = depth_contrast(values, [PLAIN, FAST, DEEP])
-    assert got == {"tier/contrast/accuracy_gap": 1.0, "tier/contrast/len_ratio": 4.0,
-                   "tier/contrast/hard/accuracy_gap": 1.0, "tier/contrast/hard/len_ratio": 4.0}
+    assert got == {
+        "tier/contrast/accuracy_gap": 1.0,
+        "tier/contrast/len_ratio": 4.0,
+        "tier/contrast/hard/accuracy_gap": 1.0,
+        "tier/contrast/hard/len_ratio": 4.0,
+    }
     assert depth_contrast(values, [PLAIN, FAST]) == {}
 
 
@@ -137,14 +156,35 @@ def test_the_heldout_eval_samples_the_untagged_tier_once_as_the_untiered_prompts
     from ringzero.stages.heldout_eval import evaluate_heldout
     from ringzero.tokenizer.char import CharTokenizer
 
-    cfg = ModelConfig.model_validate(dict(
-        vocab_size=64, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, layout="LM",
-        intermediate_size=24, max_position_embeddings=64, kv_lora_rank=8, qk_nope_head_dim=8,
-        qk_rope_head_dim=4, v_head_dim=6, head_dim=8, lightning_block_size=8))
+    cfg = ModelConfig.model_validate(
+        dict(
+            vocab_size=64,
+            hidden_size=16,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            layout="LM",
+            intermediate_size=24,
+            max_position_embeddings=64,
+            kv_lora_rank=8,
+            qk_nope_head_dim=8,
+            qk_rope_head_dim=4,
+            v_head_dim=6,
+            head_dim=8,
+            lightning_block_size=8,
+        )
+    )
     model = HybridLM(cfg, PrecisionPolicy.preset("fp32"))
     model.reset_parameters(torch.Generator().manual_seed(0))
     task = make_task(ArithmeticTask(digits=2))
-    got = evaluate_heldout(EmbeddedEngine(model.eval(), CharTokenizer()), task, CharTokenizer(), prompts=2,
-                           samples=1, max_new_tokens=4, tiers=[PLAIN, FAST], forced_trace=False)
+    got = evaluate_heldout(
+        EmbeddedEngine(model.eval(), CharTokenizer()),
+        task,
+        CharTokenizer(),
+        prompts=2,
+        samples=1,
+        max_new_tokens=4,
+        tiers=[PLAIN, FAST],
+        forced_trace=False,
+    )
     assert "eval/fast/accuracy" in got and "eval/accuracy" in got
     assert not any(k.startswith("eval/plain") for k in got)

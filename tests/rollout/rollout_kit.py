@@ -11,11 +11,22 @@ from ringzero.model.hybrid import HybridLM
 from ringzero.model.tolerances import tolerance
 from ringzero.rollout.types import GenerateRequest, SamplingParams
 
-# Lightning block_size 4 so prompts and outputs straddle blocks; max_position_embeddings 64 caps a sequence's length.
+# Lightning block_size 4 so prompts and outputs straddle blocks; max_position_embeddings 64 caps a sequence's
+# length.
 TINY = dict(
-    vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, layout="LM", intermediate_size=48, max_position_embeddings=64,
-    kv_lora_rank=8, qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=6,
-    head_dim=8, lightning_block_size=4,
+    vocab_size=64,
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    layout="LM",
+    intermediate_size=48,
+    max_position_embeddings=64,
+    kv_lora_rank=8,
+    qk_nope_head_dim=8,
+    qk_rope_head_dim=4,
+    v_head_dim=6,
+    head_dim=8,
+    lightning_block_size=4,
 )
 
 
@@ -55,5 +66,9 @@ def requests(prompt_list, **params) -> list[GenerateRequest]:
 
 def assert_close(actual, expected, dtype: torch.dtype) -> None:
     tol = tolerance(dtype)
-    torch.testing.assert_close(torch.as_tensor(actual, dtype=torch.float64),
-                               torch.as_tensor(expected, dtype=torch.float64), atol=tol.atol, rtol=tol.rtol)
+    torch.testing.assert_close(
+        torch.as_tensor(actual, dtype=torch.float64),
+        torch.as_tensor(expected, dtype=torch.float64),
+        atol=tol.atol,
+        rtol=tol.rtol,
+    )

@@ -28,7 +28,9 @@ def distribution() -> metadata.Distribution:
     try:
         return metadata.distribution("sglang")
     except metadata.PackageNotFoundError:
-        require_tool("sglang", f"SGLang's source (make setup installs sglang=={image_version()} with --no-deps)")
+        require_tool(
+            "sglang", f"SGLang's source (make setup installs sglang=={image_version()} with --no-deps)"
+        )
 
 
 @cache
@@ -41,8 +43,12 @@ def struct_fields(relative: str) -> dict[str, list[str]]:
 
     def fields(name: str) -> list[str]:
         node = classes[name]
-        inherited = [f for b in node.bases if isinstance(b, ast.Name) and b.id in classes for f in fields(b.id)]
-        own = [s.target.id for s in node.body if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name)]
+        inherited = [
+            f for b in node.bases if isinstance(b, ast.Name) and b.id in classes for f in fields(b.id)
+        ]
+        own = [
+            s.target.id for s in node.body if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name)
+        ]
         return inherited + [f for f in own if f not in inherited]
 
     return {name: fields(name) for name in classes}
@@ -54,6 +60,10 @@ def server_flags() -> set[str]:
     (its ``arg_groups/field_order.py`` lists the built-in fields, ``_field_to_cli_name`` spells them)."""
     path = Path(distribution().locate_file("sglang/srt/arg_groups/field_order.py"))
     tree = ast.parse(path.read_text(), filename=str(path))
-    (order,) = [n.value for n in tree.body if isinstance(n, ast.Assign)
-                and any(isinstance(t, ast.Name) and t.id == "POSITIONAL_FIELD_ORDER" for t in n.targets)]
+    (order,) = [
+        n.value
+        for n in tree.body
+        if isinstance(n, ast.Assign)
+        and any(isinstance(t, ast.Name) and t.id == "POSITIONAL_FIELD_ORDER" for t in n.targets)
+    ]
     return {"--" + ast.literal_eval(e).replace("_", "-") for e in order.elts}

@@ -17,9 +17,18 @@ STOP_ID = 29  # some rows hit it early, so rows leave at different steps
 def mixed_requests(count: int, seed: int = 1) -> list[GenerateRequest]:
     """Greedy, seeded-sampled and filtered rows of different prompt and output lengths."""
     settings = [dict(temperature=0), dict(temperature=0.9), dict(temperature=1.2, top_p=0.9), dict(top_k=6)]
-    return [GenerateRequest(p, SamplingParams(max_new_tokens=6 + 5 * (i % 4), seed=100 + i, stop_token_ids=(STOP_ID,),
-                                              **settings[i % len(settings)]))
-            for i, p in enumerate(prompts([3 + (7 * i) % 17 for i in range(count)], seed=seed))]
+    return [
+        GenerateRequest(
+            p,
+            SamplingParams(
+                max_new_tokens=6 + 5 * (i % 4),
+                seed=100 + i,
+                stop_token_ids=(STOP_ID,),
+                **settings[i % len(settings)],
+            ),
+        )
+        for i, p in enumerate(prompts([3 + (7 * i) % 17 for i in range(count)], seed=seed))
+    ]
 
 
 def run_arrivals(batch, arrivals: dict[int, list[GenerateRequest]]):
@@ -80,8 +89,10 @@ def test_n_seeded_samples_joining_late_share_a_prefill_and_match_alone():
 def test_finished_rows_free_their_slots_for_newcomers_without_growing_the_cache():
     engine = EmbeddedEngine(tiny_model("float64"), compact_below=0.0)
     long_req = GenerateRequest(prompts([5], seed=2)[0], SamplingParams(max_new_tokens=40, temperature=0))
-    shorts = [GenerateRequest(p, SamplingParams(max_new_tokens=3, seed=i)) for i, p in
-              enumerate(prompts([4, 9, 2, 13, 6, 8], seed=3))]
+    shorts = [
+        GenerateRequest(p, SamplingParams(max_new_tokens=3, seed=i))
+        for i, p in enumerate(prompts([4, 9, 2, 13, 6, 8], seed=3))
+    ]
     batch = engine.open_batch()
     batch.admit([long_req, shorts[0]])
     slots_seen = set()
@@ -102,8 +113,10 @@ def test_finished_rows_free_their_slots_for_newcomers_without_growing_the_cache(
 
 def test_compaction_rewrites_the_cache_down_to_live_rows():
     engine = EmbeddedEngine(tiny_model("float64"), compact_below=0.5)
-    reqs = [GenerateRequest(p, SamplingParams(max_new_tokens=2 if i else 20, temperature=0))
-            for i, p in enumerate(prompts([3, 4, 5, 6], seed=5))]
+    reqs = [
+        GenerateRequest(p, SamplingParams(max_new_tokens=2 if i else 20, temperature=0))
+        for i, p in enumerate(prompts([3, 4, 5, 6], seed=5))
+    ]
     batch = engine.open_batch()
     batch.admit(reqs)
     while batch.live > 1:
@@ -113,7 +126,10 @@ def test_compaction_rewrites_the_cache_down_to_live_rows():
 
 def test_aborted_rows_end_with_the_next_token_and_the_rest_go_on():
     engine = EmbeddedEngine(tiny_model("float64"))
-    reqs = [GenerateRequest(p, SamplingParams(max_new_tokens=12, seed=3 + i)) for i, p in enumerate(prompts([4, 7]))]
+    reqs = [
+        GenerateRequest(p, SamplingParams(max_new_tokens=12, seed=3 + i))
+        for i, p in enumerate(prompts([4, 7]))
+    ]
     batch = engine.open_batch()
     job = batch.admit(reqs)
     for _ in range(4):
@@ -129,7 +145,9 @@ def test_aborted_rows_end_with_the_next_token_and_the_rest_go_on():
 
 def test_prompt_only_requests_are_answered_at_admission_with_their_logprobs():
     engine = EmbeddedEngine(tiny_model("float64"))
-    req = GenerateRequest(prompts([9])[0], SamplingParams(max_new_tokens=0), logprobs=LogprobRequest(prompt_from=0))
+    req = GenerateRequest(
+        prompts([9])[0], SamplingParams(max_new_tokens=0), logprobs=LogprobRequest(prompt_from=0)
+    )
     batch = engine.open_batch()
     batch.admit([req])
     ((_, ((got,),)),) = batch.finished()
@@ -167,7 +185,11 @@ def test_a_uniform_stream_row_joining_mid_block_draws_its_own_stream():
     stream.join([3])
     joined = [stream.next() for _ in range(UNIFORM_BLOCK + 5)]
     solo = UniformStream([3])
-    assert torch.equal(torch.stack(joined)[:, 2], torch.stack([solo.next()[0] for _ in range(UNIFORM_BLOCK + 5)]))
+    assert torch.equal(
+        torch.stack(joined)[:, 2], torch.stack([solo.next()[0] for _ in range(UNIFORM_BLOCK + 5)])
+    )
     row0 = UniformStream([1])
-    assert torch.equal(torch.cat([torch.stack(early)[:, 0], torch.stack(joined)[:, 0]]),
-                       torch.stack([row0.next()[0] for _ in range(2 * UNIFORM_BLOCK + 2)]))
+    assert torch.equal(
+        torch.cat([torch.stack(early)[:, 0], torch.stack(joined)[:, 0]]),
+        torch.stack([row0.next()[0] for _ in range(2 * UNIFORM_BLOCK + 2)]),
+    )

@@ -22,10 +22,12 @@ cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA de
 def _mixed_requests() -> list[GenerateRequest]:
     """Sampling, top-k, top-p, greedy, stop ids, stop strings, n samples and different caps."""
     ps = prompts([5, 9, 3, 12], seed=2)
-    return [GenerateRequest(ps[0], SamplingParams(max_new_tokens=10, n=3, seed=5, top_k=5)),
-            GenerateRequest(ps[1], SamplingParams(max_new_tokens=70, top_p=0.8, stop=("ab",))),
-            GenerateRequest(ps[2], SamplingParams(max_new_tokens=7, temperature=0, stop_token_ids=(9,))),
-            GenerateRequest(ps[3], SamplingParams(max_new_tokens=12, temperature=0.7, n=2))]
+    return [
+        GenerateRequest(ps[0], SamplingParams(max_new_tokens=10, n=3, seed=5, top_k=5)),
+        GenerateRequest(ps[1], SamplingParams(max_new_tokens=70, top_p=0.8, stop=("ab",))),
+        GenerateRequest(ps[2], SamplingParams(max_new_tokens=7, temperature=0, stop_token_ids=(9,))),
+        GenerateRequest(ps[3], SamplingParams(max_new_tokens=12, temperature=0.7, n=2)),
+    ]
 
 
 def _meta_engine(**kwargs) -> EmbeddedEngine:
@@ -39,16 +41,21 @@ def _meta_engine(**kwargs) -> EmbeddedEngine:
 
 @pytest.mark.parametrize("deterministic", [False, True])
 def test_decode_loop_makes_no_host_tensor_and_reads_back_once_per_step(deterministic):
-    engine = _meta_engine(tokenizer=CharTokenizer(), max_batch=4, prefill_chunk=4, deterministic=deterministic)
+    engine = _meta_engine(
+        tokenizer=CharTokenizer(), max_batch=4, prefill_chunk=4, deterministic=deterministic
+    )
     reqs = _mixed_requests()
     with device_trap(META) as trap:
         out = engine.generate(reqs)
-    # On meta every read says "no stop sampled", so each row runs to its cap (the room under max_position_embeddings).
+    # On meta every read says "no stop sampled", so each row runs to its cap (the room under
+    # max_position_embeddings).
     caps = [min(r.params.max_new_tokens, MAX_LEN - len(r.input_ids)) for r in reqs]
-    assert [[len(c.output_ids) for c in g] for g in out] == [[cap] * r.params.n for cap, r in zip(caps, reqs, strict=True)]
+    assert [[len(c.output_ids) for c in g] for g in out] == [
+        [cap] * r.params.n for cap, r in zip(caps, reqs, strict=True)
+    ]
     assert all(c.finish_reason == "length" for g in out for c in g)
     rows = [cap for cap, r in zip(caps, reqs, strict=True) for _ in range(r.params.n)]
-    groups = [rows[i:i + 4] for i in range(0, len(rows), 4)]
+    groups = [rows[i : i + 4] for i in range(0, len(rows), 4)]
     # Each group: one stop check per step (eos makes every row watch), its outputs once at the end;
     # deterministic mode decodes through the batch-invariant forward with the same reads, nothing after.
     allowed = sum(max(g) + 2 for g in groups)
@@ -79,7 +86,8 @@ def test_a_continuous_batch_keeps_joining_and_leaving_rows_on_the_device():
     assert len(answered) == 4 and batch.live == 0
     caps = [min(r.params.max_new_tokens, MAX_LEN - len(r.input_ids)) for r in [first, *later]]
     assert [[len(c.output_ids) for c in g] for _, (g,) in sorted(answered)] == [
-        [cap] * r.params.n for cap, r in zip(caps, [first, *later], strict=True)]
+        [cap] * r.params.n for cap, r in zip(caps, [first, *later], strict=True)
+    ]
     assert set(trap.host_reads) == {"torch.Tensor.tolist"}  # stop checks and finished rows' outputs only
 
 
@@ -142,13 +150,18 @@ def test_trap_lets_device_work_and_uploads_through_and_counts_host_reads():
 
 def test_trap_refuses_host_reads_when_told_to():
     x = torch.zeros(2, device=META)
-    with pytest.raises(AssertionError, match=r"torch\.Tensor\.tolist reads a meta tensor back"), \
-            device_trap(META, allow_host_reads=False):
+    with (
+        pytest.raises(AssertionError, match=r"torch\.Tensor\.tolist reads a meta tensor back"),
+        device_trap(META, allow_host_reads=False),
+    ):
         x.tolist()
 
 
 def test_trap_still_fails_when_the_code_swallows_the_error():
-    with pytest.raises(AssertionError, match=r"1 device violation\(s\), first: .*torch\.ones"), device_trap(META):
+    with (
+        pytest.raises(AssertionError, match=r"1 device violation\(s\), first: .*torch\.ones"),
+        device_trap(META),
+    ):
         try:
             torch.ones(2)
         except Exception:  # noqa: BLE001 - the code under test hides it; the trap must not

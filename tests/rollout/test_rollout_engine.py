@@ -19,8 +19,8 @@ def _teacher_forced(model, completion, temperature):
     """log_softmax(logits / T) of each output token from one parallel forward over the whole sequence."""
     seq = torch.tensor([completion.prompt_ids + completion.output_ids])
     with torch.no_grad():
-        logits = model(seq)[:, len(completion.prompt_ids) - 1: -1]
-    return logits, token_logprobs(logits, seq[:, len(completion.prompt_ids):], temperature)[0]
+        logits = model(seq)[:, len(completion.prompt_ids) - 1 : -1]
+    return logits, token_logprobs(logits, seq[:, len(completion.prompt_ids) :], temperature)[0]
 
 
 @pytest.mark.parametrize("body", ["float64", "float32"])
@@ -33,8 +33,9 @@ def test_batched_greedy_equals_one_by_one(body):
     alone_engine = EmbeddedEngine(model, policy=policy(body))
     lengths = set()
     for prompt, (got,) in zip(batch, together, strict=True):
-        ((want,),) = alone_engine.generate(requests([prompt], max_new_tokens=12, temperature=0,
-                                                    stop_token_ids=(stop_id,)))
+        ((want,),) = alone_engine.generate(
+            requests([prompt], max_new_tokens=12, temperature=0, stop_token_ids=(stop_id,))
+        )
         assert got.output_ids == want.output_ids and got.finish_reason == want.finish_reason
         assert_close(got.output_logprobs, want.output_logprobs, DTYPES[body])
         lengths.add(len(got.output_ids))
@@ -45,8 +46,11 @@ def test_batched_greedy_equals_one_by_one(body):
 def test_logprobs_are_full_vocab_log_softmax_before_filtering(temperature, top_k, top_p):
     model = tiny_model("float64")
     engine = EmbeddedEngine(model, policy=policy("float64"))
-    outs = engine.generate(requests(prompts([6, 3]), max_new_tokens=10, temperature=temperature,
-                                    top_k=top_k, top_p=top_p, seed=3))
+    outs = engine.generate(
+        requests(
+            prompts([6, 3]), max_new_tokens=10, temperature=temperature, top_k=top_k, top_p=top_p, seed=3
+        )
+    )
     renormalised_differs = False
     for (c,) in outs:
         logits, want = _teacher_forced(model, c, temperature if temperature > 0 else 1.0)
@@ -61,7 +65,7 @@ def test_logprobs_are_full_vocab_log_softmax_before_filtering(temperature, top_k
 
 def test_greedy_picks_the_argmax_of_the_teacher_forced_logits():
     model = tiny_model("float64")
-    (c,), = EmbeddedEngine(model).generate(requests(prompts([7]), max_new_tokens=15, temperature=0))
+    ((c,),) = EmbeddedEngine(model).generate(requests(prompts([7]), max_new_tokens=15, temperature=0))
     logits, _ = _teacher_forced(model, c, 1.0)
     assert c.output_ids == logits[0].argmax(-1).tolist()
 
@@ -70,8 +74,9 @@ def test_greedy_picks_the_argmax_of_the_teacher_forced_logits():
 def test_sampled_tokens_stay_inside_top_k_and_top_p(top_k, top_p):
     model = tiny_model("float64")
     engine = EmbeddedEngine(model)
-    outs = engine.generate(requests(prompts([5, 8, 3, 6]), max_new_tokens=20, temperature=1.0,
-                                    top_k=top_k, top_p=top_p, n=4))
+    outs = engine.generate(
+        requests(prompts([5, 8, 3, 6]), max_new_tokens=20, temperature=1.0, top_k=top_k, top_p=top_p, n=4)
+    )
     seen_ranks = set()
     for group in outs:
         for c in group:
@@ -96,7 +101,8 @@ def test_seeded_request_is_independent_of_batch_composition():
     assert crowded.output_ids == alone.output_ids
     assert_close(crowded.output_logprobs, alone.output_logprobs, torch.float64)
     reseeded = EmbeddedEngine(model).generate(
-        [GenerateRequest(probe.input_ids, SamplingParams(max_new_tokens=16, top_p=0.95, seed=1235))])[0][0]
+        [GenerateRequest(probe.input_ids, SamplingParams(max_new_tokens=16, top_p=0.95, seed=1235))]
+    )[0][0]
     assert reseeded.output_ids != alone.output_ids
 
 
@@ -122,13 +128,17 @@ def test_unseeded_requests_follow_the_engine_seed():
 
 def test_n_samples_share_a_prefill_and_differ():
     model = tiny_model("float64")
-    reqs = [GenerateRequest(prompts([5])[0], SamplingParams(max_new_tokens=10, n=5, seed=7)),
-            GenerateRequest(prompts([9], seed=1)[0], SamplingParams(max_new_tokens=6, n=2, temperature=0))]
+    reqs = [
+        GenerateRequest(prompts([5])[0], SamplingParams(max_new_tokens=10, n=5, seed=7)),
+        GenerateRequest(prompts([9], seed=1)[0], SamplingParams(max_new_tokens=6, n=2, temperature=0)),
+    ]
     outs = EmbeddedEngine(model, max_batch=4).generate(reqs)  # a request's samples split across groups
     assert [len(g) for g in outs] == [5, 2]
     assert len({tuple(c.output_ids) for c in outs[0]}) == 5
     assert all(c.prompt_ids == reqs[0].input_ids for c in outs[0])
-    greedy_alone = EmbeddedEngine(model).generate(requests([reqs[1].input_ids], max_new_tokens=6, temperature=0))
+    greedy_alone = EmbeddedEngine(model).generate(
+        requests([reqs[1].input_ids], max_new_tokens=6, temperature=0)
+    )
     assert [c.output_ids for c in outs[1]] == [greedy_alone[0][0].output_ids] * 2
     for c in outs[0]:  # every fanned-out row decodes from the right cache
         assert_close(c.output_logprobs, _teacher_forced(model, c, 1.0)[1], torch.float64)
@@ -140,7 +150,7 @@ def test_engine_runs_its_own_policy_on_its_own_copy():
     assert {p.dtype for p in engine.model.parameters()} == {torch.bfloat16}
     assert {p.dtype for p in model.parameters()} == {torch.float32}
     assert engine.model.policy == policy("fp32-islands") and engine.model is not model
-    (c,), = engine.generate(requests(prompts([5]), max_new_tokens=4))
+    ((c,),) = engine.generate(requests(prompts([5]), max_new_tokens=4))
     assert len(c.output_logprobs) == 4 and all(lp <= 0 for lp in c.output_logprobs)
 
 
@@ -148,17 +158,24 @@ def test_protocol_records_and_length_cap():
     model = tiny_model("float64")
     engine: RolloutClient = InProcessClient(model, CharTokenizer(), weight_version="v3")
     assert engine.health() is True
-    (c,), = engine.generate([GenerateRequest(prompts([60])[0], SamplingParams(max_new_tokens=30), rid="r1")])
-    assert c.finish_reason == "length" and len(c.output_ids) == 4  # max_position_embeddings 64 leaves 4 tokens
+    ((c,),) = engine.generate(
+        [GenerateRequest(prompts([60])[0], SamplingParams(max_new_tokens=30), rid="r1")]
+    )
+    assert (
+        c.finish_reason == "length" and len(c.output_ids) == 4
+    )  # max_position_embeddings 64 leaves 4 tokens
     assert c.weight_version == "v3" and c.meta == {"rid": "r1"} and c.matched_stop is None
 
 
-@pytest.mark.parametrize("prompt,params,match", [
-    ([], SamplingParams(), "empty"),
-    ([5, 64], SamplingParams(), "outside the vocabulary"),
-    ([3] * 64, SamplingParams(), "no room"),
-    ([5], SamplingParams(stop=("ab",)), "need a tokenizer"),
-])
+@pytest.mark.parametrize(
+    "prompt,params,match",
+    [
+        ([], SamplingParams(), "empty"),
+        ([5, 64], SamplingParams(), "outside the vocabulary"),
+        ([3] * 64, SamplingParams(), "no room"),
+        ([5], SamplingParams(stop=("ab",)), "need a tokenizer"),
+    ],
+)
 def test_bad_requests_are_refused(prompt, params, match):
     with pytest.raises(RingzeroError, match=match):
         EmbeddedEngine(tiny_model("float64")).generate([GenerateRequest(prompt, params)])

@@ -39,8 +39,12 @@ def test_gap_stats_by_hand():
     assert out["by_length"]["1-2"]["ratio/max"] == pytest.approx(1.0)
     assert out["by_length"][">4"]["ratio/max"] == pytest.approx(0.5)
     # Positions 1-2 hold both trajectories' first two tokens (r = 1, 2, 1, 1); 3-4 only B's (r = 1/2, 1).
-    assert out["by_position"]["1-2"]["tokens"] == 4 and out["by_position"]["1-2"]["ratio/max"] == pytest.approx(1.0)
-    assert out["by_position"]["3-4"]["tokens"] == 2 and out["by_position"]["3-4"]["ratio/max"] == pytest.approx(0.5)
+    assert out["by_position"]["1-2"]["tokens"] == 4 and out["by_position"]["1-2"][
+        "ratio/max"
+    ] == pytest.approx(1.0)
+    assert out["by_position"]["3-4"]["tokens"] == 2 and out["by_position"]["3-4"][
+        "ratio/max"
+    ] == pytest.approx(0.5)
     assert out["by_position"][">4"]["tokens"] == 1 and out["by_position"][">4"]["ratio/max"] == 0.0
 
 
@@ -58,7 +62,8 @@ def test_measure_gap_orders_the_policies():
     model = tiny_model("float32", seed=2)
     params = SamplingParams(max_new_tokens=12)
     run = lambda t, r, det=False: measure_gap(  # noqa: E731
-        model, prompts([4, 6, 3]), params, train_policy=policy(t), rollout_policy=policy(r), deterministic=det)
+        model, prompts([4, 6, 3]), params, train_policy=policy(t), rollout_policy=policy(r), deterministic=det
+    )
     fp64 = run("fp64", "fp64")
     bf16 = run("bf16", "bf16")
     det = run("bf16", "bf16", det=True)
@@ -77,22 +82,48 @@ def model_yaml(tmp_path):
 
 
 def _gap(capsys, *args):
-    rc = main(["check", "gap", *args, "--samples", "3", "--max-new-tokens", "6", "--prompt-len", "4", "--json"])
+    rc = main(
+        ["check", "gap", *args, "--samples", "3", "--max-new-tokens", "6", "--prompt-len", "4", "--json"]
+    )
     out = capsys.readouterr().out
     return rc, (json.loads(out) if rc == 0 else None)
 
 
 def test_check_gap_cli_random_init(capsys, model_yaml):
-    rc, report = _gap(capsys, "--init", "random", "--config", model_yaml,
-                      "--train-policy", "fp32-islands", "--rollout-policy", "bf16")
+    rc, report = _gap(
+        capsys,
+        "--init",
+        "random",
+        "--config",
+        model_yaml,
+        "--train-policy",
+        "fp32-islands",
+        "--rollout-policy",
+        "bf16",
+    )
     assert rc == 0
-    assert (report["train_policy"], report["rollout_policy"], report["samples"]) == ("fp32-islands", "bf16", 3)
+    assert (report["train_policy"], report["rollout_policy"], report["samples"]) == (
+        "fp32-islands",
+        "bf16",
+        3,
+    )
     assert report["tokens"] == 18 and report["all"]["tokens"] == 18
-    assert set(report["all"]) >= {f"{k}/{s}" for k in ("ratio", "logratio")
-                                  for s in ("mean", "p50", "p90", "p99", "p99.9", "max")}
+    assert set(report["all"]) >= {
+        f"{k}/{s}" for k in ("ratio", "logratio") for s in ("mean", "p50", "p90", "p99", "p99.9", "max")
+    }
     assert report["all"]["ratio/max"] > 0  # bf16 decoding vs an fp32-island trainer cannot agree exactly
-    rc, det = _gap(capsys, "--init", "random", "--config", model_yaml, "--train-policy", "bf16",
-                   "--rollout-policy", "bf16", "--deterministic")
+    rc, det = _gap(
+        capsys,
+        "--init",
+        "random",
+        "--config",
+        model_yaml,
+        "--train-policy",
+        "bf16",
+        "--rollout-policy",
+        "bf16",
+        "--deterministic",
+    )
     assert rc == 0 and det["all"]["ratio/max"] == 0.0 and det["deterministic"] is True
 
 
@@ -102,12 +133,18 @@ def test_check_gap_cli_checkpoint(capsys, tmp_path):
     assert rc == 0 and report["source"] == uri and report["all"]["ratio/max"] < 1e-3
 
 
-@pytest.mark.parametrize("args,message", [
-    (["--init", "random", "--train-policy", "fp32", "--rollout-policy", "bf16", "--deterministic"], "one policy"),
-    (["--checkpoint", "file:///nonexistent/ckpt", "--config", "x.yaml"], "--config goes with --init"),
-    (["--init", "random", "--length-edges", "64,32"], "increasing"),
-    (["--init", "random", "--config", "/nonexistent.yaml"], "no such file"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (
+            ["--init", "random", "--train-policy", "fp32", "--rollout-policy", "bf16", "--deterministic"],
+            "one policy",
+        ),
+        (["--checkpoint", "file:///nonexistent/ckpt", "--config", "x.yaml"], "--config goes with --init"),
+        (["--init", "random", "--length-edges", "64,32"], "increasing"),
+        (["--init", "random", "--config", "/nonexistent.yaml"], "no such file"),
+    ],
+)
 def test_check_gap_cli_bad_input_exits_2(capsys, args, message):
     rc = main(["check", "gap", *args, "--samples", "2", "--max-new-tokens", "3"])
     assert rc == 2 and message in capsys.readouterr().err

@@ -28,12 +28,29 @@ ORDER_LOCK = threading.Lock()
 
 
 class FakeSGLang:
-    """One SGLang replica: ``/generate`` reports ``weight_version``; weight pushes change it (unless ``sticky``)."""
+    """One SGLang replica: ``/generate`` reports ``weight_version``; weight pushes change it (unless
+    ``sticky``)."""
 
-    def __init__(self, name: str, *, sessions: bool = True, refuse: str | None = None, sticky: bool = False,
-                 spans: bool = False, pause: bool = True, port: int = 0, delay_s: float = 0.0):
-        self.name, self.sessions, self.refuse, self.sticky, self.spans, self.pause = \
-            name, sessions, refuse, sticky, spans, pause
+    def __init__(
+        self,
+        name: str,
+        *,
+        sessions: bool = True,
+        refuse: str | None = None,
+        sticky: bool = False,
+        spans: bool = False,
+        pause: bool = True,
+        port: int = 0,
+        delay_s: float = 0.0,
+    ):
+        self.name, self.sessions, self.refuse, self.sticky, self.spans, self.pause = (
+            name,
+            sessions,
+            refuse,
+            sticky,
+            spans,
+            pause,
+        )
         self.delay_s = delay_s  # each /generate takes this long (a kill can land mid-request)
         self.version = "default"
         self.claimed = "default"  # what /model_info reports: the last version pushed, even when sticky
@@ -43,7 +60,9 @@ class FakeSGLang:
         self.received: dict[str, torch.Tensor] = {}
         ThreadingHTTPServer.allow_reuse_address = True
         self.server = ThreadingHTTPServer(("127.0.0.1", port), self._handler())
-        self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+        self.thread = threading.Thread(
+            target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        )
         self.thread.start()
 
     @property
@@ -83,7 +102,10 @@ class FakeSGLang:
                 elif self.path == "/calls":
                     self._send(200, fake.paths())
                 elif self.path == "/received":
-                    self._send(200, {k: [str(v.dtype), v.float().flatten().tolist()] for k, v in fake.received.items()})
+                    self._send(
+                        200,
+                        {k: [str(v.dtype), v.float().flatten().tolist()] for k, v in fake.received.items()},
+                    )
                 else:
                     self._send(404, {"detail": "Not Found"})
 
@@ -135,13 +157,21 @@ class FakeSGLang:
         for prompt, p in zip(prompts, params, strict=True):
             for j in range(p["n"]):
                 ids = [(sum(prompt) + j + k) % 50 for k in range(p["max_new_tokens"])]
-                meta = {"id": f"{self.name}-{len(out)}", "finish_reason": {"type": "length", "length": len(ids)},
-                        "prompt_tokens": len(prompt), "weight_version": self.version, "num_retractions": 0,
-                        "completion_tokens": len(ids), "cached_tokens": 0,
-                        "output_token_logprobs": [[-0.5, t, None] for t in ids]}
+                meta = {
+                    "id": f"{self.name}-{len(out)}",
+                    "finish_reason": {"type": "length", "length": len(ids)},
+                    "prompt_tokens": len(prompt),
+                    "weight_version": self.version,
+                    "num_retractions": 0,
+                    "completion_tokens": len(ids),
+                    "cached_tokens": 0,
+                    "output_token_logprobs": [[-0.5, t, None] for t in ids],
+                }
                 if self.spans:
-                    meta["weight_versions"] = [{"version": "older", "start": 0, "end": 1},
-                                               {"version": self.version, "start": 1, "end": len(ids)}]
+                    meta["weight_versions"] = [
+                        {"version": "older", "start": 0, "end": 1},
+                        {"version": self.version, "start": 1, "end": len(ids)},
+                    ]
                 out.append({"text": "", "output_ids": ids, "meta_info": meta})
         return out
 
@@ -163,8 +193,9 @@ def join_group(body: dict):
     store, rank, world = next(rendezvous(url, body["rank_offset"], body["world_size"], timeout=timeout))
     store.set_timeout(timeout)
     store = PrefixStore(body["group_name"], store)
-    pg, _ = _new_process_group_helper(world, rank, [], Backend(body["backend"]), store,
-                                      group_name=body["group_name"], timeout=timeout)
+    pg, _ = _new_process_group_helper(
+        world, rank, [], Backend(body["backend"]), store, group_name=body["group_name"], timeout=timeout
+    )
     _world.pg_group_ranks[pg] = {i: i for i in range(world)}
     return pg
 
@@ -193,7 +224,9 @@ def replica_set(fakes_, **kwargs):
 def reqs(n_prompts: int, n: int = 2, max_new: int = 3):
     from ringzero.rollout.types import GenerateRequest, SamplingParams
 
-    return [GenerateRequest([i + 1, i + 2], SamplingParams(max_new_tokens=max_new, n=n)) for i in range(n_prompts)]
+    return [
+        GenerateRequest([i + 1, i + 2], SamplingParams(max_new_tokens=max_new, n=n)) for i in range(n_prompts)
+    ]
 
 
 # --- sampling ---
@@ -208,7 +241,9 @@ def test_generate_spreads_requests_over_replicas_and_keeps_their_order(fakes):
     for i, group in enumerate(out):
         assert len(group) == 2 and all(c.prompt_ids == [i + 1, i + 2] for c in group)
         assert [c.output_ids[0] for c in group] == [(2 * i + 3) % 50, (2 * i + 4) % 50]
-    assert client.generate(reqs(1)) and sum(len(f.generated) for f in replicas) == 3  # one request, one replica
+    assert (
+        client.generate(reqs(1)) and sum(len(f.generated) for f in replicas) == 3
+    )  # one request, one replica
 
 
 # --- weight pushes ---
@@ -221,14 +256,20 @@ def test_a_disk_push_reaches_every_replica_between_pause_and_continue(fakes):
     for f in replicas:
         assert f.paths() == ["/pause_generation", "/update_weights_from_disk", "/continue_generation"]
         assert f.body("/pause_generation") == {"mode": "abort"}
-        assert f.body("/update_weights_from_disk") == {"model_path": "/shared-weights/launch/step-1",
-                                                       "weight_version": "step-1", "flush_cache": True,
-                                                       "abort_all_requests": False}
+        assert f.body("/update_weights_from_disk") == {
+            "model_path": "/shared-weights/launch/step-1",
+            "weight_version": "step-1",
+            "flush_cache": True,
+            "abort_all_requests": False,
+        }
         assert f.version == "step-1"
     paths = [p for _, p in ORDER]
-    assert paths.index("/update_weights_from_disk") > max(i for i, p in enumerate(paths) if p == "/pause_generation")
+    assert paths.index("/update_weights_from_disk") > max(
+        i for i, p in enumerate(paths) if p == "/pause_generation"
+    )
     assert min(i for i, p in enumerate(paths) if p == "/continue_generation") > max(
-        i for i, p in enumerate(paths) if p == "/update_weights_from_disk")
+        i for i, p in enumerate(paths) if p == "/update_weights_from_disk"
+    )
     assert all(c.weight_version == "step-1" for g in client.generate(reqs(3)) for c in g)
 
 
@@ -237,8 +278,11 @@ def test_a_replica_that_refuses_fails_the_push_by_name_and_every_replica_continu
 
     good, bad, other = fakes(1)[0], fakes(1, refuse="/update_weights_from_disk")[0], fakes(1)[0]
     client = replica_set([good, bad, other])
-    with pytest.raises(RingzeroError, match=rf"rollout replica {bad.url} refused the weight push 'step-2'.*"
-                                            "r1 cannot load that"):
+    with pytest.raises(
+        RingzeroError,
+        match=rf"rollout replica {bad.url} refused the weight push 'step-2'.*"
+        "r1 cannot load that",
+    ):
         client.update_weights_from_disk("/w/step-2", "step-2")
     for f in (good, bad, other):
         assert f.paths()[-1] == "/continue_generation"
@@ -250,8 +294,12 @@ def test_a_store_uri_is_never_sent_to_sglang(fakes):
 
     replicas = fakes(2)
     client = replica_set(replicas, weights_dir="/shared-weights/x")
-    for bad, why in [("s3://ringzero/runs/r/weights-step-1", "store URI"), ("file:///tmp/w", "store URI"),
-                     ("relative/path", "absolute path"), ("/elsewhere/step-1", "not under engines.rollout.weights_dir")]:
+    for bad, why in [
+        ("s3://ringzero/runs/r/weights-step-1", "store URI"),
+        ("file:///tmp/w", "store URI"),
+        ("relative/path", "absolute path"),
+        ("/elsewhere/step-1", "not under engines.rollout.weights_dir"),
+    ]:
         with pytest.raises(RingzeroError, match=why):
             client.update_weights_from_disk(bad, "v")
     assert all(f.calls == [] for f in replicas)
@@ -263,7 +311,9 @@ def test_a_store_uri_is_never_sent_to_sglang(fakes):
 def test_servers_without_pause_still_get_the_update(fakes):
     replicas = fakes(2, pause=False)
     replica_set(replicas).update_weights_from_disk("/w/a", "a")
-    assert all(f.paths() == ["/pause_generation", "/update_weights_from_disk"] and f.version == "a" for f in replicas)
+    assert all(
+        f.paths() == ["/pause_generation", "/update_weights_from_disk"] and f.version == "a" for f in replicas
+    )
 
 
 # --- weight_version checks ---
@@ -276,8 +326,11 @@ def test_a_stale_weight_version_is_refused_naming_the_replica(fakes):
     client = replica_set([fresh, stuck])
     client.generate(reqs(2))  # before any push nothing is checked
     client.update_weights_from_disk("/w/step-5", "step-5")
-    with pytest.raises(RingzeroError, match=rf"replica {stuck.url}: 4 of 4 samples carry weight_version "
-                                            r"\['default'\], but the last push was 'step-5'"):
+    with pytest.raises(
+        RingzeroError,
+        match=rf"replica {stuck.url}: 4 of 4 samples carry weight_version "
+        r"\['default'\], but the last push was 'step-5'",
+    ):
         client.generate(reqs(4))
 
 
@@ -307,13 +360,17 @@ def test_endpoints_come_from_the_environment_the_list_dns_or_the_endpoint():
     from ringzero.errors import RingzeroError
     from ringzero.rollout.replicas.replica_set import resolve_endpoints
 
-    engine = RolloutEngine(kind="sglang", endpoint="http://svc:30000", replica_dns="r-pods.ml.svc:30000", replicas=2)
+    engine = RolloutEngine(
+        kind="sglang", endpoint="http://svc:30000", replica_dns="r-pods.ml.svc:30000", replicas=2
+    )
     env = {"RINGZERO_ROLLOUT_ENDPOINTS": "http://a:1, http://b:2"}
     assert resolve_endpoints(engine, env) == ["http://a:1", "http://b:2"]
     with pytest.raises(RingzeroError, match="must start with http"):
         resolve_endpoints(engine, {"RINGZERO_ROLLOUT_ENDPOINTS": "a:1"})
     assert resolve_endpoints(RolloutEngine(kind="sglang", endpoints=["http://x:1"]), {}) == ["http://x:1"]
-    assert resolve_endpoints(RolloutEngine(kind="sglang", endpoint="http://svc:30000"), {}) == ["http://svc:30000"]
+    assert resolve_endpoints(RolloutEngine(kind="sglang", endpoint="http://svc:30000"), {}) == [
+        "http://svc:30000"
+    ]
 
     answers = [[], ["10.0.0.7"], ["10.0.0.7", "10.0.0.3", "10.0.0.7"]]
     asked = []
@@ -328,9 +385,13 @@ def test_endpoints_come_from_the_environment_the_list_dns_or_the_endpoint():
 
     clock = iter(range(0, 10_000, 100))
     with pytest.raises(RingzeroError, match=r"resolves to 1 address\(es\).*2 expected"):
-        resolve_endpoints(engine.model_copy(update={"timeout_s": 300}), {},
-                          resolver=lambda h, p, type: [(0, type, 0, "", ("10.0.0.1", p))],
-                          sleep=lambda s: None, clock=lambda: next(clock))
+        resolve_endpoints(
+            engine.model_copy(update={"timeout_s": 300}),
+            {},
+            resolver=lambda h, p, type: [(0, type, 0, "", ("10.0.0.1", p))],
+            sleep=lambda s: None,
+            clock=lambda: next(clock),
+        )
 
 
 # --- the factory and the spread over ranks ---
@@ -357,7 +418,9 @@ def test_the_factory_builds_todays_embedded_engine(monkeypatch):
     cfg = load_tiny()
     client = rollout_client(cfg, "MODEL", "TOK", seed=5, max_batch=7, deterministic=True)
     assert isinstance(client, Recorder)
-    assert made == [(("MODEL", "TOK", cfg.precision.rollout), {"deterministic": True, "max_batch": 7, "seed": 5})]
+    assert made == [
+        (("MODEL", "TOK", cfg.precision.rollout), {"deterministic": True, "max_batch": 7, "seed": 5})
+    ]
     sglang = load_tiny("engines.rollout.kind=sglang", "engines.rollout.endpoint=http://x:1")
     assert isinstance(rollout_client(sglang, "M", "T", seed=0, max_batch=1, local=True), Recorder)
 
@@ -369,7 +432,11 @@ def test_the_factory_builds_one_replica_set_per_server_set_and_serves_the_stage_
 
     replicas = fakes(2)
     urls = ",".join(f.url for f in replicas)
-    base = ["engines.rollout.kind=sglang", f"engines.rollout.endpoints=[{urls}]", "engines.rollout.served_uri=s3://b/start"]
+    base = [
+        "engines.rollout.kind=sglang",
+        f"engines.rollout.endpoints=[{urls}]",
+        "engines.rollout.served_uri=s3://b/start",
+    ]
     try:
         cfg = load_tiny(*base)
         first = rollout_client(cfg, None, None, seed=0, max_batch=1, serves="s3://b/start")
@@ -423,8 +490,11 @@ def test_spread_pushes_once_from_rank_zero_and_the_others_expect_the_version(fak
 
 class ReplicaProcess:
     def __init__(self, sessions: bool, port: int = 0, delay_s: float = 0.0):
-        self.proc = subprocess.Popen([sys.executable, __file__, "serve", "1" if sessions else "0", str(port),
-                                      str(delay_s)], stdout=subprocess.PIPE, text=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, __file__, "serve", "1" if sessions else "0", str(port), str(delay_s)],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         self.url = self.proc.stdout.readline().strip()
 
     @property
@@ -449,14 +519,25 @@ def test_distributed_pushes_reach_every_replica_through_the_weight_group():
     procs = [ReplicaProcess(sessions=True), ReplicaProcess(sessions=False)]
     try:
         assert all(p.url.startswith("http://") for p in procs)
-        client = DistributedReplicaSet(connect=HttpRolloutClient, endpoints=[p.url for p in procs], retries=0, backend="gloo", master_address="127.0.0.1",
-                                       sync_timeout_s=60)
+        client = DistributedReplicaSet(
+            connect=HttpRolloutClient,
+            endpoints=[p.url for p in procs],
+            retries=0,
+            backend="gloo",
+            master_address="127.0.0.1",
+            sync_timeout_s=60,
+        )
         assert hasattr(spread(client, FakeRuntime(0)), "update_weights")
         gen = torch.Generator().manual_seed(0)
-        state = {"word_embeddings.weight": torch.randn(5, 3, generator=gen),
-                 "lm_head.weight": torch.randn(2, 3, generator=gen).to(torch.bfloat16)}
+        state = {
+            "word_embeddings.weight": torch.randn(5, 3, generator=gen),
+            "lm_head.weight": torch.randn(2, 3, generator=gen).to(torch.bfloat16),
+        }
         client.update_weights(state, "step-1")
-        sent = {"model.word_embeddings.weight": state["word_embeddings.weight"], "lm_head.weight": state["lm_head.weight"]}
+        sent = {
+            "model.word_embeddings.weight": state["word_embeddings.weight"],
+            "lm_head.weight": state["lm_head.weight"],
+        }
         for p in procs:
             got = p.received()
             assert list(got) == list(sent)  # the state dict goes out under the checkpoint's tensor names
@@ -465,8 +546,11 @@ def test_distributed_pushes_reach_every_replica_through_the_weight_group():
                 assert got[name][1] == t.float().flatten().tolist()
         state2 = {k: v + 1 for k, v in state.items()}
         client.update_weights(state2, "step-2")  # the group is opened once
-        assert all(p.received()["model.word_embeddings.weight"][1] == state2["word_embeddings.weight"].flatten().tolist()
-                   for p in procs)
+        assert all(
+            p.received()["model.word_embeddings.weight"][1]
+            == state2["word_embeddings.weight"].flatten().tolist()
+            for p in procs
+        )
         assert all(c.weight_version == "step-2" for g in client.generate(reqs(2)) for c in g)
     finally:
         for p in procs:
@@ -489,7 +573,9 @@ def test_a_replica_refusing_a_distributed_push_fails_it_at_once_and_the_next_pus
     from ringzero.rollout.replicas.distributed_set import DistributedReplicaSet
 
     good, bad = fakes(1)[0], fakes(1, refuse="/update_weights_from_distributed")[0]
-    client = DistributedReplicaSet(connect=HttpRolloutClient, endpoints=[good.url, bad.url], retries=0, backend="gloo", sync_timeout_s=5)
+    client = DistributedReplicaSet(
+        connect=HttpRolloutClient, endpoints=[good.url, bad.url], retries=0, backend="gloo", sync_timeout_s=5
+    )
     opened = []
 
     def open_group(clients):
@@ -498,7 +584,9 @@ def test_a_replica_refusing_a_distributed_push_fails_it_at_once_and_the_next_pus
 
     client._open_group = open_group
     good.answer = lambda path, body: (200, {"success": True, "message": ""})  # answers without receiving
-    with pytest.raises(RingzeroError, match=rf"{bad.url} refused the weight push 'step-1'.*r1 cannot load that"):
+    with pytest.raises(
+        RingzeroError, match=rf"{bad.url} refused the weight push 'step-1'.*r1 cannot load that"
+    ):
         client.update_weights({"w": torch.zeros(2)}, "step-1")
     assert bad.paths()[-1] == "/continue_generation"
     assert client.broken and client.weight_version is None
@@ -515,8 +603,13 @@ def test_distributed_bodies_name_the_group_and_each_replicas_ranks():
     offsets = rank_offsets(3, 4)
     assert offsets == [1, 5, 9]
     assert init_group_body("10.0.0.5", 29600, offsets[2], 13, "ringzero-weights", "nccl") == {
-        "master_address": "10.0.0.5", "master_port": 29600, "rank_offset": 9, "world_size": 13,
-        "group_name": "ringzero-weights", "backend": "nccl"}
+        "master_address": "10.0.0.5",
+        "master_port": 29600,
+        "rank_offset": 9,
+        "world_size": 13,
+        "group_name": "ringzero-weights",
+        "backend": "nccl",
+    }
 
 
 def serve_replica(sessions: bool, port: int, delay_s: float) -> None:
@@ -634,8 +727,15 @@ def test_a_distributed_group_is_rebuilt_when_a_killed_member_returns():
     a, b = ReplicaProcess(sessions=True), ReplicaProcess(sessions=False)
     restarted = None
     try:
-        client = DistributedReplicaSet(connect=HttpRolloutClient, endpoints=[a.url, b.url], retries=0, timeout_s=20, backend="gloo",
-                                       master_address="127.0.0.1", sync_timeout_s=60)
+        client = DistributedReplicaSet(
+            connect=HttpRolloutClient,
+            endpoints=[a.url, b.url],
+            retries=0,
+            timeout_s=20,
+            backend="gloo",
+            master_address="127.0.0.1",
+            sync_timeout_s=60,
+        )
         state = {"word_embeddings.weight": torch.arange(6.0).reshape(2, 3)}
         client.update_weights(state, "step-1")
         b.close()

@@ -24,10 +24,27 @@ from ringzero.model.routing import capture_routing
 from ringzero.rollout.engine.embedded import EmbeddedEngine
 from ringzero.rollout.types import GenerateRequest, LogprobRequest, SamplingParams
 
-MOE = dict(vocab_size=64, hidden_size=32, num_hidden_layers=4, num_attention_heads=2, layer_group_size=2, head_dim=8,
-           qk_rope_head_dim=4, qk_nope_head_dim=8, v_head_dim=6, kv_lora_rank=8, intermediate_size=48,
-           group_norm_size=2, num_experts=6, n_group=3, topk_group=2, num_experts_per_tok=2,
-           moe_intermediate_size=16, first_k_dense_replace=1, max_position_embeddings=64)
+MOE = dict(
+    vocab_size=64,
+    hidden_size=32,
+    num_hidden_layers=4,
+    num_attention_heads=2,
+    layer_group_size=2,
+    head_dim=8,
+    qk_rope_head_dim=4,
+    qk_nope_head_dim=8,
+    v_head_dim=6,
+    kv_lora_rank=8,
+    intermediate_size=48,
+    group_norm_size=2,
+    num_experts=6,
+    n_group=3,
+    topk_group=2,
+    num_experts_per_tok=2,
+    moe_intermediate_size=16,
+    first_k_dense_replace=1,
+    max_position_embeddings=64,
+)
 LAYERS, TOPK = 4, 2
 STOPS = tuple(range(3, 64, 6))  # about one token in six ends a row: rows finish at different steps
 
@@ -72,9 +89,14 @@ def test_batched_rows_samples_chunked_prefill_and_rows_finishing_apart(model):
     # max_batch 4 cuts the 8 rows into two groups; prefill_chunk 3 chunks every prompt but the shortest.
     engine = EmbeddedEngine(model, policy=policy("float64"), max_batch=4, prefill_chunk=3)
     assert engine.routing_shape == (LAYERS, TOPK)
-    reqs = [GenerateRequest(p, SamplingParams(max_new_tokens=10, n=n, seed=s, stop_token_ids=STOPS),
-                            return_routed_experts=True)
-            for p, n, s in zip(prompts([2, 7, 5], seed=1), (1, 4, 3), (1, 2, 3), strict=True)]
+    reqs = [
+        GenerateRequest(
+            p,
+            SamplingParams(max_new_tokens=10, n=n, seed=s, stop_token_ids=STOPS),
+            return_routed_experts=True,
+        )
+        for p, n, s in zip(prompts([2, 7, 5], seed=1), (1, 4, 3), (1, 2, 3), strict=True)
+    ]
     out = engine.generate(reqs)
     flat = [c for group in out for c in group]
     assert len({len(c.output_ids) for c in flat}) >= 3  # rows left the batch at different steps
@@ -88,8 +110,12 @@ def test_batched_rows_samples_chunked_prefill_and_rows_finishing_apart(model):
 def test_rows_that_do_not_ask_get_none_in_the_same_batch(model):
     engine = EmbeddedEngine(model, policy=policy("float64"))
     ps = prompts([3, 6], seed=2)
-    out = engine.generate([GenerateRequest(ps[0], SamplingParams(max_new_tokens=5, n=2, seed=4)),
-                           GenerateRequest(ps[1], SamplingParams(max_new_tokens=5, seed=5), return_routed_experts=True)])
+    out = engine.generate(
+        [
+            GenerateRequest(ps[0], SamplingParams(max_new_tokens=5, n=2, seed=4)),
+            GenerateRequest(ps[1], SamplingParams(max_new_tokens=5, seed=5), return_routed_experts=True),
+        ]
+    )
     assert [c.routed_experts for c in out[0]] == [None, None]
     check(engine, out[1])
     assert out[1][0].routed_experts.shape == (6 + 5 - 1, LAYERS, TOPK)
@@ -97,23 +123,34 @@ def test_rows_that_do_not_ask_get_none_in_the_same_batch(model):
 
 def test_the_same_samples_with_and_without_routing(model):
     engine = EmbeddedEngine(model, policy=policy("float64"))
-    reqs = [GenerateRequest(p, SamplingParams(max_new_tokens=6, n=2, seed=9, stop_token_ids=STOPS))
-            for p in prompts([4, 2], seed=3)]
+    reqs = [
+        GenerateRequest(p, SamplingParams(max_new_tokens=6, n=2, seed=9, stop_token_ids=STOPS))
+        for p in prompts([4, 2], seed=3)
+    ]
     plain = engine.generate(reqs)
-    routed = engine.generate([GenerateRequest(r.input_ids, r.params, return_routed_experts=True) for r in reqs])
-    assert [[(c.output_ids, c.output_logprobs) for c in g] for g in plain] == \
-        [[(c.output_ids, c.output_logprobs) for c in g] for g in routed]
+    routed = engine.generate(
+        [GenerateRequest(r.input_ids, r.params, return_routed_experts=True) for r in reqs]
+    )
+    assert [[(c.output_ids, c.output_logprobs) for c in g] for g in plain] == [
+        [(c.output_ids, c.output_logprobs) for c in g] for g in routed
+    ]
 
 
 def test_prefill_only_and_length_one_rows(model):
     engine = EmbeddedEngine(model, policy=policy("float64"), prefill_chunk=2)
     ps = prompts([5, 1, 1], seed=4)
-    out = engine.generate([
-        GenerateRequest(ps[0], SamplingParams(max_new_tokens=0), return_routed_experts=True,
-                        logprobs=LogprobRequest(prompt_from=0)),
-        GenerateRequest(ps[1], SamplingParams(max_new_tokens=0), return_routed_experts=True),
-        GenerateRequest(ps[2], SamplingParams(max_new_tokens=1, seed=1), return_routed_experts=True),
-    ])
+    out = engine.generate(
+        [
+            GenerateRequest(
+                ps[0],
+                SamplingParams(max_new_tokens=0),
+                return_routed_experts=True,
+                logprobs=LogprobRequest(prompt_from=0),
+            ),
+            GenerateRequest(ps[1], SamplingParams(max_new_tokens=0), return_routed_experts=True),
+            GenerateRequest(ps[2], SamplingParams(max_new_tokens=1, seed=1), return_routed_experts=True),
+        ]
+    )
     (scored,), (empty,), (one,) = out
     assert scored.routed_experts.shape == (4, LAYERS, TOPK) and scored.prompt_logprobs is not None
     assert empty.routed_experts.shape == (0, LAYERS, TOPK)  # one token, never fed after itself
@@ -123,9 +160,14 @@ def test_prefill_only_and_length_one_rows(model):
 
 def test_deterministic_mode_reports_the_forwards_it_decoded_with(model):
     engine = EmbeddedEngine(model, policy=policy("float64"), deterministic=True, prefill_chunk=3)
-    reqs = [GenerateRequest(p, SamplingParams(max_new_tokens=mx, n=2, seed=6, stop_token_ids=STOPS),
-                            return_routed_experts=True)
-            for p, mx in zip(prompts([3, 6, 1], seed=5), (8, 8, 0), strict=True)]
+    reqs = [
+        GenerateRequest(
+            p,
+            SamplingParams(max_new_tokens=mx, n=2, seed=6, stop_token_ids=STOPS),
+            return_routed_experts=True,
+        )
+        for p, mx in zip(prompts([3, 6, 1], seed=5), (8, 8, 0), strict=True)
+    ]
     out = engine.generate(reqs)
     check(engine, [c for g in out for c in g])
     assert out[2][0].routed_experts.shape == (0, LAYERS, TOPK)
@@ -137,14 +179,20 @@ def test_aborted_rows_report_what_was_fed(model):
 
     def aborted():
         calls.append(1)
-        # Request 0 is aborted after the first group's third step; request 1 (second group) before its prefill.
+        # Request 0 is aborted after the first group's third step; request 1 (second group) before its
+        # prefill.
         return frozenset({0, 1}) if len(calls) > 4 else frozenset()
 
     ps = prompts([3, 4], seed=6)
-    out = engine.generate([GenerateRequest(ps[0], SamplingParams(max_new_tokens=12, n=2, seed=1),
-                                           return_routed_experts=True),
-                           GenerateRequest(ps[1], SamplingParams(max_new_tokens=12, seed=2),
-                                           return_routed_experts=True)], abort=aborted)
+    out = engine.generate(
+        [
+            GenerateRequest(
+                ps[0], SamplingParams(max_new_tokens=12, n=2, seed=1), return_routed_experts=True
+            ),
+            GenerateRequest(ps[1], SamplingParams(max_new_tokens=12, seed=2), return_routed_experts=True),
+        ],
+        abort=aborted,
+    )
     cut = out[0]
     assert all(c.finish_reason == "abort" and 0 < len(c.output_ids) < 12 for c in cut)
     check(engine, cut)
@@ -156,6 +204,8 @@ def test_a_dense_model_refuses():
     engine = EmbeddedEngine(dense_model(), policy=policy("float64"))
     assert engine.routing_shape is None
     with pytest.raises(RingzeroError, match="request 0: return_routed_experts needs a model with MoE layers"):
-        engine.generate([GenerateRequest([5, 6], SamplingParams(max_new_tokens=2), return_routed_experts=True)])
-    (c,), = engine.generate([GenerateRequest([5, 6], SamplingParams(max_new_tokens=2))])
+        engine.generate(
+            [GenerateRequest([5, 6], SamplingParams(max_new_tokens=2), return_routed_experts=True)]
+        )
+    ((c,),) = engine.generate([GenerateRequest([5, 6], SamplingParams(max_new_tokens=2))])
     assert c.routed_experts is None

@@ -24,13 +24,16 @@ def _draw(rows: int, *, temperature=1.0, top_k=0, top_p=1.0):
     return sample_next(LOGITS.expand(rows, -1).float(), settings, UniformStream(range(rows)).next())
 
 
-@pytest.mark.parametrize("top_k,top_p,kept", [
-    (3, 1.0, [2, 0, 6]),          # the three most likely
-    (0, 0.7, [2, 0, 6]),          # 0.4 + 0.25 < 0.7, so the token crossing 0.7 stays too
-    (0, 0.62, [2, 0]),            # 0.4 + 0.25 passes 0.62: nothing more needed
-    (2, 0.9, [2, 0]),             # the intersection of both sets
-    (0, 1.0, [2, 0, 6, 4, 1, 7, 5]),
-])
+@pytest.mark.parametrize(
+    "top_k,top_p,kept",
+    [
+        (3, 1.0, [2, 0, 6]),  # the three most likely
+        (0, 0.7, [2, 0, 6]),  # 0.4 + 0.25 < 0.7, so the token crossing 0.7 stays too
+        (0, 0.62, [2, 0]),  # 0.4 + 0.25 passes 0.62: nothing more needed
+        (2, 0.9, [2, 0]),  # the intersection of both sets
+        (0, 1.0, [2, 0, 6, 4, 1, 7, 5]),
+    ],
+)
 def test_only_kept_tokens_are_drawn_in_renormalised_proportions(top_k, top_p, kept):
     n = 6000
     tokens, logprobs = _draw(n, top_k=top_k, top_p=top_p)
@@ -76,7 +79,7 @@ def test_a_rows_uniforms_survive_dropping_and_repeating_other_rows():
     assert torch.equal(torch.stack(first)[:, 2], expected[:5])
     # The repeated row continues its own stream; both copies then share one generator, which is why the
     # engine gives every sample its own seed instead of repeating rows after decoding started.
-    assert torch.equal(later[:UNIFORM_BLOCK - 5, 0], expected[5:UNIFORM_BLOCK])
+    assert torch.equal(later[: UNIFORM_BLOCK - 5, 0], expected[5:UNIFORM_BLOCK])
 
 
 def test_sample_seeds_are_distinct_and_stable():
@@ -85,7 +88,10 @@ def test_sample_seeds_are_distinct_and_stable():
     # Pinned values, not f(x) == f(x) in one process: a change of the mix (or a dependence on the hash seed
     # or the Python version) would silently change every seeded rollout of a resumed run.
     assert (sample_seed(7, 3), sample_seed(0, 1), sample_seed(2**40, 5)) == (
-        6018027440424182934, 1, 5367187945662971909)
+        6018027440424182934,
+        1,
+        5367187945662971909,
+    )
 
 
 def test_host_flags_follow_a_selection_with_the_device_tensors():

@@ -27,7 +27,7 @@ def test_scores_are_the_teacher_forced_log_softmax(batch_invariant):
     got = score_sequences(model, seqs, plens, temperature=0.8, batch_invariant=batch_invariant, micro_batch=2)
     for seq, plen, logp in zip(seqs, plens, got, strict=True):
         ids = torch.tensor([seq])
-        want = token_logprobs(model(ids)[:, plen - 1: -1], ids[:, plen:], 0.8)[0]
+        want = token_logprobs(model(ids)[:, plen - 1 : -1], ids[:, plen:], 0.8)[0]
         assert logp.shape == (len(seq) - plen,) and logp.dtype == torch.float64
         assert_close(logp, want, torch.float64)
 
@@ -37,14 +37,21 @@ def test_scores_carry_gradients_for_the_trainer():
     seqs, plens = _sequences()
     total = sum(t.sum() for t in score_sequences(model, seqs, plens))
     total.backward()
-    assert model.word_embeddings.weight.grad is not None and float(model.word_embeddings.weight.grad.abs().sum()) > 0
+    assert (
+        model.word_embeddings.weight.grad is not None
+        and float(model.word_embeddings.weight.grad.abs().sum()) > 0
+    )
 
 
 def test_greedy_temperature_scores_the_plain_log_softmax():
     model = tiny_model("float64")
     seqs, plens = _sequences()
-    assert all(torch.equal(a, b) for a, b in zip(score_sequences(model, seqs, plens, 0.0),
-                                                  score_sequences(model, seqs, plens, 1.0), strict=True))
+    assert all(
+        torch.equal(a, b)
+        for a, b in zip(
+            score_sequences(model, seqs, plens, 0.0), score_sequences(model, seqs, plens, 1.0), strict=True
+        )
+    )
 
 
 def test_batch_invariant_scores_do_not_depend_on_the_batch():
@@ -65,15 +72,22 @@ def test_bad_prompt_lengths_are_refused(plen):
 @pytest.mark.parametrize("preset", ["fp32-islands", "bf16"])
 def test_deterministic_mode_gives_a_ratio_of_exactly_one(preset):
     master = tiny_model("float32", seed=3)
-    batch = [GenerateRequest(p, SamplingParams(max_new_tokens=m, temperature=0.9, stop_token_ids=(5, 9), n=2))
-             for p, m in zip(prompts([2, 9, 5, 13, 1], seed=8), [30, 7, 19, 25, 12], strict=True)]
+    batch = [
+        GenerateRequest(p, SamplingParams(max_new_tokens=m, temperature=0.9, stop_token_ids=(5, 9), n=2))
+        for p, m in zip(prompts([2, 9, 5, 13, 1], seed=8), [30, 7, 19, 25, 12], strict=True)
+    ]
     rollout = EmbeddedEngine(master, policy=policy(preset), deterministic=True, max_batch=4)
     completions = [c for g in rollout.generate(batch) for c in g]
     assert len({len(c.output_ids) for c in completions}) >= 4, "the batch should hold varied lengths"
 
     trainer = copy_under_policy(master, policy(preset))  # the trainer's own copy, with autograd on
-    logp_train = score_sequences(trainer, [c.prompt_ids + c.output_ids for c in completions],
-                                 [len(c.prompt_ids) for c in completions], 0.9, batch_invariant=True)
+    logp_train = score_sequences(
+        trainer,
+        [c.prompt_ids + c.output_ids for c in completions],
+        [len(c.prompt_ids) for c in completions],
+        0.9,
+        batch_invariant=True,
+    )
     for c, train in zip(completions, logp_train, strict=True):
         r = torch.exp(train.detach().double() - torch.tensor(c.output_logprobs, dtype=torch.float64))
         assert float((r - 1).abs().max()) == 0.0
@@ -81,10 +95,17 @@ def test_deterministic_mode_gives_a_ratio_of_exactly_one(preset):
     # Without deterministic mode the same policy leaves a visible bf16 gap: the test above is not vacuous.
     plain = EmbeddedEngine(master, policy=policy(preset), max_batch=4).generate(batch)
     plain = [c for g in plain for c in g]
-    logp_plain = score_sequences(trainer, [c.prompt_ids + c.output_ids for c in plain],
-                                 [len(c.prompt_ids) for c in plain], 0.9, batch_invariant=True)
-    gaps = [float((t.detach().double() - torch.tensor(c.output_logprobs, dtype=torch.float64)).abs().max())
-            for c, t in zip(plain, logp_plain, strict=True)]
+    logp_plain = score_sequences(
+        trainer,
+        [c.prompt_ids + c.output_ids for c in plain],
+        [len(c.prompt_ids) for c in plain],
+        0.9,
+        batch_invariant=True,
+    )
+    gaps = [
+        float((t.detach().double() - torch.tensor(c.output_logprobs, dtype=torch.float64)).abs().max())
+        for c, t in zip(plain, logp_plain, strict=True)
+    ]
     assert max(gaps) > 0
 
 

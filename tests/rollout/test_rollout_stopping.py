@@ -65,7 +65,8 @@ def test_mixed_finish_reasons_in_one_batch():
     frees = [_free_run(model, p) for p in batch]
     stop_id = frees[0].output_ids[2]
     outs = EmbeddedEngine(model, max_batch=8).generate(
-        requests(batch, max_new_tokens=24, temperature=0, stop_token_ids=(stop_id,)))
+        requests(batch, max_new_tokens=24, temperature=0, stop_token_ids=(stop_id,))
+    )
     reasons = set()
     for free, (c,) in zip(frees, outs, strict=True):
         if stop_id in free.output_ids:

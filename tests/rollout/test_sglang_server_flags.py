@@ -13,9 +13,14 @@ from ringzero.config.cluster import ClusterSettings
 from ringzero.config.loader import parse_config
 from ringzero.store.config import S3Settings
 
-SETTINGS = ClusterSettings.model_validate({
-    "namespace": "ml", "images": {k: {"repository": k, "tag": "1"} for k in ("trainer", "rollout", "cpu")},
-    "s3_secret": {"name": "s3"}, "rollout": {"replicas": 1, "tp_size": 4}})
+SETTINGS = ClusterSettings.model_validate(
+    {
+        "namespace": "ml",
+        "images": {k: {"repository": k, "tag": "1"} for k in ("trainer", "rollout", "cpu")},
+        "s3_secret": {"name": "s3"},
+        "rollout": {"replicas": 1, "tp_size": 4},
+    }
+)
 
 
 def flags(args: list[str]) -> list[str]:
@@ -29,8 +34,14 @@ def test_the_installed_sglang_is_the_image_s():
 @pytest.mark.parametrize("routed", [False, True])
 @pytest.mark.parametrize("deterministic", [False, True])
 def test_every_flag_is_sglang_s(routed, deterministic):
-    spec = RolloutSpec("s3://b/c", S3Settings(), lm_head_fp32=True, deterministic=deterministic, seed=1,
-                       routed_experts=routed)
+    spec = RolloutSpec(
+        "s3://b/c",
+        S3Settings(),
+        lm_head_fp32=True,
+        deterministic=deterministic,
+        seed=1,
+        routed_experts=routed,
+    )
     args = sglang_args(SETTINGS, spec)
     unknown = [f for f in flags(args) if f not in server_flags()]
     assert not unknown, f"not flags of sglang {image_version()}: {unknown}"
@@ -39,7 +50,9 @@ def test_every_flag_is_sglang_s(routed, deterministic):
 
 def test_a_routing_replay_stage_asks_its_servers_for_routed_experts():
     data = yaml.safe_load((ROOT / "configs" / "cluster-h200.yaml").read_text())
-    data["model"].update(num_experts=4, num_experts_per_tok=2, n_group=2, topk_group=1, moe_intermediate_size=64)
+    data["model"].update(
+        num_experts=4, num_experts_per_tok=2, n_group=2, topk_group=1, moe_intermediate_size=64
+    )
     first_rl = next(s for s in data["stages"] if s["kind"] == "rl")
     first_rl["loss"]["routing_replay"] = True
     data["engines"]["training"] = {"kind": "torch"}  # megatron's MoE layers do not replay routing (refused)
@@ -81,7 +94,9 @@ def test_a_cluster_run_on_sglang_with_tied_embeddings_is_refused_at_load():
     data["model"]["tie_word_embeddings"] = True
     data["cluster"] = SETTINGS.model_dump(mode="json")  # what the chart's pipeline upload fills in
     data["cluster"]["gpus_per_node"] = 4
-    with pytest.raises(ConfigError, match="the cluster's SGLang servers cannot serve it: tie_word_embeddings"):
+    with pytest.raises(
+        ConfigError, match="the cluster's SGLang servers cannot serve it: tie_word_embeddings"
+    ):
         parse_config(data, "cluster-h200.yaml")
     data["engines"]["rollout"] = {"kind": "embedded"}  # the embedded server ties them fine
     parse_config(data, "cluster-h200.yaml")

@@ -1,4 +1,5 @@
-"""Servers on 127.0.0.1 (uvicorn on a thread, socket bound to a free port first) over a fake or real engine."""
+"""Servers on 127.0.0.1 (uvicorn on a thread, socket bound to a free port first) over a fake or real
+engine."""
 
 from __future__ import annotations
 
@@ -23,7 +24,9 @@ class Served:
 
 
 def _serve(engine, **kwargs):
-    server = RolloutServer(engine, CharTokenizer(), model_path=kwargs.pop("model_path", "fake://salt/0"), **kwargs)
+    server = RolloutServer(
+        engine, CharTokenizer(), model_path=kwargs.pop("model_path", "fake://salt/0"), **kwargs
+    )
     thread = ServerThread(server.app)
     thread.start()
     return Served(thread.url, engine, server), thread

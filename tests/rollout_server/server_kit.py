@@ -48,9 +48,9 @@ class FakeEngine:
 
     def update_weights_from_disk(self, uri: str, weight_version: str) -> None:
         prefix = "fake://salt/"
-        if not uri.startswith(prefix) or not uri[len(prefix):].isdigit():
+        if not uri.startswith(prefix) or not uri[len(prefix) :].isdigit():
             raise RingzeroError(f"{uri}: no such checkpoint")
-        self.salt = int(uri[len(prefix):])
+        self.salt = int(uri[len(prefix) :])
         self.weight_version = str(weight_version)
         self.control.append(f"update:{weight_version}")
 
@@ -91,9 +91,19 @@ class FakeEngine:
 
 
 TINY = dict(
-    vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, layout="LM", intermediate_size=48, max_position_embeddings=48,
-    kv_lora_rank=8, qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=6,
-    head_dim=8, lightning_block_size=4,
+    vocab_size=64,
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    layout="LM",
+    intermediate_size=48,
+    max_position_embeddings=48,
+    kv_lora_rank=8,
+    qk_nope_head_dim=8,
+    qk_rope_head_dim=4,
+    v_head_dim=6,
+    head_dim=8,
+    lightning_block_size=4,
 )
 POLICY = PrecisionPolicy.preset("fp32")
 
@@ -108,8 +118,14 @@ def tiny_model(seed: int) -> HybridLM:
 
 def same_samples(a: Completion, b: Completion) -> bool:
     """Equal as samples: everything but the transport-specific ``meta``."""
-    return (a.prompt_ids, a.output_ids, a.output_logprobs, a.finish_reason, a.matched_stop, a.weight_version) == (
-        b.prompt_ids, b.output_ids, b.output_logprobs, b.finish_reason, b.matched_stop, b.weight_version)
+    return (
+        a.prompt_ids,
+        a.output_ids,
+        a.output_logprobs,
+        a.finish_reason,
+        a.matched_stop,
+        a.weight_version,
+    ) == (b.prompt_ids, b.output_ids, b.output_logprobs, b.finish_reason, b.matched_stop, b.weight_version)
 
 
 def wait_until(predicate, what: str, limit_s: float = 30.0) -> None:

@@ -18,8 +18,10 @@ def generate(served):
 
 def test_weight_update_changes_outputs_version_and_model_info(fake):
     before = generate(fake)
-    resp = requests.post(fake.url + "/update_weights_from_disk",
-                         json={"model_path": "fake://salt/3", "weight_version": "7", "load_format": None})
+    resp = requests.post(
+        fake.url + "/update_weights_from_disk",
+        json={"model_path": "fake://salt/3", "weight_version": "7", "load_format": None},
+    )
     assert resp.status_code == 200
     answer = resp.json()
     assert answer["success"] is True and answer["num_paused_requests"] == 0
@@ -42,8 +44,10 @@ def test_weight_update_without_version_keeps_the_version(fake):
 
 def test_failed_weight_update_is_a_400_and_changes_nothing(fake):
     before = generate(fake)
-    resp = requests.post(fake.url + "/update_weights_from_disk",
-                         json={"model_path": "fake://nowhere", "weight_version": "9", "flush_cache": False})
+    resp = requests.post(
+        fake.url + "/update_weights_from_disk",
+        json={"model_path": "fake://nowhere", "weight_version": "9", "flush_cache": False},
+    )
     assert resp.status_code == 400
     assert resp.json()["success"] is False
     assert "fake://nowhere: no such checkpoint" in resp.json()["message"]

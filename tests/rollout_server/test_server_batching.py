@@ -22,7 +22,6 @@ pytestmark = pytest.mark.xdist_group("rollout_server")
 TOK = CharTokenizer()
 
 
-
 def body(prompt: str, tokens: int = 3) -> dict:
     return {"text": prompt, "sampling_params": {"max_new_tokens": tokens, "sampling_seed": 1}}
 
@@ -39,7 +38,9 @@ class Held:
     def post(self, path: str, json: dict):
         future = self.pool.submit(requests.post, self.served.url + path, json=json, timeout=60)
         self.queued += 1
-        wait_until(lambda: self.served.server.scheduler.pending() == self.queued, f"{self.queued} jobs queued")
+        wait_until(
+            lambda: self.served.server.scheduler.pending() == self.queued, f"{self.queued} jobs queued"
+        )
         return future
 
     def release(self) -> None:
@@ -57,8 +58,9 @@ def test_requests_queued_behind_a_batch_share_one_engine_call(fake):
     assert [len(call) for call in fake.engine.calls] == [1, 3]
     direct = FakeEngine()
     for prompt, answer in zip(prompts, answers, strict=True):
-        (expected,) = direct.generate([GenerateRequest(TOK.encode(prompt), SamplingParams(
-            max_new_tokens=len(prompt) + 1, seed=1))])[0]
+        (expected,) = direct.generate(
+            [GenerateRequest(TOK.encode(prompt), SamplingParams(max_new_tokens=len(prompt) + 1, seed=1))]
+        )[0]
         assert answer["output_ids"] == expected.output_ids  # each request got its own completions back
 
 
@@ -66,7 +68,9 @@ def test_a_weight_update_closes_the_batch_and_keeps_its_place(fake):
     with ThreadPoolExecutor(8) as pool:
         held = Held(fake, pool)
         before = held.post("/generate", body("a"))
-        update = held.post("/update_weights_from_disk", {"model_path": "fake://salt/5", "weight_version": "1"})
+        update = held.post(
+            "/update_weights_from_disk", {"model_path": "fake://salt/5", "weight_version": "1"}
+        )
         after = held.post("/generate", body("a"))
         held.release()
         before, after = before.result().json(), after.result().json()

@@ -63,7 +63,6 @@ def served():
         yield server
 
 
-
 def hold_first_step(engine) -> tuple[threading.Event, threading.Event]:
     """``(held, entered)``: the engine's first decoding step sets ``entered`` and waits for ``held``."""
     held, entered = threading.Event(), threading.Event()
@@ -78,14 +77,22 @@ def hold_first_step(engine) -> tuple[threading.Event, threading.Event]:
 
 
 def body(text: str, tokens: int, seed: int, **params) -> dict:
-    return {"text": text, "return_logprob": True,
-            "sampling_params": {"max_new_tokens": tokens, "sampling_seed": seed, "ignore_eos": True, **params}}
+    return {
+        "text": text,
+        "return_logprob": True,
+        "sampling_params": {"max_new_tokens": tokens, "sampling_seed": seed, "ignore_eos": True, **params},
+    }
 
 
 def alone(text: str, tokens: int, seed: int, **params):
     engine = EmbeddedEngine(tiny_model(0), TOK, POLICY)
-    ((c,),) = engine.generate([GenerateRequest(TOK.encode(text), SamplingParams(
-        max_new_tokens=tokens, seed=seed, ignore_eos=True, **params))])
+    ((c,),) = engine.generate(
+        [
+            GenerateRequest(
+                TOK.encode(text), SamplingParams(max_new_tokens=tokens, seed=seed, ignore_eos=True, **params)
+            )
+        ]
+    )
     return c
 
 
@@ -93,8 +100,12 @@ def assert_matches(answer: dict, want) -> None:
     assert answer["output_ids"] == want.output_ids
     tol = tolerance(torch.float32)
     got = [e[0] for e in answer["meta_info"]["output_token_logprobs"]]
-    torch.testing.assert_close(torch.tensor(got, dtype=torch.float64),
-                               torch.tensor(want.output_logprobs, dtype=torch.float64), atol=tol.atol, rtol=tol.rtol)
+    torch.testing.assert_close(
+        torch.tensor(got, dtype=torch.float64),
+        torch.tensor(want.output_logprobs, dtype=torch.float64),
+        atol=tol.atol,
+        rtol=tol.rtol,
+    )
 
 
 def post(server, json: dict, pool: ThreadPoolExecutor):
@@ -102,12 +113,17 @@ def post(server, json: dict, pool: ThreadPoolExecutor):
 
 
 def test_concurrent_clients_get_what_each_request_gets_alone(served):
-    work = [(f"{i}+{j}=", 3 + (5 * i + 3 * j) % 14, 10 * i + j, {"temperature": 0} if j == 1 else {"top_p": 0.9})
-            for i in range(8) for j in range(3)]
+    work = [
+        (f"{i}+{j}=", 3 + (5 * i + 3 * j) % 14, 10 * i + j, {"temperature": 0} if j == 1 else {"top_p": 0.9})
+        for i in range(8)
+        for j in range(3)
+    ]
 
     def client(i: int):  # closed loop: each client sends its next request once the last one is answered
-        return [requests.post(served.url + "/generate", json=body(t, n, s, **p), timeout=60).json()
-                for t, n, s, p in work[3 * i:3 * i + 3]]
+        return [
+            requests.post(served.url + "/generate", json=body(t, n, s, **p), timeout=60).json()
+            for t, n, s, p in work[3 * i : 3 * i + 3]
+        ]
 
     with ThreadPoolExecutor(8) as pool:
         answers = [a for got in pool.map(client, range(8)) for a in got]
@@ -145,8 +161,16 @@ def test_a_request_joins_a_running_batch_and_is_answered_before_it_ends(served):
 def test_abort_by_rid_cuts_a_row_of_the_running_batch(served):
     held, entered = hold_first_step(served.scheduler.engine)
     with ThreadPoolExecutor(4) as pool:
-        running = post(served, {"text": ["ab", "cd"], "rid": "pair", "return_logprob": True,
-                                "sampling_params": {"max_new_tokens": 8, "ignore_eos": True}}, pool)
+        running = post(
+            served,
+            {
+                "text": ["ab", "cd"],
+                "rid": "pair",
+                "return_logprob": True,
+                "sampling_params": {"max_new_tokens": 8, "ignore_eos": True},
+            },
+            pool,
+        )
         assert entered.wait(60)
         requests.post(served.url + "/abort_request", json={"rid": "pair_1"}, timeout=60)
         held.set()
@@ -163,8 +187,12 @@ def test_a_weight_update_waits_for_the_running_batch_and_keeps_its_place(served,
     with ThreadPoolExecutor(4) as pool:
         before = post(served, body("ab", 6, 3), pool)
         assert entered.wait(60)
-        update = pool.submit(requests.post, served.url + "/update_weights_from_disk", timeout=60,
-                             json={"model_path": uri, "weight_version": "1"})
+        update = pool.submit(
+            requests.post,
+            served.url + "/update_weights_from_disk",
+            timeout=60,
+            json={"model_path": uri, "weight_version": "1"},
+        )
         wait_until(lambda: served.scheduler.pending() == 1, "the update queued")
         after = post(served, body("ab", 6, 3), pool)
         wait_until(lambda: served.scheduler.pending() == 2, "the second generate queued")
@@ -173,5 +201,7 @@ def test_a_weight_update_waits_for_the_running_batch_and_keeps_its_place(served,
         assert update.result().json()["success"] is True
     assert (before["meta_info"]["weight_version"], after["meta_info"]["weight_version"]) == ("0", "1")
     assert_matches(before, alone("ab", 6, 3))
-    assert after["output_ids"] != before["output_ids"] or after["meta_info"]["output_token_logprobs"] != \
-        before["meta_info"]["output_token_logprobs"]
+    assert (
+        after["output_ids"] != before["output_ids"]
+        or after["meta_info"]["output_token_logprobs"] != before["meta_info"]["output_token_logprobs"]
+    )

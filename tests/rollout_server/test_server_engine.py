@@ -31,10 +31,16 @@ def rollout_requests(mixed_n: bool) -> list[GenerateRequest]:
     # filtered -> sorted inverse CDF for all rows), so a filtered row changes its batch-mates' draws.
     top_k, top_p = (0, 1.0) if mixed_n else (8, 0.9)
     return [
-        GenerateRequest(TOK.encode("12+34="), SamplingParams(max_new_tokens=6, temperature=1.0, seed=11, n=3)),
-        GenerateRequest(TOK.encode("7*8="), SamplingParams(max_new_tokens=5, temperature=0.7, top_k=top_k, seed=12, n=3)),
+        GenerateRequest(
+            TOK.encode("12+34="), SamplingParams(max_new_tokens=6, temperature=1.0, seed=11, n=3)
+        ),
+        GenerateRequest(
+            TOK.encode("7*8="), SamplingParams(max_new_tokens=5, temperature=0.7, top_k=top_k, seed=12, n=3)
+        ),
         GenerateRequest(TOK.encode("9-"), SamplingParams(max_new_tokens=4, temperature=0.0, n=n)),
-        GenerateRequest(TOK.encode("ab"), SamplingParams(max_new_tokens=8, top_p=top_p, seed=13, stop=("a",), n=n)),
+        GenerateRequest(
+            TOK.encode("ab"), SamplingParams(max_new_tokens=8, top_p=top_p, seed=13, stop=("a",), n=n)
+        ),
     ]
 
 
@@ -69,14 +75,23 @@ def test_mixed_n_round_trip_equals_the_in_process_engine_when_deterministic(real
 
 
 def served_and_direct(url: str):
-    body = {"text": ["12+34=", "ab"], "return_logprob": True, "sampling_params": [
-        {"max_new_tokens": 6, "sampling_seed": 11},
-        {"max_new_tokens": 8, "top_p": 0.9, "sampling_seed": 13, "stop": "a"}]}
+    body = {
+        "text": ["12+34=", "ab"],
+        "return_logprob": True,
+        "sampling_params": [
+            {"max_new_tokens": 6, "sampling_seed": 11},
+            {"max_new_tokens": 8, "top_p": 0.9, "sampling_seed": 13, "stop": "a"},
+        ],
+    }
     out = requests.post(url + "/generate", json=body, timeout=60).json()
-    direct = in_process().generate([
-        GenerateRequest(TOK.encode("12+34="), SamplingParams(max_new_tokens=6, seed=11)),
-        GenerateRequest(TOK.encode("ab"), SamplingParams(max_new_tokens=8, top_p=0.9, seed=13, stop=("a",))),
-    ])
+    direct = in_process().generate(
+        [
+            GenerateRequest(TOK.encode("12+34="), SamplingParams(max_new_tokens=6, seed=11)),
+            GenerateRequest(
+                TOK.encode("ab"), SamplingParams(max_new_tokens=8, top_p=0.9, seed=13, stop=("a",))
+            ),
+        ]
+    )
     return out, direct
 
 
@@ -128,5 +143,10 @@ def test_a_prompt_longer_than_the_context_is_a_400(real):
 def test_health_and_model_info(real):
     client = HttpRolloutClient(real.url, timeout_s=60, retries=0)
     assert client.health() is True
-    assert client.model_info() == {"model_path": "random://seed-0", "tokenizer_path": None, "is_generation": True,
-                                   "preferred_sampling_params": None, "weight_version": "0"}
+    assert client.model_info() == {
+        "model_path": "random://seed-0",
+        "tokenizer_path": None,
+        "is_generation": True,
+        "preferred_sampling_params": None,
+        "weight_version": "0",
+    }

@@ -24,10 +24,21 @@ def closed_port_url() -> str:
 
 
 def test_sampling_params_go_out_under_sglangs_names():
-    body = sampling_params_body(SamplingParams(max_new_tokens=9, temperature=0.5, top_p=0.8, stop=("x",),
-                                               stop_token_ids=(2,), n=4, seed=7))
-    assert body == {"max_new_tokens": 9, "temperature": 0.5, "top_p": 0.8, "top_k": -1, "n": 4,
-                    "stop": ["x"], "stop_token_ids": [2], "sampling_seed": 7}
+    body = sampling_params_body(
+        SamplingParams(
+            max_new_tokens=9, temperature=0.5, top_p=0.8, stop=("x",), stop_token_ids=(2,), n=4, seed=7
+        )
+    )
+    assert body == {
+        "max_new_tokens": 9,
+        "temperature": 0.5,
+        "top_p": 0.8,
+        "top_k": -1,
+        "n": 4,
+        "stop": ["x"],
+        "stop_token_ids": [2],
+        "sampling_seed": 7,
+    }
     assert sampling_params_body(SamplingParams(top_k=5))["top_k"] == 5
 
 
@@ -51,7 +62,9 @@ def test_generate_regroups_mixed_n_in_request_order(fake):
 def test_unreachable_server_names_the_endpoint(tmp_path):
     url = closed_port_url()
     client = HttpRolloutClient(url, timeout_s=5, retries=1, backoff_s=0.0)
-    with pytest.raises(RingzeroError, match=rf"POST {url}/generate: cannot reach the rollout server.*2 attempt"):
+    with pytest.raises(
+        RingzeroError, match=rf"POST {url}/generate: cannot reach the rollout server.*2 attempt"
+    ):
         client.generate([GenerateRequest([5])])
     assert client.health() is False
 
@@ -74,8 +87,12 @@ def test_weight_update_success_and_failure(fake):
     client = HttpRolloutClient(fake.url, retries=0)
     client.update_weights_from_disk("fake://salt/4", "12")
     assert client.model_info()["weight_version"] == "12"
-    assert client.generate([GenerateRequest([5], SamplingParams(max_new_tokens=1))])[0][0].weight_version == "12"
-    with pytest.raises(RingzeroError, match=r"update_weights_from_disk \(fake://gone, version 13\).*no such checkpoint"):
+    assert (
+        client.generate([GenerateRequest([5], SamplingParams(max_new_tokens=1))])[0][0].weight_version == "12"
+    )
+    with pytest.raises(
+        RingzeroError, match=r"update_weights_from_disk \(fake://gone, version 13\).*no such checkpoint"
+    ):
         client.update_weights_from_disk("fake://gone", "13")
 
 

@@ -53,7 +53,9 @@ def padded(size: int) -> bytes:
 # --- body bytes --------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("path", ["/generate", "/v1/completions", "/update_weights_from_disk", "/abort_request"])
+@pytest.mark.parametrize(
+    "path", ["/generate", "/v1/completions", "/update_weights_from_disk", "/abort_request"]
+)
 def test_a_body_over_the_limit_is_refused_with_413(url, path):
     resp = requests.post(url + path, data=padded(LIMITS.max_body_bytes + 1), timeout=30)
     assert "max_body_bytes" in refused(resp, 413, "body")
@@ -69,7 +71,7 @@ def test_a_chunked_body_is_capped_while_it_is_read(url):
     def chunks(size):  # a generator body goes out chunked, with no Content-Length
         raw = padded(size)
         for i in range(0, len(raw), 100):
-            yield raw[i:i + 100]
+            yield raw[i : i + 100]
 
     ok = requests.post(url + "/generate", data=chunks(LIMITS.max_body_bytes), timeout=30)
     assert ok.status_code == 200, ok.text
@@ -82,8 +84,10 @@ def test_a_declared_length_over_the_limit_is_refused_before_the_body_arrives(url
     host, port = url.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port)), timeout=10) as sock:
         # Declares 10 GiB and sends none of it: the answer must come from the header alone.
-        sock.sendall(b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                     b"Content-Length: 10737418240\r\n\r\n")
+        sock.sendall(
+            b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 10737418240\r\n\r\n"
+        )
         start, answer = time.monotonic(), b""
         while b"\r\n\r\n" not in answer:
             piece = sock.recv(4096)
@@ -109,14 +113,18 @@ def test_sequences_per_request_at_and_over_the_limit(url):
     msg = refused(generate(url, input_ids=[[5]] * (limit + 1), sampling_params=one), 400, "input_ids")
     assert "max_request_sequences" in msg
     assert generate(url, text=["a", "b"], sampling_params={**one, "n": limit // 2}).status_code == 200
-    refused(generate(url, text=["a", "b"], sampling_params={**one, "n": limit // 2 + 1}), 400, "sampling_params.n")
+    refused(
+        generate(url, text=["a", "b"], sampling_params={**one, "n": limit // 2 + 1}), 400, "sampling_params.n"
+    )
     serves(url)
 
 
 def test_tokens_per_request_at_and_over_the_limit(url):
     # "ab" + 8 new tokens = 10 tokens a sequence; the limit is 40.
     assert generate(url, text="ab", sampling_params={"max_new_tokens": 8, "n": 4}).status_code == 200
-    msg = refused(generate(url, text=["ab", "ab", "ab", "abc"], sampling_params={"max_new_tokens": 8}), 400, "text")
+    msg = refused(
+        generate(url, text=["ab", "ab", "ab", "abc"], sampling_params={"max_new_tokens": 8}), 400, "text"
+    )
     assert "41 tokens" in msg and "max_request_tokens" in msg
     serves(url)
 
@@ -124,18 +132,32 @@ def test_tokens_per_request_at_and_over_the_limit(url):
 def test_max_new_tokens_at_and_over_the_limit(url):
     limit = LIMITS.max_new_tokens
     assert generate(url, text="a", sampling_params={"max_new_tokens": limit}).status_code == 200
-    refused(generate(url, text="a", sampling_params={"max_new_tokens": limit + 1}), 400,
-            "sampling_params.max_new_tokens")
-    refused(generate(url, text=["a", "b"], sampling_params=[{"max_new_tokens": 1}, {"max_new_tokens": limit + 1}]),
-            400, "sampling_params[1].max_new_tokens")
+    refused(
+        generate(url, text="a", sampling_params={"max_new_tokens": limit + 1}),
+        400,
+        "sampling_params.max_new_tokens",
+    )
+    refused(
+        generate(
+            url, text=["a", "b"], sampling_params=[{"max_new_tokens": 1}, {"max_new_tokens": limit + 1}]
+        ),
+        400,
+        "sampling_params[1].max_new_tokens",
+    )
     # The default (128) counts too: this server's limit is below it.
     refused(generate(url, text="a"), 400, "sampling_params.max_new_tokens")
     ok = requests.post(url + "/v1/completions", json={"prompt": "a", "max_tokens": limit}, timeout=30)
     assert ok.status_code == 200, ok.text
-    refused(requests.post(url + "/v1/completions", json={"prompt": "a", "max_tokens": limit + 1}, timeout=30),
-            400, "max_tokens")
-    refused(requests.post(url + "/v1/completions", json={"prompt": ["a"] * 9, "max_tokens": 1}, timeout=30),
-            400, "prompt")
+    refused(
+        requests.post(url + "/v1/completions", json={"prompt": "a", "max_tokens": limit + 1}, timeout=30),
+        400,
+        "max_tokens",
+    )
+    refused(
+        requests.post(url + "/v1/completions", json={"prompt": ["a"] * 9, "max_tokens": 1}, timeout=30),
+        400,
+        "prompt",
+    )
     serves(url)
 
 
@@ -148,7 +170,9 @@ def test_defaults_are_generous():
     assert limits.max_request_sequences >= 4096 and limits.max_new_tokens >= 1 << 17
 
 
-@pytest.mark.parametrize("name", ["max_body_bytes", "max_request_sequences", "max_request_tokens", "max_new_tokens"])
+@pytest.mark.parametrize(
+    "name", ["max_body_bytes", "max_request_sequences", "max_request_tokens", "max_new_tokens"]
+)
 @pytest.mark.parametrize("value", [0, -1, True, 1.5, "8"])
 def test_a_bad_limit_is_refused_by_name(name, value):
     with pytest.raises(RingzeroError, match=f"server limit {name}: must be an integer >= 1"):
@@ -168,9 +192,11 @@ def test_the_http_client_splits_a_large_batch_under_the_servers_limit(url, monke
     from ringzero.rollout.types import GenerateRequest, SamplingParams
 
     tok = CharTokenizer()
-    reqs = [GenerateRequest(tok.encode(f"q{i}"), SamplingParams(max_new_tokens=2, n=2, seed=i)) for i in range(7)]
+    reqs = [
+        GenerateRequest(tok.encode(f"q{i}"), SamplingParams(max_new_tokens=2, n=2, seed=i)) for i in range(7)
+    ]
     client = HttpRolloutClient(url, retries=0)
-    monkeypatch.setattr(http_client, "MAX_SEQUENCES_PER_POST", 10 ** 6)
+    monkeypatch.setattr(http_client, "MAX_SEQUENCES_PER_POST", 10**6)
     with pytest.raises(RingzeroError, match="400"):
         client.generate(reqs)  # all 14 sequences in one request: over the server's limit
     monkeypatch.setattr(http_client, "MAX_SEQUENCES_PER_POST", LIMITS.max_request_sequences)

@@ -27,7 +27,9 @@ def native(served, prompt, **sampling):
 def test_completion_with_logprobs_matches_native_generate(fake_shared, client):
     # logprobs=0: the sampled tokens' log-probs only (top-k dicts need an engine that reports them, see
     # test_server_sglang_clients.py); SGLang then answers an empty top_logprobs list.
-    out = client.completions.create(model="tiny", prompt="3+4=", max_tokens=5, logprobs=0, seed=2, temperature=0.7)
+    out = client.completions.create(
+        model="tiny", prompt="3+4=", max_tokens=5, logprobs=0, seed=2, temperature=0.7
+    )
     assert (out.object, out.model, len(out.choices)) == ("text_completion", "tiny", 1)
     ref = native(fake_shared, "3+4=", max_new_tokens=5, sampling_seed=2, temperature=0.7)
     choice = out.choices[0]
@@ -54,8 +56,10 @@ def test_default_max_tokens_is_openais_16(client):
 def test_n_and_several_prompts_number_choices_prompt_major(fake_shared, client):
     out = client.completions.create(model="tiny", prompt=["x", "yy"], max_tokens=3, n=2, seed=1)
     assert [c.index for c in out.choices] == [0, 1, 2, 3]
-    ref = requests.post(fake_shared.url + "/generate", json={
-        "text": ["x", "yy"], "sampling_params": {"max_new_tokens": 3, "n": 2, "sampling_seed": 1}}).json()
+    ref = requests.post(
+        fake_shared.url + "/generate",
+        json={"text": ["x", "yy"], "sampling_params": {"max_new_tokens": 3, "n": 2, "sampling_seed": 1}},
+    ).json()
     assert [c.text for c in out.choices] == [r["text"] for r in ref]
     assert out.usage.prompt_tokens == 3  # each prompt counted once, as SGLang counts
 
@@ -65,8 +69,12 @@ def test_stop_and_sglang_extras_through_extra_body(client):
     out = client.completions.create(model="tiny", prompt="q", max_tokens=10, stop=[";"])
     assert (out.choices[0].text, out.choices[0].finish_reason) == ("b", "stop")
     assert out.choices[0].model_extra["matched_stop"] == ";"
-    out = client.completions.create(model="tiny", prompt="q", max_tokens=10,
-                                    extra_body={"stop_token_ids": [space], "top_k": 5, "return_token_ids": True})
+    out = client.completions.create(
+        model="tiny",
+        prompt="q",
+        max_tokens=10,
+        extra_body={"stop_token_ids": [space], "top_k": 5, "return_token_ids": True},
+    )
     choice = out.choices[0]
     assert choice.model_extra["matched_stop"] == space
     assert choice.model_extra["token_ids"][-1] == space

@@ -31,8 +31,17 @@ def test_an_opened_batch_over_http_equals_the_in_process_one(real_deterministic)
     params = SamplingParams(max_new_tokens=24, temperature=1.0, n=4)
 
     def batch(client):
-        return collect(client, task, TOK, problems, samples=4, params=params, reward=TaskReward(task),
-                       seeds=[5, 6], opening=opening)
+        return collect(
+            client,
+            task,
+            TOK,
+            problems,
+            samples=4,
+            params=params,
+            reward=TaskReward(task),
+            seeds=[5, 6],
+            opening=opening,
+        )
 
     over_http = batch(HttpRolloutClient(real_deterministic.url, retries=0))
     direct = batch(EmbeddedEngine(tiny_model(0), TOK, POLICY, max_batch=16, deterministic=True))

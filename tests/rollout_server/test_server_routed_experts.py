@@ -8,9 +8,9 @@ SGLang's sources for the shapes checked here:
   ``meta_info["routed_experts"] = pybase64.b64encode(tensor.numpy().tobytes())`` of the int32
   ``[seqlen - 1, num_hidden_layers, num_experts_per_tok]`` rows
   (python/sglang/srt/layers/moe/routed_experts_capturer.py, python/sglang/srt/state_capturer/base.py);
-- the client side: THUDM/slime slime/rollout/sglang_rollout.py sends ``payload["return_routed_experts"] = True``
-  and reads ``np.frombuffer(pybase64.b64decode(meta_info["routed_experts"].encode("ascii")), dtype=np.int32)
-  .reshape(len(sample.tokens) - 1, args.num_layers, args.moe_router_topk)``.
+- the client side: THUDM/slime slime/rollout/sglang_rollout.py sends ``payload["return_routed_experts"] =
+  True`` and reads ``np.frombuffer(pybase64.b64decode(meta_info["routed_experts"].encode("ascii")),
+  dtype=np.int32) .reshape(len(sample.tokens) - 1, args.num_layers, args.moe_router_topk)``.
 """
 
 from __future__ import annotations
@@ -38,10 +38,27 @@ from ringzero.tokenizer import CharTokenizer
 
 pytestmark = pytest.mark.xdist_group("rollout_server")
 
-MOE = dict(vocab_size=64, hidden_size=32, num_hidden_layers=4, num_attention_heads=2, layer_group_size=2, head_dim=8,
-           qk_rope_head_dim=4, qk_nope_head_dim=8, v_head_dim=6, kv_lora_rank=8, intermediate_size=48,
-           group_norm_size=2, num_experts=6, n_group=3, topk_group=2, num_experts_per_tok=2,
-           moe_intermediate_size=16, first_k_dense_replace=1, max_position_embeddings=64)
+MOE = dict(
+    vocab_size=64,
+    hidden_size=32,
+    num_hidden_layers=4,
+    num_attention_heads=2,
+    layer_group_size=2,
+    head_dim=8,
+    qk_rope_head_dim=4,
+    qk_nope_head_dim=8,
+    v_head_dim=6,
+    kv_lora_rank=8,
+    intermediate_size=48,
+    group_norm_size=2,
+    num_experts=6,
+    n_group=3,
+    topk_group=2,
+    num_experts_per_tok=2,
+    moe_intermediate_size=16,
+    first_k_dense_replace=1,
+    max_position_embeddings=64,
+)
 F64 = PrecisionPolicy(body="float64", attention_softmax_fp32=True, lm_head_fp32=True)
 LAYERS, TOPK = 4, 2
 
@@ -63,7 +80,9 @@ def reference() -> HybridLM:
 def moe():
     """The embedded engine on the tiny MoE model behind a server (no tokenizer: no EOS, ids as characters)."""
     engine = EmbeddedEngine(moe_model(), policy=F64, max_batch=8, prefill_chunk=3)
-    with ServerThread(RolloutServer(engine, CharTokenizer(), model_path="random://moe", vocab_size=64).app) as thread:
+    with ServerThread(
+        RolloutServer(engine, CharTokenizer(), model_path="random://moe", vocab_size=64).app
+    ) as thread:
         yield thread
 
 
@@ -79,7 +98,8 @@ def teacher_forced(model: HybridLM, tokens: list[int]) -> np.ndarray:
 
 def slime_decode(meta: dict, tokens: list[int]) -> np.ndarray:
     return np.frombuffer(base64.b64decode(meta["routed_experts"].encode("ascii")), dtype=np.int32).reshape(
-        len(tokens) - 1, LAYERS, TOPK)
+        len(tokens) - 1, LAYERS, TOPK
+    )
 
 
 def post(served, body) -> requests.Response:
@@ -89,8 +109,15 @@ def post(served, body) -> requests.Response:
 def test_an_sglang_body_gets_sglangs_encoding(moe, reference):
     # slime's payload: sampling_params, return_logprob, return_routed_experts (sglang_rollout.py generate()).
     prompt = [5, 9, 14, 20, 33]
-    resp = post(moe, {"input_ids": prompt, "return_logprob": True, "return_routed_experts": True,
-                      "sampling_params": {"max_new_tokens": 6, "temperature": 1.0, "top_p": 1.0, "sampling_seed": 3}})
+    resp = post(
+        moe,
+        {
+            "input_ids": prompt,
+            "return_logprob": True,
+            "return_routed_experts": True,
+            "sampling_params": {"max_new_tokens": 6, "temperature": 1.0, "top_p": 1.0, "sampling_seed": 3},
+        },
+    )
     assert resp.status_code == 200, resp.text
     item = resp.json()
     tokens = prompt + item["output_ids"]
@@ -98,17 +125,27 @@ def test_an_sglang_body_gets_sglangs_encoding(moe, reference):
     np.testing.assert_array_equal(got, teacher_forced(reference, tokens))
     assert (got[:, 0] == -1).all()  # the dense first layer
     # Exactly SGLang's bytes: little-endian int32, C order, standard base64 with padding.
-    assert item["meta_info"]["routed_experts"] == base64.b64encode(got.astype("<i4").tobytes()).decode("ascii")
+    assert item["meta_info"]["routed_experts"] == base64.b64encode(got.astype("<i4").tobytes()).decode(
+        "ascii"
+    )
 
 
 def test_batches_n_samples_and_a_per_prompt_flag(moe, reference):
     prompts = [[7, 8], [10, 11, 12, 13, 14, 15]]
-    items = post(moe, {"input_ids": prompts, "return_routed_experts": [True, False],
-                       "sampling_params": {"max_new_tokens": 5, "n": 2, "stop_token_ids": [3, 9, 15, 21, 27]}}).json()
+    items = post(
+        moe,
+        {
+            "input_ids": prompts,
+            "return_routed_experts": [True, False],
+            "sampling_params": {"max_new_tokens": 5, "n": 2, "stop_token_ids": [3, 9, 15, 21, 27]},
+        },
+    ).json()
     assert len(items) == 4  # prompt-major: prompt i's samples at 2i, 2i + 1
     for item in items[:2]:
         tokens = prompts[0] + item["output_ids"]
-        np.testing.assert_array_equal(slime_decode(item["meta_info"], tokens), teacher_forced(reference, tokens))
+        np.testing.assert_array_equal(
+            slime_decode(item["meta_info"], tokens), teacher_forced(reference, tokens)
+        )
     assert all("routed_experts" not in item["meta_info"] for item in items[2:])
 
 
@@ -120,8 +157,12 @@ def test_absent_unless_asked(moe):
 
 def test_routed_experts_start_len_keeps_the_later_rows(moe, reference):
     prompt = [12, 13, 14, 15]
-    body = {"input_ids": prompt, "return_routed_experts": True, "routed_experts_start_len": 3,
-            "sampling_params": {"max_new_tokens": 4, "sampling_seed": 5}}
+    body = {
+        "input_ids": prompt,
+        "return_routed_experts": True,
+        "routed_experts_start_len": 3,
+        "sampling_params": {"max_new_tokens": 4, "sampling_seed": 5},
+    }
     item = post(moe, body).json()
     tokens = prompt + item["output_ids"]
     rows = np.frombuffer(base64.b64decode(item["meta_info"]["routed_experts"]), dtype=np.int32)
@@ -132,17 +173,31 @@ def test_routed_experts_start_len_keeps_the_later_rows(moe, reference):
 
 def test_prefill_only_requests_report_the_prompt_rows(moe, reference):
     prompt = [20, 21, 22, 23, 24]
-    item = post(moe, {"input_ids": prompt, "return_routed_experts": True, "return_logprob": True,
-                      "logprob_start_len": 0, "sampling_params": {"max_new_tokens": 0}}).json()
+    item = post(
+        moe,
+        {
+            "input_ids": prompt,
+            "return_routed_experts": True,
+            "return_logprob": True,
+            "logprob_start_len": 0,
+            "sampling_params": {"max_new_tokens": 0},
+        },
+    ).json()
     np.testing.assert_array_equal(slime_decode(item["meta_info"], prompt), teacher_forced(reference, prompt))
 
 
 def test_a_dense_model_refuses_with_a_400_naming_the_field(real):
-    resp = post(real, {"text": "1+1=", "return_routed_experts": True, "sampling_params": {"max_new_tokens": 2}})
+    resp = post(
+        real, {"text": "1+1=", "return_routed_experts": True, "sampling_params": {"max_new_tokens": 2}}
+    )
     assert resp.status_code == 400
     assert resp.json()["param"] == "return_routed_experts" and "no MoE layers" in resp.json()["message"]
-    assert post(real, {"text": "1+1=", "return_routed_experts": False,
-                       "sampling_params": {"max_new_tokens": 2}}).status_code == 200
+    assert (
+        post(
+            real, {"text": "1+1=", "return_routed_experts": False, "sampling_params": {"max_new_tokens": 2}}
+        ).status_code
+        == 200
+    )
     resp = post(real, {"text": "1+1=", "return_routed_experts": "yes"})
     assert resp.status_code == 400 and resp.json()["param"] == "return_routed_experts"
 
@@ -165,13 +220,22 @@ class Recording(HttpRolloutClient):
 
 def test_client_round_trip(moe, reference):
     client = Recording(moe.url, retries=0, routing_shape=(LAYERS, TOPK))
-    reqs = [GenerateRequest([30, 31, 32], SamplingParams(max_new_tokens=5, n=2, seed=1), return_routed_experts=True),
-            GenerateRequest([40, 41], SamplingParams(max_new_tokens=4, n=2, seed=2)),
-            GenerateRequest([50, 51, 52, 53], SamplingParams(max_new_tokens=3, seed=3), return_routed_experts=True)]
+    reqs = [
+        GenerateRequest(
+            [30, 31, 32], SamplingParams(max_new_tokens=5, n=2, seed=1), return_routed_experts=True
+        ),
+        GenerateRequest([40, 41], SamplingParams(max_new_tokens=4, n=2, seed=2)),
+        GenerateRequest(
+            [50, 51, 52, 53], SamplingParams(max_new_tokens=3, seed=3), return_routed_experts=True
+        ),
+    ]
     out = client.generate(reqs)
     # SGLang's flag is one bool per body: requests that ask and those that do not go out apart.
-    assert [(len(b["input_ids"]), b.get("return_routed_experts")) for b in client.bodies] == \
-        [(1, True), (1, None), (1, True)]
+    assert [(len(b["input_ids"]), b.get("return_routed_experts")) for b in client.bodies] == [
+        (1, True),
+        (1, None),
+        (1, True),
+    ]
     for req, group in zip(reqs, out, strict=True):
         assert len(group) == req.params.n
         for c in group:
@@ -179,7 +243,9 @@ def test_client_round_trip(moe, reference):
                 assert c.routed_experts is None
                 continue
             assert c.routed_experts.dtype == torch.int32
-            np.testing.assert_array_equal(c.routed_experts.numpy(), teacher_forced(reference, c.prompt_ids + c.output_ids))
+            np.testing.assert_array_equal(
+                c.routed_experts.numpy(), teacher_forced(reference, c.prompt_ids + c.output_ids)
+            )
             assert "routed_experts" not in c.meta
 
 
@@ -190,14 +256,19 @@ def test_client_needs_the_routing_shape(moe):
     assert client.bodies == []  # refused before anything was sent
     client.routing_shape = (LAYERS, 3)  # the wrong shape: the answer does not fit it
     with pytest.raises(RingzeroError, match=r"holds \d+ expert ids"):
-        client.generate([GenerateRequest([1, 2], SamplingParams(max_new_tokens=2), return_routed_experts=True)])
+        client.generate(
+            [GenerateRequest([1, 2], SamplingParams(max_new_tokens=2), return_routed_experts=True)]
+        )
 
 
 # sgl-project/sglang python/sglang/srt/managers/io_struct.py GenerateReqInput: the fields the client sends.
 GENERATE_REQ_INPUT = {
-    "rid": str | list[str] | None, "input_ids": list[list[int]] | list[int] | None,
-    "sampling_params": list[dict] | dict | None, "return_logprob": list[bool] | bool | None,
-    "logprob_start_len": list[int] | int | None, "top_logprobs_num": list[int] | int | None,
+    "rid": str | list[str] | None,
+    "input_ids": list[list[int]] | list[int] | None,
+    "sampling_params": list[dict] | dict | None,
+    "return_logprob": list[bool] | bool | None,
+    "logprob_start_len": list[int] | int | None,
+    "top_logprobs_num": list[int] | int | None,
     "return_routed_experts": bool,
 }
 
@@ -215,10 +286,17 @@ def conforms(value, tp) -> bool:
 
 def test_bodies_are_sglang_shaped():
     lp = LogprobRequest(prompt_from=1, top_k=3)
-    body = generate_body([GenerateRequest([1, 2, 3], SamplingParams(ignore_eos=True), logprobs=lp,
-                                          return_routed_experts=True),
-                          GenerateRequest([4, 5], SamplingParams())])
-    assert set(body) <= set(GENERATE_REQ_INPUT) and all(conforms(v, GENERATE_REQ_INPUT[k]) for k, v in body.items())
+    body = generate_body(
+        [
+            GenerateRequest(
+                [1, 2, 3], SamplingParams(ignore_eos=True), logprobs=lp, return_routed_experts=True
+            ),
+            GenerateRequest([4, 5], SamplingParams()),
+        ]
+    )
+    assert set(body) <= set(GENERATE_REQ_INPUT) and all(
+        conforms(v, GENERATE_REQ_INPUT[k]) for k, v in body.items()
+    )
     # Lists per prompt (n == 1): -1 is SGLang's "output tokens only", 0 its "no top-k".
     assert body["logprob_start_len"] == [1, -1] and body["top_logprobs_num"] == [3, 0]
     assert body["return_routed_experts"] is True
@@ -229,14 +307,22 @@ def test_bodies_are_sglang_shaped():
 
 
 def test_client_sends_and_reads_the_logprob_fields(moe):
-    # n > 1: SGLang refuses per-prompt lists ("Cannot use list logprob_start_len with parallel_sample_num > 1"),
-    # so requests that disagree on them go out in separate bodies, each with one value.
+    # n > 1: SGLang refuses per-prompt lists ("Cannot use list logprob_start_len with parallel_sample_num >
+    # 1"), so requests that disagree on them go out in separate bodies, each with one value.
     client = Recording(moe.url, retries=0, routing_shape=(LAYERS, TOPK))
-    reqs = [GenerateRequest([6, 7, 8, 9], SamplingParams(max_new_tokens=3, n=2, seed=1),
-                            logprobs=LogprobRequest(prompt_from=1, top_k=2)),
-            GenerateRequest([6, 7, 8], SamplingParams(max_new_tokens=3, n=2, seed=2, ignore_eos=True))]
+    reqs = [
+        GenerateRequest(
+            [6, 7, 8, 9],
+            SamplingParams(max_new_tokens=3, n=2, seed=1),
+            logprobs=LogprobRequest(prompt_from=1, top_k=2),
+        ),
+        GenerateRequest([6, 7, 8], SamplingParams(max_new_tokens=3, n=2, seed=2, ignore_eos=True)),
+    ]
     out = client.generate(reqs)
-    assert [(b.get("logprob_start_len"), b.get("top_logprobs_num")) for b in client.bodies] == [(1, 2), (None, None)]
+    assert [(b.get("logprob_start_len"), b.get("top_logprobs_num")) for b in client.bodies] == [
+        (1, 2),
+        (None, None),
+    ]
     assert client.bodies[1]["sampling_params"][0]["ignore_eos"] is True
     direct = EmbeddedEngine(moe_model(), policy=F64).generate(reqs[:1])
     for got, want in zip(out[0], direct[0], strict=True):
@@ -244,7 +330,8 @@ def test_client_sends_and_reads_the_logprob_fields(moe):
         assert got.prompt_logprobs[0] is None and len(got.prompt_logprobs) == 3
         for a, b in zip(got.prompt_logprobs[1:], want.prompt_logprobs[1:], strict=True):
             assert math.isclose(a, b, rel_tol=1e-12, abs_tol=1e-12)
-        assert [[t for _, t in top] for top in got.output_top_logprobs] == \
-            [[t for _, t in top] for top in want.output_top_logprobs]
+        assert [[t for _, t in top] for top in got.output_top_logprobs] == [
+            [t for _, t in top] for top in want.output_top_logprobs
+        ]
         assert len(got.prompt_top_logprobs) == 3 and got.prompt_top_logprobs[0] is None
     assert all(c.prompt_logprobs is None and c.output_top_logprobs is None for c in out[1])

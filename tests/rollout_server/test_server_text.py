@@ -55,14 +55,22 @@ def served(tmp_path_factory):
     export = build_parser().parse_args(["export", "--init", "random", "--config", str(config), str(folder)])
     assert export.handler(export) == 0
     uri = save_model(open_store(f"file://{tmp}/store"), "base", tiny_model(0))
-    sources = {"model-path": ["--model-path", str(folder)], "init-random": ["--init", "random", "--config", str(config)],
-               "checkpoint": ["--checkpoint", uri]}
+    sources = {
+        "model-path": ["--model-path", str(folder)],
+        "init-random": ["--init", "random", "--config", str(config)],
+        "checkpoint": ["--checkpoint", uri],
+    }
     threads = {}
     for name, source in sources.items():
-        args = build_parser().parse_args(["serve", *source, "--precision", "fp32", "--max-batch", str(MAX_BATCH)])
+        args = build_parser().parse_args(
+            ["serve", *source, "--precision", "fp32", "--max-batch", str(MAX_BATCH)]
+        )
         threads[name] = ServerThread(build_server(args).app)
         threads[name].start()
-    assert "tokenizer.json" in requests.get(threads["model-path"].url + "/get_model_info").json()["tokenizer_path"]
+    assert (
+        "tokenizer.json"
+        in requests.get(threads["model-path"].url + "/get_model_info").json()["tokenizer_path"]
+    )
     yield {name: t.url for name, t in threads.items()}
     for t in threads.values():
         t.stop()
@@ -113,7 +121,10 @@ def test_server_info_reports_the_engines_capacity_as_integers(served, path):
     context = TINY["max_position_embeddings"]
     assert info["max_total_num_tokens"] == MAX_BATCH * context  # rows decoded together x their positions
     assert (info["max_running_requests"], info["context_length"], info["max_req_input_len"]) == (
-        MAX_BATCH, context, context - 1)
+        MAX_BATCH,
+        context,
+        context - 1,
+    )
     for key in ("max_total_num_tokens", "max_running_requests", "context_length", "max_req_input_len"):
         assert type(info[key]) is int, (key, info[key])
     assert info["model_path"] == requests.get(served[path] + "/get_model_info").json()["model_path"]
@@ -126,21 +137,34 @@ texts = st.one_of(
     st.text(alphabet=st.characters(max_codepoint=0x1F), max_size=20),  # control characters, NUL included
     st.text(alphabet=DEFAULT_ALPHABET, max_size=40),  # encodable: short ones are served
     st.sampled_from(["", "\x00", "a\x00b", " ", "\u27e8eos\u27e9", "ab\u27e8pad\u27e9", *SGLANG_PROMPTS]),
-    st.builds(lambda piece, n: piece * n, st.sampled_from(["a", "A", "\u00e9", "\U0001f600", "\x00"]),
-              st.integers(1_000, 200_000)),  # very long
+    st.builds(
+        lambda piece, n: piece * n,
+        st.sampled_from(["a", "A", "\u00e9", "\U0001f600", "\x00"]),
+        st.integers(1_000, 200_000),
+    ),  # very long
     st.none(),
 )
 text_fields = st.one_of(texts, st.lists(texts, max_size=3))
 # What no hypothesis string holds: JSON escapes of lone surrogates, in a prompt, a batch and a rid.
-RAW = [b'{"text": "a\\ud800b"}', b'{"text": ["ab", "\\udfff"]}', b'{"prompt": "\\udc80"}',
-       b'{"text": "ab", "rid": "\\ud800"}', b'{"\\ud800": 1}', b'{"prompt": "a", "model": "m\\udc00"}']
+RAW = [
+    b'{"text": "a\\ud800b"}',
+    b'{"text": ["ab", "\\udfff"]}',
+    b'{"prompt": "\\udc80"}',
+    b'{"text": "ab", "rid": "\\ud800"}',
+    b'{"\\ud800": 1}',
+    b'{"prompt": "a", "model": "m\\udc00"}',
+]
 
 
 @pytest.mark.parametrize("path", PATHS)
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
-                                                                 HealthCheck.too_slow])
-@given(text=text_fields, endpoint=st.sampled_from(["/generate", "/v1/completions"]),
-       max_new=st.integers(0, 3))
+@settings(
+    max_examples=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    text=text_fields, endpoint=st.sampled_from(["/generate", "/v1/completions"]), max_new=st.integers(0, 3)
+)
 def test_text_bodies_never_get_a_5xx(served, path, text, endpoint, max_new):
     assert_clean(post_text(served[path], endpoint, text, max_new))
 

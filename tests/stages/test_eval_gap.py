@@ -19,7 +19,8 @@ from ringzero.store import open_store
 
 STATS = ("ratio/p99", "ratio/max", "seq_abs_log_ratio")
 
-# --- statistics ------------------------------------------------------------------------------------------------
+# --- statistics
+# ------------------------------------------------------------------------------------------------
 
 # log r per token of seven responses; lengths 2, 1, 2, 3, 2, 1, 3 (ties at every length).
 LOG_R = [[0.1, -0.2], [0.3], [0.0, math.log(2)], [0.01, 0.02, 0.03], [-0.5, 0.05], [-0.05], [0.2, -0.1, 0.4]]
@@ -35,8 +36,11 @@ def quantile(values: list[float], q: float) -> float:
 
 def reference(responses: list[list[float]]) -> dict[str, float]:
     ratio = [abs(math.expm1(x)) for r in responses for x in r]
-    return {"ratio/p99": quantile(ratio, 0.99), "ratio/max": max(ratio),
-            "seq_abs_log_ratio": sum(abs(math.fsum(r)) for r in responses) / len(responses)}
+    return {
+        "ratio/p99": quantile(ratio, 0.99),
+        "ratio/max": max(ratio),
+        "seq_abs_log_ratio": sum(abs(math.fsum(r)) for r in responses) / len(responses),
+    }
 
 
 def as_logprobs(log_r: list[list[float]]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
@@ -70,7 +74,9 @@ def test_nonfinite_tokens_are_left_out():
     train, policy = as_logprobs([[0.1, 0.2], [0.3], [0.4]])
     policy[0][1] = -math.inf  # a token the policy gave no probability
     got = gap_values(train, policy, "g")
-    assert got["g/ratio/max"] == pytest.approx(math.expm1(0.4)) and got["g/short/seq_abs_log_ratio"] == pytest.approx(0.3)
+    assert got["g/ratio/max"] == pytest.approx(math.expm1(0.4)) and got[
+        "g/short/seq_abs_log_ratio"
+    ] == pytest.approx(0.3)
     assert got["g/long/seq_abs_log_ratio"] == pytest.approx(0.1)
 
 
@@ -97,10 +103,17 @@ def test_gap_policies_are_validated_and_default_on():
         EvalStage.model_validate({"name": "eval", "gap_policies": ["bf16", "bf16"]})
 
 
-# --- the stage on a micro checkpoint ----------------------------------------------------------------------------
+# --- the stage on a micro checkpoint
+# ----------------------------------------------------------------------------
 
-EVAL = {"name": "eval", "kind": "eval", "prompts": 4, "k": 3, "sampling": {"max_new_tokens": 24},
-        "gap_policies": ["fp32", "bf16", "fp32-islands"]}
+EVAL = {
+    "name": "eval",
+    "kind": "eval",
+    "prompts": 4,
+    "k": 3,
+    "sampling": {"max_new_tokens": 24},
+    "gap_policies": ["fp32", "bf16", "fp32-islands"],
+}
 
 
 def offset_logits_model(cfg) -> HybridLM:
@@ -113,7 +126,9 @@ def offset_logits_model(cfg) -> HybridLM:
     torch.manual_seed(0)
     model = HybridLM(cfg.model, cfg.precision.train)
     with torch.no_grad():
-        model.word_embeddings.weight[:, 0] = 1.0  # residual channel 0 dominates: the final norm puts ~sqrt(D) there
+        model.word_embeddings.weight[:, 0] = (
+            1.0  # residual channel 0 dominates: the final norm puts ~sqrt(D) there
+        )
         model.lm_head.weight[:, 0] += 16.0
         for p in model.parameters():
             p.copy_(p.to(torch.bfloat16).to(p.dtype))
@@ -126,8 +141,9 @@ def test_eval_reports_the_gap_per_policy_and_length_third(tmp_path):
     torch.manual_seed(1)
     plain = save_model(store, "plain", HybridLM(cfg.model, PrecisionPolicy.preset("fp32")).eval())
     offset = save_model(store, "offset", offset_logits_model(cfg))
-    outcome = evaluate.run(context(cfg), EvalStage.model_validate(EVAL),
-                           StageInputs(init_uri=offset, compare={"plain": plain}))
+    outcome = evaluate.run(
+        context(cfg), EvalStage.model_validate(EVAL), StageInputs(init_uri=offset, compare={"plain": plain})
+    )
     rows = {r["checkpoint"]: r["values"] for r in outcome.extra["comparison"]["rows"]}
     for values in rows.values():
         for policy in EVAL["gap_policies"]:

@@ -42,30 +42,70 @@ class RecordingOptimizer:
 
 
 def _step_on_meta(kl_coef: float = 0.0):
-    cfg = parse_config({
-        "run": {"name": "trap", "device": "cpu"},
-        "model": {"vocab_size": 64, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4, "layout": "LM",
-                  "kv_lora_rank": 12, "qk_nope_head_dim": 8, "qk_rope_head_dim": 4, "v_head_dim": 8,
-                  "head_dim": 8, "lightning_block_size": 8, "intermediate_size": 48, "max_position_embeddings": 64},
-        "precision": {"train": "fp32-islands", "rollout": "fp32-islands"},
-        "task": {"kind": "arithmetic", "operation": "digitsum", "digits": 2},
-        "stages": [{"name": "rl", "kind": "rl", "prompts_per_step": 2, "samples_per_prompt": 2, "minibatches": 2,
-                    "micro_batch": 1, "sampling": {"max_new_tokens": 6},
-                    "loss": {"kind": "sg_clip_is", "normalization": "sample_mean", "kl_coef": kl_coef}}],
-    })
+    cfg = parse_config(
+        {
+            "run": {"name": "trap", "device": "cpu"},
+            "model": {
+                "vocab_size": 64,
+                "hidden_size": 32,
+                "num_hidden_layers": 2,
+                "num_attention_heads": 4,
+                "layout": "LM",
+                "kv_lora_rank": 12,
+                "qk_nope_head_dim": 8,
+                "qk_rope_head_dim": 4,
+                "v_head_dim": 8,
+                "head_dim": 8,
+                "lightning_block_size": 8,
+                "intermediate_size": 48,
+                "max_position_embeddings": 64,
+            },
+            "precision": {"train": "fp32-islands", "rollout": "fp32-islands"},
+            "task": {"kind": "arithmetic", "operation": "digitsum", "digits": 2},
+            "stages": [
+                {
+                    "name": "rl",
+                    "kind": "rl",
+                    "prompts_per_step": 2,
+                    "samples_per_prompt": 2,
+                    "minibatches": 2,
+                    "micro_batch": 1,
+                    "sampling": {"max_new_tokens": 6},
+                    "loss": {"kind": "sg_clip_is", "normalization": "sample_mean", "kl_coef": kl_coef},
+                }
+            ],
+        }
+    )
     stage = cfg.stages[0]
     task, tokenizer = task_and_tokenizer(cfg)
     model = HybridLM(cfg.model, cfg.precision.train).to(META).train()
     reference = HybridLM(cfg.model, cfg.precision.train).to(META).eval() if kl_coef else None
     engine = EmbeddedEngine(model, tokenizer, cfg.precision.rollout, max_batch=8, seed=0)
     optimizer = RecordingOptimizer(model)
-    trainer = PolicyTrainer(model, optimizer, stage.loss, minibatches=stage.minibatches,
-                            max_new_tokens=stage.sampling.max_new_tokens, temperature=1.0, reference=reference,
-                            pad_id=tokenizer.pad_id, runtime=single(META), micro_batch=stage.micro_batch)
+    trainer = PolicyTrainer(
+        model,
+        optimizer,
+        stage.loss,
+        minibatches=stage.minibatches,
+        max_new_tokens=stage.sampling.max_new_tokens,
+        temperature=1.0,
+        reference=reference,
+        pad_id=tokenizer.pad_id,
+        runtime=single(META),
+        micro_batch=stage.micro_batch,
+    )
     pushed = []
-    stepper = RLStep(client=engine, trainer=trainer, task=task, tokenizer=tokenizer, reward=TaskReward(task),
-                     sampling=stage.sampling, shape=StepShape(stage.prompts_per_step, stage.samples_per_prompt),
-                     seed=0, push=lambda step: pushed.append(engine.update_weights(model.state_dict(), "v1")))
+    stepper = RLStep(
+        client=engine,
+        trainer=trainer,
+        task=task,
+        tokenizer=tokenizer,
+        reward=TaskReward(task),
+        sampling=stage.sampling,
+        shape=StepShape(stage.prompts_per_step, stage.samples_per_prompt),
+        seed=0,
+        push=lambda step: pushed.append(engine.update_weights(model.state_dict(), "v1")),
+    )
     return stepper, optimizer, pushed
 
 

@@ -17,8 +17,15 @@ from ringzero.store import open_store
 from ringzero.tokenizer import CharTokenizer
 
 FP32_POLICY = PrecisionPolicy.preset("fp32")  # compare resumed weights exactly, not after a bf16 cast
-BASE = {"name": "base", "kind": "pretrain", "steps": 6, "batch_size": 2, "seq_len": 32, "checkpoint_every": 3,
-        "optim": {"lr": 3e-3, "warmup_steps": 2}}
+BASE = {
+    "name": "base",
+    "kind": "pretrain",
+    "steps": 6,
+    "batch_size": 2,
+    "seq_len": 32,
+    "checkpoint_every": 3,
+    "optim": {"lr": 3e-3, "warmup_steps": 2},
+}
 
 
 def pipeline(root):
@@ -27,7 +34,8 @@ def pipeline(root):
 
 
 def recorded_losses(monkeypatch) -> list[tuple[bool, float]]:
-    """Every ``lm_step`` the pretrain runner makes, as (trained, loss): the stage's own numbers, step by step."""
+    """Every ``lm_step`` the pretrain runner makes, as (trained, loss): the stage's own numbers, step by
+    step."""
     calls = []
     original = pretrain_runner.lm_step
 
@@ -54,8 +62,14 @@ def test_pretrain_stage_through_the_pipeline(tmp_path, monkeypatch):
     loaded = load_model(ex.outcome.output_uri)
     assert loaded.config == cfg.model
     summary = ex.outcome.summary
-    for key in ("train/loss", "eval/accuracy", "eval/greedy_accuracy", "eval/forced_trace_accuracy",
-                "trace/rate", "len/mean"):
+    for key in (
+        "train/loss",
+        "eval/accuracy",
+        "eval/greedy_accuracy",
+        "eval/forced_trace_accuracy",
+        "trace/rate",
+        "len/mean",
+    ):
         assert key in summary, key
     assert 0.0 <= summary["trace/rate"] <= 1.0 and summary["len/mean"] >= 1.0
     records = ex.metrics
@@ -120,5 +134,5 @@ def test_interrupted_pretrain_resumes_with_its_optimizer_state(tmp_path, monkeyp
     (point,) = [u for u in store.list("stages") if store.name_of(u).endswith("/step-000003")]
     saved = store.load(point)
     assert saved.meta["step"] == 3
-    mid = {k[len("model."):]: v for k, v in saved.tensors.items() if k.startswith("model.")}
+    mid = {k[len("model.") :]: v for k, v in saved.tensors.items() if k.startswith("model.")}
     assert mid.keys() == a.keys() and moved(mid, initial) and moved(a, mid)

@@ -2,7 +2,8 @@
 
 The anchor samples the frozen reference's weights (the stage's ``reference``, not its init), whether or not
 the KL term already holds them; a step with it trains anchored prompts on ``R - R_ref`` and the others on
-their group. ``ratio/p99_median`` is the median of every step's ``ratio/p99``, through resumes and rollbacks."""
+their group. ``ratio/p99_median`` is the median of every step's ``ratio/p99``, through resumes and
+rollbacks."""
 
 from __future__ import annotations
 
@@ -25,8 +26,18 @@ from ringzero.stages.summary_values import median_of
 from ringzero.store import open_store
 
 TIERS = [{"name": "plain", "tag": None, "budget": None}, {"name": "fast", "tag": "[fast]", "budget": 4}]
-RL = {"name": "tier", "kind": "rl", "steps": 1, "prompts_per_step": 4, "samples_per_prompt": 2, "minibatches": 1,
-      "min_steps": 0, "sampling": {"max_new_tokens": 4}, "tiers": TIERS, "anchor": {"tiers": ["plain"], "samples": 2}}
+RL = {
+    "name": "tier",
+    "kind": "rl",
+    "steps": 1,
+    "prompts_per_step": 4,
+    "samples_per_prompt": 2,
+    "minibatches": 1,
+    "min_steps": 0,
+    "sampling": {"max_new_tokens": 4},
+    "tiers": TIERS,
+    "anchor": {"tiers": ["plain"], "samples": 2},
+}
 
 
 @pytest.fixture(autouse=True)
@@ -40,7 +51,9 @@ def test_the_anchor_samples_the_reference_weights_not_the_policys(tmp_path, kl_c
     cfg = run_config(tmp_path, [{**RL, "loss": {"kl_coef": kl_coef}}])
     store = open_store(cfg.storage.root)
     policy, reference = micro_model(seed=0), micro_model(seed=1)
-    inputs = StageInputs(init_uri=save_model(store, "policy", policy), reference_uri=save_model(store, "ref", reference))
+    inputs = StageInputs(
+        init_uri=save_model(store, "policy", policy), reference_uri=save_model(store, "ref", reference)
+    )
     session = rl_session.build_session(context(cfg), cfg.stages[0], inputs)
     anchor = session.stepper.anchor
     assert anchor.tags == {None} and anchor.samples == 2
@@ -48,8 +61,15 @@ def test_the_anchor_samples_the_reference_weights_not_the_policys(tmp_path, kl_c
     assert state_equal(engine.model.state_dict(), reference.state_dict())
     assert not state_equal(engine.model.state_dict(), policy.state_dict())
     tok = session.tokenizer
-    req = [GenerateRequest(tok.encode("q: say 3\na: ", add_bos=True), SamplingParams(max_new_tokens=4, n=4, seed=5))]
-    assert anchor.client.generate(req)[0][0].output_ids == EmbeddedEngine(reference, tok).generate(req)[0][0].output_ids
+    req = [
+        GenerateRequest(
+            tok.encode("q: say 3\na: ", add_bos=True), SamplingParams(max_new_tokens=4, n=4, seed=5)
+        )
+    ]
+    assert (
+        anchor.client.generate(req)[0][0].output_ids
+        == EmbeddedEngine(reference, tok).generate(req)[0][0].output_ids
+    )
     metrics = session.stepper.run(0)
     assert {"anchor/ref_accuracy", "time/anchor"} <= metrics.keys()
 
@@ -61,15 +81,23 @@ class Says:
         self.tokenizer, self.k = tokenizer, k
 
     def generate(self, requests):
-        return [[Completion(list(r.input_ids), self.tokenizer.encode(t), [0.0] * 2, "stop")
-                 for t in ["7\n" if j < self.k else "0\n" for j in range(r.params.n)]] for r in requests]
+        return [
+            [
+                Completion(list(r.input_ids), self.tokenizer.encode(t), [0.0] * 2, "stop")
+                for t in ["7\n" if j < self.k else "0\n" for j in range(r.params.n)]
+            ]
+            for r in requests
+        ]
 
 
-def test_a_step_trains_anchored_prompts_on_reward_minus_the_references_and_the_rest_on_their_group(monkeypatch):
+def test_a_step_trains_anchored_prompts_on_reward_minus_the_references_and_the_rest_on_their_group(
+    monkeypatch,
+):
     parts = rl_parts(prompts=8, samples=4, minibatches=1)
     step = parts.step
-    step.reward = TaskReward(parts.task, [Tier(name="plain", tag=None, budget=None),
-                                          Tier(name="fast", tag="[fast]", budget=4)])
+    step.reward = TaskReward(
+        parts.task, [Tier(name="plain", tag=None, budget=None), Tier(name="fast", tag="[fast]", budget=4)]
+    )
     step.anchor = Anchor(Says(parts.tokenizer, k=3), {None}, samples=4)  # R_ref = 3 / 4 on every prompt
     seen = {}
     train = parts.trainer.train
@@ -99,7 +127,15 @@ def test_median_of_known_values():
     assert median_of([float("nan")], "m") == {}
 
 
-SEQ = [4.0, 1.0, 9.0, 3.0, 7.0, 2.0, 8.0]  # median 4; the last five's mean 5.8, their median 7; the last four's 5
+SEQ = [
+    4.0,
+    1.0,
+    9.0,
+    3.0,
+    7.0,
+    2.0,
+    8.0,
+]  # median 4; the last five's mean 5.8, their median 7; the last four's 5
 
 
 def known_p99(monkeypatch, spike_at=None):
@@ -116,8 +152,17 @@ def known_p99(monkeypatch, spike_at=None):
     return original
 
 
-PLAIN_RL = {"name": "stage1", "kind": "rl", "steps": 7, "prompts_per_step": 2, "samples_per_prompt": 2,
-            "minibatches": 1, "checkpoint_every": 3, "min_steps": 0, "sampling": {"max_new_tokens": 4}}
+PLAIN_RL = {
+    "name": "stage1",
+    "kind": "rl",
+    "steps": 7,
+    "prompts_per_step": 2,
+    "samples_per_prompt": 2,
+    "minibatches": 1,
+    "checkpoint_every": 3,
+    "min_steps": 0,
+    "sampling": {"max_new_tokens": 4},
+}
 
 
 def run_stage(root, **overrides):
@@ -144,13 +189,18 @@ def test_the_summary_holds_the_median_of_every_steps_ratio_tail_through_a_resume
         run_stage(tmp_path / "cut")
     monkeypatch.setattr(RLStep, "run", original)
     known_p99(monkeypatch)
-    assert run_stage(tmp_path / "cut").summary["ratio/p99_median"] == 4.0  # steps 1-3 came back with the resume
+    assert (
+        run_stage(tmp_path / "cut").summary["ratio/p99_median"] == 4.0
+    )  # steps 1-3 came back with the resume
 
 
 def test_a_rolled_back_step_leaves_the_median(tmp_path, monkeypatch):
     known_p99(monkeypatch, spike_at=3)
-    outcome = run_stage(tmp_path, checkpoint_every=10,  # snapshots after steps 0, 2, 4, 6 only
-                        rollback={"on": ["ratio/p99 >= 100"], "every": 2, "remedy": "skip_batch"})
+    outcome = run_stage(
+        tmp_path,
+        checkpoint_every=10,  # snapshots after steps 0, 2, 4, 6 only
+        rollback={"on": ["ratio/p99 >= 100"], "every": 2, "remedy": "skip_batch"},
+    )
     assert outcome.summary["rollback/count"] == 1.0
     # rolled back to after step 2: step 3 (index 2) ran twice, but counts once, and the spike not at all
     assert outcome.summary["ratio/p99_median"] == 4.0  # counted twice it would be 5.5
@@ -158,13 +208,25 @@ def test_a_rolled_back_step_leaves_the_median(tmp_path, monkeypatch):
 
 def test_a_tier_stage_with_every_new_piece_runs_end_to_end(tmp_path):
     tiers = [*TIERS, {"name": "deep", "tag": "[deep]", "budget": None}]
-    stage = {**RL, "steps": 2, "samples_per_prompt": 4, "tiers": tiers, "loss": {"kl_coef": 0.01},
-             "sampling": {"max_new_tokens": 6}, "anchor": {"tiers": ["plain", "deep"], "samples": 2},
-             "forced_opening": {"text": "0", "fraction": 0.25, "tiers": ["fast"]}}
+    stage = {
+        **RL,
+        "steps": 2,
+        "samples_per_prompt": 4,
+        "tiers": tiers,
+        "loss": {"kl_coef": 0.01},
+        "sampling": {"max_new_tokens": 6},
+        "anchor": {"tiers": ["plain", "deep"], "samples": 2},
+        "forced_opening": {"text": "0", "fraction": 0.25, "tiers": ["fast"]},
+    }
     cfg = run_config(tmp_path, [stage])
     ctx = context(cfg)
     outcome = rl_stage.run(ctx, cfg.stages[0], StageInputs())
     keys = set().union(*(r.keys() for r in ctx.metrics.records))
     assert {"anchor/ref_accuracy", "anchor/gap", "time/anchor", "opening/forced_frac"} <= keys
-    assert {"anchor/gap", "ratio/p99_median", "eval/fast/accuracy", "eval/deep/accuracy"} <= outcome.summary.keys()
+    assert {
+        "anchor/gap",
+        "ratio/p99_median",
+        "eval/fast/accuracy",
+        "eval/deep/accuracy",
+    } <= outcome.summary.keys()
     assert not any(k.startswith("eval/plain") for k in outcome.summary)

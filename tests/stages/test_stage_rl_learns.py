@@ -8,11 +8,15 @@ from ringzero.config.stages import LossSettings
 STEPS = 20
 
 
-@pytest.mark.parametrize("loss", [
-    LossSettings(kind="sg_clip_is", normalization="token_sum"),
-    LossSettings(kind="ppo_clip", normalization="token_sum"),
-    LossSettings(kind="sg_clip_is", normalization="sample_mean", kl_coef=0.01),
-], ids=["sg_clip_is-token_sum", "ppo_clip-token_sum", "sg_clip_is-sample_mean-kl"])
+@pytest.mark.parametrize(
+    "loss",
+    [
+        LossSettings(kind="sg_clip_is", normalization="token_sum"),
+        LossSettings(kind="ppo_clip", normalization="token_sum"),
+        LossSettings(kind="sg_clip_is", normalization="sample_mean", kl_coef=0.01),
+    ],
+    ids=["sg_clip_is-token_sum", "ppo_clip-token_sum", "sg_clip_is-sample_mean-kl"],
+)
 def test_reward_goes_up(loss):
     parts = rl_parts(prompts=8, samples=8, minibatches=2, lr=1e-2, max_new_tokens=4, loss=loss)
     rewards = [parts.step.run(step)["reward/mean"] for step in range(STEPS)]

@@ -32,7 +32,9 @@ def test_untiered_prompts_get_the_task_verdict(task):
     assert reward(problem, "x\n", 2, False) == 0.0
 
 
-@pytest.mark.parametrize("mode, tokens, expected", [("cutoff", 10, 1.0), ("cutoff", 11, 0.0), ("linear", 15, 0.5)])
+@pytest.mark.parametrize(
+    "mode, tokens, expected", [("cutoff", 10, 1.0), ("cutoff", 11, 0.0), ("linear", 15, 0.5)]
+)
 def test_a_tiered_prompt_pays_only_within_its_budget(task, mode, tokens, expected):
     problem = task.with_tier(task.prompts("train", 1, 0)[0], "[fast]")
     assert TaskReward(task, TIERS, mode)(problem, problem.answer + "\n", tokens, False) == expected
@@ -45,7 +47,9 @@ def test_under_penalty_going_over_the_budget_scores_below_any_answer_within_it(t
     assert reward(problem, problem.answer + "\n", 10, False) == 1.0
     assert reward(problem, "wrong\n", 10, False) == 0.0
     assert reward(problem, problem.answer + "\n", 11, False) == -0.5  # right, but over
-    assert reward(task.prompts("train", 1, 0)[0], problem.answer + "\n", 500, False) == 1.0  # untiered: verdict
+    assert (
+        reward(task.prompts("train", 1, 0)[0], problem.answer + "\n", 500, False) == 1.0
+    )  # untiered: verdict
 
 
 @pytest.mark.parametrize("mode, penalty", [("penalty", None), ("cutoff", 0.5)])
@@ -53,6 +57,7 @@ def test_the_penalty_goes_with_its_mode(task, mode, penalty):
     from pydantic import ValidationError
 
     from ringzero.config.stages import RLStage
+
     with pytest.raises(ValueError, match="tier_penalty"):
         TaskReward(task, TIERS, mode, penalty)
     with pytest.raises(ValidationError, match="tier_penalty"):
@@ -72,6 +77,7 @@ def test_tiers_are_assigned_by_weight_and_tagged_in_the_prompt(task):
 def test_one_token_stop_strings_become_stop_ids(task):
     tok = CharTokenizer()
     assert stop_settings(task, tok) == ((), (tok.encode("\n")[0],))
-    params = sampling_params(SamplingSettings(max_new_tokens=9, temperature=0.5), task, tok, n=3, seed=None,
-                             temperature=0.0)
+    params = sampling_params(
+        SamplingSettings(max_new_tokens=9, temperature=0.5), task, tok, n=3, seed=None, temperature=0.0
+    )
     assert params.stop_token_ids == (tok.encode("\n")[0],) and params.temperature == 0.0 and params.n == 3

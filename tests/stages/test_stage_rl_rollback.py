@@ -20,9 +20,18 @@ from ringzero.stages.rollback import RollbackSettings, triggers
 from ringzero.store import open_store
 
 FP32_POLICY = PrecisionPolicy.preset("fp32")
-RL = {"name": "stage1", "kind": "rl", "steps": 4, "prompts_per_step": 4, "samples_per_prompt": 8,
-      "minibatches": 2, "checkpoint_every": 2, "min_steps": 0, "sampling": {"max_new_tokens": 8},
-      "optim": {"lr": 1e-3, "warmup_steps": 1}}
+RL = {
+    "name": "stage1",
+    "kind": "rl",
+    "steps": 4,
+    "prompts_per_step": 4,
+    "samples_per_prompt": 8,
+    "minibatches": 2,
+    "checkpoint_every": 2,
+    "min_steps": 0,
+    "sampling": {"max_new_tokens": 8},
+    "optim": {"lr": 1e-3, "warmup_steps": 1},
+}
 # fp32 train and rollout: |r - 1| stays ~1e-6 on a healthy step, noise on the engine's weights makes it > 1.
 TAIL = "ratio/max > 0.5"
 
@@ -71,10 +80,18 @@ class Spy:
                     for m in opt.master:
                         m.add_(torch.randn(m.shape, generator=torch.Generator().manual_seed(n)) * 0.1)
                 step_self.push(step)
-            self.calls.append({"step": step, "weights": entry, "optim": optim, "metrics": dict(metrics),
-                               "exit": {k: v.clone() for k, v in opt.master_state_dict().items()},
-                               "prompts": [p.prompt for p in step_self.last_batch.problems],
-                               "policy": step_self.client.policy.name(), "seed": step_self.seed})
+            self.calls.append(
+                {
+                    "step": step,
+                    "weights": entry,
+                    "optim": optim,
+                    "metrics": dict(metrics),
+                    "exit": {k: v.clone() for k, v in opt.master_state_dict().items()},
+                    "prompts": [p.prompt for p in step_self.last_batch.problems],
+                    "policy": step_self.client.policy.name(),
+                    "seed": step_self.seed,
+                }
+            )
             return metrics
 
         monkeypatch.setattr(RLStep, "run", run)
@@ -104,7 +121,9 @@ def test_nonfinite_once_restores_bit_for_bit_lowers_lr_and_finishes(tmp_path, mo
     ctx, outcome = run_stage(tmp_path, rollback={"nonfinite": True, "remedy": "lower_lr", "lr_factor": 0.5})
     assert spy.steps() == [0, 1, 1, 2, 3]
     first, retry = spy.calls[1], spy.calls[2]
-    assert state_equal(first["weights"], retry["weights"])  # the restored weights are the snapshot's, bit for bit
+    assert state_equal(
+        first["weights"], retry["weights"]
+    )  # the restored weights are the snapshot's, bit for bit
     assert state_equal(first["optim"], retry["optim"])  # Adam moments and master copies too
     assert not state_equal(first["exit"], first["weights"])  # ...which the bad step had left
     assert first["metrics"]["optim/lr"] == pytest.approx(1e-3)
@@ -112,7 +131,9 @@ def test_nonfinite_once_restores_bit_for_bit_lowers_lr_and_finishes(tmp_path, mo
     assert spy.calls[4]["metrics"]["optim/lr"] == pytest.approx(5e-4)
     (record,) = rollback_records(ctx)
     assert record["step"] == 2 and record["rollback/count"] == 1 and record["rollback/to_step"] == 1
-    assert "nonfinite: loss/total = nan" in record["rollback/reason"] and record["rollback/remedy"] == "lower_lr"
+    assert (
+        "nonfinite: loss/total = nan" in record["rollback/reason"] and record["rollback/remedy"] == "lower_lr"
+    )
     (event,) = outcome.extra["rollbacks"]
     assert event["step"] == 2 and event["remedy"] == "lower_lr" and "x0.5" in event["detail"]
     assert outcome.stop_reason == "steps" and outcome.steps == 4 and outcome.summary["rollback/count"] == 1
@@ -136,8 +157,9 @@ def test_engine_noise_once_skip_batch_resamples_and_the_engine_gets_the_good_wei
 
 def test_raise_precision_rebuilds_the_rollout_engine(tmp_path, monkeypatch):
     spy = Spy(monkeypatch, nan={0})
-    _, outcome = run_stage(tmp_path, precision={"train": "fp32", "rollout": "bf16"},
-                           rollback={"remedy": "raise_precision"})
+    _, outcome = run_stage(
+        tmp_path, precision={"train": "fp32", "rollout": "bf16"}, rollback={"remedy": "raise_precision"}
+    )
     assert spy.steps() == [0, 0, 1, 2, 3]
     assert [c["policy"] for c in spy.calls] == ["bf16"] + ["fp32-islands"] * 4
     assert state_equal(spy.calls[0]["weights"], spy.calls[1]["weights"])  # rolled back to the start
@@ -147,7 +169,9 @@ def test_raise_precision_rebuilds_the_rollout_engine(tmp_path, monkeypatch):
 def test_raise_precision_stops_at_the_trainers_policy(tmp_path, monkeypatch):
     Spy(monkeypatch, nan={0})
     with pytest.raises(RingzeroError, match="the rollout already runs 'fp32', the trainer runs 'fp32'"):
-        run_stage(tmp_path, precision={"train": "fp32", "rollout": "fp32"}, rollback={"remedy": "raise_precision"})
+        run_stage(
+            tmp_path, precision={"train": "fp32", "rollout": "fp32"}, rollback={"remedy": "raise_precision"}
+        )
 
 
 def test_a_persisting_perturbation_exhausts_max_rollbacks_and_names_every_trigger(tmp_path, monkeypatch):
@@ -194,7 +218,9 @@ def test_config_shape_yaml_on_key_and_triggers():
     r = stage.rollback
     assert [str(t) for t in r.on] == ["gap/max > 2", "loss/total > 10"] and r.lr_factor == 0.25
     assert RLStage.model_validate({"name": "s"}).rollback is None
-    assert "rollback" not in RLStage.model_validate({"name": "s"}).model_dump()  # off: stage identities unchanged
+    assert (
+        "rollback" not in RLStage.model_validate({"name": "s"}).model_dump()
+    )  # off: stage identities unchanged
     assert RLStage.model_validate(stage.model_dump()).rollback == r
     with pytest.raises(ValueError, match="cannot parse"):
         RollbackSettings.model_validate({"on": ["gap/max >> 2"]})
@@ -212,10 +238,17 @@ def test_the_run_report_lists_the_rollbacks():
 
     from ringzero.pipeline.report import _rollbacks
 
-    event = {"step": 3, "to_step": 2, "reasons": ["on: ratio/max = 5.8 satisfies ratio/max > 0.5"],
-             "remedy": "skip_batch", "detail": "step 3 resampled with seed 7"}
-    stages = [SimpleNamespace(name="stage1", outcome=SimpleNamespace(extra={"rollbacks": [event]})),
-              SimpleNamespace(name="eval", outcome=SimpleNamespace(extra={}))]
+    event = {
+        "step": 3,
+        "to_step": 2,
+        "reasons": ["on: ratio/max = 5.8 satisfies ratio/max > 0.5"],
+        "remedy": "skip_batch",
+        "detail": "step 3 resampled with seed 7",
+    }
+    stages = [
+        SimpleNamespace(name="stage1", outcome=SimpleNamespace(extra={"rollbacks": [event]})),
+        SimpleNamespace(name="eval", outcome=SimpleNamespace(extra={})),
+    ]
     html = "".join(_rollbacks(SimpleNamespace(stages=stages)))
     assert "<h2>Rollbacks</h2>" in html and "ratio/max = 5.8 satisfies ratio/max &gt; 0.5" in html
     assert "skip_batch" in html and "resampled with seed 7" in html

@@ -11,9 +11,19 @@ from ringzero.stages.base import StageInputs
 from ringzero.store import open_store
 
 FP32_POLICY = PrecisionPolicy.preset("fp32")  # compare resumed weights exactly, not after a bf16 cast
-RL = {"name": "stage1", "kind": "rl", "steps": 4, "prompts_per_step": 2, "samples_per_prompt": 4,
-      "minibatches": 2, "checkpoint_every": 2, "min_steps": 0, "sampling": {"max_new_tokens": 8},
-      "optim": {"lr": 1e-3, "warmup_steps": 1}, "loss": {"kl_coef": 0.01}}
+RL = {
+    "name": "stage1",
+    "kind": "rl",
+    "steps": 4,
+    "prompts_per_step": 2,
+    "samples_per_prompt": 4,
+    "minibatches": 2,
+    "checkpoint_every": 2,
+    "min_steps": 0,
+    "sampling": {"max_new_tokens": 8},
+    "optim": {"lr": 1e-3, "warmup_steps": 1},
+    "loss": {"kl_coef": 0.01},
+}
 
 
 def run_stage(tmp_path, stage_hash="a" * 16, **overrides):
@@ -26,8 +36,18 @@ def test_outcome_summary_metrics_and_checkpoints(tmp_path):
     ctx, outcome = run_stage(tmp_path)
     assert outcome.stop_reason == "steps" and outcome.steps == 4
     assert [r["step"] for r in ctx.metrics.records] == [1, 2, 3, 4]
-    for key in ("reward/mean", "len/mean", "ratio/p99", "grad/coverage", "kl/mean", "eval/accuracy",
-                "eval/greedy_accuracy", "eval/trace_rate", "eval/len_mean", "eval/forced_trace_accuracy"):
+    for key in (
+        "reward/mean",
+        "len/mean",
+        "ratio/p99",
+        "grad/coverage",
+        "kl/mean",
+        "eval/accuracy",
+        "eval/greedy_accuracy",
+        "eval/trace_rate",
+        "eval/len_mean",
+        "eval/forced_trace_accuracy",
+    ):
         assert key in outcome.summary, key
     store = open_store(ctx.cfg.storage.root)
     assert [u.rsplit("/", 1)[1] for u in store.list(ctx.checkpoint_prefix + "/step-")] == ["step-000002"]
@@ -38,7 +58,10 @@ def test_outcome_summary_metrics_and_checkpoints(tmp_path):
 def test_stop_when_ends_the_stage_after_min_steps_with_the_reason(tmp_path):
     _, outcome = run_stage(tmp_path, min_steps=2, stop_when=["len/mean >= 1"], steps=50)
     assert outcome.steps == 2
-    assert outcome.stop_reason.startswith("stop_when: len/mean = ") and "satisfies len/mean >= 1" in outcome.stop_reason
+    assert (
+        outcome.stop_reason.startswith("stop_when: len/mean = ")
+        and "satisfies len/mean >= 1" in outcome.stop_reason
+    )
 
 
 def test_resume_after_interruption_equals_an_uninterrupted_run(tmp_path, monkeypatch):
@@ -60,4 +83,6 @@ def test_resume_after_interruption_equals_an_uninterrupted_run(tmp_path, monkeyp
     a = load_model(whole.output_uri, FP32_POLICY).model.state_dict()
     b = load_model(resumed.output_uri, FP32_POLICY).model.state_dict()
     assert state_equal(a, b)
-    assert resumed.summary["reward/mean"] == whole.summary["reward/mean"]  # history came back with the resume point
+    assert (
+        resumed.summary["reward/mean"] == whole.summary["reward/mean"]
+    )  # history came back with the resume point

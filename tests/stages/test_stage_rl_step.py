@@ -35,7 +35,9 @@ def test_numerator_comes_from_the_training_model_not_the_engine():
     parts = rl_parts(deterministic=True, minibatches=1)
     batch = parts.step.generate(0)
     with torch.no_grad():
-        parts.model.word_embeddings.weight.mul_(1.5)  # the trainer's weights drift away from what the engine sampled
+        parts.model.word_embeddings.weight.mul_(
+            1.5
+        )  # the trainer's weights drift away from what the engine sampled
     metrics = parts.trainer.train(batch, torch.zeros(len(batch)), seed=0)
     assert metrics["ratio/first_minibatch_max"] > 1e-3
 
@@ -58,11 +60,39 @@ def test_non_finite_loss_is_skipped_and_never_reaches_the_weights(poison):
 def test_a_step_reports_every_metric_family_and_pushes_its_weights():
     parts = rl_parts(kl_coef=0.01, lr=1e-2)
     metrics = parts.step.run(0)
-    for key in ("reward/mean", "reward/accuracy", "reward/zero_std_groups", "len/mean", "len/p95", "len/max",
-                "len/trunc_rate", "trace/rate", "ratio/mean", "ratio/p50", "ratio/p90", "ratio/p99", "ratio/p99.9",
-                "ratio/max", "logratio/p99", "ratio/above_clip_frac", "drift/pos_0-63/mean", "grad/coverage",
-                "grad/ppo_coverage", "entropy/mean", "kl/mean", "kl/token_mean", "loss/policy", "loss/kl",
-                "loss/skipped", "grad/norm", "optim/lr", "time/generate", "time/train", "time/sync", "time/step"):
+    for key in (
+        "reward/mean",
+        "reward/accuracy",
+        "reward/zero_std_groups",
+        "len/mean",
+        "len/p95",
+        "len/max",
+        "len/trunc_rate",
+        "trace/rate",
+        "ratio/mean",
+        "ratio/p50",
+        "ratio/p90",
+        "ratio/p99",
+        "ratio/p99.9",
+        "ratio/max",
+        "logratio/p99",
+        "ratio/above_clip_frac",
+        "drift/pos_0-63/mean",
+        "grad/coverage",
+        "grad/ppo_coverage",
+        "entropy/mean",
+        "kl/mean",
+        "kl/token_mean",
+        "loss/policy",
+        "loss/kl",
+        "loss/skipped",
+        "grad/norm",
+        "optim/lr",
+        "time/generate",
+        "time/train",
+        "time/sync",
+        "time/step",
+    ):
         assert key in metrics, key
     assert metrics["grad/coverage"] >= metrics["grad/ppo_coverage"]
     assert parts.engine.weight_version == "step-1"

@@ -57,12 +57,15 @@ def tiny(*overrides):
 SGLANG = ["engines.rollout.kind=sglang", "engines.rollout.endpoint=http://x:1"]
 
 
-@pytest.mark.parametrize("overrides, mode", [
-    ([], "in_process"),
-    ([*SGLANG, "engines.rollout.weight_sync=distributed"], "distributed"),
-    ([*SGLANG, "engines.rollout.weights_dir=/w"], "disk"),
-    ([*SGLANG, "engines.rollout.weight_sync=store"], "store"),
-])
+@pytest.mark.parametrize(
+    "overrides, mode",
+    [
+        ([], "in_process"),
+        ([*SGLANG, "engines.rollout.weight_sync=distributed"], "distributed"),
+        ([*SGLANG, "engines.rollout.weights_dir=/w"], "disk"),
+        ([*SGLANG, "engines.rollout.weight_sync=store"], "store"),
+    ],
+)
 def test_the_transport_is_the_one_engines_rollout_names(overrides, mode):
     rollout = tiny(*overrides).engines.rollout
     assert push_mode(rollout) == mode
@@ -76,15 +79,19 @@ def test_a_disk_push_without_a_shared_volume_is_refused_before_any_step():
 
 
 def test_a_tensor_push_to_a_client_that_takes_no_tensors_is_refused_by_name():
-    with pytest.raises(RingzeroError, match="distributed weight push needs a rollout client that takes tensors "
-                                            r"\(DiskOnlyClient"):
+    with pytest.raises(
+        RingzeroError,
+        match="distributed weight push needs a rollout client that takes tensors "
+        r"\(DiskOnlyClient",
+    ):
         WeightPusher("distributed").push(DiskOnlyClient(), {}, "step-1")
 
 
 def test_a_disk_push_writes_the_folder_the_servers_load(tmp_path):
     model, client = micro_model(), DiskOnlyClient()
     path = WeightPusher("disk", model_cfg=model.cfg, weights_dir=str(tmp_path)).push(
-        client, model.state_dict(), "step-2", dtype=torch.bfloat16)
+        client, model.state_dict(), "step-2", dtype=torch.bfloat16
+    )
     assert client.calls == [(path, "step-2")] and path == str(tmp_path / "weights-step-2")
     served = load_folder(path, PrecisionPolicy.preset("fp32")).model.state_dict()
     assert state_equal(served, {k: v.to(torch.bfloat16).float() for k, v in model.state_dict().items()})

@@ -22,12 +22,16 @@ from ringzero.store.credentials import ACCESS_KEY_ENV, SECRET_KEY_ENV
 
 def pytest_configure(config):
     # pytest-xdist registers this marker itself; without xdist (-p no:xdist) --strict-markers needs it here.
-    config.addinivalue_line("markers", "xdist_group(name): run on the same xdist worker as the group's other tests")
+    config.addinivalue_line(
+        "markers", "xdist_group(name): run on the same xdist worker as the group's other tests"
+    )
     config.addinivalue_line("markers", "kills_server: stops the S3 server mid-test; needs it to itself")
 
 
 MOTO = pytest.param("moto", marks=[pytest.mark.s3, pytest.mark.xdist_group("store-moto")], id="moto")
-RGW = pytest.param("rgw", marks=[pytest.mark.s3, pytest.mark.rgw, pytest.mark.xdist_group("store-rgw")], id="rgw")
+RGW = pytest.param(
+    "rgw", marks=[pytest.mark.s3, pytest.mark.rgw, pytest.mark.xdist_group("store-rgw")], id="rgw"
+)
 
 
 @pytest.fixture(scope="session")
@@ -40,11 +44,17 @@ def rgw_server() -> GatewayTarget:
     error = os.environ.get("RINGZERO_RGW_ERROR")
     if error:
         pytest.fail(f"tests/servers/rgw-start.sh failed: {error}")
-    names = ["RINGZERO_RGW_ENDPOINT", "RINGZERO_RGW_ACCESS_KEY", "RINGZERO_RGW_SECRET_KEY", "RINGZERO_RGW_DIR"]
+    names = [
+        "RINGZERO_RGW_ENDPOINT",
+        "RINGZERO_RGW_ACCESS_KEY",
+        "RINGZERO_RGW_SECRET_KEY",
+        "RINGZERO_RGW_DIR",
+    ]
     missing = [n for n in names if not os.environ.get(n)]
     if missing:
-        require_tool("Ceph RADOS Gateway",
-                     f"{missing[0]} unset (make test starts one with tests/servers/rgw-start.sh)")
+        require_tool(
+            "Ceph RADOS Gateway", f"{missing[0]} unset (make test starts one with tests/servers/rgw-start.sh)"
+        )
     return GatewayTarget(*(os.environ[n] for n in names))
 
 
@@ -73,7 +83,9 @@ def s3_env(s3_target, monkeypatch) -> S3Target:
 @pytest.fixture
 def s3_store(s3_env) -> CheckpointStore:
     """A store under a prefix of a fresh bucket, with 12 MiB shards so big_state_dict spans two."""
-    return open_store(f"s3://{s3_env.new_bucket()}/ckpts", s3_env.settings(), max_shard_bytes=12 * 1024 * 1024)
+    return open_store(
+        f"s3://{s3_env.new_bucket()}/ckpts", s3_env.settings(), max_shard_bytes=12 * 1024 * 1024
+    )
 
 
 @pytest.fixture

@@ -21,7 +21,13 @@ from minio import Minio
 from ringzero.store.config import S3Settings
 
 # Fast retries so that a dead server fails a test in well under a second.
-FAST_RETRIES = {"max_retries": 2, "backoff_base_s": 0.01, "backoff_max_s": 0.05, "timeout_s": 20.0, "part_size_mb": 5}
+FAST_RETRIES = {
+    "max_retries": 2,
+    "backoff_base_s": 0.01,
+    "backoff_max_s": 0.05,
+    "timeout_s": 20.0,
+    "part_size_mb": 5,
+}
 MiB = 1024 * 1024
 
 
@@ -108,8 +114,13 @@ class GatewayTarget(S3Target):
             time.sleep(0.05)
 
     def restart(self) -> None:
-        subprocess.run([str(self.state_dir / "restart-rgw")], check=True, timeout=120,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        subprocess.run(
+            [str(self.state_dir / "restart-rgw")],
+            check=True,
+            timeout=120,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
 
 
 class SimulatedCrash(Exception):
@@ -151,7 +162,9 @@ def big_state_dict(seed: int = 0) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     return {
         "layers.0.w": torch.randn(11 * MiB // 4 + 3, generator=g),  # 11 MiB of fp32: shard 0
-        "layers.1.w": torch.randn(5 * MiB // 2, generator=g).to(torch.bfloat16).reshape(1024, -1),  # 5 MiB: shard 1
+        "layers.1.w": torch.randn(5 * MiB // 2, generator=g)
+        .to(torch.bfloat16)
+        .reshape(1024, -1),  # 5 MiB: shard 1
         "layers.1.b": torch.randn(3 * MiB // 4, generator=g).to(torch.float16),  # 1.5 MiB
         "layers.2.w": torch.randn(MiB, generator=g),  # 4 MiB
         "step": torch.tensor(7),

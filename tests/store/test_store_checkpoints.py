@@ -78,7 +78,9 @@ def test_list_and_latest_see_committed_checkpoints_by_prefix(any_store):
 
     assert any_store.list("run1/") == [f"{any_store.uri}/run1/step-{s:06d}" for s in (10, 20, 30)]
     assert len(any_store.list()) == 4
-    assert any_store.latest("run1/step-") == f"{any_store.uri}/run1/step-000020"  # last committed, not greatest name
+    assert (
+        any_store.latest("run1/step-") == f"{any_store.uri}/run1/step-000020"
+    )  # last committed, not greatest name
     assert any_store.latest() == f"{any_store.uri}/run2/step-000005"
     assert any_store.latest("run3/") is None
     assert any_store.list("run3/") == []
@@ -105,7 +107,9 @@ def test_saving_inside_a_committed_checkpoint_is_refused(any_store):
 
 def test_saving_over_a_folder_of_other_objects_is_refused(any_store):
     any_store.put_json("runs/r1/manifest.json", {"status": "running"})
-    with pytest.raises(StoreError, match=r"holds objects that are not a checkpoint, e.g. runs/r1/manifest.json"):
+    with pytest.raises(
+        StoreError, match=r"holds objects that are not a checkpoint, e.g. runs/r1/manifest.json"
+    ):
         any_store.save("runs/r1", {"w": torch.ones(1)}, {})
     assert any_store.get_json("runs/r1/manifest.json") == {"status": "running"}
 
@@ -134,8 +138,18 @@ def test_bad_checkpoint_names_are_refused(file_store, name, message):
         ({"__metadata__": torch.ones(1)}, {}, None, r"'__metadata__' is reserved"),
         ({"\ud800": torch.ones(1)}, {}, None, r"cannot be encoded as UTF-8"),
         ({"s": torch.ones(2).to_sparse()}, {}, None, r"tensor 's': layout torch.sparse_coo cannot be stored"),
-        ({"c": torch.ones(2, dtype=torch.complex128)}, {}, None, r"tensor 'c': dtype torch.complex128 cannot be stored"),
-        ({"w": torch.ones(1)}, {"lr": float("nan")}, None, r"config is not JSON-serializable: Out of range float"),
+        (
+            {"c": torch.ones(2, dtype=torch.complex128)},
+            {},
+            None,
+            r"tensor 'c': dtype torch.complex128 cannot be stored",
+        ),
+        (
+            {"w": torch.ones(1)},
+            {"lr": float("nan")},
+            None,
+            r"config is not JSON-serializable: Out of range float",
+        ),
         ({"w": torch.ones(1)}, {"dtype": torch.float32}, None, r"config is not JSON-serializable: .*dtype"),
         ({"w": torch.ones(1)}, ["not", "a", "dict"], None, r"config must be a dict \(got list\)"),
         ({"w": torch.ones(1)}, {}, {"t": object()}, r"meta is not JSON-serializable"),

@@ -36,7 +36,10 @@ def test_ls_prints_committed_uris(populated, capsys):
 
 
 def test_latest_prints_the_last_committed_uri_or_fails_cleanly(populated, capsys):
-    assert run(capsys, "latest", populated.uri, "--prefix", "run/")[:2] == (0, populated.uri_of("run/step-2") + "\n")
+    assert run(capsys, "latest", populated.uri, "--prefix", "run/")[:2] == (
+        0,
+        populated.uri_of("run/step-2") + "\n",
+    )
     code, out, err = run(capsys, "latest", populated.uri, "--prefix", "other/")
     assert (code, out) == (2, "")
     assert err.endswith(f"error: no committed checkpoint under {populated.uri} with prefix 'other/'\n")
@@ -55,7 +58,10 @@ def test_gc_reports_what_it_removed(populated, capsys):
 def test_verify_passes_intact_and_names_the_damaged_file(populated, capsys):
     uri = populated.uri_of("run/step-1")
     code, out, _ = run(capsys, "verify", uri)
-    assert (code, out) == (0, f"ok: {uri}: 2 files, 1 tensors, {_size(populated, 'run/step-1')} bytes, every sha256 matches\n")
+    assert (code, out) == (
+        0,
+        f"ok: {uri}: 2 files, 1 tensors, {_size(populated, 'run/step-1')} bytes, every sha256 matches\n",
+    )
 
     shard = populated.backend.root / "run" / "step-1" / "model.safetensors"
     shard.write_bytes(shard.read_bytes()[:-1] + b"\x00")
@@ -68,9 +74,14 @@ def test_verify_passes_intact_and_names_the_damaged_file(populated, capsys):
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["ls", "http://host/x"], "error: 'http://host/x' is not a store URI: use file://PATH or s3://BUCKET/PREFIX"),
-        (["ls", "s3://b/p", "--endpoint", "https://host:9000"], "error: bad S3 settings: --endpoint: Value error, "
-                                                                  "give host:port without a scheme"),
+        (
+            ["ls", "http://host/x"],
+            "error: 'http://host/x' is not a store URI: use file://PATH or s3://BUCKET/PREFIX",
+        ),
+        (
+            ["ls", "s3://b/p", "--endpoint", "https://host:9000"],
+            "error: bad S3 settings: --endpoint: Value error, give host:port without a scheme",
+        ),
         (["verify", "file:///"], "error: file:/// names no checkpoint folder"),
     ],
 )
@@ -92,4 +103,6 @@ def test_progress_bar_only_on_a_terminal(file_store, capsys, monkeypatch):
 
 
 def _size(store, name) -> int:
-    return sum(i.size for i in store.backend.list(f"{name}/") if i.key.endswith((".safetensors", "config.json")))
+    return sum(
+        i.size for i in store.backend.list(f"{name}/") if i.key.endswith((".safetensors", "config.json"))
+    )

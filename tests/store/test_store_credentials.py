@@ -24,7 +24,10 @@ def test_plain_variables():
 def test_file_variables_as_mounted_from_kubernetes_secrets(tmp_path):
     (tmp_path / "access").write_text(ACCESS + "\n")
     (tmp_path / "secret").write_text(SECRET)
-    env = {f"{ACCESS_KEY_ENV}_FILE": str(tmp_path / "access"), f"{SECRET_KEY_ENV}_FILE": str(tmp_path / "secret")}
+    env = {
+        f"{ACCESS_KEY_ENV}_FILE": str(tmp_path / "access"),
+        f"{SECRET_KEY_ENV}_FILE": str(tmp_path / "secret"),
+    }
     creds = credentials_from_env(env)
     assert (creds.access_key, creds.secret_key) == (ACCESS, SECRET)
 
@@ -32,13 +35,20 @@ def test_file_variables_as_mounted_from_kubernetes_secrets(tmp_path):
 @pytest.mark.parametrize(
     ("env", "message"),
     [
-        ({}, rf"no S3 credentials: set {ACCESS_KEY_ENV} \(or {ACCESS_KEY_ENV}_FILE to a file holding it\); "
-             r"credentials are never read from the run config"),
+        (
+            {},
+            rf"no S3 credentials: set {ACCESS_KEY_ENV} \(or {ACCESS_KEY_ENV}_FILE to a file holding it\); "
+            r"credentials are never read from the run config",
+        ),
         ({ACCESS_KEY_ENV: ACCESS}, rf"no S3 credentials: set {SECRET_KEY_ENV}"),
-        ({ACCESS_KEY_ENV: ACCESS, f"{ACCESS_KEY_ENV}_FILE": "/x", SECRET_KEY_ENV: SECRET},
-         rf"both {ACCESS_KEY_ENV} and {ACCESS_KEY_ENV}_FILE are set; set only one"),
-        ({f"{ACCESS_KEY_ENV}_FILE": "/no/such/file", SECRET_KEY_ENV: SECRET},
-         rf"{ACCESS_KEY_ENV}_FILE names '/no/such/file', which cannot be read: No such file or directory"),
+        (
+            {ACCESS_KEY_ENV: ACCESS, f"{ACCESS_KEY_ENV}_FILE": "/x", SECRET_KEY_ENV: SECRET},
+            rf"both {ACCESS_KEY_ENV} and {ACCESS_KEY_ENV}_FILE are set; set only one",
+        ),
+        (
+            {f"{ACCESS_KEY_ENV}_FILE": "/no/such/file", SECRET_KEY_ENV: SECRET},
+            rf"{ACCESS_KEY_ENV}_FILE names '/no/such/file', which cannot be read: No such file or directory",
+        ),
     ],
 )
 def test_missing_or_ambiguous_credentials_are_clear_errors(env, message):

@@ -36,8 +36,11 @@ def test_an_edited_document_is_refused(any_store):
     any_store.put_json("runs/r1/manifest.json", {"status": "running", "stages": 1})
     data = any_store.backend.read("runs/r1/manifest.json")
     any_store.backend.write("runs/r1/manifest.json", data.replace(b'"stages": 1', b'"stages": 2'))
-    with pytest.raises(IntegrityError, match=r"runs/r1/manifest.json: sha256 mismatch: expected [0-9a-f]{64}, "
-                                             r"found [0-9a-f]{64}"):
+    with pytest.raises(
+        IntegrityError,
+        match=r"runs/r1/manifest.json: sha256 mismatch: expected [0-9a-f]{64}, "
+        r"found [0-9a-f]{64}",
+    ):
         any_store.get_json("runs/r1/manifest.json")
 
 

@@ -16,7 +16,11 @@ from ringzero.errors import IntegrityError, StoreError
 from ringzero.store.layout import BOOKKEEPING_FILES, INDEX_FILE, SINGLE_SHARD_FILE
 from ringzero.store.manifest import COMMIT_FILE, MANIFEST_FILE, Commit, FileEntry, sha256_hex
 
-THREE_SHARDS = {"b.w": torch.arange(200, dtype=torch.float32), "a.w": torch.ones(200), "c.w": torch.zeros(100)}
+THREE_SHARDS = {
+    "b.w": torch.arange(200, dtype=torch.float32),
+    "a.w": torch.ones(200),
+    "c.w": torch.zeros(100),
+}
 EXTRAS = {
     "generation_config.json": json.dumps({"eos_token_id": 2}).encode(),
     "tokenizer.json": json.dumps({"model": {"type": "BPE"}}).encode(),
@@ -76,7 +80,8 @@ def test_an_index_that_disagrees_with_the_manifest_is_refused(any_store):
             read(name)
         assert str(refused.value) == (
             f"{any_store.backend.uri(name)}/{INDEX_FILE}: disagrees with the manifest: "
-            "model-00002-of-00003.safetensors is not in the index; model-00003-of-00003.safetensors is not in the "
+            "model-00002-of-00003.safetensors is not in the index; model-00003-of-00003.safetensors is not "
+            "in the "
             "index; tensor 'b.w' in model-00001-of-00003.safetensors is not in the index"
         )
 
@@ -109,7 +114,9 @@ def test_a_corrupted_extra_file_is_refused_by_name(any_store):
     key = f"{name}/tokenizer.json"
     any_store.backend.write(key, any_store.backend.read(key).replace(b"BPE", b"XYZ"))
     for read in (any_store.load, any_store.verify, lambda n: any_store.read_file(n, "tokenizer.json")):
-        with pytest.raises(IntegrityError, match=rf"^{any_store.backend.uri(key)}: sha256 mismatch: expected "):
+        with pytest.raises(
+            IntegrityError, match=rf"^{any_store.backend.uri(key)}: sha256 mismatch: expected "
+        ):
             read(name)
     assert any_store.read_file(name, "generation_config.json") == EXTRAS["generation_config.json"]
     with pytest.raises(StoreError, match=r"has no file 'chat_template.jinja'; it holds \['config.json', "):
@@ -119,19 +126,34 @@ def test_a_corrupted_extra_file_is_refused_by_name(any_store):
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
-        ({"sub/tokenizer.json": b""}, r"extra file 'sub/tokenizer.json': must be a plain file name, without '/'"),
+        (
+            {"sub/tokenizer.json": b""},
+            r"extra file 'sub/tokenizer.json': must be a plain file name, without '/'",
+        ),
         ({".hidden": b""}, r"extra file '\.hidden': not a plain file name"),
         ({"my file.txt": b""}, r"extra file 'my file.txt': not a plain file name"),
         ({"": b""}, r"extra file names must be non-empty strings"),
-        ({"config.json": b"{}"}, r"extra file 'config.json': the name is reserved for the checkpoint's own files"),
+        (
+            {"config.json": b"{}"},
+            r"extra file 'config.json': the name is reserved for the checkpoint's own files",
+        ),
         ({"manifest.json": b"{}"}, r"extra file 'manifest.json': the name is reserved"),
         ({"COMMITTED": b""}, r"extra file 'COMMITTED': the name is reserved"),
         ({"Started": b""}, r"extra file 'Started': the name is reserved"),
-        ({"model.safetensors": b""}, r"extra file 'model.safetensors': the name is reserved for the checkpoint's "
-                                     r"weights"),
-        ({"model-00001-of-00002.safetensors": b""}, r"'model-00001-of-00002.safetensors': the name is reserved"),
-        ({INDEX_FILE: b"{}"}, r"extra file 'model.safetensors.index.json': the name is reserved for the "
-                              r"checkpoint's weights"),
+        (
+            {"model.safetensors": b""},
+            r"extra file 'model.safetensors': the name is reserved for the checkpoint's "
+            r"weights",
+        ),
+        (
+            {"model-00001-of-00002.safetensors": b""},
+            r"'model-00001-of-00002.safetensors': the name is reserved",
+        ),
+        (
+            {INDEX_FILE: b"{}"},
+            r"extra file 'model.safetensors.index.json': the name is reserved for the "
+            r"checkpoint's weights",
+        ),
         ({"tokenizer.json": "{}"}, r"extra file 'tokenizer.json': expected bytes, got str"),
         ([("tokenizer.json", b"")], r"extra_files must be a dict of file name -> bytes \(got list\)"),
     ],
@@ -145,7 +167,9 @@ def test_bad_extra_files_are_refused_before_anything_is_written(file_store, extr
 # -- export --------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("tensors", [{"w": torch.arange(6.0).reshape(2, 3)}, THREE_SHARDS], ids=["single", "sharded"])
+@pytest.mark.parametrize(
+    "tensors", [{"w": torch.arange(6.0).reshape(2, 3)}, THREE_SHARDS], ids=["single", "sharded"]
+)
 def test_export_writes_a_plain_folder_that_hf_readers_load(any_store, tmp_path, tensors):
     uri = any_store.save("ck", tensors, CONFIG, {"step": 1}, extra_files=EXTRAS)
     out = tmp_path / "models" / "policy"
@@ -184,7 +208,9 @@ def test_export_refuses_a_non_empty_or_non_folder_target_naming_it(file_store, t
     with pytest.raises(StoreError, match=rf"cannot export to {full}: the folder exists and is not empty"):
         file_store.export_folder(uri, full)
     (tmp_path / "file").write_bytes(b"")
-    with pytest.raises(StoreError, match=rf"cannot export to {tmp_path / 'file'}: it exists and is not a folder"):
+    with pytest.raises(
+        StoreError, match=rf"cannot export to {tmp_path / 'file'}: it exists and is not a folder"
+    ):
         file_store.export_folder(uri, tmp_path / "file")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "full", "store"]
 
@@ -207,13 +233,19 @@ def test_export_refuses_uncommitted_checkpoints_and_older_layouts(file_store, tm
         file_store.export_folder("nothing", tmp_path / "out")
     name = file_store.name_of(file_store.save("old", {"w": torch.ones(2)}, CONFIG))
     files = manifest_files(file_store, name)
-    os.rename(file_store.backend.root / name / SINGLE_SHARD_FILE, file_store.backend.root / name / "shard-00000.safetensors")
+    os.rename(
+        file_store.backend.root / name / SINGLE_SHARD_FILE,
+        file_store.backend.root / name / "shard-00000.safetensors",
+    )
     files = {("shard-00000.safetensors" if k == SINGLE_SHARD_FILE else k): v for k, v in files.items()}
     recommit(file_store, name, files)
     assert list(file_store.load(name).tensors) == ["w"]  # still loads
-    with pytest.raises(StoreError, match=r"/old is not a Hugging Face model folder: its weights are "
-                                         r"\['shard-00000.safetensors'\] without model.safetensors.index.json, "
-                                         r"expected \['model.safetensors'\]"):
+    with pytest.raises(
+        StoreError,
+        match=r"/old is not a Hugging Face model folder: its weights are "
+        r"\['shard-00000.safetensors'\] without model.safetensors.index.json, "
+        r"expected \['model.safetensors'\]",
+    ):
         file_store.export_folder(name, tmp_path / "out")
     assert not (tmp_path / "out").exists()
 
@@ -245,8 +277,14 @@ def weight_map_of(shards) -> dict:
 
 
 def test_import_of_a_sharded_folder_commits_tensors_config_and_known_extras(any_store, tmp_path):
-    folder = hf_folder(tmp_path / "hf", SHARDED, weight_map_of(SHARDED), tokenizer__json=b'{"t": 1}',
-                       chat_template__jinja=b"{{ messages }}", README__md=b"# a model")
+    folder = hf_folder(
+        tmp_path / "hf",
+        SHARDED,
+        weight_map_of(SHARDED),
+        tokenizer__json=b'{"t": 1}',
+        chat_template__jinja=b"{{ messages }}",
+        README__md=b"# a model",
+    )
     uri = any_store.import_folder(folder, "base", meta={"source": "hub"})
     ckpt = any_store.load(uri)
     assert_bit_exact(ckpt.tensors, {k: v for shard in SHARDED.values() for k, v in shard.items()})
@@ -266,28 +304,60 @@ def test_import_then_export_gives_back_a_loadable_folder(file_store, tmp_path):
 @pytest.mark.parametrize(
     ("shards", "index", "message"),
     [
-        (SHARDED, {"weight_map": {**weight_map_of(SHARDED)["weight_map"], "extra": "model-00003-of-00003.safetensors"}},
-         r"model.safetensors.index.json does not fit the shards: the index names model-00003-of-00003.safetensors, "
-         r"which is missing"),
-        ({**SHARDED, "model-00003-of-00003.safetensors": {"embed": torch.zeros(1)}},
-         {"weight_map": weight_map_of(SHARDED)["weight_map"]},
-         r"model-00003-of-00003.safetensors is not in the index; tensor 'embed' is in two shards: "
-         r"model-00001-of-00002.safetensors, model-00003-of-00003.safetensors"),
-        (SHARDED, {"weight_map": {"embed": "model-00002-of-00002.safetensors",
-                                  "layers.0.w": "model-00001-of-00002.safetensors",
-                                  "lm_head": "model-00002-of-00002.safetensors"}},
-         r"tensor 'embed' is in model-00001-of-00002.safetensors, the index puts it in "
-         r"model-00002-of-00002.safetensors"),
-        (SHARDED, {"weight_map": {**weight_map_of(SHARDED)["weight_map"], "ghost": "model-00002-of-00002.safetensors"}},
-         r"the index puts tensor 'ghost' in model-00002-of-00002.safetensors, which does not hold it"),
+        (
+            SHARDED,
+            {
+                "weight_map": {
+                    **weight_map_of(SHARDED)["weight_map"],
+                    "extra": "model-00003-of-00003.safetensors",
+                }
+            },
+            r"model.safetensors.index.json does not fit the shards: the index names "
+            r"model-00003-of-00003.safetensors, "
+            r"which is missing",
+        ),
+        (
+            {**SHARDED, "model-00003-of-00003.safetensors": {"embed": torch.zeros(1)}},
+            {"weight_map": weight_map_of(SHARDED)["weight_map"]},
+            r"model-00003-of-00003.safetensors is not in the index; tensor 'embed' is in two shards: "
+            r"model-00001-of-00002.safetensors, model-00003-of-00003.safetensors",
+        ),
+        (
+            SHARDED,
+            {
+                "weight_map": {
+                    "embed": "model-00002-of-00002.safetensors",
+                    "layers.0.w": "model-00001-of-00002.safetensors",
+                    "lm_head": "model-00002-of-00002.safetensors",
+                }
+            },
+            r"tensor 'embed' is in model-00001-of-00002.safetensors, the index puts it in "
+            r"model-00002-of-00002.safetensors",
+        ),
+        (
+            SHARDED,
+            {
+                "weight_map": {
+                    **weight_map_of(SHARDED)["weight_map"],
+                    "ghost": "model-00002-of-00002.safetensors",
+                }
+            },
+            r"the index puts tensor 'ghost' in model-00002-of-00002.safetensors, which does not hold it",
+        ),
         (SHARDED, {"weights": {}}, r"model.safetensors.index.json: not a safetensors index"),
-        (SHARDED, None, r"without model.safetensors.index.json the weights must be one model.safetensors, found "
-                        r"\['model-00001-of-00002.safetensors', 'model-00002-of-00002.safetensors'\]"),
+        (
+            SHARDED,
+            None,
+            r"without model.safetensors.index.json the weights must be one model.safetensors, found "
+            r"\['model-00001-of-00002.safetensors', 'model-00002-of-00002.safetensors'\]",
+        ),
         ({}, None, r"it has no \*.safetensors weights"),
     ],
     ids=["missing-file", "two-shards", "misplaced", "ghost", "no-weight-map", "no-index", "no-weights"],
 )
-def test_import_refuses_inconsistent_folders_naming_each_problem(file_store, tmp_path, shards, index, message):
+def test_import_refuses_inconsistent_folders_naming_each_problem(
+    file_store, tmp_path, shards, index, message
+):
     folder = hf_folder(tmp_path / "hf", shards, index)
     with pytest.raises(StoreError, match=message):
         file_store.import_folder(folder, "base")
@@ -318,12 +388,21 @@ def test_import_refuses_a_folder_without_config_or_with_a_broken_one(file_store,
 @pytest.mark.transformers
 def test_transformers_loads_an_exported_folder_and_its_save_pretrained_imports(file_store, tmp_path):
     transformers = require_module("transformers")
-    cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
-                                   num_attention_heads=2, num_key_value_heads=2, tie_word_embeddings=False)
+    cfg = transformers.LlamaConfig(
+        vocab_size=64,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        tie_word_embeddings=False,
+    )
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM(cfg)
     generation = model.generation_config.to_json_string().encode()
-    uri = file_store.save("llama", model.state_dict(), cfg.to_dict(), extra_files={"generation_config.json": generation})
+    uri = file_store.save(
+        "llama", model.state_dict(), cfg.to_dict(), extra_files={"generation_config.json": generation}
+    )
     assert len(file_store.verify(uri).shards) > 1  # 4 KiB shards: the index is what transformers follows
 
     file_store.export_folder(uri, tmp_path / "out")

@@ -136,8 +136,11 @@ def test_a_shard_holding_other_tensors_than_listed_is_refused(saved):
     manifest = manifest_of(store, name)
     manifest["files"][SHARD]["tensors"] = ["b", "ghost"]  # the shard holds only "b"
     rewrite_consistently(store, name, manifest)
-    with pytest.raises(IntegrityError, match=r"model-00002-of-00003.safetensors: tensors differ from the manifest "
-                                               r"\(missing \['ghost'\], unexpected \[\]\)"):
+    with pytest.raises(
+        IntegrityError,
+        match=r"model-00002-of-00003.safetensors: tensors differ from the manifest "
+        r"\(missing \['ghost'\], unexpected \[\]\)",
+    ):
         store.load(name)
 
 
@@ -148,7 +151,9 @@ def test_a_shard_that_is_not_safetensors_is_refused_even_with_matching_digests(s
     manifest = manifest_of(store, name)
     manifest["files"][SHARD].update(size=len(garbage), sha256=sha256_hex(garbage))
     rewrite_consistently(store, name, manifest)
-    with pytest.raises(IntegrityError, match=r"model-00002-of-00003.safetensors: not a readable safetensors file"):
+    with pytest.raises(
+        IntegrityError, match=r"model-00002-of-00003.safetensors: not a readable safetensors file"
+    ):
         store.load(name)
 
 
@@ -156,6 +161,10 @@ def test_an_intact_checkpoint_verifies(saved):
     store, name = saved
     manifest = store.verify(name)
     assert sorted(manifest.files) == [
-        CONFIG_FILE, "model-00001-of-00003.safetensors", SHARD, "model-00003-of-00003.safetensors", INDEX_FILE,
+        CONFIG_FILE,
+        "model-00001-of-00003.safetensors",
+        SHARD,
+        "model-00003-of-00003.safetensors",
+        INDEX_FILE,
     ]
     assert manifest.meta == {"step": 1}

@@ -52,21 +52,30 @@ def test_killed_server_leaves_no_committed_checkpoint_and_a_retry_loads_bit_exac
     writer = open_store(root, target.settings(), max_shard_bytes=SHARD)
     kill_before_part(writer, target, KILL_AT_PART)
     try:
-        with pytest.raises(StoreError, match=r"upload part 1/3 of ckpts/run/step-1/model-00002-of-00002.safetensors: "
-                                             r"S3 at .* still failing after 2 retries"):
+        with pytest.raises(
+            StoreError,
+            match=r"upload part 1/3 of ckpts/run/step-1/model-00002-of-00002.safetensors: "
+            r"S3 at .* still failing after 2 retries",
+        ):
             writer.save("run/step-1", tensors, {"model": "tiny"})
     finally:
         target.restart()
 
     # What the dead server holds: the start marker and shard 0, shard 1 as an incomplete upload.
-    assert objects(target, bucket) == ["ckpts/run/step-1/STARTED", "ckpts/run/step-1/model-00001-of-00002.safetensors"]
+    assert objects(target, bucket) == [
+        "ckpts/run/step-1/STARTED",
+        "ckpts/run/step-1/model-00001-of-00002.safetensors",
+    ]
     assert incomplete_uploads(target, bucket) == ["ckpts/run/step-1/model-00002-of-00002.safetensors"]
 
     reader = open_store(root, target.settings(), max_shard_bytes=SHARD)  # another process, after the restart
     assert reader.list() == []
     assert reader.latest() is None
-    with pytest.raises(StoreError, match=r"no committed checkpoint at s3://.*/ckpts/run/step-1: a save of it "
-                                         r"started but never committed"):
+    with pytest.raises(
+        StoreError,
+        match=r"no committed checkpoint at s3://.*/ckpts/run/step-1: a save of it "
+        r"started but never committed",
+    ):
         reader.load("run/step-1")
 
     uri = reader.save("run/step-1", tensors, {"model": "tiny"})  # the retry, from scratch
@@ -91,7 +100,9 @@ def test_a_server_back_within_the_retries_lets_the_same_save_finish(s3_env):
             target.restart()
 
     creds = S3Credentials(target.access_key, target.secret_key)
-    store = CheckpointStore(S3Backend(bucket, "ckpts", target.settings(), creds, sleep=wait), max_shard_bytes=SHARD)
+    store = CheckpointStore(
+        S3Backend(bucket, "ckpts", target.settings(), creds, sleep=wait), max_shard_bytes=SHARD
+    )
     sent = kill_before_part(store, target, KILL_AT_PART)
 
     uri = store.save("run/step-2", tensors, {})

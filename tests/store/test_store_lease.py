@@ -29,7 +29,9 @@ KEY = "runs/r1/stages/sft/LEASE"
 REPO = Path(__file__).resolve().parents[2]
 
 MOTO = pytest.param("moto", marks=[pytest.mark.s3, pytest.mark.xdist_group("store-moto")], id="moto")
-RGW = pytest.param("rgw", marks=[pytest.mark.s3, pytest.mark.rgw, pytest.mark.xdist_group("store-rgw")], id="rgw")
+RGW = pytest.param(
+    "rgw", marks=[pytest.mark.s3, pytest.mark.rgw, pytest.mark.xdist_group("store-rgw")], id="rgw"
+)
 
 
 @pytest.fixture(params=["file", MOTO, RGW])
@@ -67,8 +69,17 @@ def foreign_record(store, **changes) -> LeaseRecord:
     """A lease as another job would have written it, by default on another host and far from expiry."""
     now = time.time()
     record = LeaseRecord(
-        holder="job-elsewhere", token="t-elsewhere", host="some-other-host", pid=4242, acquired_at=now - 5,
-        renewed_at=now - 5, expires_at=now + 600, ttl_s=600.0, boot_id="b", pid_namespace="pid:[1]", pid_started=1,
+        holder="job-elsewhere",
+        token="t-elsewhere",
+        host="some-other-host",
+        pid=4242,
+        acquired_at=now - 5,
+        renewed_at=now - 5,
+        expires_at=now + 600,
+        ttl_s=600.0,
+        boot_id="b",
+        pid_namespace="pid:[1]",
+        pid_started=1,
     )
     record = replace(record, **changes)
     store.put_json(KEY, record.to_doc())
@@ -286,10 +297,21 @@ CHILD = textwrap.dedent("""
 
 
 def child(store, mode: str, holder: str, ttl_s: float = 600.0) -> subprocess.Popen:
-    spec = {**store.child_spec, "retries": FAST_RETRIES, "key": KEY, "mode": mode, "holder": holder, "ttl_s": ttl_s}
+    spec = {
+        **store.child_spec,
+        "retries": FAST_RETRIES,
+        "key": KEY,
+        "mode": mode,
+        "holder": holder,
+        "ttl_s": ttl_s,
+    }
     proc = subprocess.Popen(
-        [sys.executable, "-c", CHILD, json.dumps(spec)], cwd=REPO, text=True,
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(REPO)},
+        [sys.executable, "-c", CHILD, json.dumps(spec)],
+        cwd=REPO,
+        text=True,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
     )
     assert proc.stdout.readline().strip() == "ready", f"{holder} did not start (exit {proc.poll()})"
     return proc
@@ -312,10 +334,15 @@ def exit_status(proc: subprocess.Popen, store) -> int:
         proc.kill()
         proc.wait()
         gateway_log = ""
-        if store.child_spec.get("endpoint") == os.environ.get("RINGZERO_RGW_ENDPOINT") and os.environ.get("RINGZERO_RGW_DIR"):
+        if store.child_spec.get("endpoint") == os.environ.get("RINGZERO_RGW_ENDPOINT") and os.environ.get(
+            "RINGZERO_RGW_DIR"
+        ):
             logs = sorted(Path(os.environ["RINGZERO_RGW_DIR"], "log").glob("client.rgw*.log"))
             gateway_log = "\n".join(logs[-1].read_text(errors="replace").splitlines()[-40:]) if logs else ""
-        pytest.fail(f"the child did not exit (its stacks are in the captured stderr); gateway log tail:\n{gateway_log}")
+        pytest.fail(
+            "the child did not exit (its stacks are in the captured stderr); gateway log "
+            f"tail:\n{gateway_log}"
+        )
 
 
 def say(proc: subprocess.Popen, line: str = "go") -> None:
@@ -389,8 +416,12 @@ def test_a_lease_whose_process_on_this_host_is_gone_is_taken_over_at_once(store)
 def test_a_lease_whose_pid_was_reused_by_another_process_is_taken_over(store):
     mine = StageLease(store, KEY)._identity
     foreign_record(
-        store, host=mine["host"], boot_id=mine["boot_id"], pid_namespace=mine["pid_namespace"],
-        pid=os.getpid(), pid_started=mine["pid_started"] + 1,
+        store,
+        host=mine["host"],
+        boot_id=mine["boot_id"],
+        pid_namespace=mine["pid_namespace"],
+        pid=os.getpid(),
+        pid_started=mine["pid_started"] + 1,
     )
     with StageLease(store, KEY, holder="job-new"):
         assert stored(store).holder == "job-new"

@@ -70,8 +70,13 @@ class Flaky:
 def run(fn, max_retries=3):
     sleeps: list[float] = []
     result = call_with_retries(
-        fn, what="test op", backoff=Backoff(max_retries, 1.0, 8.0), is_transient=is_transient,
-        describe=lambda e: type(e).__name__, sleep=sleeps.append, rng=random.Random(1),
+        fn,
+        what="test op",
+        backoff=Backoff(max_retries, 1.0, 8.0),
+        is_transient=is_transient,
+        describe=lambda e: type(e).__name__,
+        sleep=sleeps.append,
+        rng=random.Random(1),
     )
     return result, sleeps
 
@@ -92,7 +97,9 @@ def test_the_last_transient_error_propagates_once_retries_run_out():
     assert fn.calls == 4
 
 
-@pytest.mark.parametrize("error", [s3_error("AccessDenied", 403), s3_error("NoSuchBucket", 404), ValueError("x")])
+@pytest.mark.parametrize(
+    "error", [s3_error("AccessDenied", 403), s3_error("NoSuchBucket", 404), ValueError("x")]
+)
 def test_permanent_errors_are_not_retried(error):
     fn = Flaky([error])
     with pytest.raises(type(error)):

@@ -64,7 +64,9 @@ def test_checkpoints_and_documents_stay_under_the_store_prefix(s3_env):
 
 def test_gc_aborts_incomplete_multipart_uploads(s3_store):
     backend = s3_store.backend
-    backend._client._create_multipart_upload(backend.bucket, "ckpts/dead/model-00001-of-00002.safetensors", {})
+    backend._client._create_multipart_upload(
+        backend.bucket, "ckpts/dead/model-00001-of-00002.safetensors", {}
+    )
 
     result = s3_store.gc_uncommitted()
 
@@ -75,7 +77,8 @@ def test_gc_aborts_incomplete_multipart_uploads(s3_store):
 def test_transient_failures_of_a_part_are_retried_and_the_save_completes(s3_store):
     tensors = big_state_dict(1)
     calls = spy_on(
-        s3_store.backend, "_upload_part",
+        s3_store.backend,
+        "_upload_part",
         fail_on={2: urllib3.exceptions.ProtocolError("connection reset"), 3: _s3_error("SlowDown", 503)},
     )
     uri = s3_store.save("flaky", tensors, {})
@@ -86,15 +89,21 @@ def test_transient_failures_of_a_part_are_retried_and_the_save_completes(s3_stor
 def test_refused_credentials_are_not_retried_and_say_where_to_look(s3_store):
     s3_store.save("c", {"w": torch.ones(1)}, {})
     calls = spy_on(s3_store.backend, "get_object", fail_on={1: _s3_error("AccessDenied", 403)})
-    with pytest.raises(StoreError, match=rf"refused the request \(AccessDenied\); check the credentials in "
-                                         rf"{ACCESS_KEY_ENV}/{SECRET_KEY_ENV}"):
+    with pytest.raises(
+        StoreError,
+        match=rf"refused the request \(AccessDenied\); check the credentials in "
+        rf"{ACCESS_KEY_ENV}/{SECRET_KEY_ENV}",
+    ):
         s3_store.load("c")
     assert len(calls) == 1
 
 
 def test_a_missing_bucket_is_a_clear_error(s3_env):
-    with pytest.raises(StoreError, match=rf"bucket 'no-such-bucket-here' does not exist at {s3_env.endpoint}; "
-                                         r"create it first"):
+    with pytest.raises(
+        StoreError,
+        match=rf"bucket 'no-such-bucket-here' does not exist at {s3_env.endpoint}; "
+        r"create it first",
+    ):
         open_store("s3://no-such-bucket-here/x", s3_env.settings())
 
 
@@ -102,8 +111,11 @@ def test_an_unreachable_endpoint_fails_after_the_retries(s3_env):
     endpoint = f"127.0.0.1:{free_port()}"  # nothing listens there
     sleeps: list[float] = []
     creds = S3Credentials(s3_env.access_key, s3_env.secret_key)
-    with pytest.raises(StoreError, match=rf"open s3://b-x/p: S3 at {endpoint} still failing after 2 retries: "
-                                         r"NewConnectionError: .*refused"):
+    with pytest.raises(
+        StoreError,
+        match=rf"open s3://b-x/p: S3 at {endpoint} still failing after 2 retries: "
+        r"NewConnectionError: .*refused",
+    ):
         S3Backend("b-x", "p", s3_env.settings(endpoint=endpoint), creds, sleep=sleeps.append)
     assert len(sleeps) == 2
 

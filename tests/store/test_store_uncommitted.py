@@ -30,8 +30,11 @@ def test_a_save_dying_at_any_write_leaves_nothing_readable(any_store, at):
 
     assert any_store.list() == []
     assert any_store.latest() is None
-    with pytest.raises(StoreError, match=r"no committed checkpoint at .*run/step-1: a save of it started but "
-                                         r"never committed \(interrupted, or still running\)"):
+    with pytest.raises(
+        StoreError,
+        match=r"no committed checkpoint at .*run/step-1: a save of it started but "
+        r"never committed \(interrupted, or still running\)",
+    ):
         any_store.load("run/step-1")
 
 

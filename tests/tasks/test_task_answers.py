@@ -77,7 +77,7 @@ def test_match_compares_values_not_spellings():
     assert not answers_match("-5", "5")
 
 
-@given(st.integers(-10**12, 10**12))
+@given(st.integers(-(10**12), 10**12))
 def test_integers_in_any_common_spelling_normalize_alike(n):
     spellings = [str(n), f"{n:,}", f"{n}.0", f"{n}.00"] + ([f"+{n}"] if n >= 0 else [])
     assert {normalize_answer(s) for s in spellings} == {str(n)}
@@ -86,5 +86,7 @@ def test_integers_in_any_common_spelling_normalize_alike(n):
 @given(st.fractions(max_denominator=1000))
 def test_fractions_round_trip(value):
     assert parse_number(f"{value.numerator}/{value.denominator}") == value
-    assert normalize_answer(str(value)) == normalize_answer(f"\\frac{{{value.numerator}}}{{{value.denominator}}}")
+    assert normalize_answer(str(value)) == normalize_answer(
+        f"\\frac{{{value.numerator}}}{{{value.denominator}}}"
+    )
     assert parse_number(normalize_answer(str(value))) == Fraction(value)

@@ -75,7 +75,12 @@ def test_train_and_eval_splits_are_disjoint_and_reproducible():
     assert [p.id for p in task.prompts("eval", 50)] == [p.id for p in evals[:50]]
     # pinned, not compared with itself in one process: the same seed draws the same prompts on any machine
     assert [p.id for p in task.prompts("train", 5, 7)] == [
-        "digitsum:526", "digitsum:018", "digitsum:159", "digitsum:083", "digitsum:016"]
+        "digitsum:526",
+        "digitsum:018",
+        "digitsum:159",
+        "digitsum:083",
+        "digitsum:016",
+    ]
     numpy_draw = task.prompts("train", 20, np.random.default_rng(3))
     assert len({p.id for p in numpy_draw}) > 10
 
@@ -113,7 +118,11 @@ def test_tier_tag_opens_the_prompt_and_keeps_the_answer(task, problem):
 def test_everything_a_task_writes_fits_the_alphabet(operation, digits):
     task = make_task(ArithmeticTask(operation=operation, digits=digits))
     for p in task.prompts("train", 50, 0) + task.prompts("eval", 10):
-        text = task.with_tier(p, "[deep]").prompt + task.worked_response(p, True) + task.worked_response(p, False)
+        text = (
+            task.with_tier(p, "[deep]").prompt
+            + task.worked_response(p, True)
+            + task.worked_response(p, False)
+        )
         assert set(text) <= set(ALPHABET)
     assert len(ALPHABET) == len(set(ALPHABET)) <= 60  # room for special tokens in a 64-symbol vocab
 

@@ -25,14 +25,22 @@ INST = (7, 3, 9, 1)
 
 
 def task(**kw) -> SyntheticArithmetic:
-    base = dict(operation="digitsum", digits=8, min_digits=2, verbosity="step", verbose_fraction=0.4,
-                check_weights=[0.5, 0.3, 0.2], slip_rate=0.3, slip_from=3)
+    base = dict(
+        operation="digitsum",
+        digits=8,
+        min_digits=2,
+        verbosity="step",
+        verbose_fraction=0.4,
+        check_weights=[0.5, 0.3, 0.2],
+        slip_rate=0.3,
+        slip_from=3,
+    )
     return SyntheticArithmetic(ArithmeticTask(**{**base, **kw}))
 
 
 def assert_slip_fixed_by_the_check(op, want_body: str) -> str:
-    """A first pass that slips at b, then a check pass: the trace ``want_body``, its slip one wrong step (later
-    steps hold against the state it claimed), and the check's right answer. Returns the trace."""
+    """A first pass that slips at b, then a check pass: the trace ``want_body``, its slip one wrong step
+    (later steps hold against the state it claimed), and the check's right answer. Returns the trace."""
     plan = WorkedPlan(passes=((False,) * 4, (False, True, False, False)), slips={1: 2})
     body, answer = op.planned_body(INST, plan)
     assert body == want_body
@@ -111,8 +119,11 @@ def test_check_passes_always_hold_so_checked_corpus_traces_are_right():
 
 def test_without_the_new_knobs_the_corpus_stream_is_unchanged():
     old = SyntheticArithmetic(ArithmeticTask(operation="digitsum", digits=8, min_digits=2))
-    explicit = SyntheticArithmetic(ArithmeticTask(operation="digitsum", digits=8, min_digits=2, verbosity="trace",
-                                                  check_weights=None, slip_rate=0.0))
+    explicit = SyntheticArithmetic(
+        ArithmeticTask(
+            operation="digitsum", digits=8, min_digits=2, verbosity="trace", check_weights=None, slip_rate=0.0
+        )
+    )
     a = CorpusGenerator(old).documents(200, 3)
     b = CorpusGenerator(explicit).documents(200, 3)
     assert a == b
@@ -123,7 +134,10 @@ def test_without_the_new_knobs_the_corpus_stream_is_unchanged():
 def test_any_plan_renders_a_trace_the_checker_accounts_for(inst, data):
     op = digitsum(len(inst))
     n = len(inst)
-    passes = tuple(tuple(data.draw(st.lists(st.booleans(), min_size=n, max_size=n))) for _ in range(data.draw(st.integers(1, 3))))
+    passes = tuple(
+        tuple(data.draw(st.lists(st.booleans(), min_size=n, max_size=n)))
+        for _ in range(data.draw(st.integers(1, 3)))
+    )
     terse = [i for i in range(n) if not passes[0][i]]
     slips = {i: data.draw(st.integers(1, 9)) for i in terse if data.draw(st.booleans())}
     body, answer = op.planned_body(inst, WorkedPlan(passes, slips))
@@ -136,8 +150,9 @@ def test_any_plan_renders_a_trace_the_checker_accounts_for(inst, data):
 
 
 def test_a_reverse_check_reads_the_digits_backwards_and_fixes_a_slip():
-    body = assert_slip_fixed_by_the_check(digitsum(4, check_order="reverse"),
-                                          "a=7>7 b=3>2 c=9>1 d=1>2 check d=1>1 c=9 1+9=10>0 b=3>3 a=7>0")
+    body = assert_slip_fixed_by_the_check(
+        digitsum(4, check_order="reverse"), "a=7>7 b=3>2 c=9>1 d=1>2 check d=1>1 c=9 1+9=10>0 b=3>3 a=7>0"
+    )
     # no state of the check is the first pass's state at the same label: it cannot be copied
     first = dict(step.split(">") for step in body.split(" check ")[0].split())
     assert all(first.get(step.split(">")[0]) != step.split(">")[1] for step in ["d=1>1", "b=3>3"])
@@ -157,8 +172,13 @@ def test_a_reverse_check_must_start_at_the_last_digit_and_cover_every_one():
 def test_any_plan_with_reverse_checks_renders_a_trace_the_checker_accounts_for(inst, data):
     op = digitsum(len(inst), check_order="reverse")
     n = len(inst)
-    passes = tuple(tuple(data.draw(st.lists(st.booleans(), min_size=n, max_size=n))) for _ in range(data.draw(st.integers(1, 3))))
-    slips = {i: data.draw(st.integers(1, 9)) for i in range(n) if not passes[0][i] and data.draw(st.booleans())}
+    passes = tuple(
+        tuple(data.draw(st.lists(st.booleans(), min_size=n, max_size=n)))
+        for _ in range(data.draw(st.integers(1, 3)))
+    )
+    slips = {
+        i: data.draw(st.integers(1, 9)) for i in range(n) if not passes[0][i] and data.draw(st.booleans())
+    }
     body, answer = op.planned_body(inst, WorkedPlan(passes, slips))
     checked = op.check_steps(body, inst)
     assert checked.steps == n * len(passes) and checked.correct == checked.steps - len(slips)
@@ -184,7 +204,9 @@ def test_reverse_checked_corpus_traces_are_right_and_the_order_enters_the_identi
 def test_an_implicit_terse_step_reads_its_digit_without_writing_it_and_is_judged_against_the_problem():
     op = digitsum(4, terse_form="implicit")
     assert op.trace_steps(INST, verbose=False) == ["a>7", "b>0", "c>9", "d>0"]
-    assert op.trace_steps(INST, verbose=True) == digitsum(4).trace_steps(INST, verbose=True)  # verbose unchanged
+    assert op.trace_steps(INST, verbose=True) == digitsum(4).trace_steps(
+        INST, verbose=True
+    )  # verbose unchanged
     plan = WorkedPlan(passes=((False, True, False, False),), slips={2: 3})
     body, answer = op.planned_body(INST, plan)
     assert body == "a>7 b=3 7+3=10>0 c>2 d>3"
@@ -203,26 +225,37 @@ def test_verbose_checks_write_every_step_out_and_leave_the_first_pass_stream_alo
     assert any(p.checks for p in plans)
     assert all(all(all(step) for step in p.passes[1:]) for p in plans)
     assert sum(v for p in plans for v in p.passes[0]) < 0.5 * 6 * 2000  # first passes keep their draw
-    drawn = [g.plan(6, r) for g, r in [(CorpusGenerator(task(check_order="reverse")), random.Random(0))] for _ in range(1)]
+    drawn = [
+        g.plan(6, r)
+        for g, r in [(CorpusGenerator(task(check_order="reverse")), random.Random(0))]
+        for _ in range(1)
+    ]
     assert drawn[0].passes[0] == plans[0].passes[0] and drawn[0].slips == plans[0].slips
     for p, text in corpus_traces(t, 800, seed=4):
         assert t.reward(p, text) == 1.0 or " check " not in text
         if " check " in text:
-            assert t.verified(text, p) and all("+" in step for step in text.split(" check ")[1].split("</think>")[0].split(">")[:-1])
+            assert t.verified(text, p) and all(
+                "+" in step for step in text.split(" check ")[1].split("</think>")[0].split(">")[:-1]
+            )
 
 
-@pytest.mark.parametrize("bad,field", [
-    ({"check_weights": [0.5, 0.4]}, "check_weights"),
-    ({"check_weights": [1.2, -0.2]}, "check_weights"),
-    ({"slip_rate": 0.1, "slip_from": 9}, "slip_from"),
-    ({"operation": "add", "min_digits": None, "verbosity": "step"}, "verbosity"),
-    ({"operation": "add", "min_digits": None, "check_order": "reverse"}, "verbosity"),
-    ({"check_order": "backwards"}, "check_order"),
-    ({"operation": "add", "min_digits": None, "terse_form": "implicit"}, "verbosity"),
-    ({"terse_form": "hidden"}, "terse_form"),
-    ({"check_verbosity": "loud"}, "check_verbosity"),
-])
+@pytest.mark.parametrize(
+    "bad,field",
+    [
+        ({"check_weights": [0.5, 0.4]}, "check_weights"),
+        ({"check_weights": [1.2, -0.2]}, "check_weights"),
+        ({"slip_rate": 0.1, "slip_from": 9}, "slip_from"),
+        ({"operation": "add", "min_digits": None, "verbosity": "step"}, "verbosity"),
+        ({"operation": "add", "min_digits": None, "check_order": "reverse"}, "verbosity"),
+        ({"check_order": "backwards"}, "check_order"),
+        ({"operation": "add", "min_digits": None, "terse_form": "implicit"}, "verbosity"),
+        ({"terse_form": "hidden"}, "terse_form"),
+        ({"check_verbosity": "loud"}, "check_verbosity"),
+    ],
+)
 def test_bad_knobs_are_refused_naming_the_field(bad, field):
     cfg = {"kind": "arithmetic", "operation": "digitsum", "digits": 8, **bad}
     with pytest.raises(ConfigError, match=field):
-        parse_config({"run": {"name": "t"}, "model": {}, "task": cfg, "stages": [{"name": "b", "kind": "pretrain"}]})
+        parse_config(
+            {"run": {"name": "t"}, "model": {}, "task": cfg, "stages": [{"name": "b", "kind": "pretrain"}]}
+        )

@@ -39,7 +39,9 @@ def test_items_are_formatted_exactly_like_rl_prompts(default_corpus):
     assert len(found) > 5000
     for problem, text, response in found[:500]:
         assert text == problem.prompt + response
-        assert problem.prompt == PROMPT_TEMPLATE.format(question=task.op.question(task.op.instance_from_meta(problem.meta)))
+        assert problem.prompt == PROMPT_TEMPLATE.format(
+            question=task.op.question(task.op.instance_from_meta(problem.meta))
+        )
 
 
 def test_trace_share_and_trace_reliability(default_corpus):
@@ -74,8 +76,12 @@ def test_document_kinds_follow_the_configured_shares(default_corpus):
 
 
 def test_knobs_at_their_extremes():
-    task, _, found = items(ArithmeticTask(digits=5, trace_fraction=0.0, direct_noise=0.0, filler_fraction=0.0,
-                                          drill_fraction=0.0), 300)
+    task, _, found = items(
+        ArithmeticTask(
+            digits=5, trace_fraction=0.0, direct_noise=0.0, filler_fraction=0.0, drill_fraction=0.0
+        ),
+        300,
+    )
     assert found and all(not task.uses_trace(r) and task.reward(p, r) == 1.0 for p, _, r in found)
     task, _, found = items(ArithmeticTask(digits=5, trace_fraction=1.0, verbose_fraction=0.0), 300)
     assert all(task.uses_trace(r) and "+" not in r for _, _, r in found)
@@ -93,7 +99,9 @@ def test_same_seed_same_corpus():
 
 
 def test_lookup_documents_read_the_question_back_by_label():
-    task = make_task(ArithmeticTask(digits=8, lookup_fraction=1.0 - 1e-9, filler_fraction=0.0, drill_fraction=0.0))
+    task = make_task(
+        ArithmeticTask(digits=8, lookup_fraction=1.0 - 1e-9, filler_fraction=0.0, drill_fraction=0.0)
+    )
     docs = CorpusGenerator(task).documents(400, 3)
     shuffled = 0
     for doc in docs:
@@ -107,12 +115,18 @@ def test_lookup_documents_read_the_question_back_by_label():
 
 
 def test_worked_examples_are_correct_traces_outside_the_qa_format():
-    task = make_task(ArithmeticTask(digits=6, worked_fraction=1.0 - 1e-9, filler_fraction=0.0, drill_fraction=0.0))
+    task = make_task(
+        ArithmeticTask(digits=6, worked_fraction=1.0 - 1e-9, filler_fraction=0.0, drill_fraction=0.0)
+    )
     docs = CorpusGenerator(task).documents(300, 5)
     for doc in docs:
-        assert "\na: " not in doc and not doc.startswith("q: ")  # trace usage after `a:` is left to trace_fraction
+        assert "\na: " not in doc and not doc.startswith(
+            "q: "
+        )  # trace usage after `a:` is left to trace_fraction
         head, solution = doc.rstrip("\n").split("\nsolution: ")
-        instance = tuple(int(item.split("=")[1]) for item in head.removeprefix("example: ").split(": ", 1)[1].split())
+        instance = tuple(
+            int(item.split("=")[1]) for item in head.removeprefix("example: ").split(": ", 1)[1].split()
+        )
         problem = task.problem(instance)
         assert not in_eval_split(problem.id)
         assert task.reward(problem, solution) == 1.0 and task.step_check(solution, problem).correct == 6

@@ -52,16 +52,18 @@ def test_the_short_trace_is_correct_checked_and_shorter(n):
     assert len(body.split()) == (n + 1) // 2 and len(body) < 0.8 * len(split_trace(terse)[0])
     state = 0
     for i, step in enumerate(body.split()):  # each step adds its digits to the running state
-        digits = instance[2 * i:2 * i + 2]
+        digits = instance[2 * i : 2 * i + 2]
         state = (state + sum(digits)) % 10
-        assert step.endswith(f">{state}") and step.startswith("abcdefghijklmnop"[2 * i:2 * i + len(digits)])
+        assert step.endswith(f">{state}") and step.startswith("abcdefghijklmnop"[2 * i : 2 * i + len(digits)])
 
 
 def test_a_wrong_short_step_is_caught_and_the_next_is_judged_from_its_claim():
     t = task()
     p = t.problem((7, 3, 9, 1, 2, 2))
     good = t.step_check("<think> ab=73>0 cd=91>0 ef=22>4 </think> 4", p)
-    bad = t.step_check("<think> ab=73>1 cd=91>1 ef=22>5 </think> 5", p)  # first step off by one, the rest follow it
+    bad = t.step_check(
+        "<think> ab=73>1 cd=91>1 ef=22>5 </think> 5", p
+    )  # first step off by one, the rest follow it
     assert (good.steps, good.correct) == (3, 3)
     assert (bad.steps, bad.correct) == (3, 2)
     wrong_digits = t.step_check("<think> ab=74>1 cd=91>1 ef=22>5 </think> 5", p)
@@ -73,21 +75,37 @@ def test_the_corpus_writes_short_traces_at_their_share():
     gen = CorpusGenerator(t)
     rng = random.Random(0)
     answers = [gen.answer_text(p, rng) for p in t.prompts("train", 400, 1)]
-    short = [a for a in answers if "=" in a and split_trace(a)[0].split()[0].count("=") == 1
-             and len(split_trace(a)[0].split()[0].split("=")[0]) == 2]
+    short = [
+        a
+        for a in answers
+        if "=" in a
+        and split_trace(a)[0].split()[0].count("=") == 1
+        and len(split_trace(a)[0].split()[0].split("=")[0]) == 2
+    ]
     assert 0.4 < len(short) / len(answers) < 0.6
 
 
-@pytest.mark.parametrize("task_cfg, expected", [
-    ({"operation": "digitsum", "digits": 8, "min_digits": 9}, "min_digits: must be at most digits (8)"),
-    ({"operation": "add", "digits": 4, "min_digits": 2}, "'add' has neither a mixed length"),
-    ({"operation": "add", "digits": 4, "short_fraction": 0.2}, "'add' has neither a mixed length"),
-])
+@pytest.mark.parametrize(
+    "task_cfg, expected",
+    [
+        ({"operation": "digitsum", "digits": 8, "min_digits": 9}, "min_digits: must be at most digits (8)"),
+        ({"operation": "add", "digits": 4, "min_digits": 2}, "'add' has neither a mixed length"),
+        ({"operation": "add", "digits": 4, "short_fraction": 0.2}, "'add' has neither a mixed length"),
+    ],
+)
 def test_knobs_that_cannot_apply_are_refused_by_name(task_cfg, expected):
-    data = {"run": {"name": "t"}, "model": {"vocab_size": 64, "hidden_size": 32, "num_hidden_layers": 2,
-                                             "num_attention_heads": 2, "layout": "LM"},
-            "task": {"kind": "arithmetic", **task_cfg},
-            "stages": [{"name": "base", "kind": "pretrain", "steps": 1}]}
+    data = {
+        "run": {"name": "t"},
+        "model": {
+            "vocab_size": 64,
+            "hidden_size": 32,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 2,
+            "layout": "LM",
+        },
+        "task": {"kind": "arithmetic", **task_cfg},
+        "stages": [{"name": "base", "kind": "pretrain", "steps": 1}],
+    }
     with pytest.raises(ConfigError) as info:
         parse_config(data, "t.yaml")
     assert any(expected in problem for problem in info.value.problems), info.value.problems

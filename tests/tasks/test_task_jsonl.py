@@ -17,12 +17,20 @@ def write(path, lines):
 
 @pytest.fixture
 def gsm(tmp_path):
-    write(tmp_path / "train.jsonl", [
-        json.dumps({"question": "Natalia sold 48 clips, then half as many. How many?", "answer": "48/2 = 24\n#### 72"}),
-        "",
-        json.dumps({"question": "What is 1000 + 234?", "answer": "#### 1,234"}),
-        json.dumps({"question": "Half of one?", "answer": 0.5}),
-    ])
+    write(
+        tmp_path / "train.jsonl",
+        [
+            json.dumps(
+                {
+                    "question": "Natalia sold 48 clips, then half as many. How many?",
+                    "answer": "48/2 = 24\n#### 72",
+                }
+            ),
+            "",
+            json.dumps({"question": "What is 1000 + 234?", "answer": "#### 1,234"}),
+            json.dumps({"question": "Half of one?", "answer": 0.5}),
+        ],
+    )
     write(tmp_path / "eval.jsonl", [json.dumps({"q": "Capital of France?", "a": "Paris"})])
     return tmp_path
 
@@ -49,8 +57,10 @@ def test_reward_extracts_and_normalizes(gsm):
 
 
 def test_custom_field_names_and_eval_split(gsm):
-    task = make_task(JsonlTask(train_path="train.jsonl", eval_path="eval.jsonl", question_field="q", answer_field="a"),
-                     base_dir=gsm)
+    task = make_task(
+        JsonlTask(train_path="train.jsonl", eval_path="eval.jsonl", question_field="q", answer_field="a"),
+        base_dir=gsm,
+    )
     [paris] = task.prompts("eval", 1)
     assert paris.answer == "paris" and task.reward(paris, "Paris.") == 1.0
 
@@ -64,22 +74,31 @@ def test_prompts_shuffle_without_replacement_then_cycle(gsm):
 
 
 def test_every_malformed_line_is_reported_with_file_and_line(tmp_path):
-    path = write(tmp_path / "bad.jsonl", [
-        json.dumps({"question": "ok?", "answer": "1"}),
-        "{not json",
-        json.dumps(["a", "list"]),
-        json.dumps({"question": "no answer"}),
-        json.dumps({"question": "  ", "answer": "1"}),
-        json.dumps({"question": "nested", "answer": {"x": 1}}),
-        json.dumps({"question": "bool", "answer": True}),
-    ])
+    path = write(
+        tmp_path / "bad.jsonl",
+        [
+            json.dumps({"question": "ok?", "answer": "1"}),
+            "{not json",
+            json.dumps(["a", "list"]),
+            json.dumps({"question": "no answer"}),
+            json.dumps({"question": "  ", "answer": "1"}),
+            json.dumps({"question": "nested", "answer": {"x": 1}}),
+            json.dumps({"question": "bool", "answer": True}),
+        ],
+    )
     task = make_task(JsonlTask(train_path=str(path)))
     with pytest.raises(RingzeroError) as err:
         task.prompts("train", 1, 0)
     msg = str(err.value)
     assert "6 malformed line(s)" in msg
-    for lineno, why in [(2, "Expecting"), (3, "JSON object"), (4, "missing field 'answer'"),
-                        (5, "'question' is empty"), (6, "string or a number"), (7, "string or a number")]:
+    for lineno, why in [
+        (2, "Expecting"),
+        (3, "JSON object"),
+        (4, "missing field 'answer'"),
+        (5, "'question' is empty"),
+        (6, "string or a number"),
+        (7, "string or a number"),
+    ]:
         assert f"{path}:{lineno}: " in msg and why in msg
     assert f"{path}:1:" not in msg
 

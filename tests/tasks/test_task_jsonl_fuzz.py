@@ -14,15 +14,28 @@ from hypothesis import strategies as st
 from ringzero.errors import RingzeroError
 from ringzero.tasks.jsonl import load_problems
 
-scalars = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=True, allow_infinity=True),
-                    st.text(max_size=12))
+scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=12),
+)
 keys = st.sampled_from(["question", "answer", "q", "a", "id", ""])
-trees = st.recursive(scalars, lambda kids: st.one_of(st.lists(kids, max_size=3),
-                                                     st.dictionaries(keys, kids, max_size=4)), max_leaves=12)
+trees = st.recursive(
+    scalars,
+    lambda kids: st.one_of(st.lists(kids, max_size=3), st.dictionaries(keys, kids, max_size=4)),
+    max_leaves=12,
+)
 records = st.one_of(
-    st.fixed_dictionaries({}, optional={"question": st.one_of(st.text(max_size=20), trees),
-                                        "answer": st.one_of(st.text(max_size=20), st.integers(), trees),
-                                        "id": trees}),
+    st.fixed_dictionaries(
+        {},
+        optional={
+            "question": st.one_of(st.text(max_size=20), trees),
+            "answer": st.one_of(st.text(max_size=20), st.integers(), trees),
+            "id": trees,
+        },
+    ),
     trees,
 )
 
@@ -35,9 +48,20 @@ broken_lines = st.one_of(
     records.map(_line),
     records.map(_line).flatmap(lambda raw: st.integers(0, len(raw)).map(lambda n: raw[:n])),  # truncated
     st.binary(max_size=40),  # bad UTF-8 among other things
-    st.sampled_from([b"", b"   ", b"\r", b"\xff\xfe", b"\xef\xbb\xbf{}", b'{"question": "\\ud800", "answer": 1}',
-                     b'{"question": "q", "answer": 1e999}', b'{"question": "q", "answer": ' + b"9" * 5000 + b"}",
-                     b"[" * 3000 + b"]" * 3000, b'{"question": "' + b"x" * 200_000 + b'", "answer": "1"}']),
+    st.sampled_from(
+        [
+            b"",
+            b"   ",
+            b"\r",
+            b"\xff\xfe",
+            b"\xef\xbb\xbf{}",
+            b'{"question": "\\ud800", "answer": 1}',
+            b'{"question": "q", "answer": 1e999}',
+            b'{"question": "q", "answer": ' + b"9" * 5000 + b"}",
+            b"[" * 3000 + b"]" * 3000,
+            b'{"question": "' + b"x" * 200_000 + b'", "answer": "1"}',
+        ]
+    ),
 )
 files = st.lists(broken_lines, max_size=8).map(lambda lines: b"\n".join(lines))
 FUZZ = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -77,19 +101,35 @@ def test_any_content_loads_or_names_file_and_line(data):
         assert "no problems" in error, error
 
 
-@pytest.mark.parametrize("line, why", [
-    (b"\xff\xfe", "not valid UTF-8 (byte 0xff at column 1)"),
-    (b'{"question": "a", "answer": NaN}', "NaN is not valid JSON"),
-    (b'{"question": "a", "answer": 1e999}', "field 'answer' must be a finite number"),
-    (b'{"question": "\\ud800", "answer": "1"}', "field 'question' holds '\\ud800'"),
-    (b"[" * 3000 + b"]" * 3000, "nests too deeply"),
-    (b'{"question": "a", "answer": ' + b"9" * 5000 + b"}", "an integer of more than 4300 digits"),
-    (b'{"question": "a"', "Expecting"),
-    (b'{"question": ["a"], "answer": "1"}', "field 'question' must be a string or a number (got list)"),
-    (b'{"answer": "1"}', "missing field 'question'"),
-    (b'{"question": "a", "answer": " "}', "field 'answer' is empty"),
-    (b'[1, 2]', "expected a JSON object (got list)"),
-], ids=["utf8", "nan", "inf", "surrogate", "deep", "bigint", "truncated", "type", "missing", "empty", "array"])
+@pytest.mark.parametrize(
+    "line, why",
+    [
+        (b"\xff\xfe", "not valid UTF-8 (byte 0xff at column 1)"),
+        (b'{"question": "a", "answer": NaN}', "NaN is not valid JSON"),
+        (b'{"question": "a", "answer": 1e999}', "field 'answer' must be a finite number"),
+        (b'{"question": "\\ud800", "answer": "1"}', "field 'question' holds '\\ud800'"),
+        (b"[" * 3000 + b"]" * 3000, "nests too deeply"),
+        (b'{"question": "a", "answer": ' + b"9" * 5000 + b"}", "an integer of more than 4300 digits"),
+        (b'{"question": "a"', "Expecting"),
+        (b'{"question": ["a"], "answer": "1"}', "field 'question' must be a string or a number (got list)"),
+        (b'{"answer": "1"}', "missing field 'question'"),
+        (b'{"question": "a", "answer": " "}', "field 'answer' is empty"),
+        (b"[1, 2]", "expected a JSON object (got list)"),
+    ],
+    ids=[
+        "utf8",
+        "nan",
+        "inf",
+        "surrogate",
+        "deep",
+        "bigint",
+        "truncated",
+        "type",
+        "missing",
+        "empty",
+        "array",
+    ],
+)
 def test_each_kind_of_bad_line_is_named(line, why):
     good = _line({"question": "q", "answer": "1"})
     _, error = _load_or_error(good + b"\n\n" + line + b"\n" + good + b"\n")
@@ -98,8 +138,9 @@ def test_each_kind_of_bad_line_is_named(line, why):
 
 
 def test_a_byte_order_mark_and_crlf_line_ends_load():
-    (_, problems), _ = _load_or_error(b'\xef\xbb\xbf{"question": "q", "answer": "#### 7"}\r\n\r\n'
-                                      b'{"question": "r", "answer": 8}\r\n')
+    (_, problems), _ = _load_or_error(
+        b'\xef\xbb\xbf{"question": "q", "answer": "#### 7"}\r\n\r\n{"question": "r", "answer": 8}\r\n'
+    )
     assert [(p.id, p.answer) for p in problems] == [("train:1", "7"), ("train:3", "8")]
 
 

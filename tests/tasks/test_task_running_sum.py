@@ -17,7 +17,10 @@ def test_digitsum_renders_question_answer_and_both_trace_forms():
     assert DIGITSUM.answer(inst) == "0"
     assert DIGITSUM.trace_steps(inst, verbose=False) == ["a=7>7", "b=3>0", "c=9>9", "d=1>0"]
     assert DIGITSUM.trace_steps(inst, verbose=True) == [
-        "a=7 0+7=7>7", "b=3 7+3=10>0", "c=9 0+9=9>9", "d=1 9+1=10>0",
+        "a=7 0+7=7>7",
+        "b=3 7+3=10>0",
+        "c=9 0+9=9>9",
+        "d=1 9+1=10>0",
     ]
 
 
@@ -52,7 +55,9 @@ def test_parity_rejects_digits_that_are_not_bits():
     assert parity(2).check_steps("a=2>0 b=1>1", None) == StepCheck(2, 1)
 
 
-instances = st.integers(2, 26).flatmap(lambda n: st.lists(st.integers(0, 9), min_size=n, max_size=n).map(tuple))
+instances = st.integers(2, 26).flatmap(
+    lambda n: st.lists(st.integers(0, 9), min_size=n, max_size=n).map(tuple)
+)
 
 
 @given(inst=instances, verbose=st.booleans())

@@ -46,7 +46,12 @@ def test_transformers_autotokenizer_reads_the_folder(folder):
 
 def test_ringzero_reads_its_export_back_with_the_same_specials(folder):
     tok, back = CharTokenizer(), HFJsonTokenizer(folder / "tokenizer.json")
-    assert (back.pad_id, back.bos_id, back.eos_id, back.vocab_size) == (tok.pad_id, tok.bos_id, tok.eos_id, 64)
+    assert (back.pad_id, back.bos_id, back.eos_id, back.vocab_size) == (
+        tok.pad_id,
+        tok.bos_id,
+        tok.eos_id,
+        64,
+    )
     for text in _texts(tok, n=50, seed=2):
         assert back.encode(text, add_bos=True) == tok.encode(text, add_bos=True)
         assert back.decode(tok.encode(text, add_eos=True)) == text

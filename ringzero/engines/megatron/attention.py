@@ -39,8 +39,10 @@ from ringzero.parallel.mla_cp import full_sequence_attention
 
 def heads_problem(heads_per_tp_rank: int, cp: int) -> str | None:
     if cp > 1 and heads_per_tp_rank % cp:
-        return (f"the MLA core splits the {heads_per_tp_rank} heads of each tensor-parallel rank over {cp} "
-                f"context-parallel ranks (all-to-all), which needs num_attention_heads / tp % cp == 0")
+        return (
+            f"the MLA core splits the {heads_per_tp_rank} heads of each tensor-parallel rank over {cp} "
+            f"context-parallel ranks (all-to-all), which needs num_attention_heads / tp % cp == 0"
+        )
     return None
 
 
@@ -48,10 +50,23 @@ class MLACoreAttention(MegatronModule):
     """Build through a ``ModuleSpec`` with ``params={"impl": ..., "softmax_fp32": ..., "ledger": ...}``;
     megatron passes the rest (``k_channels``/``v_channels`` size the output, ``softmax_scale`` scales)."""
 
-    def __init__(self, config, layer_number=None, attn_mask_type=None, attention_type=None,
-                 attention_dropout=None, softmax_scale=None, k_channels=None, v_channels=None,
-                 cp_comm_type=None, pg_collection=None, *, impl: str, softmax_fp32: bool,
-                 ledger: CommLedger | None = None):
+    def __init__(
+        self,
+        config,
+        layer_number=None,
+        attn_mask_type=None,
+        attention_type=None,
+        attention_dropout=None,
+        softmax_scale=None,
+        k_channels=None,
+        v_channels=None,
+        cp_comm_type=None,
+        pg_collection=None,
+        *,
+        impl: str,
+        softmax_fp32: bool,
+        ledger: CommLedger | None = None,
+    ):
         super().__init__(config=config)
         # megatron's Attention base builds a core without a scale, which MLA then replaces with its own
         self.scale, self.softmax_fp32 = softmax_scale, softmax_fp32
@@ -68,16 +83,29 @@ class MLACoreAttention(MegatronModule):
     def extra_repr(self) -> str:
         return f"impl={self.impl}, cp={self.cp}, softmax_fp32={self.softmax_fp32}"
 
-    def forward(self, query, key, value, attention_mask=None, attn_mask_type=None, attention_bias=None,
-                packed_seq_params=None):
+    def forward(
+        self,
+        query,
+        key,
+        value,
+        attention_mask=None,
+        attn_mask_type=None,
+        attention_bias=None,
+        packed_seq_params=None,
+    ):
         if self.scale is None:
-            raise RingzeroError("MLACoreAttention was built without the softmax_scale megatron's MLA computes")
+            raise RingzeroError(
+                "MLACoreAttention was built without the softmax_scale megatron's MLA computes"
+            )
         if attention_bias is not None or packed_seq_params is not None:
             raise RingzeroError("MLACoreAttention takes neither an attention bias nor packed sequences")
         q_BShd, k_BShd, v_BShv = (t.transpose(0, 1) for t in (query, key, value))
         B, S = q_BShd.shape[:2]
-        pos_BS = attention_mask if attention_mask is not None else \
-            torch.arange(S, device=query.device).expand(B, S)
+        pos_BS = (
+            attention_mask
+            if attention_mask is not None
+            else torch.arange(S, device=query.device).expand(B, S)
+        )
         if self.cp == 1:
             o_BShv = self.attend(q_BShd, k_BShd, v_BShv, pos_BS, self.scale, self.softmax_fp32)
         else:

@@ -12,9 +12,9 @@
   ``r * E / ep .. (r + 1) * E / ep - 1`` as ``local_experts.0 ..`` (``expert_shard``); gathers collect them
   over megatron's expert-model-parallel group, under their global indices;
 - shards: column-parallel weights split on rows, row-parallel ones on columns, norms replicated (except
-  Lightning's ``g_norm``, split by channel; the router and its bias replicated). A split with stride ``s`` cuts the full rows into ``s * tp``
-  equal chunks and gives rank ``r`` chunks ``r, tp + r, ...`` (megatron's ``partition_stride``):
-  ``linear_fc1`` has stride 2 (each rank's gate rows, then its up rows) and Lightning's
+  Lightning's ``g_norm``, split by channel; the router and its bias replicated). A split with stride ``s``
+  cuts the full rows into ``s * tp`` equal chunks and gives rank ``r`` chunks ``r, tp + r, ...`` (megatron's
+  ``partition_stride``): ``linear_fc1`` has stride 2 (each rank's gate rows, then its up rows) and Lightning's
   ``query_key_value`` stride 3 (each rank's q, k and v heads);
 - pipeline stages (``StageLayers``): a stage holds global layers ``first .. first + count - 1`` as its
   ``decoder.layers.0 ..``, the embedding only on the first stage, the final norm and the head only on the
@@ -42,17 +42,31 @@ from ringzero.model.mla import deinterleave
 
 # HybridLM attention name -> MegatronLM's, for MLA layers (Lightning layers keep their names).
 MLA_NAMES = {
-    "q_proj": "linear_q_proj", "q_a_proj": "linear_q_down_proj", "q_a_layernorm": "q_layernorm",
-    "q_b_proj": "linear_q_up_proj", "kv_a_proj_with_mqa": "linear_kv_down_proj",
-    "kv_a_layernorm": "kv_layernorm", "kv_b_proj": "linear_kv_up_proj", "dense": "linear_proj",
+    "q_proj": "linear_q_proj",
+    "q_a_proj": "linear_q_down_proj",
+    "q_a_layernorm": "q_layernorm",
+    "q_b_proj": "linear_q_up_proj",
+    "kv_a_proj_with_mqa": "linear_kv_down_proj",
+    "kv_a_layernorm": "kv_layernorm",
+    "kv_b_proj": "linear_kv_up_proj",
+    "dense": "linear_proj",
 }
 # MegatronLM module name (last part) -> (split dim, stride); absent: replicated on every rank.
 SPLITS = {
-    "word_embeddings": (0, 1), "output_layer": (0, 1),
-    "linear_q_proj": (0, 1), "linear_q_down_proj": (0, 1), "linear_q_up_proj": (0, 1),
-    "linear_kv_down_proj": (0, 1), "linear_kv_up_proj": (0, 1), "linear_proj": (1, 1),
-    "query_key_value": (0, 3), "g_proj": (0, 1), "g_norm": (0, 1), "dense": (1, 1),
-    "linear_fc1": (0, 2), "linear_fc2": (1, 1),
+    "word_embeddings": (0, 1),
+    "output_layer": (0, 1),
+    "linear_q_proj": (0, 1),
+    "linear_q_down_proj": (0, 1),
+    "linear_q_up_proj": (0, 1),
+    "linear_kv_down_proj": (0, 1),
+    "linear_kv_up_proj": (0, 1),
+    "linear_proj": (1, 1),
+    "query_key_value": (0, 3),
+    "g_proj": (0, 1),
+    "g_norm": (0, 1),
+    "dense": (1, 1),
+    "linear_fc1": (0, 2),
+    "linear_fc2": (1, 1),
 }
 
 
@@ -71,7 +85,8 @@ class StageLayers:
         return cls(pp_rank * per, per, pp_rank == 0, pp_rank == pp_size - 1)
 
     def to_local(self, name: str) -> str | None:
-        """A MegatronLM name under global layer numbers -> this stage's name; None when another stage holds it."""
+        """A MegatronLM name under global layer numbers -> this stage's name; None when another stage holds
+        it."""
         head = name.split(".")[0]
         if head == "word_embeddings":
             return name if self.has_embedding else None
@@ -103,7 +118,8 @@ def _merge(shards: list[torch.Tensor], dim: int, stride: int) -> torch.Tensor:
 
 
 def _interleave_rows(w: torch.Tensor) -> torch.Tensor:
-    """Rows from rotate-half order ``0..p/2-1 | p/2..p-1`` to pair-neighbour order (``deinterleave``'s inverse)."""
+    """Rows from rotate-half order ``0..p/2-1 | p/2..p-1`` to pair-neighbour order (``deinterleave``'s
+    inverse)."""
     return w.unflatten(0, (2, -1)).transpose(0, 1).flatten(0, 1)
 
 
@@ -158,7 +174,7 @@ def _hybrid_name(name: str, cfg: ModelConfig) -> str:
         rest = ["post_attention_layernorm", *rest[1:]]
     elif rest[0] == "mlp":
         head = {"router": ["gate"], "experts": ["experts"]}.get(rest[1], [rest[1]])
-        rest = ["mlp", *head, *rest[3 if rest[1] == "experts" else 2:]]
+        rest = ["mlp", *head, *rest[3 if rest[1] == "experts" else 2 :]]
         rest[-2] = {"linear_fc2": "down_proj"}.get(rest[-2], rest[-2])
     return ".".join(["layers", str(i), *rest])
 
@@ -172,7 +188,8 @@ def _full_megatron(state: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str
         if ".mlp." in key and key.endswith(".down_proj.weight"):
             prefix = key[: -len("down_proj.weight")]
             out[_megatron_name(prefix + "linear_fc1.weight", cfg)] = torch.cat(
-                [state[prefix + "gate_proj.weight"], state[prefix + "up_proj.weight"]])
+                [state[prefix + "gate_proj.weight"], state[prefix + "up_proj.weight"]]
+            )
         if not cfg.rope_interleave:
             w = _rope_rows(key, w, cfg, _interleave_rows)
         out[_megatron_name(key, cfg)] = w
@@ -197,7 +214,9 @@ def expert_shard(state: dict[str, torch.Tensor], cfg: ModelConfig, ep_rank: int,
     if ep_size == 1:
         return state
     if cfg.num_experts % ep_size:
-        raise RingzeroError(f"{cfg.num_experts} experts do not split into {ep_size} equal expert-parallel shards")
+        raise RingzeroError(
+            f"{cfg.num_experts} experts do not split into {ep_size} equal expert-parallel shards"
+        )
     per = cfg.num_experts // ep_size
     out = {}
     for name, w in state.items():
@@ -209,10 +228,18 @@ def expert_shard(state: dict[str, torch.Tensor], cfg: ModelConfig, ep_rank: int,
     return out
 
 
-def to_megatron(state: dict[str, torch.Tensor], cfg: ModelConfig, tp_rank: int, tp_size: int,
-                ep_rank: int = 0, ep_size: int = 1, stage: StageLayers | None = None) -> dict:
+def to_megatron(
+    state: dict[str, torch.Tensor],
+    cfg: ModelConfig,
+    tp_rank: int,
+    tp_size: int,
+    ep_rank: int = 0,
+    ep_size: int = 1,
+    stage: StageLayers | None = None,
+) -> dict:
     """Rank ``tp_rank``'s shard (of ``tp_size``) of a HybridLM state dict, under MegatronLM's names, with
-    EP rank ``ep_rank``'s experts (of ``ep_size`` shards) only, and ``stage``'s layers only (all when None)."""
+    EP rank ``ep_rank``'s experts (of ``ep_size`` shards) only, and ``stage``'s layers only (all when
+    None)."""
     out = {}
     for name, w in expert_shard(_full_megatron(state, cfg), cfg, ep_rank, ep_size).items():
         if stage is not None:
@@ -223,8 +250,10 @@ def to_megatron(state: dict[str, torch.Tensor], cfg: ModelConfig, tp_rank: int, 
         if split is not None:
             dim, stride = split
             if w.shape[dim] % (stride * tp_size):
-                raise RingzeroError(f"{name}: {w.shape[dim]} rows/columns do not split into {stride} x "
-                                    f"{tp_size} equal tensor-parallel chunks")
+                raise RingzeroError(
+                    f"{name}: {w.shape[dim]} rows/columns do not split into {stride} x "
+                    f"{tp_size} equal tensor-parallel chunks"
+                )
             w = _split(w, dim, stride, tp_rank, tp_size)
         out[name] = w.clone()
     return out
@@ -286,16 +315,28 @@ def load_hybrid_state_(model, state, source: str = "HybridLM state", on_tensor=N
     loaded: set[str] = set()
     for group in groups:
         try:
-            shard = to_megatron(group, model.cfg, model.tp_rank, model.tp_size, model.ep_rank, model.ep_size,
-                                getattr(model, "stage", None))
+            shard = to_megatron(
+                group,
+                model.cfg,
+                model.tp_rank,
+                model.tp_size,
+                model.ep_rank,
+                model.ep_size,
+                getattr(model, "stage", None),
+            )
         except (KeyError, ValueError, RuntimeError) as exc:
             raise RingzeroError(f"{source}: cannot load into the megatron model: {exc}") from exc
         unexpected = sorted(set(shard) - set(params))
-        wrong = [f"{n} {list(t.shape)} vs {list(params[n].shape)}" for n, t in shard.items()
-                 if n in params and t.shape != params[n].shape]
+        wrong = [
+            f"{n} {list(t.shape)} vs {list(params[n].shape)}"
+            for n, t in shard.items()
+            if n in params and t.shape != params[n].shape
+        ]
         if unexpected or wrong:
-            raise RingzeroError(f"{source} does not fit this rank's MegatronLM shard: unexpected {unexpected[:5]}, "
-                                f"mis-shaped {wrong[:5]}")
+            raise RingzeroError(
+                f"{source} does not fit this rank's MegatronLM shard: unexpected {unexpected[:5]}, "
+                f"mis-shaped {wrong[:5]}"
+            )
         for name, t in shard.items():
             params[name].copy_(t.to(params[name].dtype))
             if on_tensor is not None:

@@ -158,9 +158,9 @@ def _cpu_devices() -> None:
     def pos_emb_on_this_cp_rank(pos_emb, seq_dim, cp_group):
         cp, rank = cp_group.size(), cp_group.rank()
         index = torch.tensor([rank, 2 * cp - rank - 1], device=pos_emb.device)
-        chunks = pos_emb.view(*pos_emb.shape[:seq_dim], 2 * cp, -1, *pos_emb.shape[seq_dim + 1:])
+        chunks = pos_emb.view(*pos_emb.shape[:seq_dim], 2 * cp, -1, *pos_emb.shape[seq_dim + 1 :])
         mine = chunks.index_select(seq_dim, index)
-        return mine.view(*mine.shape[:seq_dim], -1, *mine.shape[seq_dim + 2:])
+        return mine.view(*mine.shape[:seq_dim], -1, *mine.shape[seq_dim + 2 :])
 
     rotary.get_pos_emb_on_this_cp_rank = pos_emb_on_this_cp_rank
 
@@ -209,9 +209,9 @@ def apply_optimizer() -> None:
 
 
 def apply_pipeline() -> None:
-    """The pipeline schedule's CPU patch: ``schedules.py`` counts tokens in ``torch.zeros(..., device="cuda")``
-    and ``p2p_communication.py`` may ``torch.cuda.synchronize()``; both modules see the CPU proxy of torch
-    (the same as the optimizer modules'). Idempotent; nothing with CUDA."""
+    """The pipeline schedule's CPU patch: ``schedules.py`` counts tokens in ``torch.zeros(...,
+    device="cuda")`` and ``p2p_communication.py`` may ``torch.cuda.synchronize()``; both modules see the CPU
+    proxy of torch (the same as the optimizer modules'). Idempotent; nothing with CUDA."""
     global _PIPELINE_APPLIED
     if _PIPELINE_APPLIED or torch.cuda.is_available():
         return
@@ -254,6 +254,7 @@ def _cpu_torch() -> types.ModuleType:
             if "device" in kwargs:
                 kwargs["device"] = _on_cpu(kwargs["device"])
             return make(*args, **kwargs)
+
         return on_cpu
 
     for name in ("tensor", "zeros", "ones", "empty", "full", "arange"):
@@ -286,4 +287,5 @@ def _with_cuda_type_names(fn):
     def wrapped(*args, **kwargs):
         with _cuda_type_names():
             return fn(*args, **kwargs)
+
     return wrapped

@@ -1,4 +1,5 @@
-"""megatron-core's distributed optimizer behind the engine seam: Adam state sharded over the data-parallel ranks.
+"""megatron-core's distributed optimizer behind the engine seam: Adam state sharded over the data-parallel
+ranks.
 
 ``MegatronDistributedOptimizer`` wraps the ``MegatronLM`` in megatron's ``DistributedDataParallel``
 (``use_distributed_optimizer=True``: one contiguous fp32 gradient buffer, reduce-scattered over the
@@ -69,18 +70,31 @@ class MegatronDistributedOptimizer:
         dtypes = {p.dtype for p in model.parameters()}
         bf16 = torch.bfloat16 in dtypes
         ddp_config = DistributedDataParallelConfig(
-            use_distributed_optimizer=True, overlap_grad_reduce=False, overlap_param_gather=False,
-            grad_reduce_in_fp32=True, bucket_size=None)
+            use_distributed_optimizer=True,
+            overlap_grad_reduce=False,
+            overlap_param_gather=False,
+            grad_reduce_in_fp32=True,
+            bucket_size=None,
+        )
         config = copy.copy(model.config)  # not dataclasses.replace: the checks would refuse a pipeline's
         config.calculate_per_token_loss = True  # variable_seq_lengths set after them (MegatronLM)
         self.ddp = DistributedDataParallel(config=config, ddp_config=ddp_config, module=model)
         beta1, beta2 = settings.betas
         self.opt = get_megatron_optimizer(
-            OptimizerConfig(optimizer="adam", lr=settings.lr, weight_decay=settings.weight_decay,
-                            adam_beta1=beta1, adam_beta2=beta2, adam_eps=1e-8, clip_grad=settings.grad_clip,
-                            bf16=bf16, params_dtype=torch.bfloat16 if bf16 else torch.float32,
-                            use_distributed_optimizer=True),
-            [self.ddp])
+            OptimizerConfig(
+                optimizer="adam",
+                lr=settings.lr,
+                weight_decay=settings.weight_decay,
+                adam_beta1=beta1,
+                adam_beta2=beta2,
+                adam_eps=1e-8,
+                clip_grad=settings.grad_clip,
+                bf16=bf16,
+                params_dtype=torch.bfloat16 if bf16 else torch.float32,
+                use_distributed_optimizer=True,
+            ),
+            [self.ddp],
+        )
         self.parts = list(getattr(self.opt, "chained_optimizers", [self.opt]))
         self.params = [p for p in model.parameters() if p.requires_grad]
         # which megatron optimizer holds a shard of each parameter on this rank (none: no shard here)
@@ -107,7 +121,9 @@ class MegatronDistributedOptimizer:
     def step(self) -> StepReport:
         from megatron.core.optimizer import clip_grads
 
-        lr = lr_at(self.steps_taken, self.settings.lr, self.settings.warmup_steps, self.total_steps, self.schedule)
+        lr = lr_at(
+            self.steps_taken, self.settings.lr, self.settings.warmup_steps, self.total_steps, self.schedule
+        )
         self.steps_taken += 1
         if not self._reduced:
             self.reduce_grads()
@@ -140,19 +156,27 @@ class MegatronDistributedOptimizer:
         expert-data-parallel group (the ranks holding the same experts) for the routed experts."""
         from megatron.core import parallel_state
 
-        have = all(key == "param" or key in self.owner[p].optimizer.state.get(self._main(p), {})
-                   for p in self.params if p in self.owner)
+        have = all(
+            key == "param" or key in self.owner[p].optimizer.state.get(self._main(p), {})
+            for p in self.params
+            if p in self.owner
+        )
         device = self.params[0].device if self.params else torch.device("cpu")  # NCCL reduces device tensors
         flag = torch.tensor([1 if have else 0], device=device)
         dist.all_reduce(flag, op=dist.ReduceOp.MIN)
         if not flag.item():
             return None
         out = {}
-        groups = (("dense", parallel_state.get_data_parallel_group(with_context_parallel=True)),
-                  ("expert", parallel_state.get_expert_data_parallel_group()))
+        groups = (
+            ("dense", parallel_state.get_data_parallel_group(with_context_parallel=True)),
+            ("expert", parallel_state.get_expert_data_parallel_group()),
+        )
         for kind, group in groups:
-            chosen = [(n, p) for n, p in zip(self.names, self.params, strict=True)
-                      if is_expert(p) == (kind == "expert")]
+            chosen = [
+                (n, p)
+                for n, p in zip(self.names, self.params, strict=True)
+                if is_expert(p) == (kind == "expert")
+            ]
             sizes = [p.numel() for _, p in chosen]
             flat = torch.zeros(sum(sizes), dtype=torch.float32, device=device)
             offset = 0
@@ -161,13 +185,13 @@ class MegatronDistributedOptimizer:
                     start, end = self._range(p)
                     main = self._main(p)
                     value = main if key == "param" else self.owner[p].optimizer.state[main][key]
-                    flat[offset + start:offset + end] = value.detach().reshape(-1).float()
+                    flat[offset + start : offset + end] = value.detach().reshape(-1).float()
                 offset += n
             if chosen:
                 dist.all_reduce(flat, group=group)
             offset = 0
             for (name, p), n in zip(chosen, sizes, strict=True):
-                out[name] = flat[offset:offset + n].view(p.shape).clone()
+                out[name] = flat[offset : offset + n].view(p.shape).clone()
                 offset += n
         return out
 
@@ -182,8 +206,12 @@ class MegatronDistributedOptimizer:
 
     def local_moment_elements(self) -> int:
         """The Adam moment elements this rank holds (each of ``exp_avg``/``exp_avg_sq``)."""
-        return sum(state["exp_avg"].numel() for part in self.parts for state in part.optimizer.state.values()
-                   if "exp_avg" in state)
+        return sum(
+            state["exp_avg"].numel()
+            for part in self.parts
+            for state in part.optimizer.state.values()
+            if "exp_avg" in state
+        )
 
     # -- full tensors at the seam ------------------------------------------------------------------
 
@@ -199,7 +227,9 @@ class MegatronDistributedOptimizer:
 
         def to_main(name: str, shard: torch.Tensor) -> None:
             p = params.get(name)
-            if p is not None and p in self.owner:  # the fp32 main shard gets the given values, not their casts
+            if (
+                p is not None and p in self.owner
+            ):  # the fp32 main shard gets the given values, not their casts
                 start, end = self._range(p)
                 self._main(p).copy_(shard.reshape(-1)[start:end].to(torch.float32))
 
@@ -216,21 +246,33 @@ class MegatronDistributedOptimizer:
                 full = gather_hybrid(local, self.model) if everywhere else gather_to_main(local, self.model)
                 tensors.update({f"{key}.{n}": v for n, v in full.items()})
         tensors.update({f"master.{n}": v for n, v in self.master_state_dict(everywhere).items()})
-        steps = [float(part.optimizer.state[m]["step"]) for part in self.parts for m in part.optimizer.state
-                 if "step" in part.optimizer.state[m]]
+        steps = [
+            float(part.optimizer.state[m]["step"])
+            for part in self.parts
+            for m in part.optimizer.state
+            if "step" in part.optimizer.state[m]
+        ]
         # Transformer Engine's FusedAdam (megatron's choice where TE imports) counts steps per group
         steps += [float(g["step"]) for part in self.parts for g in part.optimizer.param_groups if "step" in g]
-        meta = {"steps_taken": self.steps_taken, "skipped": self.skipped, "layout": "hybrid-names",
-                "adam_step": max(steps) if steps else 0.0}
+        meta = {
+            "steps_taken": self.steps_taken,
+            "skipped": self.skipped,
+            "layout": "hybrid-names",
+            "adam_step": max(steps) if steps else 0.0,
+        }
         return tensors, meta
 
     # -- rollback: this rank's own shards, no collective ----------------------------------------------
 
     def local_snapshot(self) -> dict:
         """This rank's model parameters, routing biases, fp32 main-parameter shards, their Adam slots and
-        the counters, copied to the host: what a rollback restores, without gathering anything (``snapshots``)."""
-        return {**snapshots.snapshot(self.model, self.params, [part.optimizer for part in self.parts]),
-                "steps_taken": self.steps_taken, "skipped": self.skipped}
+        the counters, copied to the host: what a rollback restores, without gathering anything
+        (``snapshots``)."""
+        return {
+            **snapshots.snapshot(self.model, self.params, [part.optimizer for part in self.parts]),
+            "steps_taken": self.steps_taken,
+            "skipped": self.skipped,
+        }
 
     def restore_local(self, snap: dict) -> None:
         """Put ``local_snapshot``'s values back, bit for bit."""
@@ -239,15 +281,17 @@ class MegatronDistributedOptimizer:
 
     def load_state(self, tensors: dict[str, torch.Tensor], meta: dict) -> None:
         if meta.get("layout") != "hybrid-names":
-            raise RingzeroError("optimizer state was written by the torch engine (parameters by index); the "
-                                "megatron engine reads moments by parameter name: resume with the engine that "
-                                "wrote it")
-        masters = {n[len("master."):]: v for n, v in tensors.items() if n.startswith("master.")}
+            raise RingzeroError(
+                "optimizer state was written by the torch engine (parameters by index); the "
+                "megatron engine reads moments by parameter name: resume with the engine that "
+                "wrote it"
+            )
+        masters = {n[len("master.") :]: v for n, v in tensors.items() if n.startswith("master.")}
         if masters:
             self.load_weights(masters, source="optimizer state")
         local = {}
         for key in MOMENTS:
-            full = {n[len(key) + 1:]: v for n, v in tensors.items() if n.startswith(key + ".")}
+            full = {n[len(key) + 1 :]: v for n, v in tensors.items() if n.startswith(key + ".")}
             if full:
                 local[key] = self._scatter(full)
         for part in self.parts:
@@ -257,8 +301,11 @@ class MegatronDistributedOptimizer:
             for part in self.parts:
                 for group in part.optimizer.param_groups:
                     if "step" in group:  # FusedAdam's per-group count, in the type it keeps
-                        group["step"] = type(group["step"])(int(step)) if not torch.is_tensor(group["step"]) \
+                        group["step"] = (
+                            type(group["step"])(int(step))
+                            if not torch.is_tensor(group["step"])
                             else step.clone().to(group["step"])
+                        )
             for name, p in zip(self.names, self.params, strict=True):
                 if p not in self.owner:
                     continue
@@ -266,5 +313,6 @@ class MegatronDistributedOptimizer:
                 main = self._main(p)
                 self.owner[p].optimizer.state[main] = {
                     "step": step.clone(),
-                    **{key: local[key][name].reshape(-1)[start:end].to(main).clone() for key in MOMENTS}}
+                    **{key: local[key][name].reshape(-1)[start:end].to(main).clone() for key in MOMENTS},
+                }
         self.steps_taken, self.skipped = int(meta["steps_taken"]), int(meta["skipped"])

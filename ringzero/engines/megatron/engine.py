@@ -34,8 +34,10 @@ from ringzero.errors import RingzeroError
 from ringzero.model.config import PrecisionPolicy
 from ringzero.parallel.runtime import Runtime
 
-INSTALL_HINT = ("megatron-core is not installed: `pip install 'ringzero[gpu]'` on a CUDA machine, or "
-                "`pip install megatron-core==0.16.1` (it runs on the CPU behind ringzero.engines.megatron.cpu_shim)")
+INSTALL_HINT = (
+    "megatron-core is not installed: `pip install 'ringzero[gpu]'` on a CUDA machine, or "
+    "`pip install megatron-core==0.16.1` (it runs on the CPU behind ringzero.engines.megatron.cpu_shim)"
+)
 
 
 def require_megatron() -> None:
@@ -66,48 +68,67 @@ def join(runtime: Runtime, tp: int, ep: int = 1, pp: int = 1) -> None:
     if dims.ep not in (1, ep):
         raise RingzeroError(f"engines.training.ep is {ep} but the job was laid out with ep {dims.ep}")
     if (dims.dp * dims.cp) % ep:
-        raise RingzeroError(f"engines.training.ep: {ep} does not divide parallel.dp x parallel.cp "
-                            f"({dims.dp * dims.cp}): expert-parallel ranks are carved out of those ranks")
+        raise RingzeroError(
+            f"engines.training.ep: {ep} does not divide parallel.dp x parallel.cp "
+            f"({dims.dp * dims.cp}): expert-parallel ranks are carved out of those ranks"
+        )
     if not dist.is_initialized():
         if runtime.world_size > 1:
-            raise RingzeroError("a job of several ranks must join torch.distributed before the megatron engine")
+            raise RingzeroError(
+                "a job of several ranks must join torch.distributed before the megatron engine"
+            )
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
     if parallel_state.model_parallel_is_initialized():
-        have = (parallel_state.get_tensor_model_parallel_world_size(),
-                parallel_state.get_context_parallel_world_size(),
-                parallel_state.get_expert_model_parallel_world_size(),
-                parallel_state.get_pipeline_model_parallel_world_size())
+        have = (
+            parallel_state.get_tensor_model_parallel_world_size(),
+            parallel_state.get_context_parallel_world_size(),
+            parallel_state.get_expert_model_parallel_world_size(),
+            parallel_state.get_pipeline_model_parallel_world_size(),
+        )
         if have != (tp, dims.cp, ep, pp):
-            raise RingzeroError(f"megatron-core was initialized with tensor parallel {have[0]}, context parallel "
-                                f"{have[1]}, expert parallel {have[2]} and pipeline parallel {have[3]} in this "
-                                f"process; this stage asks for {tp}, {dims.cp}, {ep} and {pp}")
+            raise RingzeroError(
+                f"megatron-core was initialized with tensor parallel {have[0]}, context parallel "
+                f"{have[1]}, expert parallel {have[2]} and pipeline parallel {have[3]} in this "
+                f"process; this stage asks for {tp}, {dims.cp}, {ep} and {pp}"
+            )
         return
-    parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, context_parallel_size=dims.cp,
-                                             expert_model_parallel_size=ep, pipeline_model_parallel_size=pp)
+    parallel_state.initialize_model_parallel(
+        tensor_model_parallel_size=tp,
+        context_parallel_size=dims.cp,
+        expert_model_parallel_size=ep,
+        pipeline_model_parallel_size=pp,
+    )
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
     model_parallel_cuda_manual_seed(1234)
     rank = runtime.rank
     mine = parallel_state.get_tensor_model_parallel_rank()
     if tp > 1 and mine != dims.tp_index(rank):
-        raise RingzeroError(f"megatron-core puts rank {rank} at TP index {mine}, ringzero's layout at "
-                            f"{dims.tp_index(rank)}")
+        raise RingzeroError(
+            f"megatron-core puts rank {rank} at TP index {mine}, ringzero's layout at {dims.tp_index(rank)}"
+        )
     if dims.cp > 1 and parallel_state.get_context_parallel_rank() != runtime.cp_rank:
-        raise RingzeroError(f"megatron-core puts rank {rank} at CP index {parallel_state.get_context_parallel_rank()}, "
-                            f"ringzero's layout at {runtime.cp_rank}")
+        raise RingzeroError(
+            f"megatron-core puts rank {rank} at CP index {parallel_state.get_context_parallel_rank()}, "
+            f"ringzero's layout at {runtime.cp_rank}"
+        )
     if pp > 1 and parallel_state.get_pipeline_model_parallel_rank() != dims.pp_index(rank):
-        raise RingzeroError(f"megatron-core puts rank {rank} at pipeline stage "
-                            f"{parallel_state.get_pipeline_model_parallel_rank()}, ringzero's layout at "
-                            f"{dims.pp_index(rank)}")
+        raise RingzeroError(
+            f"megatron-core puts rank {rank} at pipeline stage "
+            f"{parallel_state.get_pipeline_model_parallel_rank()}, ringzero's layout at "
+            f"{dims.pp_index(rank)}"
+        )
     if ep > 1:
         ep_rank = parallel_state.get_expert_model_parallel_rank()
         edp = dist.get_process_group_ranks(parallel_state.get_expert_data_parallel_group())
         laid = dataclasses.replace(dims, ep=ep)  # the runtime may carry ep 1 (it does not change the world)
         want = laid.expert_dp_ranks(rank)
         if ep_rank != laid.ep_index(rank) or sorted(edp) != want:
-            raise RingzeroError(f"megatron-core puts rank {rank} at expert shard {ep_rank} with expert-data-parallel "
-                                f"ranks {sorted(edp)}; ringzero's layout expects shard {laid.ep_index(rank)} "
-                                f"with {want}")
+            raise RingzeroError(
+                f"megatron-core puts rank {rank} at expert shard {ep_rank} with expert-data-parallel "
+                f"ranks {sorted(edp)}; ringzero's layout expects shard {laid.ep_index(rank)} "
+                f"with {want}"
+            )
 
 
 class MegatronEngine:
@@ -127,7 +148,9 @@ class MegatronEngine:
         from ringzero.engines.megatron.streamed import stage_state
 
         on_gpu = runtime.device.type == "cuda"
-        with torch.cuda.device(runtime.device) if on_gpu else contextlib.nullcontext():  # megatron allocates there
+        with (
+            torch.cuda.device(runtime.device) if on_gpu else contextlib.nullcontext()
+        ):  # megatron allocates there
             model = MegatronLM(cfg.model, policy, runtime.device).to(runtime.device)
         if uri is None:
             return model, fresh_model(cfg, PrecisionPolicy.preset("fp32")).state_dict()
@@ -155,7 +178,9 @@ class MegatronEngine:
         from ringzero.engines.megatron.convert import load_hybrid_state_
 
         model, state = self._model(cfg, store, uri, policy, runtime)
-        load_hybrid_state_(model, state, source=uri or "a fresh model")  # the MoE routing biases (buffers) too
+        load_hybrid_state_(
+            model, state, source=uri or "a fresh model"
+        )  # the MoE routing biases (buffers) too
         for p in model.parameters():
             p.requires_grad_(False)
         return model.eval()

@@ -56,9 +56,19 @@ from ringzero.parallel.lightning_cp import LightningAllGatherCore
 
 
 class LightningSelfAttention(MegatronModule):
-    def __init__(self, config, submodules=None, layer_number: int = 1, attn_mask_type=None,
-                 pg_collection=None, cp_comm_type=None, *, model_config: ModelConfig,
-                 policy: PrecisionPolicy, ledger: CommLedger | None = None):
+    def __init__(
+        self,
+        config,
+        submodules=None,
+        layer_number: int = 1,
+        attn_mask_type=None,
+        pg_collection=None,
+        cp_comm_type=None,
+        *,
+        model_config: ModelConfig,
+        policy: PrecisionPolicy,
+        ledger: CommLedger | None = None,
+    ):
         super().__init__(config=config)
         cfg = model_config
         self.tp_size = parallel_state.get_tensor_model_parallel_world_size()
@@ -67,27 +77,36 @@ class LightningSelfAttention(MegatronModule):
         H, d, G = cfg.num_attention_heads, cfg.head_dim, cfg.group_norm_size
         problems = []
         if H % self.tp_size:
-            problems.append(f"num_attention_heads ({H}) must be a multiple of the tensor-parallel size "
-                            f"({self.tp_size}): each rank holds whole heads")
+            problems.append(
+                f"num_attention_heads ({H}) must be a multiple of the tensor-parallel size "
+                f"({self.tp_size}): each rank holds whole heads"
+            )
         elif G % self.tp_size:
-            problems.append(f"group_norm_size ({G}) must be a multiple of the tensor-parallel size "
-                            f"({self.tp_size}): g_norm's groups span {H * d // G} channels and each rank's "
-                            f"{H // self.tp_size} heads must hold whole groups")
+            problems.append(
+                f"group_norm_size ({G}) must be a multiple of the tensor-parallel size "
+                f"({self.tp_size}): g_norm's groups span {H * d // G} channels and each rank's "
+                f"{H // self.tp_size} heads must hold whole groups"
+            )
         if problems:
             raise RingzeroError("Lightning layer under megatron: " + "; ".join(problems))
         self.heads = H // self.tp_size
         self.head_dim, self.block_size = d, cfg.lightning_block_size
         self.rope_dim, self.rope_theta = cfg.linear_rope_dim, cfg.rope_theta
         slopes = decay_slopes(H, layer_number - 1, cfg.num_hidden_layers)
-        self.slopes = slopes[rank * self.heads:(rank + 1) * self.heads]
+        self.slopes = slopes[rank * self.heads : (rank + 1) * self.heads]
         self.state_dtype = state_dtype(policy)
         inner = H * d
         common = dict(config=config, init_method=config.init_method, bias=False, skip_bias_add=True)
-        self.query_key_value = ColumnParallelLinear(cfg.hidden_size, 3 * inner, gather_output=False,
-                                                    stride=3, **common)
+        self.query_key_value = ColumnParallelLinear(
+            cfg.hidden_size, 3 * inner, gather_output=False, stride=3, **common
+        )
         self.g_proj = ColumnParallelLinear(cfg.hidden_size, inner, gather_output=False, **common)
-        self.dense = RowParallelLinear(inner, cfg.hidden_size, input_is_parallel=True,
-                                       **{**common, "init_method": config.output_layer_init_method})
+        self.dense = RowParallelLinear(
+            inner,
+            cfg.hidden_size,
+            input_is_parallel=True,
+            **{**common, "init_method": config.output_layer_init_method},
+        )
         if cfg.use_qk_norm:
             self.query_layernorm = RMSNorm(d, cfg.rms_norm_eps)
             self.key_layernorm = RMSNorm(d, cfg.rms_norm_eps)
@@ -97,8 +116,11 @@ class LightningSelfAttention(MegatronModule):
         set_tensor_model_parallel_attributes(self.g_norm.weight, True, 0, 1)
         self.core = None  # the single-device block form
         if parallel_state.get_context_parallel_world_size() > 1:
-            self.core = LightningAllGatherCore(parallel_state.get_context_parallel_group(),
-                                               ledger if ledger is not None else CommLedger(), "zigzag")
+            self.core = LightningAllGatherCore(
+                parallel_state.get_context_parallel_group(),
+                ledger if ledger is not None else CommLedger(),
+                "zigzag",
+            )
 
     def log_decay(self, device=None) -> torch.Tensor:
         """``[Hl]``: this rank's heads, built from floats on each call (never rounded by a cast)."""

@@ -107,43 +107,84 @@ def moe_settings(cfg: ModelConfig) -> dict:
     grouped = cfg.n_group > 1
     shared = (cfg.num_shared_experts or 0) * cfg.moe_intermediate_size
     return dict(
-        num_moe_experts=cfg.num_experts, moe_ffn_hidden_size=cfg.moe_intermediate_size,
-        moe_router_topk=cfg.num_experts_per_tok, moe_router_score_function="sigmoid",
-        moe_router_enable_expert_bias=cfg.moe_router_enable_expert_bias, moe_router_bias_update_rate=0.0,
+        num_moe_experts=cfg.num_experts,
+        moe_ffn_hidden_size=cfg.moe_intermediate_size,
+        moe_router_topk=cfg.num_experts_per_tok,
+        moe_router_score_function="sigmoid",
+        moe_router_enable_expert_bias=cfg.moe_router_enable_expert_bias,
+        moe_router_bias_update_rate=0.0,
         moe_router_num_groups=cfg.n_group if grouped else None,
         moe_router_group_topk=cfg.topk_group if grouped else None,
-        moe_router_topk_scaling_factor=cfg.routed_scaling_factor, moe_router_dtype="fp32",
-        moe_router_load_balancing_type="none", moe_aux_loss_coeff=0.0, moe_z_loss_coeff=None,
-        moe_shared_expert_intermediate_size=shared or None, moe_grouped_gemm=False,
+        moe_router_topk_scaling_factor=cfg.routed_scaling_factor,
+        moe_router_dtype="fp32",
+        moe_router_load_balancing_type="none",
+        moe_aux_loss_coeff=0.0,
+        moe_z_loss_coeff=None,
+        moe_shared_expert_intermediate_size=shared or None,
+        moe_grouped_gemm=False,
         moe_token_dispatcher_type="allgather",
     )
 
 
-def transformer_config(cfg: ModelConfig, policy: PrecisionPolicy, tp_size: int, ep_size: int = 1,
-                       cp_size: int = 1, pp_size: int = 1, on_gpu: bool = False) -> MLATransformerConfig:
+def transformer_config(
+    cfg: ModelConfig,
+    policy: PrecisionPolicy,
+    tp_size: int,
+    ep_size: int = 1,
+    cp_size: int = 1,
+    pp_size: int = 1,
+    on_gpu: bool = False,
+) -> MLATransformerConfig:
     """megatron's config for ``cfg``: dropout off, no biases, shards allocated on the CPU, not drawn. Under
     pipeline parallelism the stages send activations in the body dtype, each micro-batch with its own
     shape (``variable_seq_lengths``: rows are right-padded per micro-batch), and the schedule neither
     divides nor scales the loss (``calculate_per_token_loss``: ringzero's losses carry their global
     denominator)."""
     dtype = body_dtype(policy)
-    pipeline = dict(pipeline_model_parallel_size=pp_size, pipeline_dtype=dtype, calculate_per_token_loss=True,
-                    batch_p2p_comm=False) if pp_size > 1 else {}
+    pipeline = (
+        dict(
+            pipeline_model_parallel_size=pp_size,
+            pipeline_dtype=dtype,
+            calculate_per_token_loss=True,
+            batch_p2p_comm=False,
+        )
+        if pp_size > 1
+        else {}
+    )
     config = MLATransformerConfig(
-        **moe_settings(cfg), **pipeline,
-        num_layers=cfg.num_hidden_layers, hidden_size=cfg.hidden_size, ffn_hidden_size=cfg.intermediate_size,
-        num_attention_heads=cfg.num_attention_heads, q_lora_rank=cfg.q_lora_rank,
-        kv_lora_rank=cfg.kv_lora_rank, qk_head_dim=cfg.qk_nope_head_dim,
-        qk_pos_emb_head_dim=cfg.qk_rope_head_dim, v_head_dim=cfg.v_head_dim,
-        rope_type="rope", rotary_base=cfg.rope_theta, rotary_scaling_factor=1.0, qk_layernorm=True,
-        normalization="RMSNorm", layernorm_epsilon=cfg.rms_norm_eps, add_bias_linear=False,
-        gated_linear_unit=True, activation_func=F.silu, attention_dropout=0.0, hidden_dropout=0.0,
+        **moe_settings(cfg),
+        **pipeline,
+        num_layers=cfg.num_hidden_layers,
+        hidden_size=cfg.hidden_size,
+        ffn_hidden_size=cfg.intermediate_size,
+        num_attention_heads=cfg.num_attention_heads,
+        q_lora_rank=cfg.q_lora_rank,
+        kv_lora_rank=cfg.kv_lora_rank,
+        qk_head_dim=cfg.qk_nope_head_dim,
+        qk_pos_emb_head_dim=cfg.qk_rope_head_dim,
+        v_head_dim=cfg.v_head_dim,
+        rope_type="rope",
+        rotary_base=cfg.rope_theta,
+        rotary_scaling_factor=1.0,
+        qk_layernorm=True,
+        normalization="RMSNorm",
+        layernorm_epsilon=cfg.rms_norm_eps,
+        add_bias_linear=False,
+        gated_linear_unit=True,
+        activation_func=F.silu,
+        attention_dropout=0.0,
+        hidden_dropout=0.0,
         # weights are always loaded after the build (a checkpoint, or a fresh HybridLM's for parity with the
         # torch engine): each rank allocates its shards only, on its GPU when it has one, and draws nothing
-        init_method_std=cfg.initializer_range, use_cpu_initialization=not on_gpu, perform_initialization=False,
-        tensor_model_parallel_size=tp_size, expert_model_parallel_size=ep_size, context_parallel_size=cp_size,
+        init_method_std=cfg.initializer_range,
+        use_cpu_initialization=not on_gpu,
+        perform_initialization=False,
+        tensor_model_parallel_size=tp_size,
+        expert_model_parallel_size=ep_size,
+        context_parallel_size=cp_size,
         sequence_parallel=False,
-        params_dtype=dtype, bf16=dtype == torch.bfloat16,
+        params_dtype=dtype,
+        bf16=dtype == torch.bfloat16,
         attention_softmax_in_fp32=policy.attention_softmax_fp32,
     )
     return config
@@ -178,8 +219,9 @@ class MoE(MoELayer):
         if self.ep == 1:
             return n
         count = torch.tensor([n])
-        torch.distributed.all_reduce(count, op=torch.distributed.ReduceOp.MAX,
-                                     group=parallel_state.get_expert_model_parallel_group())
+        torch.distributed.all_reduce(
+            count, op=torch.distributed.ReduceOp.MAX, group=parallel_state.get_expert_model_parallel_group()
+        )
         return int(count.item())
 
     def forward(self, hidden_states, intermediate_tensors=None, padding_mask=None):
@@ -211,17 +253,25 @@ def layer_specs(cfg: ModelConfig, policy: PrecisionPolicy, ledger: CommLedger) -
     dense MLP or (``cfg.is_moe_layer``) ``MoE``; the CP collectives book into ``ledger``."""
     specs = []
     for i, kind in enumerate(cfg.layer_types()):
-        spec = get_gpt_layer_local_spec(multi_latent_attention=kind == "mla", qk_layernorm=True,
-                                        normalization="RMSNorm")
+        spec = get_gpt_layer_local_spec(
+            multi_latent_attention=kind == "mla", qk_layernorm=True, normalization="RMSNorm"
+        )
         if cfg.is_moe_layer(i):
             spec.submodules.mlp = moe_spec(cfg)
         if kind == "mla":
             spec.submodules.self_attention.submodules.core_attention = ModuleSpec(
-                module=MLACoreAttention, params={"impl": cfg.mla_attention_impl, "ledger": ledger,
-                                                 "softmax_fp32": policy.attention_softmax_fp32})
+                module=MLACoreAttention,
+                params={
+                    "impl": cfg.mla_attention_impl,
+                    "ledger": ledger,
+                    "softmax_fp32": policy.attention_softmax_fp32,
+                },
+            )
         else:
             spec.submodules.self_attention = ModuleSpec(
-                module=LightningSelfAttention, params={"model_config": cfg, "policy": policy, "ledger": ledger})
+                module=LightningSelfAttention,
+                params={"model_config": cfg, "policy": policy, "ledger": ledger},
+            )
         specs.append(spec)
     return specs
 
@@ -229,42 +279,64 @@ def layer_specs(cfg: ModelConfig, policy: PrecisionPolicy, ledger: CommLedger) -
 def _moe_refusals(cfg: ModelConfig, tp_size: int, ep_size: int = 1) -> list[str]:
     problems = []
     if not cfg.norm_topk_prob and cfg.num_experts_per_tok > 1:
-        problems.append("norm_topk_prob is false: megatron's sigmoid router always renormalizes the weights of "
-                        "the chosen experts when more than one is chosen")
+        problems.append(
+            "norm_topk_prob is false: megatron's sigmoid router always renormalizes the weights of "
+            "the chosen experts when more than one is chosen"
+        )
     if cfg.n_group > 1 and cfg.num_experts_per_tok // cfg.topk_group != 2:
-        problems.append(f"n_group > 1 with num_experts_per_tok // topk_group = {cfg.num_experts_per_tok} // "
-                        f"{cfg.topk_group} != 2: megatron scores a group by its top num_experts_per_tok // "
-                        f"topk_group experts, ringzero by its top 2")
+        problems.append(
+            f"n_group > 1 with num_experts_per_tok // topk_group = {cfg.num_experts_per_tok} // "
+            f"{cfg.topk_group} != 2: megatron scores a group by its top num_experts_per_tok // "
+            f"topk_group experts, ringzero by its top 2"
+        )
     for name in ("moe_intermediate_size", "num_shared_experts"):
-        width = cfg.moe_intermediate_size * (1 if name == "moe_intermediate_size" else cfg.num_shared_experts or 0)
+        width = cfg.moe_intermediate_size * (
+            1 if name == "moe_intermediate_size" else cfg.num_shared_experts or 0
+        )
         if width % tp_size:
-            problems.append(f"{name}: the MLP width {width} must be a multiple of the tensor-parallel size "
-                            f"({tp_size}): each rank holds an equal share of its columns")
+            problems.append(
+                f"{name}: the MLP width {width} must be a multiple of the tensor-parallel size "
+                f"({tp_size}): each rank holds an equal share of its columns"
+            )
     if cfg.num_experts % ep_size:
-        problems.append(f"num_experts ({cfg.num_experts}) must be a multiple of the expert-parallel size "
-                        f"({ep_size}): each EP rank holds an equal share of the routed experts")
+        problems.append(
+            f"num_experts ({cfg.num_experts}) must be a multiple of the expert-parallel size "
+            f"({ep_size}): each EP rank holds an equal share of the routed experts"
+        )
     if parallel_state.get_expert_tensor_parallel_world_size() != tp_size:
-        problems.append(f"expert tensor parallel size ({parallel_state.get_expert_tensor_parallel_world_size()}) "
-                        f"must equal the tensor-parallel size ({tp_size}): experts split like dense MLPs")
+        problems.append(
+            f"expert tensor parallel size ({parallel_state.get_expert_tensor_parallel_world_size()}) "
+            f"must equal the tensor-parallel size ({tp_size}): experts split like dense MLPs"
+        )
     return problems
 
 
 def _refusals(cfg: ModelConfig, tp_size: int, ep_size: int = 1, pp_size: int = 1) -> list[str]:
     problems = _moe_refusals(cfg, tp_size, ep_size) if cfg.num_experts is not None else []
     if cfg.num_hidden_layers % pp_size:
-        problems.append(f"num_hidden_layers ({cfg.num_hidden_layers}) must be a multiple of the pipeline-parallel "
-                        f"size ({pp_size}): each stage holds an equal run of layers")
+        problems.append(
+            f"num_hidden_layers ({cfg.num_hidden_layers}) must be a multiple of the pipeline-parallel "
+            f"size ({pp_size}): each stage holds an equal run of layers"
+        )
     if pp_size > 1 and cfg.tie_word_embeddings:
-        problems.append("tie_word_embeddings with pipeline parallelism: the head would sit on the last stage and "
-                        "its weight, the embedding, on the first")
+        problems.append(
+            "tie_word_embeddings with pipeline parallelism: the head would sit on the last stage and "
+            "its weight, the embedding, on the first"
+        )
     if cfg.num_experts is None and ep_size > 1:
-        problems.append(f"expert parallelism ({ep_size}) without MoE layers (num_experts is null): nothing to split")
+        problems.append(
+            f"expert parallelism ({ep_size}) without MoE layers (num_experts is null): nothing to split"
+        )
     if cfg.vocab_size % tp_size:
-        problems.append(f"vocab_size ({cfg.vocab_size}) must be a multiple of the tensor-parallel size "
-                        f"({tp_size}): the embedding and head split the vocabulary evenly")
+        problems.append(
+            f"vocab_size ({cfg.vocab_size}) must be a multiple of the tensor-parallel size "
+            f"({tp_size}): the embedding and head split the vocabulary evenly"
+        )
     if cfg.num_attention_heads % tp_size:
-        problems.append(f"num_attention_heads ({cfg.num_attention_heads}) must be a multiple of the "
-                        f"tensor-parallel size ({tp_size})")
+        problems.append(
+            f"num_attention_heads ({cfg.num_attention_heads}) must be a multiple of the "
+            f"tensor-parallel size ({tp_size})"
+        )
     cp = parallel_state.get_context_parallel_world_size()
     if cp > 1 and "mla" in cfg.layer_types() and cfg.num_attention_heads % tp_size == 0:
         problem = heads_problem(cfg.num_attention_heads // tp_size, cp)
@@ -276,14 +348,17 @@ def _refusals(cfg: ModelConfig, tp_size: int, ep_size: int = 1, pp_size: int = 1
 class MegatronLM(torch.nn.Module):
     """``device``: where megatron allocates its layers' shards (a CUDA device: megatron allocates on
     ``torch.cuda.current_device()``, which the caller makes ``device``: the engine builds under
-    ``torch.cuda.device(device)``; on the CPU when None or a CPU device). The few ringzero-built modules (final norm) are moved by the caller's ``.to(device)``."""
+    ``torch.cuda.device(device)``; on the CPU when None or a CPU device). The few ringzero-built modules
+    (final norm) are moved by the caller's ``.to(device)``."""
 
     def __init__(self, cfg: ModelConfig, policy: PrecisionPolicy, device: torch.device | None = None):
         super().__init__()
         cpu_shim.apply()
         if not parallel_state.model_parallel_is_initialized():
-            raise RingzeroError("MegatronLM needs megatron.core.parallel_state.initialize_model_parallel(...) "
-                                "to have been called first (it reads the tensor-parallel group from it)")
+            raise RingzeroError(
+                "MegatronLM needs megatron.core.parallel_state.initialize_model_parallel(...) "
+                "to have been called first (it reads the tensor-parallel group from it)"
+            )
         self.tp_size = parallel_state.get_tensor_model_parallel_world_size()
         self.tp_rank = parallel_state.get_tensor_model_parallel_rank()
         self.ep_size = parallel_state.get_expert_model_parallel_world_size()
@@ -298,23 +373,41 @@ class MegatronLM(torch.nn.Module):
         self.cfg, self.policy = cfg, policy
         self.stage = StageLayers.of(cfg.num_hidden_layers, self.pp_rank, self.pp_size)
         on_gpu = device is not None and torch.device(device).type == "cuda" and torch.cuda.is_available()
-        self.config = transformer_config(cfg, policy, self.tp_size, self.ep_size, self.cp_size, self.pp_size, on_gpu)
+        self.config = transformer_config(
+            cfg, policy, self.tp_size, self.ep_size, self.cp_size, self.pp_size, on_gpu
+        )
         self.ledger = CommLedger()
-        self.word_embeddings = VocabParallelEmbedding(
-            cfg.vocab_size, cfg.hidden_size, init_method=self.config.init_method, config=self.config,
-        ) if self.stage.has_embedding else None
-        specs = layer_specs(cfg, policy, self.ledger)[self.stage.first:self.stage.first + self.stage.count]
-        self.decoder = TransformerBlock(self.config, TransformerBlockSubmodules(layer_specs=specs),
-                                        post_layer_norm=False, pre_process=self.stage.has_embedding,
-                                        post_process=self.stage.has_head)
+        self.word_embeddings = (
+            VocabParallelEmbedding(
+                cfg.vocab_size,
+                cfg.hidden_size,
+                init_method=self.config.init_method,
+                config=self.config,
+            )
+            if self.stage.has_embedding
+            else None
+        )
+        specs = layer_specs(cfg, policy, self.ledger)[self.stage.first : self.stage.first + self.stage.count]
+        self.decoder = TransformerBlock(
+            self.config,
+            TransformerBlockSubmodules(layer_specs=specs),
+            post_layer_norm=False,
+            pre_process=self.stage.has_embedding,
+            post_process=self.stage.has_head,
+        )
         self.norm = self.output_layer = None
         if self.stage.has_head:
             self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps).to(body_dtype(policy))
             head_dtype = at_least_fp32(body_dtype(policy)) if policy.lm_head_fp32 else body_dtype(policy)
             self.output_layer = ColumnParallelLinear(
-                cfg.hidden_size, cfg.vocab_size, config=dataclasses.replace(self.config, params_dtype=head_dtype),
-                init_method=self.config.init_method, bias=False, gather_output=True,
-                skip_weight_param_allocation=cfg.tie_word_embeddings)
+                cfg.hidden_size,
+                cfg.vocab_size,
+                config=dataclasses.replace(self.config, params_dtype=head_dtype),
+                init_method=self.config.init_method,
+                bias=False,
+                gather_output=True,
+                skip_weight_param_allocation=cfg.tie_word_embeddings,
+            )
         self._mark_tensor_parallel()
         self.pipeline = None
         if self.pp_size > 1:
@@ -337,7 +430,11 @@ class MegatronLM(torch.nn.Module):
         kinds = (ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding)
         for name, module in self.named_modules():
             weight = getattr(module, "weight", None)
-            if isinstance(module, kinds) and weight is not None and not hasattr(weight, "tensor_model_parallel"):
+            if (
+                isinstance(module, kinds)
+                and weight is not None
+                and not hasattr(weight, "tensor_model_parallel")
+            ):
                 dim, stride = SPLITS[name.split(".")[-1]]
                 set_tensor_model_parallel_attributes(weight, True, dim, stride)
 
@@ -354,18 +451,27 @@ class MegatronLM(torch.nn.Module):
             return grid
         positions = positions.to(device).expand(B, S)
         if bool(((positions >= 0) & (positions != grid)).any()):
-            layout = "0..S-1" if self.cp_size == 1 else \
-                f"this rank's zigzag chunks of the global sequence (CP rank {self.cp_rank} of {self.cp_size})"
-            raise RingzeroError(f"MegatronLM takes the positions megatron's MLA ropes, {layout}; right padding "
-                                "may be negative, but shifted, left-padded or contiguous-shard positions would "
-                                "be roped wrong")
+            layout = (
+                "0..S-1"
+                if self.cp_size == 1
+                else f"this rank's zigzag chunks of the global sequence (CP rank {self.cp_rank} of "
+                f"{self.cp_size})"
+            )
+            raise RingzeroError(
+                f"MegatronLM takes the positions megatron's MLA ropes, {layout}; right padding "
+                "may be negative, but shifted, left-padded or contiguous-shard positions would "
+                "be roped wrong"
+            )
         return positions
 
     def set_input_tensor(self, tensor) -> None:
-        """The previous stage's output, which this stage's layers start from (megatron's schedule calls it)."""
+        """The previous stage's output, which this stage's layers start from (megatron's schedule calls
+        it)."""
         self.decoder.set_input_tensor(tensor[0] if isinstance(tensor, list) else tensor)
 
-    def stage_forward(self, input_ids_BS: torch.Tensor, positions_BS: torch.Tensor | None = None) -> torch.Tensor:
+    def stage_forward(
+        self, input_ids_BS: torch.Tensor, positions_BS: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """This stage's layers, ``[S, B, D]`` out: from the embedding on the first stage, else from the tensor
         ``set_input_tensor`` gave (``input_ids`` then only tell the shape and the positions)."""
         B, S = input_ids_BS.shape
@@ -376,8 +482,10 @@ class MegatronLM(torch.nn.Module):
     def hidden(self, input_ids_BS: torch.Tensor, positions_BS: torch.Tensor | None = None) -> torch.Tensor:
         """Residual stream after the last layer (before the final norm), ``[B, S, D]``."""
         if self.pp_size > 1:
-            raise RingzeroError("a pipeline-parallel MegatronLM holds one stage of the layers: run micro-batches "
-                                "through ringzero.parallel.micro_batches.run_micro_batches (its 1F1B schedule)")
+            raise RingzeroError(
+                "a pipeline-parallel MegatronLM holds one stage of the layers: run micro-batches "
+                "through ringzero.parallel.micro_batches.run_micro_batches (its 1F1B schedule)"
+            )
         return self.stage_forward(input_ids_BS, positions_BS).transpose(0, 1)
 
     def logits(self, hidden_BSD: torch.Tensor) -> torch.Tensor:

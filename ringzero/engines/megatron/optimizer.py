@@ -7,9 +7,9 @@ same dict either engine would push. Gathers and scatters run over the TP group: 
 
 Gradient clipping uses the global norm: the squares of TP-split parameters are summed over the TP group,
 those of the routed experts over the expert tensor-and-model-parallel group (under expert parallelism each
-EP rank holds other experts), those of replicated ones (norm gains) counted once, and under pipeline parallelism the three sums over
-the stages (each holds other layers), so every rank clips by the same factor and replicated parameters
-stay equal across the group.
+EP rank holds other experts), those of replicated ones (norm gains) counted once, and under pipeline
+parallelism the three sums over the stages (each holds other layers), so every rank clips by the same factor
+and replicated parameters stay equal across the group.
 
 Gradient reduction: parameters every DP rank holds are summed over the ``dp_cp`` group as the torch
 engine's; the routed experts (megatron marks them ``allreduce = False`` under expert parallelism) over
@@ -47,12 +47,14 @@ def sum_over(params: list[torch.nn.Parameter], group) -> None:
     for p in params:
         by_dtype.setdefault(p.grad.dtype, []).append(p)
     for dtype, bucket in by_dtype.items():
-        flat = torch.cat([p.grad.reshape(-1) for p in bucket]).to(torch.float32 if dtype.itemsize < 4 else dtype)
+        flat = torch.cat([p.grad.reshape(-1) for p in bucket]).to(
+            torch.float32 if dtype.itemsize < 4 else dtype
+        )
         dist.all_reduce(flat, group=group)
         offset = 0
         for p in bucket:
             n = p.grad.numel()
-            p.grad.copy_(flat[offset:offset + n].view_as(p.grad))
+            p.grad.copy_(flat[offset : offset + n].view_as(p.grad))
             offset += n
 
 
@@ -127,8 +129,15 @@ class ShardedTrainOptimizer(TrainOptimizer):
 
     def _scatter(self, full: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         m = self.model
-        return to_megatron(full, m.cfg, m.tp_rank, m.tp_size, getattr(m, "ep_rank", 0), self.ep_size,
-                           getattr(m, "stage", None))
+        return to_megatron(
+            full,
+            m.cfg,
+            m.tp_rank,
+            m.tp_size,
+            getattr(m, "ep_rank", 0),
+            self.ep_size,
+            getattr(m, "stage", None),
+        )
 
     def _local_masters(self) -> dict[str, torch.Tensor]:
         return {n: m.detach() for n, m in zip(self.names, self.master, strict=True)}
@@ -168,8 +177,12 @@ class ShardedTrainOptimizer(TrainOptimizer):
                 tensors.update({f"{key}.{n}": v for n, v in self._gather(local, everywhere).items()})
         if self.needs_master:
             tensors.update({f"master.{n}": v for n, v in self.master_state_dict(everywhere).items()})
-        meta = {"steps_taken": self.steps_taken, "skipped": self.skipped, "layout": "hybrid-names",
-                "adam_step": max(steps.values()) if steps else 0.0}
+        meta = {
+            "steps_taken": self.steps_taken,
+            "skipped": self.skipped,
+            "layout": "hybrid-names",
+            "adam_step": max(steps.values()) if steps else 0.0,
+        }
         return tensors, meta
 
     def _all_have(self, mine: bool) -> bool:
@@ -186,8 +199,11 @@ class ShardedTrainOptimizer(TrainOptimizer):
     def local_snapshot(self) -> dict:
         """This rank's parameters, routing biases, fp32 masters, Adam slots and counters, copied to the host:
         what a rollback restores, without gathering the full model onto any rank (``snapshots``)."""
-        return {**snapshots.snapshot(self.model, self.params, [self.adam]),
-                "steps_taken": self.steps_taken, "skipped": self.skipped}
+        return {
+            **snapshots.snapshot(self.model, self.params, [self.adam]),
+            "steps_taken": self.steps_taken,
+            "skipped": self.skipped,
+        }
 
     def restore_local(self, snap: dict) -> None:
         """Put ``local_snapshot``'s values back, bit for bit."""
@@ -196,21 +212,26 @@ class ShardedTrainOptimizer(TrainOptimizer):
 
     def load_state(self, tensors: dict[str, torch.Tensor], meta: dict) -> None:
         if meta.get("layout") != "hybrid-names":
-            raise RingzeroError("optimizer state was written by the torch engine (parameters by index); the "
-                                "megatron engine reads moments by parameter name: resume with the engine that "
-                                "wrote it")
+            raise RingzeroError(
+                "optimizer state was written by the torch engine (parameters by index); the "
+                "megatron engine reads moments by parameter name: resume with the engine that "
+                "wrote it"
+            )
         local = {}
         for key in ("exp_avg", "exp_avg_sq"):
-            full = {n[len(key) + 1:]: v for n, v in tensors.items() if n.startswith(key + ".")}
+            full = {n[len(key) + 1 :]: v for n, v in tensors.items() if n.startswith(key + ".")}
             if full:
                 local[key] = self._scatter(full)
         self.adam.state.clear()
         if local:
             step = torch.tensor(float(meta.get("adam_step", 0.0)))
             for name, m in zip(self.names, self.master, strict=True):
-                self.adam.state[m] = {"step": step.clone(), "exp_avg": local["exp_avg"][name].to(m).clone(),
-                                      "exp_avg_sq": local["exp_avg_sq"][name].to(m).clone()}
-        masters = {n[len("master."):]: v for n, v in tensors.items() if n.startswith("master.")}
+                self.adam.state[m] = {
+                    "step": step.clone(),
+                    "exp_avg": local["exp_avg"][name].to(m).clone(),
+                    "exp_avg_sq": local["exp_avg_sq"][name].to(m).clone(),
+                }
+        masters = {n[len("master.") :]: v for n, v in tensors.items() if n.startswith("master.")}
         if masters:
             self.load_weights(masters, source="optimizer state")
         self.steps_taken, self.skipped = int(meta["steps_taken"]), int(meta["skipped"])

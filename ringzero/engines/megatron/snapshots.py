@@ -30,11 +30,20 @@ def snapshot(model, params: list[torch.Tensor], optimizers: list) -> dict:
         "params": [_host(p) for p in params],
         "buffers": {n: _host(b) for n, b in routing_buffers(model).items()},
         # a parameter an optimizer steps in place (fp32 training: no separate master) is not copied twice
-        "stepped": [[None if id(m) in model_params else _host(m) for m in _stepped(opt)] for opt in optimizers],
-        "state": [[{k: _host(v) for k, v in opt.state[m].items()} if m in opt.state else None
-                   for m in _stepped(opt)] for opt in optimizers],
-        "groups": [[{k: _host(v) for k, v in g.items() if k != "params"} for g in opt.param_groups]
-                   for opt in optimizers],
+        "stepped": [
+            [None if id(m) in model_params else _host(m) for m in _stepped(opt)] for opt in optimizers
+        ],
+        "state": [
+            [
+                {k: _host(v) for k, v in opt.state[m].items()} if m in opt.state else None
+                for m in _stepped(opt)
+            ]
+            for opt in optimizers
+        ],
+        "groups": [
+            [{k: _host(v) for k, v in g.items() if k != "params"} for g in opt.param_groups]
+            for opt in optimizers
+        ],
     }
 
 
@@ -45,7 +54,9 @@ def restore(model, params: list[torch.Tensor], optimizers: list, snap: dict) -> 
         p.copy_(v)
     for name, b in routing_buffers(model).items():
         b.copy_(snap["buffers"][name])
-    for opt, stepped, states, groups in zip(optimizers, snap["stepped"], snap["state"], snap["groups"], strict=True):
+    for opt, stepped, states, groups in zip(
+        optimizers, snap["stepped"], snap["state"], snap["groups"], strict=True
+    ):
         for group, saved in zip(opt.param_groups, groups, strict=True):
             group.update({k: v.clone() if torch.is_tensor(v) else v for k, v in saved.items()})
         opt.state.clear()
@@ -53,5 +64,7 @@ def restore(model, params: list[torch.Tensor], optimizers: list, snap: dict) -> 
             if value is not None:
                 m.copy_(value)
             if slots is not None:
-                opt.state[m] = {k: (v.clone() if k == "step" else v.to(m.device).clone()) if torch.is_tensor(v)
-                                else v for k, v in slots.items()}
+                opt.state[m] = {
+                    k: (v.clone() if k == "step" else v.to(m.device).clone()) if torch.is_tensor(v) else v
+                    for k, v in slots.items()
+                }

@@ -60,8 +60,12 @@ def stage_state(store, uri: str, cfg: ModelConfig, stage: StageLayers) -> Iterat
         expected = expected_shapes(HybridLM(cfg, PrecisionPolicy.preset("fp32")))
     # the names alone, through the one check every load uses (meta tensors: nothing is read)
     names = ckpt.tensor_names(name)
-    keys = state_dict_from_hf({n: torch.empty(expected.get(_key(n), (0,)), device="meta") for n in names},
-                              expected, uri, cfg.num_hidden_layers)
+    keys = state_dict_from_hf(
+        {n: torch.empty(expected.get(_key(n), (0,)), device="meta") for n in names},
+        expected,
+        uri,
+        cfg.num_hidden_layers,
+    )
     # under the file's own names (with or without ``model.``, as the check accepts them)
     wanted = {n: _key(n) for n in names if _key(n) in keys and _held(_key(n), stage)}
     need: dict[str, int] = {}
@@ -72,8 +76,10 @@ def stage_state(store, uri: str, cfg: ModelConfig, stage: StageLayers) -> Iterat
         for hf, t in part.items():
             key = wanted[hf]
             if tuple(t.shape) != tuple(expected[key]):
-                raise RingzeroError(f"{uri}: weights do not match config.json: tensor {hf} has shape "
-                                    f"{list(t.shape)}, the config needs {list(expected[key])}")
+                raise RingzeroError(
+                    f"{uri}: weights do not match config.json: tensor {hf} has shape "
+                    f"{list(t.shape)}, the config needs {list(expected[key])}"
+                )
             group = pending.setdefault(group_of(key), {})
             group[key] = t
             if len(group) == need[group_of(key)]:
@@ -83,4 +89,4 @@ def stage_state(store, uri: str, cfg: ModelConfig, stage: StageLayers) -> Iterat
 
 
 def _key(hf: str) -> str:
-    return hf[len("model."):] if hf.startswith("model.") else hf
+    return hf[len("model.") :] if hf.startswith("model.") else hf

@@ -21,9 +21,10 @@ is listed, the trainer first scores the whole rollout batch once, without gradie
 engine sampled with (``PolicyTrainer.correct``): logp_old. The corrections read the mismatch ratio
 r_t = exp(logp_old_t - logp_rollout_t), fixed for the step; the policy loss then takes logp_old as its
 denominator, so its ratio (and clip) measures only the drift of the step's own updates (1 on the first
-minibatch, up to the rounding of a forward over other row groupings), and the product of the two is the full train/rollout ratio, the mismatch part
-corrected. Without corrections nothing changes: no extra forward, the rollout log-probs are the
-denominator. Keeping the rollout denominator with a correction on top would count the mismatch twice.
+minibatch, up to the rounding of a forward over other row groupings), and the product of the two is the full
+train/rollout ratio, the mismatch part corrected. Without corrections nothing changes: no extra forward, the
+rollout log-probs are the denominator. Keeping the rollout denominator with a correction on top would count
+the mismatch twice.
 
 Because the masks exist before any update, a response they drop is known before advantages are
 computed: ``RLStep`` passes ``keep_N`` to ``group_advantages``, so a dropped response adds nothing to its

@@ -32,15 +32,18 @@ class CorrectionOutput(NamedTuple):
     metrics: dict[str, float]
 
 
-def raw_log_ratio(logp_old_NT: torch.Tensor, logp_rollout_NT: torch.Tensor, mask_NT: torch.Tensor) -> torch.Tensor:
+def raw_log_ratio(
+    logp_old_NT: torch.Tensor, logp_rollout_NT: torch.Tensor, mask_NT: torch.Tensor
+) -> torch.Tensor:
     """``[N, T]`` float64: log r_t = logp_old_t - logp_rollout_t on the mask, 0 outside it (whatever the
     padding holds), unclamped: +-inf and NaN stay what they are, for ``compose`` to find."""
     old, rollout = logp_old_NT.detach().double(), logp_rollout_NT.detach().double()
     return torch.where(mask_NT, old - rollout, torch.zeros_like(old))
 
 
-def sequence_log_ratio(log_r_NT: torch.Tensor, mask_NT: torch.Tensor,
-                       form: Literal["product", "geometric"]) -> torch.Tensor:
+def sequence_log_ratio(
+    log_r_NT: torch.Tensor, mask_NT: torch.Tensor, form: Literal["product", "geometric"]
+) -> torch.Tensor:
     """``[N]`` float64: log of the product of a response's raw ratios (their sum), or of their geometric
     mean (their mean); 0 for a response with no tokens. Summed before any bound, in float64."""
     log_r_NT = log_r_NT.double()
@@ -61,8 +64,13 @@ def fraction(flag: torch.Tensor, over: torch.Tensor) -> float:
     return float((flag & over).sum()) / n if n else 0.0
 
 
-def report(kind: str, weight_NT: torch.Tensor, keep_NT: torch.Tensor, mask_NT: torch.Tensor,
-           clipped_frac: float = 0.0) -> dict[str, float]:
+def report(
+    kind: str,
+    weight_NT: torch.Tensor,
+    keep_NT: torch.Tensor,
+    mask_NT: torch.Tensor,
+    clipped_frac: float = 0.0,
+) -> dict[str, float]:
     has_tokens_N = mask_NT.any(dim=1)
     kept_NT = keep_NT & mask_NT
     n_kept = int(kept_NT.sum())
@@ -70,5 +78,7 @@ def report(kind: str, weight_NT: torch.Tensor, keep_NT: torch.Tensor, mask_NT: t
         f"correction/{kind}/token_masked_frac": fraction(~keep_NT, mask_NT),
         f"correction/{kind}/seq_masked_frac": fraction(~kept_NT.any(dim=1), has_tokens_N),
         f"correction/{kind}/clipped_frac": clipped_frac,
-        f"correction/{kind}/weight_mean": float(weight_NT[kept_NT].sum()) / n_kept if n_kept else float("nan"),
+        f"correction/{kind}/weight_mean": float(weight_NT[kept_NT].sum()) / n_kept
+        if n_kept
+        else float("nan"),
     }

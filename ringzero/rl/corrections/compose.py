@@ -30,7 +30,8 @@ from ringzero.rl.losses.base import check_inputs
 
 CORRECTIONS = {"tis": tis, "seq_is": seq_is, "masked_is": masked_is, "icepop": icepop, "veto": veto}
 NONFINITE_RULE = "drop_response"
-"""What happens to a response with a non-finite per-token log-ratio: it is dropped whole (module docstring)."""
+"""What happens to a response with a non-finite per-token log-ratio: it is dropped whole (module
+docstring)."""
 
 
 class CorrectionRows(NamedTuple):
@@ -57,8 +58,9 @@ class BatchCorrection:
         return CorrectionRows(self.logp_old_NT[index], self.weight_NT[index], self.keep_NT[index])
 
 
-def apply_corrections(settings: Sequence, logp_old_NT: torch.Tensor, logp_rollout_NT: torch.Tensor,
-                      mask_NT: torch.Tensor) -> BatchCorrection:
+def apply_corrections(
+    settings: Sequence, logp_old_NT: torch.Tensor, logp_rollout_NT: torch.Tensor, mask_NT: torch.Tensor
+) -> BatchCorrection:
     """``settings``: ``LossSettings.corrections``. ``logp_old_NT``: the training model's log-probs of the
     sampled tokens under the weights the rollout engine sampled with."""
     mask_NT = check_inputs(logp_old_NT, logp_rollout_NT, mask_NT)
@@ -85,9 +87,11 @@ def apply_corrections(settings: Sequence, logp_old_NT: torch.Tensor, logp_rollou
         out_dtype = torch.promote_types(logp_old_NT.dtype, torch.float32)
         weight_NT = torch.where(keep_NT, weight_NT, torch.zeros_like(weight_NT)).to(out_dtype)
         n_kept = int(keep_NT.sum())
-        metrics.update({
-            "correction/sequences_dropped": float((~keep_N).sum()),
-            "correction/token_masked_frac": fraction(~keep_NT, mask_NT),
-            "correction/weight_mean": float(weight_NT.sum()) / n_kept if n_kept else float("nan"),
-        })
+        metrics.update(
+            {
+                "correction/sequences_dropped": float((~keep_N).sum()),
+                "correction/token_masked_frac": fraction(~keep_NT, mask_NT),
+                "correction/weight_mean": float(weight_NT.sum()) / n_kept if n_kept else float("nan"),
+            }
+        )
     return BatchCorrection(logp_old_NT.detach(), weight_NT, keep_NT, keep_N, metrics)

@@ -20,7 +20,9 @@ def outside(log_x: torch.Tensor, lower: float, upper: float) -> torch.Tensor:
     return (log_x < math.log(lower)) | (log_x > math.log(upper))
 
 
-def masked_is(log_r_NT: torch.Tensor, mask_NT: torch.Tensor, settings: MaskedISCorrection) -> CorrectionOutput:
+def masked_is(
+    log_r_NT: torch.Tensor, mask_NT: torch.Tensor, settings: MaskedISCorrection
+) -> CorrectionOutput:
     log_r_NT = log_r_NT.detach()
     if settings.level == "token":
         keep_NT = ~outside(log_r_NT, settings.lower, settings.upper)

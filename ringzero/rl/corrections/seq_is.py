@@ -19,7 +19,9 @@ from ringzero.rl.corrections.base import CorrectionOutput, bounded_exp, fraction
 def seq_is(log_r_NT: torch.Tensor, mask_NT: torch.Tensor, settings: SeqISCorrection) -> CorrectionOutput:
     log_seq_N = sequence_log_ratio(log_r_NT.detach(), mask_NT, settings.form)
     weight_N = bounded_exp(log_seq_N).clamp(max=settings.cap)
-    weight_NT = torch.where(mask_NT, weight_N[:, None].expand(mask_NT.shape), torch.ones_like(weight_N[:, None]))
+    weight_NT = torch.where(
+        mask_NT, weight_N[:, None].expand(mask_NT.shape), torch.ones_like(weight_N[:, None])
+    )
     keep_NT = torch.ones_like(mask_NT)
     clipped = fraction(log_seq_N > math.log(settings.cap), mask_NT.any(dim=1))
     return CorrectionOutput(weight_NT, keep_NT, report("seq_is", weight_NT, keep_NT, mask_NT, clipped))

@@ -16,5 +16,9 @@ from ringzero.rl.losses.ppo_clip import ppo_clip_loss
 from ringzero.rl.losses.sg_clip_is import sg_clip_is_loss
 
 __all__ = [
-    "LossOutput", "Normalization", "kl_k3_loss", "ppo_clip_loss", "sg_clip_is_loss",
+    "LossOutput",
+    "Normalization",
+    "kl_k3_loss",
+    "ppo_clip_loss",
+    "sg_clip_is_loss",
 ]

@@ -32,8 +32,12 @@ class LossOutput(NamedTuple):
         return self.metrics.get("loss/nonfinite", 0.0) == 0.0
 
 
-def check_inputs(logp_NT: torch.Tensor, other_NT: torch.Tensor, mask_NT: torch.Tensor,
-                 advantages_N: torch.Tensor | None = None) -> torch.Tensor:
+def check_inputs(
+    logp_NT: torch.Tensor,
+    other_NT: torch.Tensor,
+    mask_NT: torch.Tensor,
+    advantages_N: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Validate shapes; return the mask as bool."""
     if logp_NT.dim() != 2:
         raise ValueError(f"log-probs must be [N, T] (got shape {tuple(logp_NT.shape)})")
@@ -50,7 +54,9 @@ def masked(x_NT: torch.Tensor, mask_NT: torch.Tensor) -> torch.Tensor:
     return torch.where(mask_NT, x_NT, torch.zeros_like(x_NT))
 
 
-def log_ratio(logp_train_NT: torch.Tensor, logp_rollout_NT: torch.Tensor, mask_NT: torch.Tensor) -> torch.Tensor:
+def log_ratio(
+    logp_train_NT: torch.Tensor, logp_rollout_NT: torch.Tensor, mask_NT: torch.Tensor
+) -> torch.Tensor:
     """log r = train minus rollout log-prob, zero outside the mask, clamped above at ``MAX_LOG_RATIO``.
 
     At least fp32: the ratio exponentiates a difference of log-probs, and bf16 would round that
@@ -67,7 +73,9 @@ def share(flag_NT: torch.Tensor, mask_NT: torch.Tensor) -> float:
     return float((flag_NT & mask_NT).sum()) / n if n else 0.0
 
 
-def ppo_keeps_gradient(ratio_NT: torch.Tensor, adv_NT: torch.Tensor, eps_high: float, eps_low: float) -> torch.Tensor:
+def ppo_keeps_gradient(
+    ratio_NT: torch.Tensor, adv_NT: torch.Tensor, eps_high: float, eps_low: float
+) -> torch.Tensor:
     """Where PPO-clip's gradient survives: -min(rA, clip(r)A) is flat in r when A > 0 and r > 1 + eps_high,
     or A < 0 and r < 1 - eps_low, and everywhere when A = 0."""
     above = (adv_NT > 0) & (ratio_NT > 1 + eps_high)
@@ -75,8 +83,15 @@ def ppo_keeps_gradient(ratio_NT: torch.Tensor, adv_NT: torch.Tensor, eps_high: f
     return (adv_NT != 0) & ~above & ~below
 
 
-def clip_metrics(ratio_NT: torch.Tensor, adv_NT: torch.Tensor, mask_NT: torch.Tensor, coverage_NT: torch.Tensor,
-                 eps_high: float, eps_low: float | None, ppo_eps_low: float) -> dict[str, float]:
+def clip_metrics(
+    ratio_NT: torch.Tensor,
+    adv_NT: torch.Tensor,
+    mask_NT: torch.Tensor,
+    coverage_NT: torch.Tensor,
+    eps_high: float,
+    eps_low: float | None,
+    ppo_eps_low: float,
+) -> dict[str, float]:
     """Metrics every policy loss reports; ``coverage_NT`` marks tokens with a non-zero gradient under it."""
     return {
         "clip/high_frac": share(ratio_NT > 1 + eps_high, mask_NT),

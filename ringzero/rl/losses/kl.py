@@ -20,8 +20,12 @@ def k3(logp_cur_NT: torch.Tensor, logp_ref_NT: torch.Tensor, mask_NT: torch.Tens
     return delta_NT.exp() - delta_NT - 1
 
 
-def kl_k3_loss(logp_train_NT: torch.Tensor, logp_ref_NT: torch.Tensor, mask_NT: torch.Tensor,
-               normalization: Normalization) -> LossOutput:
+def kl_k3_loss(
+    logp_train_NT: torch.Tensor,
+    logp_ref_NT: torch.Tensor,
+    mask_NT: torch.Tensor,
+    normalization: Normalization,
+) -> LossOutput:
     mask_NT = check_inputs(logp_train_NT, logp_ref_NT, mask_NT)
     kl_NT = k3(logp_train_NT, logp_ref_NT, mask_NT)
     loss = normalization(kl_NT, mask_NT)

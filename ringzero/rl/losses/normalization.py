@@ -4,7 +4,12 @@
   example sequences x max_new_tokens). A longer correct response contributes more gradient, which is
   how reasoning length is elicited, and what makes length run away.
 - ``sample_mean`` (stage 2 on): each sequence's token sum divided by its own token count, then the
-  mean over the N sequences; a sequence with no tokens contributes zero. Every response weighs the same.
+  mean over the N sequences; a sequence with no tokens contributes zero. Every response weighs the same
+  (verl's ``seq-mean-token-mean``).
+
+The stage setting ``token_mean`` (DAPO, verl's ``token-mean``) is ``token_sum`` whose ``D`` is the
+minibatch's loss-token count (ringzero.rl.objective.make_normalization): per token as ``token_sum``, but
+the batch's total weight no longer grows with its length.
 """
 
 from __future__ import annotations
@@ -21,8 +26,12 @@ def token_sum(per_token_NT: torch.Tensor, mask_NT: torch.Tensor, denominator: fl
     return masked(per_token_NT, mask_NT).sum() / denominator
 
 
-def sample_mean(per_token_NT: torch.Tensor, mask_NT: torch.Tensor, lengths_N: torch.Tensor | None = None,
-                num_sequences: int | None = None) -> torch.Tensor:
+def sample_mean(
+    per_token_NT: torch.Tensor,
+    mask_NT: torch.Tensor,
+    lengths_N: torch.Tensor | None = None,
+    num_sequences: int | None = None,
+) -> torch.Tensor:
     """``lengths_N`` / ``num_sequences``: the whole sequences' lengths and the whole batch's sequence count,
     when ``per_token_NT`` holds only a shard (some rows, some columns) of the batch."""
     if lengths_N is None:
@@ -45,7 +54,9 @@ class Normalization:
         if self.kind == "token_sum" and (self.denominator is None or not self.denominator > 0):
             raise ValueError(f"token_sum needs a positive denominator (got {self.denominator})")
         if self.kind == "token_sum" and (self.lengths_N is not None or self.num_sequences is not None):
-            raise ValueError("token_sum divides by its constant denominator; lengths_N/num_sequences are for sample_mean")
+            raise ValueError(
+                "token_sum divides by its constant denominator; lengths_N/num_sequences are for sample_mean"
+            )
         if self.kind == "sample_mean" and self.denominator is not None:
             raise ValueError("sample_mean divides by each sequence's own length; denominator must be None")
         if self.kind not in ("token_sum", "sample_mean"):

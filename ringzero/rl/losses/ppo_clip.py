@@ -15,9 +15,16 @@ from ringzero.rl.losses.base import LossOutput, check_inputs, clip_metrics, fini
 from ringzero.rl.losses.normalization import Normalization
 
 
-def ppo_clip_loss(logp_train_NT: torch.Tensor, logp_rollout_NT: torch.Tensor, advantages_N: torch.Tensor,
-                  mask_NT: torch.Tensor, normalization: Normalization, *, eps_high: float,
-                  eps_low: float | None = None) -> LossOutput:
+def ppo_clip_loss(
+    logp_train_NT: torch.Tensor,
+    logp_rollout_NT: torch.Tensor,
+    advantages_N: torch.Tensor,
+    mask_NT: torch.Tensor,
+    normalization: Normalization,
+    *,
+    eps_high: float,
+    eps_low: float | None = None,
+) -> LossOutput:
     mask_NT = check_inputs(logp_train_NT, logp_rollout_NT, mask_NT, advantages_N)
     low = eps_low if eps_low is not None else eps_high
     ratio_NT = log_ratio(logp_train_NT, logp_rollout_NT, mask_NT).exp()
@@ -28,5 +35,7 @@ def ppo_clip_loss(logp_train_NT: torch.Tensor, logp_rollout_NT: torch.Tensor, ad
         r = ratio_NT.detach()
         unclipped_NT = (r * adv_NT) <= (r.clamp(1 - low, 1 + eps_high) * adv_NT)  # min takes the ratio branch
         coverage_NT = unclipped_NT & (adv_NT != 0) & (r > 0)
-        metrics = clip_metrics(r, adv_NT, mask_NT, coverage_NT, eps_high=eps_high, eps_low=low, ppo_eps_low=low)
+        metrics = clip_metrics(
+            r, adv_NT, mask_NT, coverage_NT, eps_high=eps_high, eps_low=low, ppo_eps_low=low
+        )
     return finish(loss, metrics, "policy")

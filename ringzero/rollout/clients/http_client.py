@@ -51,9 +51,14 @@ from ringzero.rollout.types import Completion, GenerateRequest, LogprobRequest, 
 
 
 def sampling_params_body(p: SamplingParams) -> dict:
-    body = {"max_new_tokens": p.max_new_tokens, "temperature": p.temperature, "top_p": p.top_p,
-            # SGLang spells "no top-k" as -1; 0 is refused there.
-            "top_k": p.top_k if p.top_k > 0 else -1, "n": p.n}
+    body = {
+        "max_new_tokens": p.max_new_tokens,
+        "temperature": p.temperature,
+        "top_p": p.top_p,
+        # SGLang spells "no top-k" as -1; 0 is refused there.
+        "top_k": p.top_k if p.top_k > 0 else -1,
+        "n": p.n,
+    }
     if p.stop:
         body["stop"] = list(p.stop)
     if p.stop_token_ids:
@@ -109,9 +114,14 @@ def _batch_key(r: GenerateRequest) -> tuple:
 
 
 def disk_update_body(model_path: str, weight_version: str) -> dict:
-    """``UpdateWeightFromDiskReqInput``. ``load_format`` is left out: SGLang then uses its own ``--load-format``."""
-    return {"model_path": model_path, "weight_version": str(weight_version), "flush_cache": True,
-            "abort_all_requests": False}
+    """``UpdateWeightFromDiskReqInput``. ``load_format`` is left out: SGLang then uses its own
+    ``--load-format``."""
+    return {
+        "model_path": model_path,
+        "weight_version": str(weight_version),
+        "flush_cache": True,
+        "abort_all_requests": False,
+    }
 
 
 PAUSE_BODY = {"mode": "abort"}
@@ -120,12 +130,20 @@ PAUSE_BODY = {"mode": "abort"}
 one) instead of letting it resume on new weights with tokens from two versions."""
 
 
-_DECODED = ("output_token_logprobs", "finish_reason", "input_token_logprobs", "output_top_logprobs",
-            "input_top_logprobs", "routed_experts")
+_DECODED = (
+    "output_token_logprobs",
+    "finish_reason",
+    "input_token_logprobs",
+    "output_top_logprobs",
+    "input_top_logprobs",
+    "routed_experts",
+)
 
 
 def _logprob(value) -> float:
-    return -math.inf if value is None else float(value)  # JSON null: -inf (SGLang's orjson writes no infinity)
+    return (
+        -math.inf if value is None else float(value)
+    )  # JSON null: -inf (SGLang's orjson writes no infinity)
 
 
 def _tops(entries) -> list[list[tuple[float, int]] | None]:
@@ -142,13 +160,19 @@ def _routed_experts(raw, fed: int, shape: tuple[int, int], where: str) -> torch.
         raise RingzeroError(f"{where}: meta_info.routed_experts is not base64 ({exc})") from None
     layers, k = shape
     if flat.size != fed * layers * k:
-        raise RingzeroError(f"{where}: meta_info.routed_experts holds {flat.size} expert ids; {fed} fed tokens x "
-                            f"{layers} layers x top-{k} needs {fed * layers * k}")
+        raise RingzeroError(
+            f"{where}: meta_info.routed_experts holds {flat.size} expert ids; {fed} fed tokens x "
+            f"{layers} layers x top-{k} needs {fed * layers * k}"
+        )
     return torch.from_numpy(flat.astype(np.int32).reshape(fed, layers, k))
 
 
-def _completion(item: dict, req: GenerateRequest, where: str, routing_shape: tuple[int, int] | None = None,
-                ) -> Completion:
+def _completion(
+    item: dict,
+    req: GenerateRequest,
+    where: str,
+    routing_shape: tuple[int, int] | None = None,
+) -> Completion:
     lp = req.logprobs
     try:
         meta = item["meta_info"]
@@ -171,11 +195,14 @@ def _completion(item: dict, req: GenerateRequest, where: str, routing_shape: tup
     experts = None
     if req.return_routed_experts:
         if meta.get("routed_experts") is not None:
-            experts = _routed_experts(meta["routed_experts"], len(req.input_ids) + len(output_ids) - 1,
-                                      routing_shape, where)
+            experts = _routed_experts(
+                meta["routed_experts"], len(req.input_ids) + len(output_ids) - 1, routing_shape, where
+            )
         elif not (kind == "abort" and not output_ids):
-            raise RingzeroError(f"{where}: asked for routed experts, the answer has none (an SGLang server needs "
-                                "--enable-return-routed-experts)")
+            raise RingzeroError(
+                f"{where}: asked for routed experts, the answer has none (an SGLang server needs "
+                "--enable-return-routed-experts)"
+            )
     extra = {k: v for k, v in meta.items() if k not in _DECODED}
     if kind == "abort":
         extra["message"] = reason.get("message")
@@ -201,8 +228,15 @@ class HttpRolloutClient:
     routed experts (see the module docstring); it may also be set on the attribute later.
     """
 
-    def __init__(self, endpoint: str, timeout_s: float = 600.0, retries: int = 2, backoff_s: float = 0.5, *,
-                 routing_shape: tuple[int, int] | None = None):
+    def __init__(
+        self,
+        endpoint: str,
+        timeout_s: float = 600.0,
+        retries: int = 2,
+        backoff_s: float = 0.5,
+        *,
+        routing_shape: tuple[int, int] | None = None,
+    ):
         if not endpoint.startswith(("http://", "https://")):
             raise RingzeroError(f"rollout endpoint must start with http:// or https:// (got {endpoint!r})")
         self.routing_shape = routing_shape
@@ -215,8 +249,15 @@ class HttpRolloutClient:
     def close(self) -> None:
         self._session.close()
 
-    def _request(self, method: str, path: str, body: dict | None = None, *, timeout_s: float | None = None,
-                 retries: int | None = None) -> requests.Response:
+    def _request(
+        self,
+        method: str,
+        path: str,
+        body: dict | None = None,
+        *,
+        timeout_s: float | None = None,
+        retries: int | None = None,
+    ) -> requests.Response:
         url = f"{self.endpoint}{path}"
         attempts = 1 + (self.retries if retries is None else retries)
         problem = ""
@@ -240,15 +281,19 @@ class HttpRolloutClient:
         try:
             return resp.json()
         except ValueError:
-            raise RingzeroError(f"{method} {self.endpoint}{path}: answer is not JSON: {resp.text[:200]!r}") from None
+            raise RingzeroError(
+                f"{method} {self.endpoint}{path}: answer is not JSON: {resp.text[:200]!r}"
+            ) from None
 
     # --- RolloutClient ---
 
     def generate(self, requests_: list[GenerateRequest]) -> list[list[Completion]]:
         where = f"POST {self.endpoint}/generate"
         if self.routing_shape is None and any(r.return_routed_experts for r in requests_):
-            raise RingzeroError(f"{where}: return_routed_experts needs the client's routing_shape=(num_hidden_layers, "
-                                "num_experts_per_tok) to decode the answer")
+            raise RingzeroError(
+                f"{where}: return_routed_experts needs the client's routing_shape=(num_hidden_layers, "
+                "num_experts_per_tok) to decode the answer"
+            )
         results: list[list[Completion] | None] = [None] * len(requests_)
         batches: dict[tuple, list[int]] = {}
         for i, req in enumerate(requests_):
@@ -257,7 +302,7 @@ class HttpRolloutClient:
             n = requests_[same_key[0]].params.n
             per_post = max(1, MAX_SEQUENCES_PER_POST // n)
             for start in range(0, len(same_key), per_post):
-                self._generate_batch(requests_, same_key[start:start + per_post], results, where)
+                self._generate_batch(requests_, same_key[start : start + per_post], results, where)
         return results  # type: ignore[return-value]
 
     def _generate_batch(self, requests_, indices: list[int], results: list, where: str) -> None:
@@ -268,19 +313,25 @@ class HttpRolloutClient:
             got = len(items) if isinstance(items, list) else type(items).__name__
             raise RingzeroError(f"{where}: expected {len(group) * n} items, got {got}")
         for k, i in enumerate(indices):
-            results[i] = [_completion(items[k * n + j], requests_[i], where, self.routing_shape)
-                          for j in range(n)]
+            results[i] = [
+                _completion(items[k * n + j], requests_[i], where, self.routing_shape) for j in range(n)
+            ]
 
     def update_weights_from_disk(self, uri: str, weight_version: str) -> None:
         """``model_path`` as given: a local folder for SGLang, a store URI for ``ringzero serve``."""
         # Retried like any call: loading the same folder twice is harmless.
-        self._update("/update_weights_from_disk", disk_update_body(uri, weight_version),
-                     f"{uri}, version {weight_version}", retries=None)
+        self._update(
+            "/update_weights_from_disk",
+            disk_update_body(uri, weight_version),
+            f"{uri}, version {weight_version}",
+            retries=None,
+        )
 
     # --- weight pushes (SGLang's RL endpoints) ---
 
-    def _update(self, path: str, body: dict, what: str, *, timeout_s: float | None = None,
-                retries: int | None = 0) -> dict:
+    def _update(
+        self, path: str, body: dict, what: str, *, timeout_s: float | None = None, retries: int | None = 0
+    ) -> dict:
         """POST an update; SGLang answers ``{"success": bool, "message": str}`` (HTTP 400 on failure).
 
         Not retried by default: a group join or a broadcast happens once, on both sides.
@@ -294,12 +345,14 @@ class HttpRolloutClient:
             answer = {}
         if resp.status_code != 200 or not answer.get("success", False):
             raise RingzeroError(
-                f"POST {self.endpoint}{path} ({what}): HTTP {resp.status_code}: {answer.get('message') or _message(resp)}"
+                f"POST {self.endpoint}{path} ({what}): HTTP {resp.status_code}: "
+                f"{answer.get('message') or _message(resp)}"
             )
         return answer
 
     def _control(self, path: str, body: dict) -> bool:
-        """POST a control call; ``False`` when the server has no such endpoint (HTTP 404), an error otherwise."""
+        """POST a control call; ``False`` when the server has no such endpoint (HTTP 404), an error
+        otherwise."""
         resp = self._request("POST", path, body, retries=0)
         if resp.status_code == 404:
             return False
@@ -320,7 +373,8 @@ class HttpRolloutClient:
         return self._control("/continue_generation", {})
 
     def begin_weight_update(self) -> bool:
-        """Open SGLang's weight-update session (servers from mid-2026 on); ``False`` on servers without one."""
+        """Open SGLang's weight-update session (servers from mid-2026 on); ``False`` on servers without
+        one."""
         return self._control("/begin_weight_update", {"selector": "all"})
 
     def end_weight_update(self) -> bool:
@@ -328,14 +382,22 @@ class HttpRolloutClient:
 
     def init_weights_update_group(self, body: dict, *, timeout_s: float | None = None) -> dict:
         """Blocks until every rank of the group joined (the server's answer comes after its ranks did)."""
-        return self._update("/init_weights_update_group", body, f"group {body.get('group_name')}, rank_offset "
-                            f"{body.get('rank_offset')} of {body.get('world_size')}", timeout_s=timeout_s)
+        return self._update(
+            "/init_weights_update_group",
+            body,
+            f"group {body.get('group_name')}, rank_offset "
+            f"{body.get('rank_offset')} of {body.get('world_size')}",
+            timeout_s=timeout_s,
+        )
 
     def update_weights_from_distributed(self, body: dict, *, timeout_s: float | None = None) -> dict:
         """Blocks until the server received every tensor of ``body['names']`` and loaded them."""
-        return self._update("/update_weights_from_distributed", body,
-                            f"{len(body.get('names', []))} tensors, version {body.get('weight_version')}",
-                            timeout_s=timeout_s)
+        return self._update(
+            "/update_weights_from_distributed",
+            body,
+            f"{len(body.get('names', []))} tensors, version {body.get('weight_version')}",
+            timeout_s=timeout_s,
+        )
 
     def health(self) -> bool:
         try:
@@ -367,16 +429,21 @@ class HttpRolloutClient:
         try:
             return str(resp.json()["weight_version"])
         except (ValueError, KeyError, TypeError):
-            raise RingzeroError(f"GET {self.endpoint}/model_info: no weight_version in {resp.text[:200]!r}") from None
+            raise RingzeroError(
+                f"GET {self.endpoint}/model_info: no weight_version in {resp.text[:200]!r}"
+            ) from None
 
     def destroy_weights_update_group(self, group_name: str) -> bool:
-        """Leave a weight group (SGLang's ``/destroy_weights_update_group``); ``False`` where there is none."""
+        """Leave a weight group (SGLang's ``/destroy_weights_update_group``); ``False`` where there is
+        none."""
         return self._control("/destroy_weights_update_group", {"group_name": group_name})
 
     def flush_cache(self) -> None:
         resp = self._request("POST", "/flush_cache")
         if resp.status_code != 200:
-            raise RingzeroError(f"POST {self.endpoint}/flush_cache: HTTP {resp.status_code}: {_message(resp)}")
+            raise RingzeroError(
+                f"POST {self.endpoint}/flush_cache: HTTP {resp.status_code}: {_message(resp)}"
+            )
 
 
 def _message(resp: requests.Response) -> str:

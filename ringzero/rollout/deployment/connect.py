@@ -28,15 +28,31 @@ _REMOTE: dict[str, ReplicaSet] = {}
 _SERVING: dict[int, str | None] = {}  # id(replica set) -> checkpoint its servers hold, when known
 
 
-def rollout_client(cfg, model, tokenizer, runtime=None, *, seed: int, max_batch: int, deterministic: bool = False,
-                   serves: str | None = None, local: bool = False):
+def rollout_client(
+    cfg,
+    model,
+    tokenizer,
+    runtime=None,
+    *,
+    seed: int,
+    max_batch: int,
+    deterministic: bool = False,
+    serves: str | None = None,
+    local: bool = False,
+):
     """The rollout client a stage samples with; ``runtime`` spreads it over the job's ranks (None: as is)."""
     engine = cfg.engines.rollout
     if engine.kind == "embedded" or local:
         from ringzero.rollout.engine.embedded import EmbeddedEngine
 
-        client = EmbeddedEngine(model, tokenizer, cfg.precision.rollout, deterministic=deterministic,
-                                max_batch=max_batch, seed=seed)
+        client = EmbeddedEngine(
+            model,
+            tokenizer,
+            cfg.precision.rollout,
+            deterministic=deterministic,
+            max_batch=max_batch,
+            seed=seed,
+        )
         return client if runtime is None else spread(client, runtime)
     shape = (cfg.model.num_hidden_layers, cfg.model.num_experts_per_tok) if cfg.model.num_experts else None
     remote = remote_client(engine, cfg.precision.rollout, shape)
@@ -53,18 +69,30 @@ def remote_client(engine, policy=None, routing_shape=None) -> ReplicaSet:
     if key not in _REMOTE:
         endpoints = resolve_endpoints(engine)
         # Found again after a loss: whatever resolves now (a replaced pod may not be ready yet).
-        common = dict(connect=HttpRolloutClient, stale=engine.stale, weights_dir=engine.weights_dir, timeout_s=engine.timeout_s,
-                      accept_store_uris=engine.weight_sync == "store",
-                      resolver=lambda: resolve_endpoints(engine, want=1, timeout_s=0.0),
-                      # with every replica down, wait for one to come back (a restarted SGLang pod loads the
-                      # model again) as long as a request may take
-                      rejoin_wait_s=engine.timeout_s)
+        common = dict(
+            connect=HttpRolloutClient,
+            stale=engine.stale,
+            weights_dir=engine.weights_dir,
+            timeout_s=engine.timeout_s,
+            accept_store_uris=engine.weight_sync == "store",
+            resolver=lambda: resolve_endpoints(engine, want=1, timeout_s=0.0),
+            # with every replica down, wait for one to come back (a restarted SGLang pod loads the
+            # model again) as long as a request may take
+            rejoin_wait_s=engine.timeout_s,
+        )
         if engine.weight_sync == "distributed":
             d = engine.distributed
-            remote = DistributedReplicaSet(endpoints, tp_size=engine.tp_size, backend=d.backend,
-                                           master_address=d.master_address, master_port=d.master_port,
-                                           group_name=d.group_name, sync_timeout_s=d.timeout_s,
-                                           dtype=None if policy is None else body_dtype(policy), **common)
+            remote = DistributedReplicaSet(
+                endpoints,
+                tp_size=engine.tp_size,
+                backend=d.backend,
+                master_address=d.master_address,
+                master_port=d.master_port,
+                group_name=d.group_name,
+                sync_timeout_s=d.timeout_s,
+                dtype=None if policy is None else body_dtype(policy),
+                **common,
+            )
         else:
             remote = ReplicaSet(endpoints, **common)
         for c in remote.clients:  # decodes meta_info["routed_experts"] (routing replay)
@@ -85,8 +113,9 @@ def close_remote_clients() -> None:
 def _serve(client, remote: ReplicaSet, engine, model, uri: str, runtime, tokenizer, policy) -> None:
     if _SERVING.get(id(remote)) == uri and remote.weight_version in (None, uri):
         return
-    pusher = WeightPusher.for_rollout(engine, model_cfg=getattr(model, "cfg", None), runtime=runtime,
-                                      tokenizer=tokenizer)
+    pusher = WeightPusher.for_rollout(
+        engine, model_cfg=getattr(model, "cfg", None), runtime=runtime, tokenizer=tokenizer
+    )
     # a store push names the committed checkpoint itself: no tensors leave the model
     state = {} if pusher.mode == "store" else model.state_dict()
     pusher.push(client, state, uri, dtype=body_dtype(policy), committed_uri=uri)

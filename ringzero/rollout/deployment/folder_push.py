@@ -1,4 +1,5 @@
-"""Weight pushes through a shared volume (``weight_sync: disk``): what SGLang's ``/update_weights_from_disk`` reads.
+"""Weight pushes through a shared volume (``weight_sync: disk``): what SGLang's ``/update_weights_from_disk``
+reads.
 
 Rank 0 writes the weights as a Ling 2.5 model folder under ``weights_dir`` (a volume the trainer mounts
 read-write and every server read-only), then every replica is told its path. The folder is written whole
@@ -27,8 +28,17 @@ def folder_for(weights_dir: str, version: str) -> Path:
     return Path(weights_dir) / (PREFIX + re.sub(r"[^A-Za-z0-9_.=+-]", "_", version))
 
 
-def push_folder(client, state_dict: dict[str, torch.Tensor], version: str, *, model_cfg: ModelConfig,
-                weights_dir: str, runtime=None, tokenizer=None, dtype: torch.dtype | None = None) -> str:
+def push_folder(
+    client,
+    state_dict: dict[str, torch.Tensor],
+    version: str,
+    *,
+    model_cfg: ModelConfig,
+    weights_dir: str,
+    runtime=None,
+    tokenizer=None,
+    dtype: torch.dtype | None = None,
+) -> str:
     """Write (rank 0) and push the folder of ``state_dict``; every rank calls this. Returns its path."""
     from ringzero.model.hf_folder import write_folder
 
@@ -44,7 +54,9 @@ def push_folder(client, state_dict: dict[str, torch.Tensor], version: str, *, mo
 
 
 def _prune(weights_dir: Path, keep: Path) -> None:
-    folders = sorted((p for p in weights_dir.glob(PREFIX + "*") if p.is_dir()), key=lambda p: p.stat().st_mtime)
+    folders = sorted(
+        (p for p in weights_dir.glob(PREFIX + "*") if p.is_dir()), key=lambda p: p.stat().st_mtime
+    )
     old = [p for p in folders if p != keep][: max(0, len(folders) - KEEP)]
     for p in old:
         shutil.rmtree(p, ignore_errors=True)

@@ -54,8 +54,10 @@ class WeightPusher:
     def __post_init__(self):
         if self.mode == "disk" and self.weights_dir is None:
             raise RingzeroError(
-                "engines.rollout.weight_sync disk needs engines.rollout.weights_dir: the shared volume the servers "
-                "mount, where pushed folders are written; set it, use weight_sync distributed, or sample only "
+                "engines.rollout.weight_sync disk needs engines.rollout.weights_dir: the shared volume the "
+                "servers "
+                "mount, where pushed folders are written; set it, use weight_sync distributed, or sample "
+                "only "
                 "from the checkpoint the servers started with (engines.rollout.served_uri)"
             )
         if self.mode == "disk" and self.model_cfg is None:
@@ -65,29 +67,52 @@ class WeightPusher:
     def for_rollout(cls, rollout, *, local: bool = False, **where) -> WeightPusher:
         return cls("in_process" if local else push_mode(rollout), weights_dir=rollout.weights_dir, **where)
 
-    def push(self, client, state_dict: dict[str, torch.Tensor], version: str, *, dtype: torch.dtype | None = None,
-             committed_uri: str | None = None) -> str | None:
+    def push(
+        self,
+        client,
+        state_dict: dict[str, torch.Tensor],
+        version: str,
+        *,
+        dtype: torch.dtype | None = None,
+        committed_uri: str | None = None,
+    ) -> str | None:
         """Send ``state_dict`` as ``version``; returns the folder path or checkpoint URI the servers loaded.
-        ``committed_uri``: the store checkpoint these weights already are (a ``store`` push names it as is)."""
+        ``committed_uri``: the store checkpoint these weights already are (a ``store`` push names it as
+        is)."""
         if self.mode in ("in_process", "distributed"):
             if not hasattr(client, "update_weights"):
-                raise RingzeroError(f"a {self.mode} weight push needs a rollout client that takes tensors "
-                                    f"({type(client).__name__} does not)")
+                raise RingzeroError(
+                    f"a {self.mode} weight push needs a rollout client that takes tensors "
+                    f"({type(client).__name__} does not)"
+                )
             client.update_weights(state_dict, version)
             return None
         if self.mode == "disk":
-            return push_folder(client, state_dict, version, model_cfg=self.model_cfg, weights_dir=self.weights_dir,
-                               runtime=self.runtime, tokenizer=self.tokenizer, dtype=dtype)
+            return push_folder(
+                client,
+                state_dict,
+                version,
+                model_cfg=self.model_cfg,
+                weights_dir=self.weights_dir,
+                runtime=self.runtime,
+                tokenizer=self.tokenizer,
+                dtype=dtype,
+            )
         uri = committed_uri or self._commit(state_dict, version, dtype)
         client.update_weights_from_disk(uri, version)
         return uri
 
     def _commit(self, state_dict, version: str, dtype) -> str:
         if self.store is None or self.prefix is None or self.model_cfg is None:
-            raise RingzeroError("a store weight push of new weights needs the stage's store, checkpoint prefix "
-                                "and model config")
+            raise RingzeroError(
+                "a store weight push of new weights needs the stage's store, checkpoint prefix "
+                "and model config"
+            )
         name = f"{self.prefix}/weights-{version}"
         if any(self.store.name_of(u) == name for u in self.store.list(name)):
-            return self.store.uri_of(name)  # pushed before an interruption: the same step's weights, committed
-        return save_state(self.store, name, self.model_cfg, state_dict, {"weight_version": version}, self.tokenizer,
-                          dtype)
+            return self.store.uri_of(
+                name
+            )  # pushed before an interruption: the same step's weights, committed
+        return save_state(
+            self.store, name, self.model_cfg, state_dict, {"weight_version": version}, self.tokenizer, dtype
+        )

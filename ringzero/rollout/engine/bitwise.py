@@ -1,4 +1,5 @@
-"""Deterministic decoding: every token sampled from the trainer's own forward, so the reported log-prob is its.
+"""Deterministic decoding: every token sampled from the trainer's own forward, so the reported log-prob is
+its.
 
 The embedded engine's ``deterministic`` mode decodes with this loop instead of the cached one. Per step and
 per live row, alone (a batch of one):
@@ -61,9 +62,16 @@ def _temperature(t: float) -> float:
     return t if t > 0 else 1.0  # greedy reports the plain log-softmax, as the trainer scores it
 
 
-def decode(model, rows: Sequence[RowSpec], top_ks: Sequence[int], routed: Sequence[bool],
-           aborted: Callable[[], Collection[int]], seen, tokenizer: Tokenizer | None, pad_id: int,
-           ) -> list[Decoded]:
+def decode(
+    model,
+    rows: Sequence[RowSpec],
+    top_ks: Sequence[int],
+    routed: Sequence[bool],
+    aborted: Callable[[], Collection[int]],
+    seen,
+    tokenizer: Tokenizer | None,
+    pad_id: int,
+) -> list[Decoded]:
     """Decode ``rows`` token by token through the batch-invariant forward (``seen``: the abort check's last
     answer). Per step the host reads back only ``DecodingRows.advance``'s stop check."""
     device = next(model.parameters()).device
@@ -79,11 +87,13 @@ def decode(model, rows: Sequence[RowSpec], top_ks: Sequence[int], routed: Sequen
         for r in alive:
             column = len(rows[r].prompt) - 1 + t
             with capture_routing(model) if routed[r] else nullcontext({}) as chosen:
-                hidden_1WD = bitwise_hidden(model, ids_BW[r:r + 1])
-            logps.append(bitwise_next_logprobs(model, hidden_1WD, column, _temperature(rows[r].params.temperature)))
+                hidden_1WD = bitwise_hidden(model, ids_BW[r : r + 1])
+            logps.append(
+                bitwise_next_logprobs(model, hidden_1WD, column, _temperature(rows[r].params.temperature))
+            )
             if routed[r]:  # the tokens this forward fed first: the prompt's at step 0, else the last sampled
                 experts_WMK = stacked(chosen, moe)[0]
-                experts[r].append(experts_WMK[:column + 1] if t == 0 else experts_WMK[column:column + 1])
+                experts[r].append(experts_WMK[: column + 1] if t == 0 else experts_WMK[column : column + 1])
         logp_BV = torch.stack(logps)
         tokens_B, logp_B = sample_from_logprobs(logp_BV, state.settings, state.uniforms.next())
         if track is not None:
@@ -111,7 +121,7 @@ def decode(model, rows: Sequence[RowSpec], top_ks: Sequence[int], routed: Sequen
         top = track.pairs(r, len(f.output_ids), top_ks[r]) if track is not None and top_ks[r] else None
         routing = None
         if routed[r]:  # the last sampled token is never fed
-            routing = torch.cat(experts[r])[:len(rows[r].prompt) + len(f.output_ids) - 1]
+            routing = torch.cat(experts[r])[: len(rows[r].prompt) + len(f.output_ids) - 1]
         out.append(Decoded(f, top, routing, r in capped))
     return out
 
@@ -122,4 +132,4 @@ def route_prompt(model, prompt: Sequence[int], pad_id: int) -> torch.Tensor:
     moe = [i for i, _ in moe_layers(model)]
     with capture_routing(model) as chosen:
         bitwise_hidden(model, bitwise_ids(model, prompt, pad_id))
-    return stacked(chosen, moe)[0, :len(prompt) - 1]
+    return stacked(chosen, moe)[0, : len(prompt) - 1]

@@ -115,15 +115,20 @@ class ContinuousBatch:
         rows = self.engine._rows(requests)
         wanted = [i for i, r in enumerate(requests) if r.logprobs.prompt_from is not None]
         scored = prompt_logprobs(self.engine.model, requests, wanted, deterministic=False, pad_id=self._pad)
-        job = _Job(requests, rows, [None if r.max_new > 0 else Done(Finished([], [], LENGTH, None)) for r in rows],
-                   scored)
+        job = _Job(
+            requests,
+            rows,
+            [None if r.max_new > 0 else Done(Finished([], [], LENGTH, None)) for r in rows],
+            scored,
+        )
         job.left = sum(d is None for d in job.done)
         job_id, self._next_job = self._next_job, self._next_job + 1
         self._jobs[job_id] = job
         return job_id
 
     def run(self, requests: Sequence[GenerateRequest]) -> list[list[Completion]]:
-        """``admit`` one job and decode until it is answered; other jobs answered meanwhile stay in ``finished``."""
+        """``admit`` one job and decode until it is answered; other jobs answered meanwhile stay in
+        ``finished``."""
         job_id = self.admit(requests)
         while True:
             mine = [groups for done_id, groups in self._ready if done_id == job_id]
@@ -178,8 +183,11 @@ class ContinuousBatch:
         prompt_index = {key: i for i, key in enumerate(prompt_of)}
         prompts = list(prompt_of.values())
         logits_PV, fresh = self.engine._prefill(prompts, max(len(p) for p in prompts))
-        fan_out = torch.tensor([prompt_index[job_id, s.request] for (job_id, _), s in zip(joining, specs, strict=True)],
-                               dtype=torch.long, device=self.engine.device)
+        fan_out = torch.tensor(
+            [prompt_index[job_id, s.request] for (job_id, _), s in zip(joining, specs, strict=True)],
+            dtype=torch.long,
+            device=self.engine.device,
+        )
         fresh.select(fan_out, check=False)  # built from the prompts just prefilled: in range
         slots = self._place(fresh)
         keys = list(range(self._next_key, self._next_key + len(specs)))
@@ -192,7 +200,8 @@ class ContinuousBatch:
         self._slots_L = None
 
     def _place(self, fresh) -> list[int]:
-        """Slots for ``fresh``'s rows: free ones first, then new ones; the batch's first cache is ``fresh``."""
+        """Slots for ``fresh``'s rows: free ones first, then new ones; the batch's first cache is
+        ``fresh``."""
         n = fresh.batch_size
         if self.cache is None:
             self.cache, self.free = fresh, []
@@ -253,5 +262,11 @@ class ContinuousBatch:
             return
         del self._jobs[job_id]
         experts = [None] * len(job.rows)
-        self._ready.append((job_id, completions(job.requests, job.rows, job.done, job.prompts, experts,
-                                                self.engine.weight_version)))
+        self._ready.append(
+            (
+                job_id,
+                completions(
+                    job.requests, job.rows, job.done, job.prompts, experts, self.engine.weight_version
+                ),
+            )
+        )

@@ -15,10 +15,10 @@ How a ``generate`` call runs:
    (``GenerateRequest.logprobs``), the top-k alternatives of each step and the prompt's log-probs
    (see ``ringzero.rollout.engine.logprob_extras``).
 
-``open_batch()`` is the other way in: a ``ContinuousBatch`` (``ringzero.rollout.engine.continuous``) that requests
-join and leave between decoding steps, for servers whose requests arrive while others decode. It shares
-the row setup, prefill, sampling and stop rules with ``generate``, so a seeded or greedy request gets the
-same tokens either way.
+``open_batch()`` is the other way in: a ``ContinuousBatch`` (``ringzero.rollout.engine.continuous``) that
+requests join and leave between decoding steps, for servers whose requests arrive while others decode. It
+shares the row setup, prefill, sampling and stop rules with ``generate``, so a seeded or greedy request gets
+the same tokens either way.
 
 A request with ``max_new_tokens == 0`` is not decoded at all: it finishes ``length`` with no output, and
 serves to score its prompt. ``ignore_eos`` drops EOS and ``stop_token_ids`` from a row's stop ids (stop
@@ -29,18 +29,19 @@ aborted, before each group's prefill and once per decoding step; their rows stop
 The engine owns a copy of the weights cast to *its* precision policy, whatever the caller's model runs
 under: the rollout side of the train/rollout gap.
 
-``deterministic=True`` decodes through the trainer's forward instead of the cache (``ringzero.rollout.engine.bitwise``):
-each row alone, each step one batch-invariant forward of the sequence so far at the model's full context
-width, the forward ``score_sequences(..., batch_invariant=True)`` runs for the trainer. The token is sampled
-(temperature / top-k / top-p, per-request seeded, as in normal mode) from that forward's
-``log_softmax(logits / T)``, and that same entry is the reported log-prob: the sampled distribution, the
-reported one and the trainer's are one computation, so the importance ratio is exactly 1 when the trainer
-runs the same policy (dense models; MoE layers agree to rounding, see ``ringzero.model.scoring``). Nothing
-is rescored after the fact. The choice and its cost: the cached step cannot be made bitwise equal to the
-parallel form here (other shapes, other last bits), and neither can the parallel forward at the prefix's
-own length (a matmul's blocking follows its row count); the fixed width can. It costs one full-context,
-unbatched forward per sampled token and row, with no cache: ``bench/bitwise_cost.py`` measures the
-tokens/s against normal mode. ``prefill_chunk`` and ``max_batch`` do not change its numbers.
+``deterministic=True`` decodes through the trainer's forward instead of the cache
+(``ringzero.rollout.engine.bitwise``): each row alone, each step one batch-invariant forward of the sequence
+so far at the model's full context width, the forward ``score_sequences(..., batch_invariant=True)`` runs for
+the trainer. The token is sampled (temperature / top-k / top-p, per-request seeded, as in normal mode) from
+that forward's ``log_softmax(logits / T)``, and that same entry is the reported log-prob: the sampled
+distribution, the reported one and the trainer's are one computation, so the importance ratio is exactly 1
+when the trainer runs the same policy (dense models; MoE layers agree to rounding, see
+``ringzero.model.scoring``). Nothing is rescored after the fact. The choice and its cost: the cached step
+cannot be made bitwise equal to the parallel form here (other shapes, other last bits), and neither can the
+parallel forward at the prefix's own length (a matmul's blocking follows its row count); the fixed width can.
+It costs one full-context, unbatched forward per sampled token and row, with no cache:
+``bench/bitwise_cost.py`` measures the tokens/s against normal mode. ``prefill_chunk`` and ``max_batch`` do
+not change its numbers.
 
 The engine lives on the device of its weights (``engine.device``): prompts are copied there once per
 group, and the decoding loop keeps everything there (cache, sampling settings, each row's generator and
@@ -51,9 +52,10 @@ request gives the same tokens on every run and in every batch on one device type
 
 ``return_routed_experts`` (MoE models only): each asking row's ``Completion.routed_experts`` holds the experts
 every fed token went to in the forwards that produced its tokens: the prefill's, then each decoding step's
-(see ``ringzero.rollout.engine.routing_track``); under ``deterministic`` those of the batch-invariant forward that
-fed each token (the prompt's: the first step's; each sampled token: the next step's). A prefill-only request gets those of a prefill of its prompt. A row
-aborted before its prefill, or whose request did not ask, gets None.
+(see ``ringzero.rollout.engine.routing_track``); under ``deterministic`` those of the batch-invariant forward
+that fed each token (the prompt's: the first step's; each sampled token: the next step's). A prefill-only
+request gets those of a prefill of its prompt. A row aborted before its prefill, or whose request did not ask,
+gets None.
 
 A sequence's total length (prompt + output) is capped at the model's ``max_position_embeddings``; a prompt
 that leaves no room is refused (one that is only scored may fill the context).
@@ -109,10 +111,20 @@ class EmbeddedEngine:
     they fill less than this fraction of its slots; until then finished rows' slots wait for newcomers.
     """
 
-    def __init__(self, model: HybridLM, tokenizer: Tokenizer | None = None, policy: PrecisionPolicy | None = None,
-                 *, deterministic: bool = False, max_batch: int = DEFAULT_MAX_BATCH,
-                 prefill_chunk: int | None = None, weight_version: str = "0", seed: int = 0, s3=None,
-                 compact_below: float = DEFAULT_COMPACT_BELOW):
+    def __init__(
+        self,
+        model: HybridLM,
+        tokenizer: Tokenizer | None = None,
+        policy: PrecisionPolicy | None = None,
+        *,
+        deterministic: bool = False,
+        max_batch: int = DEFAULT_MAX_BATCH,
+        prefill_chunk: int | None = None,
+        weight_version: str = "0",
+        seed: int = 0,
+        s3=None,
+        compact_below: float = DEFAULT_COMPACT_BELOW,
+    ):
         if max_batch < 1:
             raise RingzeroError(f"max_batch must be >= 1 (got {max_batch})")
         if not 0 <= compact_below <= 1:
@@ -136,8 +148,12 @@ class EmbeddedEngine:
     def health(self) -> bool:
         return True
 
-    def generate(self, requests: Sequence[GenerateRequest], *, abort: AbortCheck | None = None,
-                 ) -> list[list[Completion]]:
+    def generate(
+        self,
+        requests: Sequence[GenerateRequest],
+        *,
+        abort: AbortCheck | None = None,
+    ) -> list[list[Completion]]:
         """``n`` completions per request, in request order (``abort``: see the module docstring)."""
         rows = self._rows(requests)
         top_ks = [requests[r.request].logprobs.top_k for r in rows]
@@ -151,19 +167,36 @@ class EmbeddedEngine:
                 decoded.append(j)
         with torch.inference_mode():
             for start in range(0, len(decoded), self.max_batch):
-                group = decoded[start:start + self.max_batch]
-                results = self._run_group([rows[j] for j in group], [top_ks[j] for j in group],
-                                          [routed[j] for j in group], abort or _never)
+                group = decoded[start : start + self.max_batch]
+                results = self._run_group(
+                    [rows[j] for j in group],
+                    [top_ks[j] for j in group],
+                    [routed[j] for j in group],
+                    abort or _never,
+                )
                 for j, d in zip(group, results, strict=True):
                     done[j] = d
             if any(routed):
                 self._route_prompts(rows, done, routed)
-            queued = {r.request for r, d in zip(rows, done, strict=True) if d.abort_message == ABORTED_BEFORE_PREFILL}
-            wanted = [i for i, req in enumerate(requests) if req.logprobs.prompt_from is not None and i not in queued]
+            queued = {
+                r.request
+                for r, d in zip(rows, done, strict=True)
+                if d.abort_message == ABORTED_BEFORE_PREFILL
+            }
+            wanted = [
+                i
+                for i, req in enumerate(requests)
+                if req.logprobs.prompt_from is not None and i not in queued
+            ]
             pad = self.tokenizer.pad_id if self.tokenizer is not None else 0
-            prompts = prompt_logprobs(self.model, requests, wanted, deterministic=self.deterministic, pad_id=pad)
-        experts = to_host([d.routing if want else None for d, want in zip(done, routed, strict=True)],
-                          [i for i, _ in moe_layers(self.model)], self.model.cfg.num_hidden_layers)
+            prompts = prompt_logprobs(
+                self.model, requests, wanted, deterministic=self.deterministic, pad_id=pad
+            )
+        experts = to_host(
+            [d.routing if want else None for d, want in zip(done, routed, strict=True)],
+            [i for i, _ in moe_layers(self.model)],
+            self.model.cfg.num_hidden_layers,
+        )
         return completions(requests, rows, done, prompts, experts, self.weight_version)
 
     def continuous_ok(self, requests: Sequence[GenerateRequest]) -> bool:
@@ -173,7 +206,8 @@ class EmbeddedEngine:
         are kept per static group only.
         """
         return not self.deterministic and all(
-            not r.return_routed_experts and not r.logprobs.top_k for r in requests)
+            not r.return_routed_experts and not r.logprobs.top_k for r in requests
+        )
 
     def open_batch(self, compact_below: float | None = None) -> ContinuousBatch:
         """A ``ContinuousBatch`` on this engine: requests join and leave it between decoding steps."""
@@ -208,14 +242,18 @@ class EmbeddedEngine:
         for i, req in enumerate(requests):
             prompt, p = self._checked_prompt(i, req), req.params
             if req.return_routed_experts and self.routing_shape is None:
-                raise RingzeroError(f"request {i}: return_routed_experts needs a model with MoE layers; the "
-                                    "served model has none")
+                raise RingzeroError(
+                    f"request {i}: return_routed_experts needs a model with MoE layers; the "
+                    "served model has none"
+                )
             StopStrings(p.stop, self.tokenizer)  # refuse bad stop strings before any work
             base = p.seed if p.seed is not None else self._seeds.getrandbits(62)
             room = self.model.cfg.max_position_embeddings - len(prompt)
             stop_ids = () if p.ignore_eos else tuple(sorted(set(p.stop_token_ids) | eos))
-            rows += [RowSpec(i, prompt, p, sample_seed(base, k), min(p.max_new_tokens, room), stop_ids, req.rid)
-                     for k in range(p.n)]
+            rows += [
+                RowSpec(i, prompt, p, sample_seed(base, k), min(p.max_new_tokens, room), stop_ids, req.rid)
+                for k in range(p.n)
+            ]
         return rows
 
     def _checked_prompt(self, i: int, req: GenerateRequest) -> list[int]:
@@ -226,14 +264,19 @@ class EmbeddedEngine:
         bad = [t for t in prompt if not 0 <= t < vocab]
         if bad:
             raise RingzeroError(f"request {i}: token ids {bad[:5]} outside the vocabulary of {vocab}")
-        # A prompt that is only scored (max_new_tokens 0) may fill the context; one to continue must leave room.
+        # A prompt that is only scored (max_new_tokens 0) may fill the context; one to continue must leave
+        # room.
         if len(prompt) + (req.params.max_new_tokens > 0) > limit:
-            raise RingzeroError(f"request {i}: a prompt of {len(prompt)} tokens leaves no room under "
-                                f"max_position_embeddings {limit}")
+            raise RingzeroError(
+                f"request {i}: a prompt of {len(prompt)} tokens leaves no room under "
+                f"max_position_embeddings {limit}"
+            )
         lp, room = req.logprobs, len(prompt) - (req.params.max_new_tokens > 0)
         if lp.prompt_from is not None and not 0 <= lp.prompt_from <= room:
-            raise RingzeroError(f"request {i}: prompt log-probs from position {lp.prompt_from}, outside "
-                                f"0..{room} for a prompt of {len(prompt)} tokens")
+            raise RingzeroError(
+                f"request {i}: prompt log-probs from position {lp.prompt_from}, outside "
+                f"0..{room} for a prompt of {len(prompt)} tokens"
+            )
         if not 0 <= lp.top_k <= vocab:
             raise RingzeroError(f"request {i}: top-k log-probs of {lp.top_k} tokens, outside 0..{vocab}")
         return prompt
@@ -251,7 +294,8 @@ class EmbeddedEngine:
 
     @property
     def routing_shape(self) -> tuple[int, int] | None:
-        """``(num_hidden_layers, num_experts_per_tok)`` of ``routed_experts``; None: a dense model, no experts."""
+        """``(num_hidden_layers, num_experts_per_tok)`` of ``routed_experts``; None: a dense model, no
+        experts."""
         return routing_shape(self.model)
 
     @property
@@ -266,35 +310,67 @@ class EmbeddedEngine:
         cache = self.model.new_cache(len(prompts), capacity=capacity)
         chunk = self.prefill_chunk or ids_PT.shape[1]
         for s in range(0, ids_PT.shape[1], chunk):
-            hidden_PSD = self.model.hidden(ids_PT[:, s:s + chunk], pos_PT[:, s:s + chunk], cache)
+            hidden_PSD = self.model.hidden(ids_PT[:, s : s + chunk], pos_PT[:, s : s + chunk], cache)
         # Only the last column's logits are needed: skip the LM head on the rest of the prompt.
         return self.model.logits(hidden_PSD[:, -1:])[:, 0], cache
 
-    def _run_group(self, rows: list[RowSpec], top_ks: list[int], routed: list[bool], aborted: AbortCheck,
-                   ) -> list[Done]:
+    def _run_group(
+        self,
+        rows: list[RowSpec],
+        top_ks: list[int],
+        routed: list[bool],
+        aborted: AbortCheck,
+    ) -> list[Done]:
         """Decode a group; rows whose request is aborted already finish without a prefill."""
         seen = aborted()
         live = [b for b, r in enumerate(rows) if r.request not in seen]
-        done = {b: Done(Finished([], [], ABORT, None), abort_message=ABORTED_BEFORE_PREFILL)
-                for b, r in enumerate(rows) if r.request in seen}
+        done = {
+            b: Done(Finished([], [], ABORT, None), abort_message=ABORTED_BEFORE_PREFILL)
+            for b, r in enumerate(rows)
+            if r.request in seen
+        }
         if live and self.deterministic:
             pad = self.tokenizer.pad_id if self.tokenizer is not None else 0
-            decoded = [Done(d.result, d.top, ABORTED if d.capped and cut(d.result, rows[b]) else None,
-                             d.routing if routed[b] else None)
-                       for b, d in zip(live, bitwise.decode(self.model, [rows[b] for b in live],
-                                                            [top_ks[b] for b in live], [routed[b] for b in live],
-                                                            aborted, seen, self.tokenizer, pad), strict=True)]
+            decoded = [
+                Done(
+                    d.result,
+                    d.top,
+                    ABORTED if d.capped and cut(d.result, rows[b]) else None,
+                    d.routing if routed[b] else None,
+                )
+                for b, d in zip(
+                    live,
+                    bitwise.decode(
+                        self.model,
+                        [rows[b] for b in live],
+                        [top_ks[b] for b in live],
+                        [routed[b] for b in live],
+                        aborted,
+                        seen,
+                        self.tokenizer,
+                        pad,
+                    ),
+                    strict=True,
+                )
+            ]
             for b, d in zip(live, decoded, strict=True):
                 done[b] = d
         elif live:
-            decoded = self._decode([rows[b] for b in live], [top_ks[b] for b in live], [routed[b] for b in live],
-                                   aborted, seen)
+            decoded = self._decode(
+                [rows[b] for b in live], [top_ks[b] for b in live], [routed[b] for b in live], aborted, seen
+            )
             for b, d in zip(live, decoded, strict=True):
                 done[b] = d
         return [done[b] for b in range(len(rows))]
 
-    def _decode(self, rows: list[RowSpec], top_ks: list[int], routed: list[bool], aborted: AbortCheck, seen,
-                ) -> list[Done]:
+    def _decode(
+        self,
+        rows: list[RowSpec],
+        top_ks: list[int],
+        routed: list[bool],
+        aborted: AbortCheck,
+        seen,
+    ) -> list[Done]:
         """Prefill each distinct prompt once, fan out to the rows, decode until every row finished.
 
         Everything stays on the engine's device; per step at most one small read comes back to the
@@ -310,7 +386,9 @@ class EmbeddedEngine:
         routing = GroupRouting(self.model, len(rows), self.device, enabled=any(routed))
         with routing.prefill([len(p) for p in prompts]):
             logits_BV, cache = self._prefill(prompts, max(len(p) for p in prompts) + state.steps)
-        fan_out_B = torch.tensor([first_row_of[r.request] for r in rows], dtype=torch.long, device=self.device)
+        fan_out_B = torch.tensor(
+            [first_row_of[r.request] for r in rows], dtype=torch.long, device=self.device
+        )
         cache.select(fan_out_B, check=False)  # built from the prompts just prefilled: in range
         logits_BV = logits_BV[fan_out_B]
         capped: set[int] = set()
@@ -318,7 +396,9 @@ class EmbeddedEngine:
             if track is None:
                 tokens_B, logp_B = sample_next(logits_BV, state.settings, state.uniforms.next())
             else:
-                tokens_B, logp_B, top = sample_next_with_top(logits_BV, state.settings, state.uniforms.next(), track.k)
+                tokens_B, logp_B, top = sample_next_with_top(
+                    logits_BV, state.settings, state.uniforms.next(), track.k
+                )
                 track.record(t, *top)
             now = aborted()
             if now is not seen:  # the caller aborted requests: their rows end with this step's token
@@ -344,10 +424,14 @@ class EmbeddedEngine:
         results = state.results()
         experts: list[torch.Tensor | None] = [None] * len(rows)
         if routing.enabled:  # every fed token: the prompt's, then each output token but the last
-            experts = routing.rows([first_row_of[r.request] for r in rows], [len(f.output_ids) - 1 for f in results])
+            experts = routing.rows(
+                [first_row_of[r.request] for r in rows], [len(f.output_ids) - 1 for f in results]
+            )
         out = []
         for b, (f, routes) in enumerate(zip(results, experts, strict=True)):
-            d = Done(f, track.pairs(b, len(f.output_ids), top_ks[b]) if track is not None and top_ks[b] else None)
+            d = Done(
+                f, track.pairs(b, len(f.output_ids), top_ks[b]) if track is not None and top_ks[b] else None
+            )
             if b in capped and cut(f, rows[b]):
                 d.abort_message = ABORTED
             d.routing = routes if routed[b] else None
@@ -363,7 +447,7 @@ class EmbeddedEngine:
                 done[j].routing = bitwise.route_prompt(self.model, rows[j].prompt, pad)
             return
         for start in range(0, len(todo), self.max_batch):
-            group = todo[start:start + self.max_batch]
+            group = todo[start : start + self.max_batch]
             prompts = [rows[j].prompt for j in group]
             routing = GroupRouting(self.model, len(group), self.device)
             with routing.prefill([len(p) for p in prompts]):

@@ -29,7 +29,8 @@ DEFAULT_LENGTH_EDGES = (256, 1024, 4096)
 
 
 def length_buckets(edges: Sequence[int]) -> list[tuple[str, int, int | None]]:
-    """``[(label, lo, hi)]`` with ``lo <= length <= hi`` (``hi`` None = open): ``1-256``, ``257-1024``, ``>4096``."""
+    """``[(label, lo, hi)]`` with ``lo <= length <= hi`` (``hi`` None = open): ``1-256``, ``257-1024``,
+    ``>4096``."""
     edges = list(edges)
     if any(e < 1 for e in edges) or any(b <= a for a, b in zip(edges, edges[1:], strict=False)):
         raise RingzeroError(f"length bucket edges must be positive and increasing (got {edges})")
@@ -42,8 +43,11 @@ def _tail(log_r: np.ndarray) -> dict[str, float]:
     return {**distribution("ratio", np.abs(np.expm1(log_r))), **distribution("logratio", np.abs(log_r))}
 
 
-def gap_stats(logp_train: Sequence[torch.Tensor], logp_rollout: Sequence[torch.Tensor],
-              length_edges: Sequence[int] = DEFAULT_LENGTH_EDGES) -> dict:
+def gap_stats(
+    logp_train: Sequence[torch.Tensor],
+    logp_rollout: Sequence[torch.Tensor],
+    length_edges: Sequence[int] = DEFAULT_LENGTH_EDGES,
+) -> dict:
     """Tail statistics of ``r = exp(train - rollout)`` per token, one tensor pair per trajectory.
 
     Returns ``{"all": {...}, "by_length": {label: {...}}, "by_position": {label: {...}}}``: overall, per
@@ -67,10 +71,14 @@ def gap_stats(logp_train: Sequence[torch.Tensor], logp_rollout: Sequence[torch.T
         log_r = np.concatenate([m[0] for m in members]) if members else np.zeros(0)
         train = np.concatenate([m[1] for m in members]) if members else np.zeros(0)
         finite = np.isfinite(log_r)
-        return {**_tail(log_r[finite]), "trajectories": len(members), "tokens": int(log_r.size),
-                "nonfinite": int((~finite).sum()),
-                # How peaked the policy is where it sampled: the gap matters most on confident tokens.
-                "train_nll/mean": float(-train[np.isfinite(train)].mean()) if train.size else float("nan")}
+        return {
+            **_tail(log_r[finite]),
+            "trajectories": len(members),
+            "tokens": int(log_r.size),
+            "nonfinite": int((~finite).sum()),
+            # How peaked the policy is where it sampled: the gap matters most on confident tokens.
+            "train_nll/mean": float(-train[np.isfinite(train)].mean()) if train.size else float("nan"),
+        }
 
     by_length, by_position = {}, {}
     for label, lo, hi in length_buckets(length_edges):
@@ -78,16 +86,26 @@ def gap_stats(logp_train: Sequence[torch.Tensor], logp_rollout: Sequence[torch.T
         if members:
             by_length[label] = summary(members)
         # The same edges over positions inside each response (1-based): the gap compounds along it.
-        segments = [(m[0][lo - 1: hi], m[1][lo - 1: hi]) for m in pairs if m[0].size >= lo]
+        segments = [(m[0][lo - 1 : hi], m[1][lo - 1 : hi]) for m in pairs if m[0].size >= lo]
         if segments:
             by_position[label] = summary(segments)
     return {"all": summary(pairs), "by_length": by_length, "by_position": by_position}
 
 
-def measure_gap(model: HybridLM, prompts: Sequence[Sequence[int]], params: SamplingParams, *,
-                train_policy: PrecisionPolicy, rollout_policy: PrecisionPolicy, deterministic: bool = False,
-                tokenizer: Tokenizer | None = None, length_edges: Sequence[int] = DEFAULT_LENGTH_EDGES,
-                max_batch: int = 64, seed: int = 0, micro_batch: int = 16) -> dict:
+def measure_gap(
+    model: HybridLM,
+    prompts: Sequence[Sequence[int]],
+    params: SamplingParams,
+    *,
+    train_policy: PrecisionPolicy,
+    rollout_policy: PrecisionPolicy,
+    deterministic: bool = False,
+    tokenizer: Tokenizer | None = None,
+    length_edges: Sequence[int] = DEFAULT_LENGTH_EDGES,
+    max_batch: int = 64,
+    seed: int = 0,
+    micro_batch: int = 16,
+) -> dict:
     """Sample ``params.n`` completions per prompt with an engine under ``rollout_policy``, rescore them
     under ``train_policy`` and return ``gap_stats`` plus the settings and the completions' lengths.
 
@@ -101,16 +119,21 @@ def measure_gap(model: HybridLM, prompts: Sequence[Sequence[int]], params: Sampl
             f"deterministic mode needs one policy on both sides (train {train_policy.name()}, "
             f"rollout {rollout_policy.name()})"
         )
-    engine = EmbeddedEngine(model, tokenizer, rollout_policy, deterministic=deterministic,
-                            max_batch=max_batch, seed=seed)
+    engine = EmbeddedEngine(
+        model, tokenizer, rollout_policy, deterministic=deterministic, max_batch=max_batch, seed=seed
+    )
     completions: list[Completion] = [
         c for group in engine.generate([GenerateRequest(list(p), params) for p in prompts]) for c in group
     ]
     trainer = copy_under_policy(model, train_policy).eval()
     with torch.no_grad():
         logp_train = score_sequences(
-            trainer, [c.prompt_ids + c.output_ids for c in completions], [len(c.prompt_ids) for c in completions],
-            params.temperature, batch_invariant=deterministic, micro_batch=micro_batch,
+            trainer,
+            [c.prompt_ids + c.output_ids for c in completions],
+            [len(c.prompt_ids) for c in completions],
+            params.temperature,
+            batch_invariant=deterministic,
+            micro_batch=micro_batch,
         )
     logp_rollout = [torch.tensor(c.output_logprobs, dtype=torch.float64) for c in completions]
     lengths = [len(c.output_ids) for c in completions]

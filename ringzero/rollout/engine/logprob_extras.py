@@ -65,8 +65,9 @@ class PromptLogprobs:
     top: list[TopK | None] | None
 
 
-def prompt_logprobs(model, requests: Sequence[GenerateRequest], wanted: Sequence[int], *, deterministic: bool,
-                    pad_id: int) -> dict[int, PromptLogprobs]:
+def prompt_logprobs(
+    model, requests: Sequence[GenerateRequest], wanted: Sequence[int], *, deterministic: bool, pad_id: int
+) -> dict[int, PromptLogprobs]:
     """Prompt log-probs of ``requests[i]`` for each ``i`` in ``wanted`` (its ``logprobs.prompt_from`` set)."""
     out: dict[int, PromptLogprobs] = {}
     to_score: dict[tuple[int, float], list[int]] = {}  # (top_k, temperature) -> requests scored together
@@ -80,9 +81,15 @@ def prompt_logprobs(model, requests: Sequence[GenerateRequest], wanted: Sequence
         t = req.params.temperature if req.logprobs.prompt_temperature_scaled else 1.0
         to_score.setdefault((k, t), []).append(i)
     for (k, t), group in to_score.items():
-        scored = score_tokens(model, [list(requests[i].input_ids) for i in group],
-                              [requests[i].logprobs.prompt_from + 1 for i in group], t,
-                              batch_invariant=deterministic, top_k=k, pad_id=pad_id)
+        scored = score_tokens(
+            model,
+            [list(requests[i].input_ids) for i in group],
+            [requests[i].logprobs.prompt_from + 1 for i in group],
+            t,
+            batch_invariant=deterministic,
+            top_k=k,
+            pad_id=pad_id,
+        )
         for i, s in zip(group, scored, strict=True):
             out[i] = _entries(s, k)
     return out

@@ -39,8 +39,14 @@ def cut(f: Finished, row: RowSpec) -> bool:
     return False
 
 
-def completions(requests: Sequence[GenerateRequest], rows: Sequence[RowSpec], done: Sequence[Done],
-                prompts: dict[int, PromptLogprobs], experts: Sequence, weight_version: str) -> list[list[Completion]]:
+def completions(
+    requests: Sequence[GenerateRequest],
+    rows: Sequence[RowSpec],
+    done: Sequence[Done],
+    prompts: dict[int, PromptLogprobs],
+    experts: Sequence,
+    weight_version: str,
+) -> list[list[Completion]]:
     """``n`` completions per request, in request order, from its rows' outcomes."""
     out: list[list[Completion]] = [[] for _ in requests]
     for row, d, routing in zip(rows, done, experts, strict=True):
@@ -48,11 +54,19 @@ def completions(requests: Sequence[GenerateRequest], rows: Sequence[RowSpec], do
         if d.abort_message is not None:
             meta["message"] = d.abort_message
         f, scored = d.result, prompts.get(row.request)
-        out[row.request].append(Completion(
-            prompt_ids=list(row.prompt), output_ids=f.output_ids, output_logprobs=f.logprobs,
-            finish_reason=f.reason, matched_stop=f.matched, weight_version=weight_version, meta=meta,
-            output_top_logprobs=d.top if requests[row.request].logprobs.top_k else None,
-            prompt_logprobs=scored.values if scored else None, prompt_top_logprobs=scored.top if scored else None,
-            routed_experts=routing,
-        ))
+        out[row.request].append(
+            Completion(
+                prompt_ids=list(row.prompt),
+                output_ids=f.output_ids,
+                output_logprobs=f.logprobs,
+                finish_reason=f.reason,
+                matched_stop=f.matched,
+                weight_version=weight_version,
+                meta=meta,
+                output_top_logprobs=d.top if requests[row.request].logprobs.top_k else None,
+                prompt_logprobs=scored.values if scored else None,
+                prompt_top_logprobs=scored.top if scored else None,
+                routed_experts=routing,
+            )
+        )
     return out

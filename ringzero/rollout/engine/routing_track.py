@@ -1,4 +1,5 @@
-"""The experts the engine's forwards chose, per row: ``Completion.routed_experts`` (``return_routed_experts``).
+"""The experts the engine's forwards chose, per row: ``Completion.routed_experts``
+(``return_routed_experts``).
 
 The layout is SGLang's: int32 ``[len(prompt) + len(output) - 1, num_hidden_layers, num_experts_per_tok]``,
 row ``p`` the experts token ``p`` went to when it was fed (every prompt token, then every sampled token but
@@ -64,7 +65,7 @@ class GroupRouting:
             yield
         experts_PSMK = stacked(chosen, self.moe)
         width = experts_PSMK.shape[1]
-        self._prompts = [experts_PSMK[p, width - n:] for p, n in enumerate(prompt_lens)]
+        self._prompts = [experts_PSMK[p, width - n :] for p, n in enumerate(prompt_lens)]
 
     @contextmanager
     def step(self) -> Iterator[None]:
@@ -82,8 +83,9 @@ class GroupRouting:
             self._alive_B = self._alive_B[keep_B]
 
     def rows(self, prompt_of: Sequence[int], fed: Sequence[int]) -> list[torch.Tensor]:
-        """Per row ``[len(prompt) + fed, M, K]``: its prompt's experts (``prompt_of``: which prefilled prompt),
-        then those of the ``fed`` sampled tokens the decoding forwards saw (its output length - 1)."""
+        """Per row ``[len(prompt) + fed, M, K]``: its prompt's experts (``prompt_of``: which prefilled
+        prompt), then those of the ``fed`` sampled tokens the decoding forwards saw (its output length -
+        1)."""
         recorded = sum(b.shape[0] for b, _ in self._steps)
         if recorded != sum(fed):
             raise RuntimeError(f"routing: {recorded} decoded tokens recorded, {sum(fed)} expected")
@@ -96,14 +98,18 @@ class GroupRouting:
         return [torch.cat((self._prompts[p], d)) for p, d in zip(prompt_of, decoded, strict=True)]
 
 
-def to_host(parts: Sequence[torch.Tensor | None], moe: Sequence[int], num_layers: int) -> list[torch.Tensor | None]:
-    """Each ``[T, M, K]`` part as int32 ``[T, num_layers, K]`` on the host (``-1`` on dense layers), in one copy."""
+def to_host(
+    parts: Sequence[torch.Tensor | None], moe: Sequence[int], num_layers: int
+) -> list[torch.Tensor | None]:
+    """Each ``[T, M, K]`` part as int32 ``[T, num_layers, K]`` on the host (``-1`` on dense layers), in one
+    copy."""
     present = [p for p in parts if p is not None]
     if not present:
         return list(parts)
     flat_NMK = torch.cat(present)
-    full_NLK = torch.full((flat_NMK.shape[0], num_layers, flat_NMK.shape[-1]), -1, dtype=torch.int32,
-                          device=flat_NMK.device)
+    full_NLK = torch.full(
+        (flat_NMK.shape[0], num_layers, flat_NMK.shape[-1]), -1, dtype=torch.int32, device=flat_NMK.device
+    )
     full_NLK[:, list(moe)] = flat_NMK
     pieces = iter(torch.split(full_NLK.cpu(), [p.shape[0] for p in present]))
     return [None if p is None else next(pieces) for p in parts]

@@ -68,7 +68,7 @@ def read_stops(rows, tokens_B: torch.Tensor) -> tuple[list[int] | None, list[int
 def match_tail(strings: StopStrings, tail: list[int], token: int) -> str | None:
     """Extend a row's host tail by its newest token; the stop string that now appears, if any."""
     tail.append(token)
-    del tail[:-strings.window]
+    del tail[: -strings.window]
     return strings.match(tail)
 
 
@@ -82,12 +82,15 @@ def row_end(rows, row, b: int, stops, tokens, capped: bool) -> tuple[str, int | 
 
 
 class DecodingRows:
-    def __init__(self, specs: list[RowSpec], tokenizer: Tokenizer | None, device: torch.device | str | None = None):
+    def __init__(
+        self, specs: list[RowSpec], tokenizer: Tokenizer | None, device: torch.device | str | None = None
+    ):
         params = [s.params for s in specs]
         self.device = torch.device(device) if device is not None else torch.device("cpu")
         self.steps = max(s.max_new for s in specs)
-        self.settings = RowSettings.build([p.temperature for p in params], [p.top_k for p in params],
-                                          [p.top_p for p in params], self.device)
+        self.settings = RowSettings.build(
+            [p.temperature for p in params], [p.top_k for p in params], [p.top_p for p in params], self.device
+        )
         self.uniforms = UniformStream([s.seed for s in specs], self.device)
         self._table = StopTable([s.stop_ids for s in specs], self.device)
         self._has_stop_ids = {row for row, s in enumerate(specs) if s.stop_ids}
@@ -147,8 +150,10 @@ class DecodingRows:
         if len(self._ends) != self._ids_BT.shape[0]:
             raise RuntimeError(f"{self._ids_BT.shape[0] - len(self._ends)} rows are still decoding")
         ids, logp = self._ids_BT.tolist(), self._logp_BT.tolist()
-        return [Finished(ids[row][:n], logp[row][:n], reason, matched)
-                for row, (n, reason, matched) in sorted(self._ends.items())]
+        return [
+            Finished(ids[row][:n], logp[row][:n], reason, matched)
+            for row, (n, reason, matched) in sorted(self._ends.items())
+        ]
 
     def _select(self, keep: list[int], keep_B: torch.Tensor) -> None:
         self.settings = self.settings.select(keep, keep_B)

@@ -55,8 +55,13 @@ class RowSettings:
     filters: tuple[bool, ...]
 
     @classmethod
-    def build(cls, temperatures: Sequence[float], top_ks: Sequence[int], top_ps: Sequence[float],
-              device: torch.device | str | None = None) -> RowSettings:
+    def build(
+        cls,
+        temperatures: Sequence[float],
+        top_ks: Sequence[int],
+        top_ps: Sequence[float],
+        device: torch.device | str | None = None,
+    ) -> RowSettings:
         temperatures, top_ks, top_ps = list(temperatures), list(top_ks), list(top_ps)
         filters = tuple(k > 0 or p < 1 for k, p in zip(top_ks, top_ps, strict=True))
         return cls(
@@ -74,13 +79,22 @@ class RowSettings:
 
     def select(self, rows: Sequence[int], rows_B: torch.Tensor) -> RowSettings:
         """Rows ``rows`` (host indices, possibly repeated) in order; ``rows_B`` holds them on the device."""
-        return RowSettings(self.temperature_B[rows_B], self.top_k_B[rows_B], self.top_p_B[rows_B],
-                           self.filters_B[rows_B], _take(self.greedy, rows), _take(self.filters, rows))
+        return RowSettings(
+            self.temperature_B[rows_B],
+            self.top_k_B[rows_B],
+            self.top_p_B[rows_B],
+            self.filters_B[rows_B],
+            _take(self.greedy, rows),
+            _take(self.filters, rows),
+        )
 
     def cat(self, other: RowSettings) -> RowSettings:
         """These rows, then ``other``'s (rows joining a running batch)."""
-        return RowSettings(*(torch.cat([a, b]) for a, b in zip(self.tensors, other.tensors, strict=True)),
-                           self.greedy + other.greedy, self.filters + other.filters)
+        return RowSettings(
+            *(torch.cat([a, b]) for a, b in zip(self.tensors, other.tensors, strict=True)),
+            self.greedy + other.greedy,
+            self.filters + other.filters,
+        )
 
     @property
     def tensors(self) -> tuple[torch.Tensor, ...]:
@@ -109,7 +123,8 @@ class UniformStream:
         self.join(seeds)
 
     def join(self, seeds: Sequence[int]) -> None:
-        """Rows with these seeds, appended after the current ones; their first ``next()`` starts their stream."""
+        """Rows with these seeds, appended after the current ones; their first ``next()`` starts their
+        stream."""
         self.generators += [torch.Generator(device=self.device).manual_seed(int(s)) for s in seeds]
         self._block_BK = torch.cat([self._block_BK, self._block_BK.new_zeros((len(seeds), UNIFORM_BLOCK))])
         self._used += [UNIFORM_BLOCK] * len(seeds)
@@ -129,9 +144,14 @@ class UniformStream:
         stale = [b for b, used in enumerate(self._used) if used == UNIFORM_BLOCK]
         if stale:
             stale_B = torch.tensor(stale, dtype=torch.long, device=self.device)
-            self._block_BK[stale_B] = torch.stack([
-                torch.rand(UNIFORM_BLOCK, generator=self.generators[b], dtype=torch.float64, device=self.device)
-                for b in stale])
+            self._block_BK[stale_B] = torch.stack(
+                [
+                    torch.rand(
+                        UNIFORM_BLOCK, generator=self.generators[b], dtype=torch.float64, device=self.device
+                    )
+                    for b in stale
+                ]
+            )
             self._used_B[stale_B] = 0
             for b in stale:
                 self._used[b] = 0
@@ -203,14 +223,15 @@ def sample_next(logits_BV: torch.Tensor, rows: RowSettings, u_B: torch.Tensor):
 
 
 def sample_from_logprobs(logp_BV: torch.Tensor, rows: RowSettings, u_B: torch.Tensor):
-    """``sample_next`` on a distribution computed elsewhere: ``logp_BV`` is already ``log_softmax(logits / T)``
-    (greedy rows: T = 1), and the token is drawn from it and reported with its own entry, bit for bit."""
+    """``sample_next`` on a distribution computed elsewhere: ``logp_BV`` is already ``log_softmax(logits /
+    T)`` (greedy rows: T = 1), and the token is drawn from it and reported with its own entry, bit for bit."""
     tokens_B = _sample(logp_BV, rows, u_B)
     return tokens_B, logp_BV.gather(-1, tokens_B[:, None])[:, 0]
 
 
 def sample_next_with_top(logits_BV: torch.Tensor, rows: RowSettings, u_B: torch.Tensor, k: int):
-    """``sample_next`` plus ``(values [B, k], ids [B, k])``: the k most likely tokens of the same distribution.
+    """``sample_next`` plus ``(values [B, k], ids [B, k])``: the k most likely tokens of the same
+    distribution.
 
     Top-k alternatives are taken from the reported distribution (``log_softmax(logits / T)`` before
     top-k/top-p), as SGLang reports ``output_top_logprobs``; the draws are those of ``sample_next``.

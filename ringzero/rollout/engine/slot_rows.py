@@ -21,8 +21,9 @@ from ringzero.tokenizer.base import Tokenizer
 
 def _settings(specs: list[RowSpec], device) -> RowSettings:
     params = [s.params for s in specs]
-    return RowSettings.build([p.temperature for p in params], [p.top_k for p in params],
-                             [p.top_p for p in params], device)
+    return RowSettings.build(
+        [p.temperature for p in params], [p.top_k for p in params], [p.top_p for p in params], device
+    )
 
 
 class SlotRows(DecodingRows):
@@ -64,8 +65,10 @@ class SlotRows(DecodingRows):
         self._steps += [0] * len(specs)
         self._steps_L = torch.cat([self._steps_L, self._steps_L.new_zeros(len(specs))])
         width = max(self._ids_LC.shape[1], max(s.max_new for s in specs))
-        self._ids_LC, self._logp_LC = (torch.cat([self._widened(buf, width), buf.new_zeros((len(specs), width))])
-                                       for buf in (self._ids_LC, self._logp_LC))
+        self._ids_LC, self._logp_LC = (
+            torch.cat([self._widened(buf, width), buf.new_zeros((len(specs), width))])
+            for buf in (self._ids_LC, self._logp_LC)
+        )
 
     @staticmethod
     def _widened(buf: torch.Tensor, width: int) -> torch.Tensor:
@@ -106,8 +109,12 @@ class SlotRows(DecodingRows):
         self.settings = self.settings.select(keep, keep_L)
         self.uniforms.select(keep, keep_L)
         self._table.select(keep_L)
-        self._alive, self.slots, self._steps = ([xs[b] for b in keep] for xs in (self._alive, self.slots, self._steps))
-        self._steps_L, self._ids_LC, self._logp_LC = (t[keep_L] for t in (self._steps_L, self._ids_LC, self._logp_LC))
+        self._alive, self.slots, self._steps = (
+            [xs[b] for b in keep] for xs in (self._alive, self.slots, self._steps)
+        )
+        self._steps_L, self._ids_LC, self._logp_LC = (
+            t[keep_L] for t in (self._steps_L, self._ids_LC, self._logp_LC)
+        )
         return keep
 
     def results(self):

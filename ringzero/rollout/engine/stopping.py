@@ -39,7 +39,7 @@ class StopStrings:
         self.window = TOKENS_PER_CHAR_BOUND * max((len(s) for s in strings), default=0) + 1
 
     def match(self, output_ids: Sequence[int]) -> str | None:
-        tail = self.tokenizer.decode(output_ids[-self.window:])
+        tail = self.tokenizer.decode(output_ids[-self.window :])
         return next((s for s in self.strings if s in tail), None)
 
 
@@ -63,7 +63,9 @@ class StopTable:
         """Append ``other``'s rows (rows joining a running batch), padding the narrower table with -1."""
         a, b = self.stop_ids_BS, other.stop_ids_BS
         width = max(a.shape[1], b.shape[1])
-        self.stop_ids_BS = torch.cat([torch.nn.functional.pad(t, (0, width - t.shape[1]), value=-1) for t in (a, b)])
+        self.stop_ids_BS = torch.cat(
+            [torch.nn.functional.pad(t, (0, width - t.shape[1]), value=-1) for t in (a, b)]
+        )
 
     def hit_stop_id(self, tokens_B: torch.Tensor) -> torch.Tensor:
         """``[B]`` bool: the token just sampled is one of the row's stop ids."""

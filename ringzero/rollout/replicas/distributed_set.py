@@ -36,15 +36,30 @@ _POLL_S = 0.02
 
 
 class DistributedReplicaSet(ReplicaSet):
-    """A ``ReplicaSet`` whose ``update_weights`` broadcasts tensors to every replica over a torch.distributed group."""
+    """A ``ReplicaSet`` whose ``update_weights`` broadcasts tensors to every replica over a torch.distributed
+    group."""
 
-    def __init__(self, endpoints: Sequence[str], *, tp_size: int = 1, backend: str = "nccl",
-                 master_address: str | None = None, master_port: int = 0, group_name: str = "ringzero-weights",
-                 sync_timeout_s: float = 600.0, dtype: torch.dtype | None = None, **kwargs):
+    def __init__(
+        self,
+        endpoints: Sequence[str],
+        *,
+        tp_size: int = 1,
+        backend: str = "nccl",
+        master_address: str | None = None,
+        master_port: int = 0,
+        group_name: str = "ringzero-weights",
+        sync_timeout_s: float = 600.0,
+        dtype: torch.dtype | None = None,
+        **kwargs,
+    ):
         super().__init__(endpoints, **kwargs)
         self.dtype = dtype  # the rollout body dtype: half the bytes of fp32 masters under a bf16 body
         self.tp_size, self.backend, self.group_name = tp_size, backend, group_name
-        self.master_address, self.master_port, self.sync_timeout_s = master_address, master_port, sync_timeout_s
+        self.master_address, self.master_port, self.sync_timeout_s = (
+            master_address,
+            master_port,
+            sync_timeout_s,
+        )
         self.group: WeightGroup | None = None
         self.broken: str | None = None  # why the group cannot be used any more (the next push reopens it)
         self.members: list[str] = []  # the replicas in the group, in rank order
@@ -59,8 +74,14 @@ class DistributedReplicaSet(ReplicaSet):
             raise RingzeroError("update_weights: no tensors to send")
         from ringzero.model.hf_format import hf_tensors
 
-        state_dict = {k: (v.to(self.dtype) if self.dtype is not None and v.is_floating_point() and
-                          "expert_bias" not in k else v) for k, v in hf_tensors(state_dict).items()}
+        state_dict = {
+            k: (
+                v.to(self.dtype)
+                if self.dtype is not None and v.is_floating_point() and "expert_bias" not in k
+                else v
+            )
+            for k, v in hf_tensors(state_dict).items()
+        }
         self._push(weight_version, lambda clients: self._broadcast_push(clients, state_dict, weight_version))
         self._last_sent = (state_dict, str(weight_version))
 
@@ -72,11 +93,21 @@ class DistributedReplicaSet(ReplicaSet):
         group = self.group
         names = list(state_dict)
         tensors = [self._on_device(state_dict[n]) for n in names]
-        body = distributed_update_body(names, [str(t.dtype).removeprefix("torch.") for t in tensors],
-                                       [list(t.shape) for t in tensors], self.current_group, weight_version)
+        body = distributed_update_body(
+            names,
+            [str(t.dtype).removeprefix("torch.") for t in tensors],
+            [list(t.shape) for t in tensors],
+            self.current_group,
+            weight_version,
+        )
         try:
-            self._push_to(clients, weight_version, lambda: self._send(group, clients, body, tensors), session=True,
-                          fan_out=False)
+            self._push_to(
+                clients,
+                weight_version,
+                lambda: self._send(group, clients, body, tensors),
+                session=True,
+                fan_out=False,
+            )
         except Exception as exc:
             # A broadcast may still be in flight on some ranks: the group's next collective would not line up,
             # so the next push opens a new one.
@@ -91,7 +122,9 @@ class DistributedReplicaSet(ReplicaSet):
     def _catch_up(self, back: list[ServerClient]) -> None:
         """Returning replicas join a new weight group with every live replica, and the last tensors are sent
         to all of them again (a broadcast reaches every member)."""
-        if self._last_sent is None:  # another rank pushed: that rank catches it up; here its version is checked
+        if (
+            self._last_sent is None
+        ):  # another rank pushed: that rank catches it up; here its version is checked
             return
         state_dict, version = self._last_sent
         try:
@@ -99,20 +132,29 @@ class DistributedReplicaSet(ReplicaSet):
         except RingzeroError as exc:
             log.warning("rollout.rejoin_failed", replicas=[c.endpoint for c in back], error=str(exc)[:300])
 
-    def _send(self, group: WeightGroup, clients: list[ServerClient], body: dict,
-              tensors: list[torch.Tensor]) -> None:
-        """Post the update to every replica and broadcast while the posts wait; fail as soon as one refuses."""
+    def _send(
+        self, group: WeightGroup, clients: list[ServerClient], body: dict, tensors: list[torch.Tensor]
+    ) -> None:
+        """Post the update to every replica and broadcast while the posts wait; fail as soon as one
+        refuses."""
         what = f"weight push {body['weight_version']!r}"
         with _Pool(len(clients)) as pool:
-            posts = [pool.submit(self._named, lambda c: c.update_weights_from_distributed(
-                body, timeout_s=self.sync_timeout_s), (c,), what) for c in clients]
+            posts = [
+                pool.submit(
+                    self._named,
+                    lambda c: c.update_weights_from_distributed(body, timeout_s=self.sync_timeout_s),
+                    (c,),
+                    what,
+                )
+                for c in clients
+            ]
             works = group.broadcast(tensors)
             _wait(works, posts, self.sync_timeout_s, f"broadcast of {len(tensors)} tensors")
             _results(posts)
 
     def _reopen_group(self, clients: list[ServerClient]) -> None:
-        """Leave the old group (its members that still answer are told to destroy it) and open a new one, under
-        a new name and port, with exactly ``clients``."""
+        """Leave the old group (its members that still answer are told to destroy it) and open a new one,
+        under a new name and port, with exactly ``clients``."""
         if self.group is not None:
             old = self.current_group
             for c in clients:
@@ -120,7 +162,9 @@ class DistributedReplicaSet(ReplicaSet):
                     try:
                         c.destroy_weights_update_group(old)
                     except RingzeroError as exc:
-                        log.warning("rollout.weight_group_leave_failed", replica=c.endpoint, error=str(exc)[:200])
+                        log.warning(
+                            "rollout.weight_group_leave_failed", replica=c.endpoint, error=str(exc)[:200]
+                        )
             self.group = None
             log.info("rollout.weight_group_reopen", old=old, members=[c.endpoint for c in clients])
         self.generation += 1
@@ -136,18 +180,32 @@ class DistributedReplicaSet(ReplicaSet):
         port = self.master_port or free_port()
         world = 1 + len(clients) * self.tp_size
         name = self.current_group
-        bodies = [init_group_body(address, port, offset, world, name, self.backend)
-                  for offset in rank_offsets(len(clients), self.tp_size)]
+        bodies = [
+            init_group_body(address, port, offset, world, name, self.backend)
+            for offset in rank_offsets(len(clients), self.tp_size)
+        ]
         with _Pool(len(clients) + 1) as pool:
-            joins = [pool.submit(self._named, lambda c, b: c.init_weights_update_group(
-                b, timeout_s=self.sync_timeout_s), (c, b), "weight group join")
-                for c, b in zip(clients, bodies, strict=True)]
+            joins = [
+                pool.submit(
+                    self._named,
+                    lambda c, b: c.init_weights_update_group(b, timeout_s=self.sync_timeout_s),
+                    (c, b),
+                    "weight group join",
+                )
+                for c, b in zip(clients, bodies, strict=True)
+            ]
             opened = pool.submit(open_group, address, port, world, name, self.backend, self.sync_timeout_s)
             _wait([], [*joins, opened], self.sync_timeout_s, f"weight group {name!r} at {address}:{port}")
             _results(joins)
             group = opened.result()
-        log.info("rollout.weight_group", name=name, address=address, port=port, world_size=world,
-                 backend=self.backend)
+        log.info(
+            "rollout.weight_group",
+            name=name,
+            address=address,
+            port=port,
+            world_size=world,
+            backend=self.backend,
+        )
         return group
 
     def _on_device(self, t: torch.Tensor) -> torch.Tensor:

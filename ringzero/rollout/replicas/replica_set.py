@@ -67,9 +67,18 @@ STALE_METRIC = "rollout/stale_samples"
 _POLL_S = 0.02
 
 
-def resolve_endpoints(engine, environ=os.environ, *, resolver=socket.getaddrinfo, sleep=time.sleep,
-                      clock=time.monotonic, want: int | None = None, timeout_s: float | None = None) -> list[str]:
-    """Every replica's ``http://host:port``, from the environment, the config's list, its DNS name or endpoint.
+def resolve_endpoints(
+    engine,
+    environ=os.environ,
+    *,
+    resolver=socket.getaddrinfo,
+    sleep=time.sleep,
+    clock=time.monotonic,
+    want: int | None = None,
+    timeout_s: float | None = None,
+) -> list[str]:
+    """Every replica's ``http://host:port``, from the environment, the config's list, its DNS name or
+    endpoint.
 
     A DNS name is resolved until it has ``want`` records (default ``engines.rollout.replicas``) or
     ``timeout_s`` (default the engine's) passes; finding replicas again after a loss asks for one."""
@@ -85,8 +94,10 @@ def resolve_endpoints(engine, environ=os.environ, *, resolver=socket.getaddrinfo
         host, _, port = engine.replica_dns.rpartition(":")
         want = want or engine.replicas or 1
         wait_s = engine.timeout_s if timeout_s is None else timeout_s
-        return [f"http://{_url_host(ip)}:{port}" for ip in _resolve(host, int(port), want, wait_s, resolver, sleep,
-                                                                    clock)]
+        return [
+            f"http://{_url_host(ip)}:{port}"
+            for ip in _resolve(host, int(port), want, wait_s, resolver, sleep, clock)
+        ]
     if engine.endpoint:
         return [engine.endpoint]
     raise RingzeroError("engines.rollout names no server: set endpoint, endpoints or replica_dns")
@@ -103,8 +114,10 @@ def _resolve(host: str, port: int, want: int, timeout_s: float, resolver, sleep,
         if len(found) >= want:
             return found
         if clock() >= deadline:
-            raise RingzeroError(f"rollout replicas: {host} resolves to {len(found)} address(es) {found}, "
-                                f"{want} expected, after {timeout_s:.0f}s{problem}")
+            raise RingzeroError(
+                f"rollout replicas: {host} resolves to {len(found)} address(es) {found}, "
+                f"{want} expected, after {timeout_s:.0f}s{problem}"
+            )
         sleep(1.0)
 
 
@@ -114,11 +127,22 @@ class ReplicaSet:
     shared = True
     """One set of servers serves every rank of a job: ``SpreadClient`` pushes weights from rank 0 only."""
 
-    def __init__(self, endpoints: Sequence[str], *, connect: Callable[..., ServerClient], stale: str = "refuse",
-                 weights_dir: str | None = None,
-                 accept_store_uris: bool = False, timeout_s: float = 600.0, retries: int = 2,
-                 backoff_s: float = 0.5, resolver: Callable[[], list[str]] | None = None,
-                 recoveries: int = 3, rejoin_wait_s: float = 30.0, recheck_s: float = 30.0):
+    def __init__(
+        self,
+        endpoints: Sequence[str],
+        *,
+        connect: Callable[..., ServerClient],
+        stale: str = "refuse",
+        weights_dir: str | None = None,
+        accept_store_uris: bool = False,
+        timeout_s: float = 600.0,
+        retries: int = 2,
+        backoff_s: float = 0.5,
+        resolver: Callable[[], list[str]] | None = None,
+        recoveries: int = 3,
+        rejoin_wait_s: float = 30.0,
+        recheck_s: float = 30.0,
+    ):
         if not endpoints:
             raise RingzeroError("a replica set needs at least one endpoint")
         if stale not in ("refuse", "count"):
@@ -173,7 +197,9 @@ class ReplicaSet:
             live = self._live_or_wait()
             shares = _shares([requests[i].params.n for i in todo], len(live))
             jobs = [(live[k], todo[s]) for k, s in enumerate(shares) if s.stop > s.start]
-            answers = self._attempt(lambda c, idx: c.generate([requests[i] for i in idx]), jobs, what="generate")
+            answers = self._attempt(
+                lambda c, idx: c.generate([requests[i] for i in idx]), jobs, what="generate"
+            )
             again: list[int] = []
             for (client, idx), out in zip(jobs, answers, strict=True):
                 if isinstance(out, _Failed):
@@ -194,8 +220,10 @@ class ReplicaSet:
             todo = sorted(again)
             log.warning("rollout.resample", requests=len(todo), round=round_ + 1, down=sorted(self.down))
             self.recover()
-        raise RingzeroError(f"rollout: {len(todo)} requests still unanswered after {self.recoveries} recoveries "
-                            f"from lost replicas ({self._down_reasons()})")
+        raise RingzeroError(
+            f"rollout: {len(todo)} requests still unanswered after {self.recoveries} recoveries "
+            f"from lost replicas ({self._down_reasons()})"
+        )
 
     # --- lost replicas ---
 
@@ -222,7 +250,9 @@ class ReplicaSet:
             return False  # it cannot say: its samples are judged as stale
         if held == want:
             return False
-        self._lose(client, RingzeroError(f"holds weight_version {held!r}, not the last push {want!r} (restarted?)"))
+        self._lose(
+            client, RingzeroError(f"holds weight_version {held!r}, not the last push {want!r} (restarted?)")
+        )
         return True
 
     def _live_or_wait(self) -> list[ServerClient]:
@@ -238,7 +268,8 @@ class ReplicaSet:
         return self.live()
 
     def recover(self) -> None:
-        """Find the replicas again, and bring each down or new one that answers back to the current weights."""
+        """Find the replicas again, and bring each down or new one that answers back to the current
+        weights."""
         self._recovered_at = time.monotonic()
         try:
             found = self.resolver()
@@ -275,8 +306,9 @@ class ReplicaSet:
                     self.down[client.endpoint] = str(exc)[:300]
                     continue
                 if held != self.weight_version:
-                    self.down[client.endpoint] = (f"holds weight_version {held!r} after the catch-up, not "
-                                                  f"{self.weight_version!r}")
+                    self.down[client.endpoint] = (
+                        f"holds weight_version {held!r} after the catch-up, not {self.weight_version!r}"
+                    )
                     continue
             self.down.pop(client.endpoint, None)
             self.rejoined += 1
@@ -322,30 +354,43 @@ class ReplicaSet:
         seen = sorted({v for c in stale for v in _versions(c)})
         if self.stale == "refuse":
             raise RingzeroError(
-                f"rollout replica {endpoint}: {len(stale)} of {len(completions)} samples carry weight_version "
+                f"rollout replica {endpoint}: {len(stale)} of {len(completions)} samples carry "
+                "weight_version "
                 f"{seen}, but the last push was {want!r} (engines.rollout.stale: refuse)"
             )
         self.stale_samples += len(stale)
         self.stale_total += len(stale)
-        log.warning("rollout.stale_samples", replica=endpoint, stale=len(stale), of=len(completions),
-                    versions=seen, expected=want)
+        log.warning(
+            "rollout.stale_samples",
+            replica=endpoint,
+            stale=len(stale),
+            of=len(completions),
+            versions=seen,
+            expected=want,
+        )
 
     def _check_path(self, path: str) -> None:
         if self.accept_store_uris:
             return
         if "://" in path:
             raise RingzeroError(
-                f"weight push {path!r}: SGLang loads model_path from its own file system, a store URI is not a "
-                "path it can read; write the weights as a model folder on the volume trainer and servers share "
+                f"weight push {path!r}: SGLang loads model_path from its own file system, a store URI is not "
+                "a "
+                "path it can read; write the weights as a model folder on the volume trainer and servers "
+                "share "
                 "(engines.rollout.weights_dir) and push that path, or use weight_sync: distributed"
             )
         if not path.startswith("/"):
-            raise RingzeroError(f"weight push {path!r}: give an absolute path (the servers resolve it, not us)")
+            raise RingzeroError(
+                f"weight push {path!r}: give an absolute path (the servers resolve it, not us)"
+            )
         if self.weights_dir is not None:
             inside = PurePosixPath(path).is_relative_to(PurePosixPath(self.weights_dir))
             if not inside:
-                raise RingzeroError(f"weight push {path!r}: not under engines.rollout.weights_dir "
-                                    f"{self.weights_dir!r}, the only folder the servers mount")
+                raise RingzeroError(
+                    f"weight push {path!r}: not under engines.rollout.weights_dir "
+                    f"{self.weights_dir!r}, the only folder the servers mount"
+                )
 
     # --- fan-out ---
 
@@ -373,8 +418,15 @@ class ReplicaSet:
             if ok is not True:
                 self._lose(c, ServerUnreachable(f"{c.endpoint}: no answer to /health before a push"))
 
-    def _push_to(self, clients: list[ServerClient], weight_version: str, update: Callable, *,
-                 session: bool = False, fan_out: bool = True) -> None:
+    def _push_to(
+        self,
+        clients: list[ServerClient],
+        weight_version: str,
+        update: Callable,
+        *,
+        session: bool = False,
+        fan_out: bool = True,
+    ) -> None:
         """pause -> [begin] -> update -> [end] -> continue on ``clients``; continue runs after failures too.
 
         ``update(client)`` runs once per replica, or ``update()`` once when ``fan_out`` is off (it reaches
@@ -383,12 +435,16 @@ class ReplicaSet:
         paused: list[ServerClient] = []
         every = [(c,) for c in clients]
         try:
-            answers = self._attempt(lambda c: c.pause_generation(), every, what=f"pause before push {weight_version!r}")
+            answers = self._attempt(
+                lambda c: c.pause_generation(), every, what=f"pause before push {weight_version!r}"
+            )
             paused = [c for c, a in zip(clients, answers, strict=True) if a is True]
             _raise_any(answers)
             begun = [False] * len(clients)
             if session:
-                begun = self._each(lambda c: c.begin_weight_update(), every, what=f"begin push {weight_version!r}")
+                begun = self._each(
+                    lambda c: c.begin_weight_update(), every, what=f"begin push {weight_version!r}"
+                )
             if fan_out:
                 self._each(update, every, what=f"weight push {weight_version!r}")
             else:
@@ -398,11 +454,15 @@ class ReplicaSet:
                 self._each(lambda c: c.end_weight_update(), ended, what=f"end push {weight_version!r}")
         finally:
             if paused:
-                self._each(lambda c: c.continue_generation(), [(c,) for c in paused],
-                           what=f"continue after push {weight_version!r}")
+                self._each(
+                    lambda c: c.continue_generation(),
+                    [(c,) for c in paused],
+                    what=f"continue after push {weight_version!r}",
+                )
 
     def _each(self, fn, args: list[tuple] | None = None, *, what: str = "call") -> list:
-        """``fn(*a)`` for each ``a`` (default: each replica's client) concurrently; errors name the replica."""
+        """``fn(*a)`` for each ``a`` (default: each replica's client) concurrently; errors name the
+        replica."""
         answers = self._attempt(fn, args, what=what)
         _raise_any(answers)
         return answers

@@ -32,19 +32,34 @@ from torch.distributed.distributed_c10d import (
 from ringzero.errors import RingzeroError
 
 
-def init_group_body(master_address: str, master_port: int, rank_offset: int, world_size: int, group_name: str,
-                    backend: str) -> dict:
+def init_group_body(
+    master_address: str, master_port: int, rank_offset: int, world_size: int, group_name: str, backend: str
+) -> dict:
     """``InitWeightsUpdateGroupReqInput``: the server's TP ranks join as ``rank_offset + tp_rank``."""
-    return {"master_address": master_address, "master_port": int(master_port), "rank_offset": int(rank_offset),
-            "world_size": int(world_size), "group_name": group_name, "backend": backend}
+    return {
+        "master_address": master_address,
+        "master_port": int(master_port),
+        "rank_offset": int(rank_offset),
+        "world_size": int(world_size),
+        "group_name": group_name,
+        "backend": backend,
+    }
 
 
-def distributed_update_body(names: list[str], dtypes: list[str], shapes: list[list[int]], group_name: str,
-                            weight_version: str) -> dict:
-    """``UpdateWeightsFromDistributedReqInput``: the server receives the tensors in ``names`` order from rank 0."""
-    return {"names": list(names), "dtypes": list(dtypes), "shapes": [list(s) for s in shapes],
-            "group_name": group_name, "weight_version": str(weight_version), "flush_cache": True,
-            "abort_all_requests": False}
+def distributed_update_body(
+    names: list[str], dtypes: list[str], shapes: list[list[int]], group_name: str, weight_version: str
+) -> dict:
+    """``UpdateWeightsFromDistributedReqInput``: the server receives the tensors in ``names`` order from rank
+    0."""
+    return {
+        "names": list(names),
+        "dtypes": list(dtypes),
+        "shapes": [list(s) for s in shapes],
+        "group_name": group_name,
+        "weight_version": str(weight_version),
+        "flush_cache": True,
+        "abort_all_requests": False,
+    }
 
 
 @dataclass
@@ -63,15 +78,18 @@ class WeightGroup:
         for t in tensors:
             device = t.device.type
             if device not in self.backends:
-                raise RingzeroError(f"weight group {self.name!r} ({self.backend}) cannot send a {device} tensor")
+                raise RingzeroError(
+                    f"weight group {self.name!r} ({self.backend}) cannot send a {device} tensor"
+                )
             opts = BroadcastOptions()
             opts.rootRank, opts.rootTensor = 0, 0
             works.append(self.backends[device].broadcast([t], opts))
         return works
 
 
-def open_group(master_address: str, master_port: int, world_size: int, group_name: str, backend: str,
-               timeout_s: float) -> WeightGroup:
+def open_group(
+    master_address: str, master_port: int, world_size: int, group_name: str, backend: str, timeout_s: float
+) -> WeightGroup:
     """Rank 0 of the group: serve its store and wait until every other rank joined (``timeout_s``)."""
     timeout = timedelta(seconds=timeout_s)
     url = f"tcp://{_url_host(master_address)}:{master_port}"
@@ -84,7 +102,8 @@ def open_group(master_address: str, master_port: int, world_size: int, group_nam
         made = _backend(name, PrefixStore(f"{device}/", group_store), rank, size, group_name, timeout)
         made._set_sequence_number_for_group()
         if len(set(by_device.values())) == 1:
-            # As torch's helper does: one backend serves every device (gloo: cpu and cuda), keyed by the first.
+            # As torch's helper does: one backend serves every device (gloo: cpu and cuda), keyed by the
+            # first.
             backends = dict.fromkeys(by_device, made)
             break
         backends[device] = made
@@ -123,8 +142,9 @@ def own_address() -> str:
     try:
         return socket.gethostbyname(socket.gethostname())
     except OSError as exc:
-        raise RingzeroError(f"cannot resolve this host's address ({exc}); set "
-                            "engines.rollout.distributed.master_address") from None
+        raise RingzeroError(
+            f"cannot resolve this host's address ({exc}); set engines.rollout.distributed.master_address"
+        ) from None
 
 
 def free_port() -> int:

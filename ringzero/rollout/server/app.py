@@ -33,9 +33,9 @@ Limits (``ServerLimits`` in ``server_schema.py``; ``ringzero serve`` flags of th
 soon as a chunked body grows past it, before parsing; a body nested deeper than 32 levels is a 400.
 ``max_request_sequences`` (4096 prompts x ``n``), ``max_request_tokens`` (2**24 prompt tokens plus
 ``max_new_tokens`` over those sequences) and ``max_new_tokens`` (2**20, per prompt) refuse a
-``/generate`` or ``/v1/completions`` request with a 400 naming the field; the server serves on. Concurrent requests are batched by
-``EngineScheduler`` (see ``server_scheduler.py``), the only thread that touches the engine: by default
-continuously (requests join the running batch between decoding steps), or statically with
+``/generate`` or ``/v1/completions`` request with a 400 naming the field; the server serves on. Concurrent
+requests are batched by ``EngineScheduler`` (see ``server_scheduler.py``), the only thread that touches the
+engine: by default continuously (requests join the running batch between decoding steps), or statically with
 ``batching="static"`` (``ringzero serve --batching static``).
 """
 
@@ -89,8 +89,12 @@ class _AsciiJSON(JSONResponse):
 
 
 def _error(status: int, message: str, param: str | None = None) -> JSONResponse:
-    phrase = {400: "Bad Request", 413: "Content Too Large", 500: "Internal Server Error",
-              503: "Service Unavailable"}.get(status, "Error")
+    phrase = {
+        400: "Bad Request",
+        413: "Content Too Large",
+        500: "Internal Server Error",
+        503: "Service Unavailable",
+    }.get(status, "Error")
     error = {"message": message, "type": phrase, "param": param, "code": status}
     return _AsciiJSON({"object": "error", **error, "error": error}, status_code=status)
 
@@ -128,8 +132,10 @@ async def _body(request: Request, limit: int, *, optional: bool = False):
     calls without one). An oversized body is refused before it is read (Content-Length) or while it is."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.strip().isdigit() and int(declared) > limit:
-        raise BodyTooLarge("body", f"Content-Length {int(declared)} is over this server's limit of {limit} bytes "
-                                   "(max_body_bytes)")
+        raise BodyTooLarge(
+            "body",
+            f"Content-Length {int(declared)} is over this server's limit of {limit} bytes (max_body_bytes)",
+        )
     raw = bytearray()
     async for chunk in request.stream():
         raw += chunk
@@ -152,15 +158,26 @@ async def _body(request: Request, limit: int, *, optional: bool = False):
 class RolloutServer:
     """The FastAPI app over one engine; ``app`` can be served by uvicorn or ``ServerThread``."""
 
-    def __init__(self, engine, tokenizer, *, model_path: str, tokenizer_path: str | None = None,
-                 weight_version: str | None = None, vocab_size: int | None = None,
-                 window_s: float = 0.005, max_batch_requests: int = 256,
-                 routing_shape: tuple[int, int] | None = None, limits: ServerLimits | None = None,
-                 batching: str = "continuous"):
+    def __init__(
+        self,
+        engine,
+        tokenizer,
+        *,
+        model_path: str,
+        tokenizer_path: str | None = None,
+        weight_version: str | None = None,
+        vocab_size: int | None = None,
+        window_s: float = 0.005,
+        max_batch_requests: int = 256,
+        routing_shape: tuple[int, int] | None = None,
+        limits: ServerLimits | None = None,
+        batching: str = "continuous",
+    ):
         """``routing_shape``: ``(num_hidden_layers, num_experts_per_tok)`` of the served MoE model, by default
         the engine's ``routing_shape``; without one ``return_routed_experts`` is refused (a dense model).
         ``limits``: what one request may ask (``ServerLimits()``'s generous defaults when None).
-        ``batching``: ``continuous`` (requests join the running batch) or ``static`` (see ``server_scheduler.py``)."""
+        ``batching``: ``continuous`` (requests join the running batch) or ``static`` (see
+        ``server_scheduler.py``)."""
         if batching not in BATCHING:
             raise ValueError(f"batching must be one of {BATCHING} (got {batching!r})")
         self.limits = limits or ServerLimits()
@@ -170,8 +187,12 @@ class RolloutServer:
         self.model_path = model_path
         self.tokenizer_path = tokenizer_path
         self.weight_version = str(weight_version or getattr(engine, "weight_version", None) or "0")
-        self.scheduler = EngineScheduler(engine, window_s=window_s, max_batch_requests=max_batch_requests,
-                                         continuous=batching == "continuous")
+        self.scheduler = EngineScheduler(
+            engine,
+            window_s=window_s,
+            max_batch_requests=max_batch_requests,
+            continuous=batching == "continuous",
+        )
         self.gate = GenerationGate(self.scheduler)
         self.external_scheduler = False  # serve(): the caller runs the scheduler loop on its own thread
         self.app = self._build_app()
@@ -241,8 +262,14 @@ class RolloutServer:
         return await self._engine(self.scheduler.generate(requests))
 
     async def generate(self, request: Request) -> JSONResponse:
-        plan = parse_generate(await self._body(request), self.tokenizer, self.vocab_size, self.routing_shape,
-                              self.limits, self._context_length())
+        plan = parse_generate(
+            await self._body(request),
+            self.tokenizer,
+            self.vocab_size,
+            self.routing_shape,
+            self.limits,
+            self._context_length(),
+        )
         start = time.perf_counter()
         groups = await self._run(plan.requests)
         latency = time.perf_counter() - start
@@ -251,16 +278,25 @@ class RolloutServer:
             if len(group) != req.params.n:
                 raise EngineCrash(f"engine returned {len(group)} completions for n={req.params.n}")
             for c, rid in zip(group, sample_ids(req.rid, req.params.n), strict=True):
-                items.append(generate_item(
-                    c, rid, self.tokenizer, plan.text_options[i], req.logprobs, return_logprob=plan.return_logprob[i],
-                    text_in_logprobs=plan.text_in_logprobs, e2e_latency=latency,
-                    routed_from=plan.routed_from[i] if req.return_routed_experts else None,
-                ))
+                items.append(
+                    generate_item(
+                        c,
+                        rid,
+                        self.tokenizer,
+                        plan.text_options[i],
+                        req.logprobs,
+                        return_logprob=plan.return_logprob[i],
+                        text_in_logprobs=plan.text_in_logprobs,
+                        e2e_latency=latency,
+                        routed_from=plan.routed_from[i] if req.return_routed_experts else None,
+                    )
+                )
         return JSONResponse(items[0] if plan.single else items)
 
     async def completions(self, request: Request) -> JSONResponse:
-        plan = parse_completion(await self._body(request), self.tokenizer, self.vocab_size, self.limits,
-                                self._context_length())
+        plan = parse_completion(
+            await self._body(request), self.tokenizer, self.vocab_size, self.limits, self._context_length()
+        )
         groups = await self._run(plan.requests)
         return JSONResponse(openai_completion(groups, self.tokenizer, plan))
 
@@ -281,10 +317,16 @@ class RolloutServer:
             await self._engine(self.scheduler.call(load))
         except Exception as exc:  # noqa: BLE001 - any failed load is the client's 400, as in SGLang
             # An unexpected failure (not a refusal) keeps its frames in the log; never their locals.
-            log.warning("rollout.weight_update_failed", model_path=update.model_path, error=str(exc),
-                        exc_info=None if isinstance(exc, RingzeroError) else exc.__cause__ or exc)
-            return JSONResponse({"success": False, "message": f"Failed to update weights: {exc}",
-                                 "num_paused_requests": 0}, status_code=400)
+            log.warning(
+                "rollout.weight_update_failed",
+                model_path=update.model_path,
+                error=str(exc),
+                exc_info=None if isinstance(exc, RingzeroError) else exc.__cause__ or exc,
+            )
+            return JSONResponse(
+                {"success": False, "message": f"Failed to update weights: {exc}", "num_paused_requests": 0},
+                status_code=400,
+            )
         self.weight_version, self.model_path = version, update.model_path
         message = "Succeeded to update model weights."
         if update.weight_version is not None:
@@ -299,7 +341,9 @@ class RolloutServer:
             # Working on a batch is alive; SGLang also skips its probe generation while busy.
             return Response(status_code=200)
         try:
-            ok = await asyncio.wait_for(self._engine(self.scheduler.call(lambda e: e.health())), HEALTH_TIMEOUT_S)
+            ok = await asyncio.wait_for(
+                self._engine(self.scheduler.call(lambda e: e.health())), HEALTH_TIMEOUT_S
+            )
         except Exception as exc:  # noqa: BLE001 - an unhealthy engine is a 503, not a crash
             log.warning("rollout.health_failed", error=str(exc))
             ok = False
@@ -318,7 +362,9 @@ class RolloutServer:
         return {"weight_version": self.weight_version}
 
     async def flush_cache(self) -> PlainTextResponse:
-        await self._engine(self.scheduler.call(lambda e: e.flush_cache() if hasattr(e, "flush_cache") else None))
+        await self._engine(
+            self.scheduler.call(lambda e: e.flush_cache() if hasattr(e, "flush_cache") else None)
+        )
         return PlainTextResponse("Cache flushed.\n")
 
     async def pause_generation(self, request: Request) -> JSONResponse:
@@ -359,8 +405,9 @@ class ServerThread:
         # log_config=None: uvicorn logs through the root logger that ringzero's main() set up.
         config = uvicorn.Config(app, log_config=None, log_level=log_level, access_log=False, lifespan="on")
         self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._sock]},
-                                        name="rollout-http", daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.run, kwargs={"sockets": [self._sock]}, name="rollout-http", daemon=True
+        )
 
     @property
     def url(self) -> str:

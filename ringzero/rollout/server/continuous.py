@@ -50,8 +50,11 @@ class ContinuousLoop:
                 self.s._run_batch([alone])
 
     def _takes(self, job) -> bool:
-        return (isinstance(job, GenerateJob) and self.engine.continuous_ok(job.requests)
-                and self.batch.rows_of(job.requests) <= self.engine.max_batch)
+        return (
+            isinstance(job, GenerateJob)
+            and self.engine.continuous_ok(job.requests)
+            and self.batch.rows_of(job.requests) <= self.engine.max_batch
+        )
 
     def _take(self, block: bool):
         """Move queued generate jobs to ``waiting``; the first job that must run alone, if one came."""

@@ -1,4 +1,5 @@
-"""What the control endpoints read and do: weight updates, pause/continue, abort, server info (SGLang's shapes).
+"""What the control endpoints read and do: weight updates, pause/continue, abort, server info (SGLang's
+shapes).
 
 * ``POST /pause_generation`` ``{"mode": "abort" | "retract" | "in_place"}`` (default abort; AReaL posts no
   body): new ``/generate`` and ``/v1/completions`` work waits until ``/continue_generation``. ``abort``
@@ -59,8 +60,12 @@ def parse_weight_update(body: Any) -> WeightUpdate:
     if version is not None and not isinstance(version, str):
         raise BadRequest("weight_version", f"must be a string (got {show(version)})")
     flush, abort = body.get("flush_cache"), body.get("abort_all_requests")
-    return WeightUpdate(path, version, True if flush is None else bool_field(flush, "flush_cache"),
-                        False if abort is None else bool_field(abort, "abort_all_requests"))
+    return WeightUpdate(
+        path,
+        version,
+        True if flush is None else bool_field(flush, "flush_cache"),
+        False if abort is None else bool_field(abort, "abort_all_requests"),
+    )
 
 
 # --- /pause_generation, /continue_generation, /abort_request --------------------------------------
@@ -121,7 +126,9 @@ def parse_abort(body: Any) -> AbortRequest:
     if message is not None and not isinstance(message, str):
         raise BadRequest("abort_message", f"must be a string (got {show(message)})")
     object_or_null(body.get("finished_reason"), "finished_reason")
-    return AbortRequest(rid or None, False if abort_all is None else bool_field(abort_all, "abort_all"), message)
+    return AbortRequest(
+        rid or None, False if abort_all is None else bool_field(abort_all, "abort_all"), message
+    )
 
 
 class GenerationGate:
@@ -192,7 +199,12 @@ def server_info(server) -> dict:
         "weight_version": server.weight_version,
         "is_embedding": False,
         "skip_tokenizer_init": False,
-        "tp_size": 1, "dp_size": 1, "pp_size": 1, "ep_size": 1, "nnodes": 1, "node_rank": 0,
+        "tp_size": 1,
+        "dp_size": 1,
+        "pp_size": 1,
+        "ep_size": 1,
+        "nnodes": 1,
+        "node_rank": 0,
         "max_running_requests": _int_attr(engine, "max_batch") or scheduler.max_batch_requests,
         "disaggregation_mode": "null",
         "enable_lora": False,
@@ -200,8 +212,11 @@ def server_info(server) -> dict:
     if policy is not None:
         info["dtype"] = str(policy.body)
         info["enable_fp32_lm_head"] = bool(policy.lm_head_fp32)
-    for key, attr in (("enable_deterministic_inference", "deterministic"), ("random_seed", "seed"),
-                      ("context_length", "context_length")):
+    for key, attr in (
+        ("enable_deterministic_inference", "deterministic"),
+        ("random_seed", "seed"),
+        ("context_length", "context_length"),
+    ):
         value = getattr(engine, attr, None)
         if value is not None:
             info[key] = value
@@ -211,11 +226,13 @@ def server_info(server) -> dict:
         info["max_total_num_tokens"] = capacity
     if context is not None:
         info["max_req_input_len"] = min(context, capacity or context) - 1
-    info["internal_states"] = [{
-        "last_gen_throughput": scheduler.last_gen_throughput,
-        "engine_paused": server.gate.paused,
-        "waiting_queue_size": waiting,
-        "running_batch_size": running,
-    }]
+    info["internal_states"] = [
+        {
+            "last_gen_throughput": scheduler.last_gen_throughput,
+            "engine_paused": server.gate.paused,
+            "waiting_queue_size": waiting,
+            "running_batch_size": running,
+        }
+    ]
     info["version"] = _version()
     return info

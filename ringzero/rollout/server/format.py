@@ -36,8 +36,12 @@ def finish_reason(c: Completion) -> dict:
         return {"type": "length", "length": len(c.output_ids)}
     if c.finish_reason == "stop":
         return {"type": "stop", "matched": c.matched_stop}
-    return {"type": "abort", "message": str(c.meta.get("message", "aborted by the engine")),
-            "status_code": None, "err_type": None}
+    return {
+        "type": "abort",
+        "message": str(c.meta.get("message", "aborted by the engine")),
+        "status_code": None,
+        "err_type": None,
+    }
 
 
 def completion_text(c: Completion, tokenizer, opts: TextOptions) -> str:
@@ -92,26 +96,38 @@ def checked_logprobs(c: Completion, wanted: LogprobRequest) -> Completion:
             raise EngineCrash("engine returned no prompt log-probs for a request that asked for them")
     if prompt is not None:
         if start is None or len(prompt) != size - start:
-            raise EngineCrash(f"engine returned {len(prompt)} prompt log-probs for positions {start}..{size - 1}")
+            raise EngineCrash(
+                f"engine returned {len(prompt)} prompt log-probs for positions {start}..{size - 1}"
+            )
         if wanted.top_k and prompt_top is None:
             if len(prompt) > 1:
-                raise EngineCrash("engine returned no prompt top-k log-probs for a request that asked for them")
+                raise EngineCrash(
+                    "engine returned no prompt top-k log-probs for a request that asked for them"
+                )
             prompt_top = [None] * len(prompt)
-    return replace(c, output_top_logprobs=output_top or ([] if wanted.top_k else None), prompt_logprobs=prompt,
-                   prompt_top_logprobs=prompt_top if wanted.top_k and prompt is not None else None)
+    return replace(
+        c,
+        output_top_logprobs=output_top or ([] if wanted.top_k else None),
+        prompt_logprobs=prompt,
+        prompt_top_logprobs=prompt_top if wanted.top_k and prompt is not None else None,
+    )
 
 
 def prompt_range(c: Completion) -> list[int]:
     """The prompt tokens ``prompt_logprobs`` describes: the last ``len(prompt_logprobs)`` of the prompt."""
-    return c.prompt_ids[len(c.prompt_ids) - len(c.prompt_logprobs or []):]
+    return c.prompt_ids[len(c.prompt_ids) - len(c.prompt_logprobs or []) :]
 
 
 def _triples(logprobs, ids, text: TokenText | None) -> list[list]:
-    return [[json_float(lp), int(t), text(int(t)) if text else None] for lp, t in zip(logprobs, ids, strict=True)]
+    return [
+        [json_float(lp), int(t), text(int(t)) if text else None] for lp, t in zip(logprobs, ids, strict=True)
+    ]
 
 
 def _top_triples(tops, text: TokenText | None) -> list[list[list] | None]:
-    return [None if top is None else _triples([lp for lp, _ in top], [t for _, t in top], text) for top in tops]
+    return [
+        None if top is None else _triples([lp for lp, _ in top], [t for _, t in top], text) for top in tops
+    ]
 
 
 def logprob_meta(c: Completion, tokenizer, wanted: LogprobRequest, *, with_text: bool) -> dict:
@@ -138,15 +154,26 @@ def routed_experts_b64(c: Completion, start: int = 0) -> str | None:
         raise EngineCrash("engine returned no routed experts for a request that asked for them")
     experts = torch.as_tensor(c.routed_experts)
     if experts.dim() != 3 or experts.shape[0] != fed or experts.is_floating_point():
-        raise EngineCrash(f"engine returned routed experts of shape {list(experts.shape)} ({experts.dtype}) for "
-                          f"{fed} fed tokens; expected integer [{fed}, layers, top-k]")
-    rows = experts[min(start, fed):].to(device="cpu", dtype=torch.int32).contiguous().numpy()
+        raise EngineCrash(
+            f"engine returned routed experts of shape {list(experts.shape)} ({experts.dtype}) for "
+            f"{fed} fed tokens; expected integer [{fed}, layers, top-k]"
+        )
+    rows = experts[min(start, fed) :].to(device="cpu", dtype=torch.int32).contiguous().numpy()
     return base64.b64encode(rows.astype("<i4", copy=False).tobytes()).decode("ascii")
 
 
-def generate_item(c: Completion, rid: str, tokenizer, opts: TextOptions, wanted: LogprobRequest, *,
-                  return_logprob: bool, text_in_logprobs: bool, e2e_latency: float,
-                  routed_from: int | None = None) -> dict:
+def generate_item(
+    c: Completion,
+    rid: str,
+    tokenizer,
+    opts: TextOptions,
+    wanted: LogprobRequest,
+    *,
+    return_logprob: bool,
+    text_in_logprobs: bool,
+    e2e_latency: float,
+    routed_from: int | None = None,
+) -> dict:
     """``routed_from``: with ``return_routed_experts``, the first row of ``routed_experts`` to answer."""
     meta = {
         "id": rid,
@@ -161,8 +188,11 @@ def generate_item(c: Completion, rid: str, tokenizer, opts: TextOptions, wanted:
         meta.update(logprob_meta(c, tokenizer, wanted, with_text=text_in_logprobs))
     if routed_from is not None and (routed := routed_experts_b64(c, routed_from)) is not None:
         meta["routed_experts"] = routed
-    return {"text": completion_text(c, tokenizer, opts), "output_ids": [int(t) for t in c.output_ids],
-            "meta_info": meta}
+    return {
+        "text": completion_text(c, tokenizer, opts),
+        "output_ids": [int(t) for t in c.output_ids],
+        "meta_info": meta,
+    }
 
 
 def sample_ids(rid: str | None, n: int) -> list[str]:

@@ -49,10 +49,30 @@ class CompletionPlan:
 
 # OpenAI names that differ from SGLang's sampling_params names.
 _OPENAI_ALIASES = {"max_tokens": "max_new_tokens", "seed": "sampling_seed", "min_tokens": "min_new_tokens"}
-_OPENAI_SAMPLING = {"max_tokens", "temperature", "top_p", "top_k", "stop", "stop_token_ids", "n", "seed",
-                    "no_stop_trim", "skip_special_tokens", "min_p", "frequency_penalty", "presence_penalty",
-                    "repetition_penalty", "min_tokens", "ignore_eos", "logit_bias", "json_schema", "regex",
-                    "ebnf", "stop_regex", "custom_params"}
+_OPENAI_SAMPLING = {
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "stop",
+    "stop_token_ids",
+    "n",
+    "seed",
+    "no_stop_trim",
+    "skip_special_tokens",
+    "min_p",
+    "frequency_penalty",
+    "presence_penalty",
+    "repetition_penalty",
+    "min_tokens",
+    "ignore_eos",
+    "logit_bias",
+    "json_schema",
+    "regex",
+    "ebnf",
+    "stop_regex",
+    "custom_params",
+}
 _OPENAI_IGNORED = {"model", "user", "rid", "priority", "extra_key"}
 _OPENAI_NEUTRAL = {
     "stream": neutral_only(False),
@@ -70,8 +90,13 @@ def _best_of(value: Any, n: int) -> None:
         raise BadRequest("best_of", f"is not supported; leave it unset or equal to n ({n})")
 
 
-def parse_completion(body: Any, tokenizer, vocab_size: int, limits: ServerLimits | None = None,
-                     context_length: int | None = None) -> CompletionPlan:
+def parse_completion(
+    body: Any,
+    tokenizer,
+    vocab_size: int,
+    limits: ServerLimits | None = None,
+    context_length: int | None = None,
+) -> CompletionPlan:
     """An OpenAI legacy completions body (SGLang's extra fields included) -> one request per prompt."""
     if not isinstance(body, dict):
         raise BadRequest("body", "must be a JSON object")
@@ -88,7 +113,9 @@ def parse_completion(body: Any, tokenizer, vocab_size: int, limits: ServerLimits
         raise BadRequest("model", f"must be a string (got {show(model)})")
     prompt = body.get("prompt")
     if not isinstance(prompt, (str, list)) or not prompt:
-        raise BadRequest("prompt", f"must be a non-empty string, list of strings or token ids (got {show(prompt)})")
+        raise BadRequest(
+            "prompt", f"must be a non-empty string, list of strings or token ids (got {show(prompt)})"
+        )
     as_text = isinstance(prompt, str) or isinstance(prompt[0], str)
     key = "text" if as_text else "input_ids"
     try:
@@ -106,9 +133,17 @@ def parse_completion(body: Any, tokenizer, vocab_size: int, limits: ServerLimits
     wanted = LogprobRequest(0 if echo else None, logprobs) if logprobs is not None else LogprobRequest()
     return_ids = body.get("return_token_ids")
     requests = [GenerateRequest(list(p), params, logprobs=wanted) for p in prompts]
-    check_limits(requests, limits or ServerLimits(), prompt_field="prompt", n_field="n",
-                 max_new_field=lambda i: "max_tokens", context_length=context_length)
-    texts = [prompt] if isinstance(prompt, str) else prompt if as_text else [tokenizer.decode(p) for p in prompts]
+    check_limits(
+        requests,
+        limits or ServerLimits(),
+        prompt_field="prompt",
+        n_field="n",
+        max_new_field=lambda i: "max_tokens",
+        context_length=context_length,
+    )
+    texts = (
+        [prompt] if isinstance(prompt, str) else prompt if as_text else [tokenizer.decode(p) for p in prompts]
+    )
     return CompletionPlan(
         model=model,
         requests=requests,
@@ -135,8 +170,11 @@ def _openai_logprobs(c: Completion, tokenizer, wanted: LogprobRequest, echo: boo
         tokens.append(piece)
         offsets.append(at)
         at += len(piece)
-    top_logprobs = [None if top is None else {text(int(t)): json_float(lp) for lp, t in top}
-                    for _, _, top in entries] if wanted.top_k > 0 else []
+    top_logprobs = (
+        [None if top is None else {text(int(t)): json_float(lp) for lp, t in top} for _, _, top in entries]
+        if wanted.top_k > 0
+        else []
+    )
     return {
         "tokens": tokens,
         "token_logprobs": [json_float(lp) for lp, _, _ in entries],
@@ -153,9 +191,13 @@ def openai_completion(groups: list[list[Completion]], tokenizer, plan: Completio
             reason = finish_reason(c)
             choice = {
                 "index": len(choices),
-                "text": (plan.echo[i] if plan.echo else "") + completion_text(c, tokenizer, plan.text_options),
-                "logprobs": (None if plan.logprobs is None
-                             else _openai_logprobs(c, tokenizer, plan.requests[i].logprobs, plan.echo is not None)),
+                "text": (plan.echo[i] if plan.echo else "")
+                + completion_text(c, tokenizer, plan.text_options),
+                "logprobs": (
+                    None
+                    if plan.logprobs is None
+                    else _openai_logprobs(c, tokenizer, plan.requests[i].logprobs, plan.echo is not None)
+                ),
                 "finish_reason": reason["type"],
                 "matched_stop": reason.get("matched"),
             }
@@ -171,7 +213,10 @@ def openai_completion(groups: list[list[Completion]], tokenizer, plan: Completio
         "created": int(time.time()),
         "model": plan.model,
         "choices": choices,
-        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                  "total_tokens": prompt_tokens + completion_tokens},
+        "usage": {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+        },
         "metadata": {"weight_version": str(flat[0].weight_version) if flat else None},
     }

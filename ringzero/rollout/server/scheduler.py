@@ -51,12 +51,15 @@ log = structlog.get_logger(__name__)
 class EngineScheduler:
     """Owns ``engine`` from ``start()`` to ``stop()``; other threads submit work and get futures."""
 
-    def __init__(self, engine, *, window_s: float = 0.005, max_batch_requests: int = 256, continuous: bool = True):
+    def __init__(
+        self, engine, *, window_s: float = 0.005, max_batch_requests: int = 256, continuous: bool = True
+    ):
         if window_s < 0 or max_batch_requests < 1:
             raise ValueError("window_s must be >= 0 and max_batch_requests >= 1")
         self.engine = engine
-        self.continuous = (continuous and hasattr(engine, "open_batch")
-                           and not getattr(engine, "deterministic", False))
+        self.continuous = (
+            continuous and hasattr(engine, "open_batch") and not getattr(engine, "deterministic", False)
+        )
         self.window_s = window_s
         self.max_batch_requests = max_batch_requests
         self.busy = False  # True while the engine works; health probes read it
@@ -125,8 +128,9 @@ class EngineScheduler:
         hits = 0
         with self._lock:
             for job in list(self._live):
-                new = {i for i, r in enumerate(job.requests)
-                       if abort_all or (rid is not None and r.rid == rid)} - job.aborted
+                new = {
+                    i for i, r in enumerate(job.requests) if abort_all or (rid is not None and r.rid == rid)
+                } - job.aborted
                 if not new:
                     continue
                 job.aborted |= new
@@ -146,8 +150,18 @@ class EngineScheduler:
     def _aborted_group(self, req: GenerateRequest, message: str | None) -> list[Completion]:
         version = str(getattr(self.engine, "weight_version", "0"))
         meta = {"rid": req.rid} if req.rid is not None else {}
-        return [Completion(list(req.input_ids), [], [], "abort", None, version,
-                           {**meta, "message": message or "Abort before prefill"}) for _ in range(req.params.n)]
+        return [
+            Completion(
+                list(req.input_ids),
+                [],
+                [],
+                "abort",
+                None,
+                version,
+                {**meta, "message": message or "Abort before prefill"},
+            )
+            for _ in range(req.params.n)
+        ]
 
     def call(self, fn: Callable[[Any], Any]) -> Future:
         """Run ``fn(engine)`` on the scheduler thread, between batches."""
@@ -216,8 +230,9 @@ class EngineScheduler:
                     offsets = [0]
                     for job in batch:
                         offsets.append(offsets[-1] + len(job.requests))
-                    seen["value"] = frozenset(off + i for job, off in zip(batch, offsets, strict=False)
-                                              for i in job.aborted)
+                    seen["value"] = frozenset(
+                        off + i for job, off in zip(batch, offsets, strict=False) for i in job.aborted
+                    )
             return seen["value"]
 
         return check
@@ -283,5 +298,5 @@ class EngineScheduler:
             self.busy = False
         start = 0
         for job in batch:
-            self._answer(job, groups[start:start + len(job.requests)])
+            self._answer(job, groups[start : start + len(job.requests)])
             start += len(job.requests)

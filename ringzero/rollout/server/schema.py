@@ -109,7 +109,9 @@ def check_unicode(body: Any) -> None:
         if isinstance(value, str):
             at = _lone_surrogate(value)
             if at is not None:
-                raise BadRequest(field, f"{value[at]!r} at position {at} is a lone surrogate, not Unicode text")
+                raise BadRequest(
+                    field, f"{value[at]!r} at position {at} is a lone surrogate, not Unicode text"
+                )
         elif isinstance(value, dict):
             for key, child in value.items():
                 name = key if field == "body" else f"{field}.{key}"
@@ -120,8 +122,15 @@ def check_unicode(body: Any) -> None:
             stack.extend((child, f"{field}[{i}]") for i, child in enumerate(value))
 
 
-def check_limits(requests: list[GenerateRequest], limits: ServerLimits, *, prompt_field: str, n_field: str,
-                 max_new_field, context_length: int | None = None) -> None:
+def check_limits(
+    requests: list[GenerateRequest],
+    limits: ServerLimits,
+    *,
+    prompt_field: str,
+    n_field: str,
+    max_new_field,
+    context_length: int | None = None,
+) -> None:
     """Refuse a parsed request over ``limits``; ``max_new_field(i)`` names prompt ``i``'s max_new_tokens.
 
     With ``context_length`` (the engine's), a prompt that leaves no room to continue is refused by name
@@ -130,23 +139,35 @@ def check_limits(requests: list[GenerateRequest], limits: ServerLimits, *, promp
         for i, req in enumerate(requests):
             if len(req.input_ids) + (req.params.max_new_tokens > 0) > context_length:
                 field = f"{prompt_field}[{i}]" if len(requests) > 1 else prompt_field
-                raise BadRequest(field, f"has {len(req.input_ids)} tokens, which leave no room to continue under "
-                                        f"the model's context (max_position_embeddings {context_length})")
+                raise BadRequest(
+                    field,
+                    f"has {len(req.input_ids)} tokens, which leave no room to continue under "
+                    f"the model's context (max_position_embeddings {context_length})",
+                )
     for i, req in enumerate(requests):
         if req.params.max_new_tokens > limits.max_new_tokens:
-            raise BadRequest(max_new_field(i), f"is {req.params.max_new_tokens}, over this server's limit of "
-                                               f"{limits.max_new_tokens} (max_new_tokens)")
+            raise BadRequest(
+                max_new_field(i),
+                f"is {req.params.max_new_tokens}, over this server's limit of "
+                f"{limits.max_new_tokens} (max_new_tokens)",
+            )
     sequences = sum(req.params.n for req in requests)
     if sequences > limits.max_request_sequences:
         field = prompt_field if len(requests) > limits.max_request_sequences else n_field
-        raise BadRequest(field, f"{len(requests)} prompt(s) x n={requests[0].params.n} is {sequences} sequences, "
-                                f"over this server's limit of {limits.max_request_sequences} per request "
-                                "(max_request_sequences)")
+        raise BadRequest(
+            field,
+            f"{len(requests)} prompt(s) x n={requests[0].params.n} is {sequences} sequences, "
+            f"over this server's limit of {limits.max_request_sequences} per request "
+            "(max_request_sequences)",
+        )
     tokens = sum(req.params.n * (len(req.input_ids) + req.params.max_new_tokens) for req in requests)
     if tokens > limits.max_request_tokens:
-        raise BadRequest(prompt_field, f"asks for {tokens} tokens (prompt tokens plus max_new_tokens over its "
-                                       f"{sequences} sequences), over this server's limit of "
-                                       f"{limits.max_request_tokens} per request (max_request_tokens)")
+        raise BadRequest(
+            prompt_field,
+            f"asks for {tokens} tokens (prompt tokens plus max_new_tokens over its "
+            f"{sequences} sequences), over this server's limit of "
+            f"{limits.max_request_tokens} per request (max_request_tokens)",
+        )
 
 
 # --- scalar checks ---------------------------------------------------------------------------------
@@ -263,9 +284,17 @@ _SAMPLING: dict[str, Any] = {
     # Read only by a custom logit processor, which this server refuses; slime sends it whenever top_p < 1.
     "custom_params": object_or_null,
 }
-_TO_PARAMS = {"max_new_tokens": "max_new_tokens", "temperature": "temperature", "top_p": "top_p",
-              "top_k": "top_k", "stop": "stop", "stop_token_ids": "stop_token_ids", "n": "n",
-              "sampling_seed": "seed", "ignore_eos": "ignore_eos"}
+_TO_PARAMS = {
+    "max_new_tokens": "max_new_tokens",
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "top_k": "top_k",
+    "stop": "stop",
+    "stop_token_ids": "stop_token_ids",
+    "n": "n",
+    "sampling_seed": "seed",
+    "ignore_eos": "ignore_eos",
+}
 _TO_TEXT = {"no_stop_trim", "skip_special_tokens"}
 
 
@@ -276,7 +305,8 @@ def _top_p(value: float, field: str) -> float:
 
 
 SAMPLING_EPS = 1e-6
-"""SGLang's ``_SAMPLING_EPS``: a temperature below it samples greedily (1 / 1e-300 would overflow the logits)."""
+"""SGLang's ``_SAMPLING_EPS``: a temperature below it samples greedily (1 / 1e-300 would overflow the
+logits)."""
 
 
 def _temperature(value: float, field: str) -> float:
@@ -285,8 +315,11 @@ def _temperature(value: float, field: str) -> float:
     return 0.0 if value < SAMPLING_EPS else value
 
 
-def parse_sampling(fields: dict, where: str, aliases: dict[str, str] | None = None,
-                   ) -> tuple[SamplingParams, TextOptions]:
+def parse_sampling(
+    fields: dict,
+    where: str,
+    aliases: dict[str, str] | None = None,
+) -> tuple[SamplingParams, TextOptions]:
     """SGLang ``sampling_params`` (or OpenAI fields renamed through ``aliases``) -> our records.
 
     ``aliases`` maps a body name to the SGLang name, so errors name what the client sent.
@@ -339,9 +372,20 @@ class GeneratePlan:
 
 # Fields that change nothing in a non-streaming answer (metrics, logging, tracing and routing hints;
 # cache_salt only keys a prefix cache, which this server has none of).
-_GENERATE_IGNORED = {"log_metrics", "priority", "custom_labels", "no_logs", "extra_key", "routing_key",
-                     "session_id", "conversation_id", "external_trace_header", "received_time", "kv_router_hint",
-                     "cache_salt"}
+_GENERATE_IGNORED = {
+    "log_metrics",
+    "priority",
+    "custom_labels",
+    "no_logs",
+    "extra_key",
+    "routing_key",
+    "session_id",
+    "conversation_id",
+    "external_trace_header",
+    "received_time",
+    "kv_router_hint",
+    "cache_salt",
+}
 # Fields a router or a client sends at their defaults; anything else is refused (one data-parallel rank,
 # no prefill/decode disaggregation, no adapters, no media, nothing streamed).
 _GENERATE_NEUTRAL = {
@@ -377,9 +421,19 @@ _GENERATE_NEUTRAL = {
     "require_reasoning": neutral_only(False),
     "max_thinking_tokens": neutral_only(None),
 }
-_GENERATE_FIELDS = {"text", "input_ids", "sampling_params", "return_logprob", "logprob_start_len",
-                    "top_logprobs_num", "return_text_in_logprobs", "temp_scaled_logprobs", "rid",
-                    "return_routed_experts", "routed_experts_start_len"}
+_GENERATE_FIELDS = {
+    "text",
+    "input_ids",
+    "sampling_params",
+    "return_logprob",
+    "logprob_start_len",
+    "top_logprobs_num",
+    "return_text_in_logprobs",
+    "temp_scaled_logprobs",
+    "rid",
+    "return_routed_experts",
+    "routed_experts_start_len",
+}
 
 
 def _per_prompt(value: Any, field: str, size: int, check, default):
@@ -445,8 +499,14 @@ def _rids(value: Any, size: int) -> list[str | None]:
     raise BadRequest("rid", f"must be a string or a list of {size} distinct strings (got {show(value)})")
 
 
-def parse_generate(body: Any, tokenizer, vocab_size: int, routing_shape: tuple[int, int] | None = None,
-                   limits: ServerLimits | None = None, context_length: int | None = None) -> GeneratePlan:
+def parse_generate(
+    body: Any,
+    tokenizer,
+    vocab_size: int,
+    routing_shape: tuple[int, int] | None = None,
+    limits: ServerLimits | None = None,
+    context_length: int | None = None,
+) -> GeneratePlan:
     """``routing_shape``: the served model's ``(num_hidden_layers, num_experts_per_tok)``; None (a dense
     model) refuses ``return_routed_experts``. ``limits``: by default ``ServerLimits()``; ``context_length``:
     the engine's, when it has one (see ``check_limits``)."""
@@ -475,37 +535,53 @@ def parse_generate(body: Any, tokenizer, vocab_size: int, routing_shape: tuple[i
         raise BadRequest("sampling_params", "n must be the same for every prompt of a batch")
 
     return_logprob = _per_prompt(body.get("return_logprob"), "return_logprob", size, bool_field, False)
-    starts = _per_prompt(body.get("logprob_start_len"), "logprob_start_len", size,
-                         lambda v, f: int_field(v, f, lo=-1), -1)
-    tops = _per_prompt(body.get("top_logprobs_num"), "top_logprobs_num", size, lambda v, f: int_field(v, f, lo=0), 0)
+    starts = _per_prompt(
+        body.get("logprob_start_len"), "logprob_start_len", size, lambda v, f: int_field(v, f, lo=-1), -1
+    )
+    tops = _per_prompt(
+        body.get("top_logprobs_num"), "top_logprobs_num", size, lambda v, f: int_field(v, f, lo=0), 0
+    )
     scaled = body.get("temp_scaled_logprobs")
     scaled = False if scaled is None else bool_field(scaled, "temp_scaled_logprobs")
     text_in_logprobs = body.get("return_text_in_logprobs")
     rids = _rids(body.get("rid"), size)
     routed = _per_prompt(body.get("return_routed_experts"), "return_routed_experts", size, bool_field, False)
     if any(routed) and routing_shape is None:
-        raise BadRequest("return_routed_experts", "the served model has no MoE layers, so no routed experts to "
-                                                  "return; only false is accepted")
+        raise BadRequest(
+            "return_routed_experts",
+            "the served model has no MoE layers, so no routed experts to return; only false is accepted",
+        )
     routed_from = _routed_from(body.get("routed_experts_start_len"), prompts)
     requests = []
     for i, (prompt, (params, _), rid) in enumerate(zip(prompts, parsed, rids, strict=True)):
         logprobs = LogprobRequest()
         if return_logprob[i]:
-            start_field, top_field = (f"{name}[{i}]" if isinstance(body.get(name), list) else name
-                                      for name in ("logprob_start_len", "top_logprobs_num"))
-            logprobs = LogprobRequest(_prompt_from(starts[i], len(prompt), params.max_new_tokens, start_field),
-                                      top_k_within(tops[i], vocab_size, top_field), scaled)
+            start_field, top_field = (
+                f"{name}[{i}]" if isinstance(body.get(name), list) else name
+                for name in ("logprob_start_len", "top_logprobs_num")
+            )
+            logprobs = LogprobRequest(
+                _prompt_from(starts[i], len(prompt), params.max_new_tokens, start_field),
+                top_k_within(tops[i], vocab_size, top_field),
+                scaled,
+            )
         requests.append(GenerateRequest(list(prompt), params, rid, logprobs, return_routed_experts=routed[i]))
     per_prompt = labels[0] != "sampling_params"
-    check_limits(requests, limits or ServerLimits(), prompt_field="text" if body.get("text") is not None else "input_ids",
-                 n_field=f"{labels[0]}.n",
-                 max_new_field=lambda i: f"{labels[i] if per_prompt else 'sampling_params'}.max_new_tokens",
-                 context_length=context_length)
+    check_limits(
+        requests,
+        limits or ServerLimits(),
+        prompt_field="text" if body.get("text") is not None else "input_ids",
+        n_field=f"{labels[0]}.n",
+        max_new_field=lambda i: f"{labels[i] if per_prompt else 'sampling_params'}.max_new_tokens",
+        context_length=context_length,
+    )
     return GeneratePlan(
         requests=requests,
         text_options=[opts for _, opts in parsed],
         return_logprob=return_logprob,
-        text_in_logprobs=False if text_in_logprobs is None else bool_field(text_in_logprobs, "return_text_in_logprobs"),
+        text_in_logprobs=False
+        if text_in_logprobs is None
+        else bool_field(text_in_logprobs, "return_text_in_logprobs"),
         single=single and parsed[0][0].n == 1,
         routed_from=routed_from,
     )
@@ -514,10 +590,14 @@ def parse_generate(body: Any, tokenizer, vocab_size: int, routing_shape: tuple[i
 def _routed_from(value: Any, prompts: list[list[int]]) -> list[int]:
     """SGLang's ``routed_experts_start_len``: the answer covers rows ``[start, seqlen - 1)``, start in
     ``0..len(prompt)`` (``GenerateReqInput`` in ``python/sglang/srt/managers/io_struct.py``)."""
-    starts = _per_prompt(value, "routed_experts_start_len", len(prompts), lambda v, f: int_field(v, f, lo=0), 0)
+    starts = _per_prompt(
+        value, "routed_experts_start_len", len(prompts), lambda v, f: int_field(v, f, lo=0), 0
+    )
     for i, (start, prompt) in enumerate(zip(starts, prompts, strict=True)):
         if start > len(prompt):
-            field = f"routed_experts_start_len[{i}]" if isinstance(value, list) else "routed_experts_start_len"
+            field = (
+                f"routed_experts_start_len[{i}]" if isinstance(value, list) else "routed_experts_start_len"
+            )
             raise BadRequest(field, f"is {start}, past the prompt's {len(prompt)} tokens")
     return starts
 

@@ -1,5 +1,5 @@
-"""Fault points for ``tests/faults/fault_campaign.py``: on the PYTHONPATH of a run, this module (imported by Python at
-startup) wraps the local store backend's writes so that the process dies at a chosen write.
+"""Fault points for ``tests/faults/fault_campaign.py``: on the PYTHONPATH of a run, this module (imported by
+Python at startup) wraps the local store backend's writes so that the process dies at a chosen write.
 
 ``RINGZERO_FAULT=<point>:<k>`` acts at the k-th write of that point (1-based) in this process:
 - ``shard:k``: the k-th safetensors shard is half written to its temporary file, then SIGKILL (a crash

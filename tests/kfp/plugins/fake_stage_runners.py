@@ -12,8 +12,14 @@ import torch
 from ringzero.stages.base import StageOutcome
 
 FAIL_STEPS = 13
-RL_SUMMARY = {"reward/mean": 0.5, "gap/ratio/p99": 0.01, "gap/ratio/max": 0.5, "ratio/p99": 0.02, "ratio/max": 1.5,
-              "len/mean": 42.0}
+RL_SUMMARY = {
+    "reward/mean": 0.5,
+    "gap/ratio/p99": 0.01,
+    "gap/ratio/max": 0.5,
+    "ratio/p99": 0.02,
+    "ratio/max": 1.5,
+    "len/mean": 42.0,
+}
 
 
 def _check_inputs(ctx, inputs) -> None:
@@ -48,7 +54,9 @@ def distill(ctx, stage, inputs):
 
 
 def evaluate(ctx, stage, inputs):
-    return _finish(ctx, stage, inputs, {"eval/accuracy": 0.8, "eval/compared": float(len(inputs.compare))}, save=False)
+    return _finish(
+        ctx, stage, inputs, {"eval/accuracy": 0.8, "eval/compared": float(len(inputs.compare))}, save=False
+    )
 
 
 RUNNERS = {"pretrain": "pretrain", "rl": "rl", "distill": "distill", "eval": "evaluate"}

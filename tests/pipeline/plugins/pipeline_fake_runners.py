@@ -47,7 +47,9 @@ def _stepper(ctx, stage, inputs, steps: int, metrics_at, save: bool = True) -> S
     for step in range(first, steps):
         last = ctx.metrics.log(step, metrics_at(step))
         tensors = {"w": torch.full((2,), float(step))}
-        ctx.store.save(f"{ctx.checkpoint_prefix}/step-{step:06d}", tensors, {"stage": stage.name}, {"step": step})
+        ctx.store.save(
+            f"{ctx.checkpoint_prefix}/step-{step:06d}", tensors, {"stage": stage.name}, {"step": step}
+        )
         _hold_if_asked(stage, step)
     uri = None
     if save:
@@ -66,29 +68,55 @@ def rl(ctx, stage, inputs):
     grow = 1.0 if stage.loss.normalization == "token_sum" else -0.1
 
     def at(step):
-        return {"reward/mean": 0.3 + 0.05 * step, "trace/rate": min(1.0, 0.1 + 0.2 * step),
-                "len/mean": 40.0 + grow * 10 * step, "ratio/p99": 0.01 + grow * 0.002 * step + 0.01,
-                "ratio/max": 1.0 + grow * 0.3 * step + 1.0, "gap/ratio/p99": 0.005 + grow * 0.001 * step,
-                "gap/ratio/max": 0.5 + grow * 0.05 * step}
+        return {
+            "reward/mean": 0.3 + 0.05 * step,
+            "trace/rate": min(1.0, 0.1 + 0.2 * step),
+            "len/mean": 40.0 + grow * 10 * step,
+            "ratio/p99": 0.01 + grow * 0.002 * step + 0.01,
+            "ratio/max": 1.0 + grow * 0.3 * step + 1.0,
+            "gap/ratio/p99": 0.005 + grow * 0.001 * step,
+            "gap/ratio/max": 0.5 + grow * 0.05 * step,
+        }
 
     return _stepper(ctx, stage, inputs, stage.steps, at)
 
 
 def distill(ctx, stage, inputs):
-    return _stepper(ctx, stage, inputs, stage.epochs,
-                    lambda s: {"distill/loss": 1.0 / (s + 1), "len/mean": 30.0, "eval/accuracy": 0.75})
+    return _stepper(
+        ctx,
+        stage,
+        inputs,
+        stage.epochs,
+        lambda s: {"distill/loss": 1.0 / (s + 1), "len/mean": 30.0, "eval/accuracy": 0.75},
+    )
 
 
 def evaluate(ctx, stage, inputs):
     _check_inputs(ctx, inputs)
     _record_call(ctx, stage, 0)
     names = [*inputs.compare, "input"]
-    rows = [{"checkpoint": n, "uri": inputs.compare.get(n, inputs.init_uri),
-             "values": {"eval/accuracy": 0.5 + 0.1 * i, "eval/pass@k": 0.6 + 0.1 * i}} for i, n in enumerate(names)]
-    extra = {"comparison": {"columns": [["eval/accuracy", "greedy accuracy"], ["eval/pass@k", "pass@4"]],
-                            "rows": rows}}
-    return StageOutcome(output_uri=None, summary={"eval/accuracy": rows[-1]["values"]["eval/accuracy"]},
-                        stop_reason="done", steps=0, wall_s=0.0, extra=extra)
+    rows = [
+        {
+            "checkpoint": n,
+            "uri": inputs.compare.get(n, inputs.init_uri),
+            "values": {"eval/accuracy": 0.5 + 0.1 * i, "eval/pass@k": 0.6 + 0.1 * i},
+        }
+        for i, n in enumerate(names)
+    ]
+    extra = {
+        "comparison": {
+            "columns": [["eval/accuracy", "greedy accuracy"], ["eval/pass@k", "pass@4"]],
+            "rows": rows,
+        }
+    }
+    return StageOutcome(
+        output_uri=None,
+        summary={"eval/accuracy": rows[-1]["values"]["eval/accuracy"]},
+        stop_reason="done",
+        steps=0,
+        wall_s=0.0,
+        extra=extra,
+    )
 
 
 RUNNERS = {"pretrain": "pretrain", "rl": "rl", "distill": "distill", "eval": "evaluate"}

@@ -1,0 +1,179 @@
+"""Controlled comparisons: the same run, from the same pretrained base, varied in one setting (an *arm*) and
+repeated over seeds.
+
+Each (arm, seed) is a run of its own: the config's stages up to the study's last one, gates off, every stage
+after the base seeded with the seed (``StageBase.seed``, so the base is pretrained once and shared), then
+an eval stage that measures the study's checkpoints on the held-out prompts. Stages are cached by
+identity like any run's, so an arm that matches a committed stage (seed 0 of the shipped setting is
+``make run``'s) costs nothing, and arms of different studies share what they have in common.
+
+A study (ringzero.pipeline.studies) reads each run into numbers and says whether its claim held on every
+seed, on none, or on some (inconclusive); ``run_study`` prints the table and writes
+``<out>/<study>/ablation.json`` and ``report.html``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import structlog
+
+from ringzero.config.loader import apply_overrides, parse_config, read_yaml
+from ringzero.errors import RingzeroError
+from ringzero.pipeline.local import run_pipeline
+
+log = structlog.get_logger(__name__)
+
+EVAL_STAGE = "eval"
+
+
+@dataclass
+class ArmRun:
+    """What one (arm, seed) run left: each stage's metric records and summary, and the eval's rows."""
+
+    arm: str
+    seed: int
+    records: dict[str, list[dict]]
+    summaries: dict[str, dict]
+    wall_s: dict[str, float]
+    rows: dict[str, dict] = field(default_factory=dict)
+    """Eval values per measured stage name."""
+
+
+def study_data(data: dict, through: str, measure: list[str], seed: int) -> dict:
+    """The run file cut to the study: stages up to ``through`` with their gates off and every stage after a
+    pretrain seeded, then one eval of ``measure`` (the config's own eval settings, when it has an eval)."""
+    stages = data.get("stages") or []
+    names = [s.get("name") for s in stages]
+    if through not in names:
+        raise RingzeroError(f"ablate: the config has no stage {through!r} (stages: {names})")
+    if missing := [m for m in measure if m not in names[: names.index(through) + 1]]:
+        raise RingzeroError(f"ablate: measured stage(s) {missing} are not at or before {through!r}")
+    kept = [dict(s) for s in stages[: names.index(through) + 1]]
+    for s in kept:
+        s["gate"] = []
+        if s.get("kind") != "pretrain":
+            s["seed"] = seed
+    evals = [dict(s) for s in stages if s.get("kind") == "eval"]
+    ev = evals[-1] if evals else {"kind": "eval"}
+    ev.update(name=EVAL_STAGE, init=through, compare=list(measure), gate=[], seed=seed)
+    return {**data, "stages": [*kept, ev], "targets": []}
+
+
+def load_arm(config: str | Path, overrides: list[str], through: str, measure: list[str], seed: int):
+    path = Path(config)
+    if not path.is_file():
+        raise RingzeroError(f"ablate: no such config file {path}")
+    data = apply_overrides(read_yaml(path.read_text(), str(path)), list(overrides))
+    return parse_config(study_data(data, through, measure, seed), f"{path} (ablation arm)")
+
+
+def run_arm(cfg, store, run_dir: Path, arm: str, seed: int, runtime=None) -> ArmRun:
+    result = run_pipeline(cfg, store, run_dir, runtime=runtime)
+    if result.status != "succeeded":
+        raise RingzeroError(f"ablate: arm {arm!r} seed {seed} ended {result.status}")
+    ev = next(ex for ex in result.stages if ex.name == EVAL_STAGE)
+    return ArmRun(
+        arm=arm,
+        seed=seed,
+        records={ex.name: ex.metrics for ex in result.stages},
+        summaries={ex.name: ex.outcome.summary for ex in result.stages},
+        wall_s={ex.name: (0.0 if ex.skipped else ex.outcome.wall_s) for ex in result.stages},
+        rows={r["checkpoint"]: r["values"] for r in ev.outcome.extra["comparison"]["rows"]},
+    )
+
+
+def curves(study, run: ArmRun) -> dict[str, list]:
+    """``curve/<key>``: the ``through`` stage's per-step values of each of the study's curve metrics."""
+    records = sorted(run.records.get(study.through, []), key=lambda r: r.get("step", 0))
+    return {f"curve/{key}": [[r["step"], r[key]] for r in records if key in r] for key in study.curves}
+
+
+def spread(values: list[float]) -> tuple[float, float]:
+    """Mean and half-range over seeds of the finite values (nan, nan when none are finite)."""
+    vals = [v for v in values if v is not None and math.isfinite(v)]
+    if not vals:
+        return float("nan"), float("nan")
+    return sum(vals) / len(vals), (max(vals) - min(vals)) / 2
+
+
+def verdict_over_seeds(holds: list[bool]) -> str:
+    """A claim measured per seed holds when it holds on every seed, does not when on none."""
+    if holds and all(holds):
+        return "held"
+    if not any(holds):
+        return "did not hold"
+    return "inconclusive"
+
+
+def fmt_cell(mean: float, half: float) -> str:
+    if not math.isfinite(mean):
+        return "-"
+    digits = ".3g" if abs(mean) < 1e-2 or abs(mean) >= 1e3 else ".3f"
+    return f"{mean:{digits}}" if not half else f"{mean:{digits}} ± {half:.2g}"
+
+
+def run_study(study, config: str | Path, overrides: list[str], seeds: list[int], out: Path) -> dict:
+    """Every arm on every seed, then the study's table, verdicts and report. Returns what it writes."""
+    from ringzero.parallel.runtime import single
+    from ringzero.pipeline.ablate_report import write_study_report
+    from ringzero.store import open_store
+
+    if len(seeds) < 2:
+        log.warning("ablate.one_seed", note="one seed gives no run-to-run spread: verdicts need two")
+    runs: list[ArmRun] = []
+    for arm, arm_sets in study.arms.items():
+        for seed in seeds:
+            sets = [*overrides, *study.common, *arm_sets]
+            cfg = load_arm(config, sets, study.through, list(study.measure), seed)
+            run_dir = out / study.name / arm / f"seed{seed}"
+            log.info("ablate.arm", study=study.name, arm=arm, seed=seed, run_dir=str(run_dir))
+            store = open_store(cfg.storage.root, cfg.storage.s3)
+            runs.append(run_arm(cfg, store, run_dir, arm, seed, runtime=single()))
+    readouts = {(r.arm, r.seed): {**study.readout(r), **curves(study, r)} for r in runs}
+    verdicts = study.verdicts(readouts, seeds)
+    result = {
+        "study": study.name,
+        "claim": study.claim,
+        "config": str(config),
+        "overrides": list(overrides),
+        "seeds": list(seeds),
+        "arms": {arm: list(sets) for arm, sets in study.arms.items()},
+        "common": list(study.common),
+        "readouts": [{"arm": a, "seed": s, **v} for (a, s), v in readouts.items()],
+        "verdicts": verdicts,
+        "wall_s": {f"{r.arm}/seed{r.seed}": r.wall_s for r in runs},
+    }
+    (out / study.name).mkdir(parents=True, exist_ok=True)
+    path = out / study.name / "ablation.json"
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(result, indent=1, default=float))
+    tmp.replace(path)
+    write_study_report(study, result, out / study.name / "report.html")
+    return result
+
+
+def table_rows(study, result: dict) -> tuple[list[str], list[list[str]]]:
+    """One row per arm: each column's mean ± half-range over the seeds."""
+    headers = ["arm", *(label for _, label in study.columns)]
+    rows = []
+    for arm in result["arms"]:
+        mine = [r for r in result["readouts"] if r["arm"] == arm]
+        cells = [fmt_cell(*spread([r.get(key, float("nan")) for r in mine])) for key, _ in study.columns]
+        rows.append([arm, *cells])
+    return headers, rows
+
+
+def print_study(study, result: dict) -> None:
+    headers, rows = table_rows(study, result)
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
+    print(f"\n{study.name}: {study.claim}")
+    print(f"seeds {result['seeds']} (mean ± half-range over seeds)")
+    print("  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)))
+    for r in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)))
+    for v in result["verdicts"]:
+        print(f"- {v['claim']}: {v['verdict'].upper()} ({v['detail']})")

@@ -1,0 +1,457 @@
+"""The seed's four claims as controlled comparisons (``ringzero ablate CONFIG --study NAME``).
+
+Each study names the stage it runs through, the checkpoints its eval measures, its arms (``--set``
+overrides), how a run becomes numbers (``readout``) and how the numbers become verdicts. A verdict is
+computed per seed, on that seed's arms (they share the base and every sampling seed), and reported as
+held (every seed), did not hold (no seed) or inconclusive: the rule is fixed here, before any run.
+
+Stage names are the shipped config's (``stage1``, ``distill``, ``stage2``, ``tier``); a config with other
+names runs the generic ``--vary`` form instead.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ringzero.pipeline.ablate import ArmRun, verdict_over_seeds
+
+CHANCE = 0.1
+"""Pass@1 of a guess at the digit-sum task's answer (one digit of ten): a fast tier at or below it guesses."""
+GROWTH_MARGIN = 0.05
+"""How much more token_sum's length must grow (last five steps over step 5) than another arm's to count."""
+DEPTH_BUDGET = 48
+"""The depth study's fast budget: above a terse first pass of 2-5 digits, below one of 7 (~55 tokens)."""
+DISTILL_BUDGET = 56
+"""The distillation study's length budget: a terse 7-digit first pass with its answer fits, checks do not."""
+BUCKETS = ("easy", "medium", "hard")
+
+
+@dataclass(frozen=True)
+class Study:
+    name: str
+    claim: str
+    through: str
+    measure: tuple[str, ...]
+    arms: dict[str, tuple[str, ...]]
+    readout: Callable[[ArmRun], dict]
+    verdicts: Callable[[dict, list[int]], list[dict]]
+    columns: tuple[tuple[str, str], ...]
+    common: tuple[str, ...] = ()
+    curves: tuple[str, ...] = ()
+    """Per-step metrics of the ``through`` stage the report plots, one line per arm (``curve/<key>``)."""
+    plots: tuple[tuple[str, tuple[str, ...], tuple[str, ...], str], ...] = ()
+    """``(title, categories, readout keys, axis)``: one line per arm through the categories' values."""
+
+
+def _finite(v) -> float:
+    return float(v) if isinstance(v, int | float) and math.isfinite(v) else float("nan")
+
+
+def _last(records: list[dict], key: str, n: int = 5) -> float:
+    vals = [_finite(r.get(key)) for r in records if key in r]
+    vals = [v for v in vals if math.isfinite(v)][-n:]
+    return sum(vals) / len(vals) if vals else float("nan")
+
+
+def _at(records: list[dict], key: str, step: int) -> float:
+    return next((_finite(r.get(key)) for r in records if r.get("step") == step and key in r), float("nan"))
+
+
+def _checkpoint(values: dict, label: str) -> dict:
+    """One measured checkpoint's numbers, prefixed by its label."""
+    keys = {
+        "pass1": "eval/accuracy",
+        "trace": "eval/trace_rate",
+        "len": "eval/len_mean",
+        "bf16_p99": "eval/gap/bf16/ratio/p99",
+        "islands_p99": "eval/gap/fp32-islands/ratio/p99",
+        "bf16_max": "eval/gap/bf16/ratio/max",
+        "islands_max": "eval/gap/fp32-islands/ratio/max",
+        "bf16_drift": "eval/gap/bf16/seq_abs_log_ratio",
+        "islands_drift": "eval/gap/fp32-islands/seq_abs_log_ratio",
+    }
+    out = {f"{label}/{k}": _finite(values.get(v)) for k, v in keys.items()}
+    for third in ("short", "mid", "long"):
+        for policy in ("bf16", "fp32-islands"):
+            short = "islands" if policy != "bf16" else "bf16"
+            out[f"{label}/{short}_p99_{third}"] = _finite(values.get(f"eval/gap/{policy}/{third}/ratio/p99"))
+    return out
+
+
+def _per_seed(readouts: dict, seeds: list[int], arm: str) -> list[dict]:
+    return [readouts[(arm, s)] for s in seeds if (arm, s) in readouts]
+
+
+# --- 1. token-level against sample-level loss --------------------------------------------------------------
+
+
+def loss_readout(run: ArmRun) -> dict:
+    rec = run.records["stage1"]
+    out = {
+        "len_step5": _at(rec, "len/mean", 5),
+        "len_last5": _last(rec, "len/mean"),
+        "stage1_wall_s": run.wall_s.get("stage1", float("nan")),
+    }
+    out["len_growth"] = out["len_last5"] / out["len_step5"] if out["len_step5"] else float("nan")
+    out.update(_checkpoint(run.rows["stage1"], "stage1"))
+    return out
+
+
+def loss_verdicts(readouts: dict, seeds: list[int]) -> list[dict]:
+    out = []
+    for other in ("sample_mean", "token_mean"):
+        pairs = [(readouts.get(("token_sum", s)), readouts.get((other, s))) for s in seeds]
+        pairs = [(a, b) for a, b in pairs if a and b]
+        grows = [a["len_growth"] > b["len_growth"] + GROWTH_MARGIN for a, b in pairs]
+        drifts = [a["stage1/bf16_drift"] > b["stage1/bf16_drift"] for a, b in pairs]
+        both = [g and d for g, d in zip(grows, drifts, strict=True)]
+        detail = "; ".join(
+            f"seed {s}: growth {a['len_growth']:.2f} vs {b['len_growth']:.2f}, bf16 drift "
+            f"{a['stage1/bf16_drift']:.4f} vs {b['stage1/bf16_drift']:.4f}"
+            for s, (a, b) in zip(seeds, pairs, strict=False)
+        )
+        out.append(
+            {
+                "claim": f"token_sum grows length more than {other} and drifts more under bf16",
+                "verdict": verdict_over_seeds(both),
+                "detail": detail,
+            }
+        )
+    return out
+
+
+LOSS = Study(
+    name="loss",
+    claim="token-level loss elicits longer reasoning than sample-level",
+    through="stage1",
+    measure=("stage1",),
+    arms={
+        "token_sum": (),
+        "sample_mean": ("stages.stage1.loss.normalization=sample_mean",),
+        "token_mean": ("stages.stage1.loss.normalization=token_mean",),
+    },
+    readout=loss_readout,
+    verdicts=loss_verdicts,
+    columns=(
+        ("len_step5", "len @5"),
+        ("len_last5", "len last 5"),
+        ("len_growth", "growth"),
+        ("stage1/pass1", "pass@1"),
+        ("stage1/trace", "trace rate"),
+        ("stage1/len", "eval len"),
+        ("stage1/bf16_drift", "bf16 drift"),
+        ("stage1/bf16_p99", "bf16 p99"),
+    ),
+    curves=("len/mean", "reward/mean"),
+    plots=(
+        ("stage 1 checkpoint", ("pass@1", "trace rate"), ("stage1/pass1", "stage1/trace"), "measure"),
+        (
+            "bf16 token p99 by response-length third",
+            ("short", "mid", "long"),
+            tuple(f"stage1/bf16_p99_{t}" for t in ("short", "mid", "long")),
+            "third",
+        ),
+    ),
+)
+
+
+# --- 2. distillation resets --------------------------------------------------------------------------------
+
+
+def distill_readout(run: ArmRun) -> dict:
+    out = {**_checkpoint(run.rows["stage1"], "stage1"), **_checkpoint(run.rows["distill"], "distill")}
+    for k in ("len", "bf16_drift", "bf16_p99", "islands_p99"):
+        a, b = out[f"distill/{k}"], out[f"stage1/{k}"]
+        out[f"ratio/{k}"] = a / b if b else float("nan")
+    out["delta/pass1"] = out["distill/pass1"] - out["stage1/pass1"]
+    return out
+
+
+def distill_verdicts(readouts: dict, seeds: list[int]) -> list[dict]:
+    out = []
+    for arm in DISTILL.arms:
+        mine = _per_seed(readouts, seeds, arm)
+        resets = [
+            r["ratio/len"] < 1.0 and r["ratio/bf16_drift"] < 1.0 and r["delta/pass1"] >= -0.03 for r in mine
+        ]
+        detail = "; ".join(
+            f"seed {s}: length x{r['ratio/len']:.2f}, bf16 drift x{r['ratio/bf16_drift']:.2f}, "
+            f"pass@1 {r['delta/pass1']:+.3f}"
+            for s, r in zip(seeds, mine, strict=False)
+        )
+        out.append(
+            {
+                "claim": f"{arm}: shorter than stage 1, less bf16 drift, pass@1 within 0.03",
+                "verdict": verdict_over_seeds(resets),
+                "detail": detail,
+            }
+        )
+    return out
+
+
+DISTILL = Study(
+    name="distill",
+    claim="distillation resets length and drift and keeps pass@1",
+    through="distill",
+    measure=("stage1", "distill"),
+    arms={
+        "shortest": (),
+        f"budget{DISTILL_BUDGET}": (f"stages.distill.length_budget={DISTILL_BUDGET}",),
+    },
+    readout=distill_readout,
+    verdicts=distill_verdicts,
+    columns=(
+        ("stage1/len", "stage1 len"),
+        ("distill/len", "distill len"),
+        ("stage1/pass1", "stage1 pass@1"),
+        ("distill/pass1", "distill pass@1"),
+        ("stage1/bf16_drift", "stage1 bf16 drift"),
+        ("distill/bf16_drift", "distill bf16 drift"),
+        ("stage1/bf16_p99", "stage1 bf16 p99"),
+        ("distill/bf16_p99", "distill bf16 p99"),
+        ("stage1/islands_p99", "stage1 islands p99"),
+        ("distill/islands_p99", "distill islands p99"),
+    ),
+    plots=(
+        ("mean length", ("stage1", "distill"), ("stage1/len", "distill/len"), "checkpoint"),
+        (
+            "bf16 sequence drift",
+            ("stage1", "distill"),
+            ("stage1/bf16_drift", "distill/bf16_drift"),
+            "checkpoint",
+        ),
+        ("pass@1", ("stage1", "distill"), ("stage1/pass1", "distill/pass1"), "checkpoint"),
+    ),
+)
+
+
+# --- 3. depth pays where the budget binds ------------------------------------------------------------------
+
+
+def _tiers(budget: int) -> str:
+    return json.dumps(
+        [
+            {"name": "default", "tag": None, "budget": None},
+            {"name": "fast", "tag": "[fast]", "budget": budget},
+            {"name": "deep", "tag": "[deep]", "budget": None},
+        ]
+    )
+
+
+def depth_readout(run: ArmRun) -> dict:
+    out = {}
+    for label in ("stage2", "tier"):
+        v = run.rows[label]
+        for b in BUCKETS:
+            for tier in ("fast", "deep"):
+                for m in ("accuracy", "len_mean", "within_budget", "correct_within_budget"):
+                    out[f"{label}/{tier}/{b}/{m}"] = _finite(v.get(f"eval/{tier}/{b}/{m}"))
+            out[f"{label}/gap/{b}"] = out[f"{label}/deep/{b}/accuracy"] - out[f"{label}/fast/{b}/accuracy"]
+            fast_len = out[f"{label}/fast/{b}/len_mean"]
+            out[f"{label}/len_ratio/{b}"] = (
+                out[f"{label}/deep/{b}/len_mean"] / fast_len if fast_len else math.nan
+            )
+        out[f"{label}/pass1"] = _finite(v.get("eval/accuracy"))
+    return out
+
+
+def depth_verdicts(readouts: dict, seeds: list[int]) -> list[dict]:
+    mine = _per_seed(readouts, seeds, f"fast{DEPTH_BUDGET}")
+    guesses = [
+        [b for b in BUCKETS if r[f"tier/fast/{b}/accuracy"] <= CHANCE] for r in mine
+    ]  # a fast tier that guesses is a failure, whatever else it does
+    pays = [r["tier/gap/hard"] >= 0.10 and r["tier/gap/easy"] <= 0.05 for r in mine]
+    beats = [
+        r["tier/fast/hard/correct_within_budget"] > r["stage2/fast/hard/correct_within_budget"] for r in mine
+    ]
+    fmt = "; ".join(
+        f"seed {s}: hard deep-fast {r['tier/gap/hard']:+.2f} (stage 2 {r['stage2/gap/hard']:+.2f}), easy "
+        f"{r['tier/gap/easy']:+.2f}; hard fast correct within {DEPTH_BUDGET}: "
+        f"{r['tier/fast/hard/correct_within_budget']:.2f} vs stage 2 "
+        f"{r['stage2/fast/hard/correct_within_budget']:.2f}"
+        for s, r in zip(seeds, mine, strict=False)
+    )
+    guessed = [f"seed {s}: {g}" for s, g in zip(seeds, guesses, strict=False) if g]
+    return [
+        {
+            "claim": "no fast tier guesses (pass@1 above chance, 0.1, in every bucket)",
+            "verdict": verdict_over_seeds([not g for g in guesses]),
+            "detail": "; ".join(guessed) or "fast pass@1 above chance in every bucket on every seed",
+        },
+        {
+            "claim": "depth pays where the budget binds: deep - fast pass@1 >= 0.10 on hard items, "
+            "<= 0.05 on easy",
+            "verdict": verdict_over_seeds(pays),
+            "detail": fmt,
+        },
+        {
+            "claim": "tier RL beats the no-tier-RL control: more hard items correct within the fast budget "
+            "than stage 2's checkpoint under the same budget",
+            "verdict": verdict_over_seeds(beats),
+            "detail": fmt,
+        },
+    ]
+
+
+DEPTH = Study(
+    name="depth",
+    claim="depth pays only where the budget binds",
+    through="tier",
+    measure=("stage2", "tier"),
+    arms={f"fast{DEPTH_BUDGET}": (f"stages.tier.tiers={_tiers(DEPTH_BUDGET)}",)},
+    readout=depth_readout,
+    verdicts=depth_verdicts,
+    columns=tuple(
+        (f"{label}/{tier}/{b}/{m}", f"{label} {tier} {b} {short}")
+        for label in ("stage2", "tier")
+        for b in BUCKETS
+        for tier in ("fast", "deep")
+        for m, short in (("accuracy", "pass@1"), ("len_mean", "len"))
+    )
+    + tuple(
+        (f"{label}/fast/hard/correct_within_budget", f"{label} fast hard ok<=B")
+        for label in ("stage2", "tier")
+    ),
+    plots=tuple(
+        (
+            f"{label} {tier} pass@1",
+            BUCKETS,
+            tuple(f"{label}/{tier}/{b}/accuracy" for b in BUCKETS),
+            "difficulty",
+        )
+        for tier in ("fast", "deep")
+        for label in ("stage2", "tier")
+    )
+    + tuple(
+        (
+            f"{label} {tier} length",
+            BUCKETS,
+            tuple(f"{label}/{tier}/{b}/len_mean" for b in BUCKETS),
+            "difficulty",
+        )
+        for tier in ("fast", "deep")
+        for label in ("stage2", "tier")
+    ),
+)
+
+
+# --- 4. islands where they pay -----------------------------------------------------------------------------
+
+PAPER_PAIR = ("stages.stage1.precision={train: fp32-islands, rollout: bf16}",)
+
+
+def islands_readout(run: ArmRun) -> dict:
+    rec = run.records["stage1"]
+    out = {
+        "train/gap_p99_median": _median([_finite(r.get("gap/ratio/p99")) for r in rec]),
+        "train/gap_max": max((_finite(r.get("gap/ratio/max")) for r in rec), default=float("nan")),
+        "stage1_wall_s": run.wall_s.get("stage1", float("nan")),
+        "stage1_s_per_step": run.wall_s.get("stage1", float("nan")) / max(1, len(rec)),
+    }
+    for label in ("base", "stage1"):
+        out.update(_checkpoint(run.rows[label], label))
+        b, i = out[f"{label}/bf16_p99"], out[f"{label}/islands_p99"]
+        out[f"{label}/islands_over_bf16"] = i / b if b else float("nan")
+    return out
+
+
+def _median(vals: list[float]) -> float:
+    vals = sorted(v for v in vals if math.isfinite(v))
+    return vals[len(vals) // 2] if vals else float("nan")
+
+
+def islands_verdicts(readouts: dict, seeds: list[int]) -> list[dict]:
+    out = []
+    for arm in ISLANDS.arms:
+        mine = _per_seed(readouts, seeds, arm)
+        for label in ("base", "stage1"):
+            held = [r[f"{label}/islands_over_bf16"] <= 1 / 3 for r in mine]
+            out.append(
+                {
+                    "claim": f"{arm}: islands' token p99 <= 1/3 of bf16's on the {label} checkpoint",
+                    "verdict": verdict_over_seeds(held),
+                    "detail": "; ".join(
+                        f"seed {s}: x{r[f'{label}/islands_over_bf16']:.2f}"
+                        for s, r in zip(seeds, mine, strict=False)
+                    ),
+                }
+            )
+    return out
+
+
+ISLANDS = Study(
+    name="islands",
+    claim="fp32 islands cut the bf16 ratio tail; the paper's engine pair trains on its real tail",
+    through="stage1",
+    measure=("base", "stage1"),
+    arms={"fp32": (), "islands-train-bf16-rollout": PAPER_PAIR},
+    readout=islands_readout,
+    verdicts=islands_verdicts,
+    columns=(
+        ("train/gap_p99_median", "train gap p99 (median)"),
+        ("train/gap_max", "train gap max"),
+        ("stage1_s_per_step", "s / step"),
+        ("stage1/pass1", "pass@1"),
+        *(
+            (f"{label}/{k}", f"{label} {k.replace('_', ' ')}")
+            for label in ("base", "stage1")
+            for k in ("bf16_p99", "islands_p99", "islands_over_bf16", "bf16_max", "islands_max")
+        ),
+        *(
+            (f"stage1/{p}_p99_{t}", f"stage1 {p} p99 {t}")
+            for p in ("bf16", "islands")
+            for t in ("short", "mid", "long")
+        ),
+    ),
+    curves=("gap/ratio/p99",),
+    plots=tuple(
+        (
+            f"stage 1 {p} token p99 by length third",
+            ("short", "mid", "long"),
+            tuple(f"stage1/{p}_p99_{t}" for t in ("short", "mid", "long")),
+            "third",
+        )
+        for p in ("bf16", "islands")
+    )
+    + (
+        (
+            "islands / bf16 token p99",
+            ("base", "stage1"),
+            ("base/islands_over_bf16", "stage1/islands_over_bf16"),
+            "checkpoint",
+        ),
+    ),
+)
+
+STUDIES = {s.name: s for s in (LOSS, DISTILL, DEPTH, ISLANDS)}
+
+
+def generic_readout(measure: tuple[str, ...]) -> Callable[[ArmRun], dict]:
+    def readout(run: ArmRun) -> dict:
+        out = {}
+        for label in measure:
+            out.update(_checkpoint(run.rows[label], label))
+        return out
+
+    return readout
+
+
+def varied(key: str, values: list[str], through: str, measure: tuple[str, ...]) -> Study:
+    """``--vary KEY=A,B``: one arm per value, the measured checkpoints' numbers, no verdict."""
+    return Study(
+        name=f"vary-{key.replace('.', '-')}",
+        claim=f"{key} in {values}",
+        through=through,
+        measure=measure,
+        arms={v: (f"{key}={v}",) for v in values},
+        readout=generic_readout(measure),
+        verdicts=lambda readouts, seeds: [],
+        columns=tuple(
+            (f"{label}/{k}", f"{label} {k}")
+            for label in measure
+            for k in ("pass1", "trace", "len", "bf16_p99", "islands_p99", "bf16_drift")
+        ),
+    )

@@ -1,0 +1,199 @@
+"""``ringzero ablate``: arms cut from the run file, a stage's own seed and precision, the verdict rule, and
+one real ablation end to end on the micro config (the base pretrained once and shared by every arm)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from ringzero.config.loader import parse_config
+from ringzero.config.run import stage_view
+from ringzero.errors import RingzeroError
+from ringzero.pipeline.ablate import study_data, verdict_over_seeds
+from ringzero.pipeline.identity import stage_hash
+from ringzero.pipeline.studies import CHANCE, DEPTH, DEPTH_BUDGET, LOSS, STUDIES
+from ringzero.stages.base import StageInputs
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = ROOT / "configs" / "tiny-cpu.yaml"
+MICRO = ROOT / "tests" / "jobs" / "micro-run.yaml"
+
+
+def tiny() -> dict:
+    return yaml.safe_load(TINY.read_text())
+
+
+def test_an_arm_is_the_run_cut_at_its_last_stage_with_gates_off_and_later_stages_seeded():
+    data = study_data(tiny(), "distill", ["stage1", "distill"], seed=3)
+    stages = data["stages"]
+    assert [s["name"] for s in stages] == ["base", "stage1", "distill", "eval"]
+    assert all(s["gate"] == [] for s in stages)
+    assert "seed" not in stages[0]  # the pretrained base is shared by every seed
+    assert [s["seed"] for s in stages[1:]] == [3, 3, 3]
+    ev = stages[-1]
+    assert ev["init"] == "distill" and ev["compare"] == ["stage1", "distill"]
+    assert ev["sampling"] == {"max_new_tokens": 160}  # the config's own eval settings
+    assert data["targets"] == []
+    parse_config(data)  # a valid run
+
+
+@pytest.mark.parametrize(
+    ("through", "measure", "needle"),
+    [("stage9", ["stage1"], "no stage 'stage9'"), ("stage1", ["distill"], "not at or before 'stage1'")],
+)
+def test_an_arm_that_names_a_missing_or_later_stage_is_refused(through, measure, needle):
+    with pytest.raises(RingzeroError, match=needle):
+        study_data(tiny(), through, measure, seed=0)
+
+
+def hashes(data: dict) -> dict[str, str]:
+    cfg, prev, out = parse_config(data), None, {}
+    for st in cfg.stages:
+        inputs = StageInputs(init_uri=prev, reference_uri=prev if st.kind == "rl" else None)
+        out[st.name] = stage_hash(cfg, st, inputs)
+        prev = f"file://s/{out[st.name][:16]}"
+    return out
+
+
+def test_a_stage_seed_equal_to_the_runs_is_the_same_stage_and_another_seed_leaves_the_base_alone():
+    plain = hashes(tiny())
+    same = tiny()
+    same["stages"][1]["seed"] = 0  # run.seed is 0
+    assert hashes(same) == plain
+    other = tiny()
+    other["stages"][1]["seed"] = 1
+    changed = hashes(other)
+    assert changed["base"] == plain["base"]
+    assert changed["stage1"] != plain["stage1"]
+    assert changed["distill"] != plain["distill"]  # downstream of a different checkpoint
+
+
+def test_a_stage_precision_counts_as_what_the_stage_runs_under():
+    own = tiny()
+    own["stages"][1]["precision"] = {"train": "fp32-islands", "rollout": "bf16"}
+    run_wide = tiny()
+    run_wide["precision"] = {"train": "fp32-islands", "rollout": "bf16"}
+    cfg = parse_config(own)
+    view = stage_view(cfg, cfg.stage("stage1"))
+    assert (view.precision.train.name(), view.precision.rollout.name()) == ("fp32-islands", "bf16")
+    assert stage_view(cfg, cfg.stage("base")) is cfg
+    inputs = StageInputs(init_uri="file://s/base", reference_uri="file://s/base")
+    other = parse_config(run_wide)
+    assert stage_hash(cfg, cfg.stage("stage1"), inputs) == stage_hash(other, other.stage("stage1"), inputs)
+    assert hashes(own)["base"] == hashes(tiny())["base"]
+
+
+def test_the_verdict_holds_on_every_seed_fails_on_none_and_is_otherwise_inconclusive():
+    assert verdict_over_seeds([True, True]) == "held"
+    assert verdict_over_seeds([False, False]) == "did not hold"
+    assert verdict_over_seeds([True, False]) == "inconclusive"
+    assert verdict_over_seeds([]) == "did not hold"
+
+
+def loss_row(growth: float, drift: float) -> dict:
+    return {"len_growth": growth, "stage1/bf16_drift": drift}
+
+
+def test_the_loss_claim_needs_more_growth_and_more_drift_on_each_seed():
+    readouts = {
+        ("token_sum", 0): loss_row(1.6, 0.02),
+        ("token_sum", 1): loss_row(1.5, 0.02),
+        ("sample_mean", 0): loss_row(1.0, 0.01),
+        ("sample_mean", 1): loss_row(1.48, 0.01),  # within the growth margin on seed 1
+        ("token_mean", 0): loss_row(2.0, 0.03),
+        ("token_mean", 1): loss_row(2.0, 0.03),
+    }
+    verdicts = {v["claim"].split()[-6]: v["verdict"] for v in LOSS.verdicts(readouts, [0, 1])}
+    assert verdicts == {"sample_mean": "inconclusive", "token_mean": "did not hold"}
+
+
+def depth_row(fast: dict, gap_hard: float, gap_easy: float, ok_tier: float, ok_stage2: float) -> dict:
+    row = {f"tier/fast/{b}/accuracy": a for b, a in fast.items()}
+    row.update(
+        {
+            "tier/gap/hard": gap_hard,
+            "tier/gap/easy": gap_easy,
+            "stage2/gap/hard": 0.0,
+            "tier/fast/hard/correct_within_budget": ok_tier,
+            "stage2/fast/hard/correct_within_budget": ok_stage2,
+        }
+    )
+    return row
+
+
+def test_a_fast_tier_that_guesses_is_a_failure_even_where_depth_pays():
+    arm = f"fast{DEPTH_BUDGET}"
+    readouts = {
+        (arm, 0): depth_row({"easy": 1.0, "medium": 0.9, "hard": CHANCE}, 0.8, 0.0, 0.1, 0.0),
+        (arm, 1): depth_row({"easy": 1.0, "medium": 0.9, "hard": 0.5}, 0.4, 0.0, 0.5, 0.2),
+    }
+    guesses, pays, beats = (v["verdict"] for v in DEPTH.verdicts(readouts, [0, 1]))
+    assert guesses == "inconclusive"  # seed 0's fast tier sits at chance on hard items
+    assert pays == "held" and beats == "held"
+
+
+def test_every_study_names_stages_of_the_shipped_config_and_each_arm_loads():
+    data = tiny()
+    for study in STUDIES.values():
+        for arm, sets in study.arms.items():
+            from ringzero.config.loader import apply_overrides
+
+            cut = study_data(
+                apply_overrides(tiny(), [*study.common, *sets]), study.through, list(study.measure), 1
+            )
+            cfg = parse_config(cut)
+            assert cfg.stages[-1].compare == list(study.measure), (study.name, arm)
+    assert data == tiny()
+
+
+def test_an_ablation_runs_its_arms_over_seeds_from_one_shared_base(tmp_path):
+    out = tmp_path / "ablate"
+    cmd = [
+        sys.executable,
+        "-m",
+        "ringzero.cli.main",
+        "ablate",
+        str(MICRO),
+        "--set",
+        f"storage.root=file://{tmp_path}/store",
+        "--set",
+        f"run.run_dir={tmp_path}/run",
+        "--set",
+        "stages.base.steps=20",
+        "--vary",
+        "stages.stage1.loss.normalization=token_sum,token_mean",
+        "--through",
+        "stage1",
+        "--seeds",
+        "0,2",
+        "--out",
+        str(out),
+    ]
+    done = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "token_mean" in done.stdout and "mean ± half-range over seeds" in done.stdout
+    study = out / "vary-stages-stage1-loss-normalization"
+    result = json.loads((study / "ablation.json").read_text())
+    assert sorted((r["arm"], r["seed"]) for r in result["readouts"]) == [
+        ("token_mean", 0),
+        ("token_mean", 2),
+        ("token_sum", 0),
+        ("token_sum", 2),
+    ]
+    identity = {
+        (arm, seed, stage): (study / arm / f"seed{seed}" / stage / "identity").read_text()
+        for arm in ("token_sum", "token_mean")
+        for seed in (0, 2)
+        for stage in ("base", "stage1")
+        if (study / arm / f"seed{seed}" / stage / "identity").exists()
+    }
+    bases = {h for (_, _, stage), h in identity.items() if stage == "base"}
+    assert len(bases) <= 1  # pretrained by the first arm only, the others found it committed
+    stage1 = [h for (_, _, stage), h in identity.items() if stage == "stage1"]
+    assert len(stage1) == len(set(stage1)) == 4  # every arm and seed its own stage 1
+    assert all("stage1/pass1" in r for r in result["readouts"])
+    page = (study / "report.html").read_text()
+    assert "<table" in page and "token_mean" in page
