@@ -15,7 +15,6 @@ seed, on none, or on some (inconclusive); ``run_study`` prints the table and wri
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,6 +22,7 @@ import structlog
 
 from ringzero.config.loader import apply_overrides, parse_config, read_yaml
 from ringzero.errors import RingzeroError
+from ringzero.pipeline.ablate_report import table_rows, write_study_report
 from ringzero.pipeline.local import run_pipeline
 
 log = structlog.get_logger(__name__)
@@ -92,14 +92,6 @@ def curves(study, run: ArmRun) -> dict[str, list]:
     return {f"curve/{key}": [[r["step"], r[key]] for r in records if key in r] for key in study.curves}
 
 
-def spread(values: list[float]) -> tuple[float, float]:
-    """Mean and half-range over seeds of the finite values (nan, nan when none are finite)."""
-    vals = [v for v in values if v is not None and math.isfinite(v)]
-    if not vals:
-        return float("nan"), float("nan")
-    return sum(vals) / len(vals), (max(vals) - min(vals)) / 2
-
-
 def verdict_over_seeds(holds: list[bool]) -> str:
     """A claim measured per seed holds when it holds on every seed, does not when on none."""
     if holds and all(holds):
@@ -109,17 +101,9 @@ def verdict_over_seeds(holds: list[bool]) -> str:
     return "inconclusive"
 
 
-def fmt_cell(mean: float, half: float) -> str:
-    if not math.isfinite(mean):
-        return "-"
-    digits = ".3g" if abs(mean) < 1e-2 or abs(mean) >= 1e3 else ".3f"
-    return f"{mean:{digits}}" if not half else f"{mean:{digits}} ± {half:.2g}"
-
-
 def run_study(study, config: str | Path, overrides: list[str], seeds: list[int], out: Path) -> dict:
     """Every arm on every seed, then the study's table, verdicts and report. Returns what it writes."""
     from ringzero.parallel.runtime import single
-    from ringzero.pipeline.ablate_report import write_study_report
     from ringzero.store import open_store
 
     if len(seeds) < 2:
@@ -154,17 +138,6 @@ def run_study(study, config: str | Path, overrides: list[str], seeds: list[int],
     tmp.replace(path)
     write_study_report(study, result, out / study.name / "report.html")
     return result
-
-
-def table_rows(study, result: dict) -> tuple[list[str], list[list[str]]]:
-    """One row per arm: each column's mean ± half-range over the seeds."""
-    headers = ["arm", *(label for _, label in study.columns)]
-    rows = []
-    for arm in result["arms"]:
-        mine = [r for r in result["readouts"] if r["arm"] == arm]
-        cells = [fmt_cell(*spread([r.get(key, float("nan")) for r in mine])) for key, _ in study.columns]
-        rows.append([arm, *cells])
-    return headers, rows
 
 
 def print_study(study, result: dict) -> None:

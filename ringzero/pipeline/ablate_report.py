@@ -37,9 +37,33 @@ def _category(title: str, categories, keys, axis: str, result: dict) -> str:
     return category_plot(title, keys[0], list(categories), lines, axis=axis)
 
 
-def render_study(study, result: dict) -> str:
-    from ringzero.pipeline.ablate import table_rows
+def spread(values: list[float]) -> tuple[float, float]:
+    """Mean and half-range over seeds of the finite values (nan, nan when none are finite)."""
+    vals = [v for v in values if v is not None and math.isfinite(v)]
+    if not vals:
+        return float("nan"), float("nan")
+    return sum(vals) / len(vals), (max(vals) - min(vals)) / 2
 
+
+def fmt_cell(mean: float, half: float) -> str:
+    if not math.isfinite(mean):
+        return "-"
+    digits = ".3g" if abs(mean) < 1e-2 or abs(mean) >= 1e3 else ".3f"
+    return f"{mean:{digits}}" if not half else f"{mean:{digits}} ± {half:.2g}"
+
+
+def table_rows(study, result: dict) -> tuple[list[str], list[list[str]]]:
+    """One row per arm: each column's mean ± half-range over the seeds."""
+    headers = ["arm", *(label for _, label in study.columns)]
+    rows = []
+    for arm in result["arms"]:
+        mine = [r for r in result["readouts"] if r["arm"] == arm]
+        cells = [fmt_cell(*spread([r.get(key, float("nan")) for r in mine])) for key, _ in study.columns]
+        rows.append([arm, *cells])
+    return headers, rows
+
+
+def render_study(study, result: dict) -> str:
     esc = html.escape
     headers, rows = table_rows(study, result)
     verdicts = "".join(
