@@ -11,7 +11,7 @@ TORCH_INDEX ?=
 # version the rollout image is built on, installed without its dependencies (nothing imports it).
 SGLANG_VERSION := $(shell sed -n 's/^ARG BASE_IMAGE=lmsysorg\/sglang:v\([0-9.]*\).*/\1/p' images/rollout/Dockerfile)
 
-.PHONY: setup run test lint clean
+.PHONY: setup run ablate test lint clean
 
 setup: $(STAMP)
 
@@ -29,6 +29,10 @@ $(STAMP): pyproject.toml Makefile images/rollout/Dockerfile
 
 run: setup
 	$(BIN)/ringzero run $(CONFIG)
+
+# The seed's four claims side by side over two seeds (ringzero.pipeline.studies); reuses `make run`'s stages
+ablate: setup
+	for study in loss distill depth islands; do $(BIN)/ringzero ablate $(CONFIG) --study $$study || exit 1; done
 
 # tests/run_all.sh runs `make setup` itself, while the test servers start beside it
 test:
