@@ -406,7 +406,9 @@ ISLANDS = Study(
             for t in ("short", "mid", "long")
         ),
     ),
-    common=("stages.stage1.steps=20",),  # a bf16 body runs several times slower on a CPU without bf16 units
+    # Ten steps: a bf16 trainer body's forward + backward runs ~8x fp32's time on a CPU without bf16 units
+    # (bench/bf16_cost.py), and the study must fit 15 minutes on two cores.
+    common=("stages.stage1.steps=10",),
     curves=("gap/ratio/p99",),
     plots=tuple(
         (
