@@ -4,8 +4,9 @@ The model is configs/tiny-cpu.yaml's (random weights, its 512-token context), bu
 (``fp32``, ``fp32-islands``, ``bf16``). One batch of ``--batch`` prompts of ``--prompt-len`` tokens decodes
 ``--new-tokens`` tokens each (no stop ids), T = 1, seeded; generated tokens per wall-clock second, the
 median of ``--repeats`` runs, policies interleaved. Then the trainer's scoring of the finished sequences
-(one batched forward, no grad) and one training forward + backward of the same batch per policy. Also printed: the CPU capability torch dispatches to, and the
-time of one matmul at the model's MLP shape in fp32 and bf16, so the cost can be traced to the kernels.
+(one batched forward, no grad) and one training forward + backward of the same batch per policy (median
+of ``--repeats``). Also printed: the CPU capability torch dispatches to, and the time of one matmul at
+the model's MLP shape in fp32 and bf16, so the cost can be traced to the kernels.
 
 A CPU with AVX-512 BF16 or AMX runs bf16 matmuls natively; one without converts every operand, and a bf16
 body is then slower than fp32. This is what decides which precision a CPU run's rollout engine uses.
@@ -121,7 +122,7 @@ def main() -> None:
             start = time.perf_counter()
             score_sequences(models[name], seqs, [args.prompt_len] * len(seqs), 1.0)
             score_s = time.perf_counter() - start
-        train_s = train_step_s(models[name], seqs)
+        train_s = statistics.median(train_step_s(models[name], seqs) for _ in range(args.repeats))
         print(
             f"  {name:>13}: decode {tokens / t:8.1f} tokens/s ({t / base:4.1f}x fp32's time), "
             f"trainer scoring {score_s:.3f} s, forward + backward {train_s:.3f} s"
