@@ -115,9 +115,9 @@ def main() -> None:
     )
     tokens = args.batch * args.new_tokens
     base = statistics.median(times["fp32"])
+    seqs = [c.prompt_ids + c.output_ids for c in done["fp32"]]  # every policy scores the same sequences
     for name in POLICIES:
         t = statistics.median(times[name])
-        seqs = [c.prompt_ids + c.output_ids for c in done["fp32"]]
         with torch.no_grad():
             start = time.perf_counter()
             score_sequences(models[name], seqs, [args.prompt_len] * len(seqs), 1.0)
