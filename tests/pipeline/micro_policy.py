@@ -1,4 +1,4 @@
-"""A micro policy for the real distill and eval runners: two seconds of fine-tuning make a tiny model
+"""A micro policy for the real distill and eval runners: 120 steps of fine-tuning make a tiny model
 answer four fixed digit-sum problems with worked traces, half of them terse and half verbose.
 
 Both forms are correct, so the shortest correct sample of a prompt is its terse trace: exactly what
@@ -25,7 +25,7 @@ from ringzero.tokenizer import CharTokenizer
 
 DIGITS = 4
 PROBLEMS = 4
-SFT_STEPS = 250
+SFT_STEPS = 120
 MODEL = {
     "vocab_size": 64,
     "hidden_size": 64,
@@ -96,7 +96,7 @@ def train_policy(cfg: RunConfig, store, verbose_copies: int = 1) -> str:
                 }
             )
     model = HybridLM(cfg.model, cfg.precision.train).train()
-    optimizer = TrainOptimizer(model, OptimSettings(lr=3e-3, warmup_steps=10), total_steps=SFT_STEPS)
+    optimizer = TrainOptimizer(model, OptimSettings(lr=6e-3, warmup_steps=10), total_steps=SFT_STEPS)
     ids_BS, mask_BS1 = sft_batch(examples, tok.pad_id)
     for _ in range(SFT_STEPS):
         response_loss(model, ids_BS, mask_BS1).backward()

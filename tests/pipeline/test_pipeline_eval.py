@@ -174,8 +174,8 @@ def models(micro_policy_store) -> tuple[Micro, str]:
     return m, uris[0]
 
 
-def run_eval(m: Micro, root, compare: dict, cfg=None):
-    stage = EvalStage.model_validate(EVAL)
+def run_eval(m: Micro, root, compare: dict, cfg=None, stage: dict = EVAL):
+    stage = EvalStage.model_validate(stage)
     inputs = StageInputs(init_uri=m.policy_uri, compare=compare)
     return execute_stage(cfg or m.cfg, m.store, stage, inputs, root)  # commits the outcome: strict JSON
 
@@ -231,9 +231,12 @@ def test_the_input_is_measured_once_under_its_stage_name_and_deterministic_mode_
     m, base_uri = models
     patch_task(monkeypatch, evaluate)
     cfg = m.cfg.model_copy(update={"precision": m.cfg.precision.model_copy(update={"deterministic": True})})
-    ex = run_eval(m, tmp_path, {"policy": m.policy_uri}, cfg=cfg)
+    # Deterministic decoding runs the full forward at every step: two problems, two samples each (every
+    # sampled token's ratio must still be exactly 1) keep it to a fifth of the full eval's decoding.
+    ex = run_eval(m, tmp_path, {"policy": m.policy_uri}, cfg=cfg, stage={**EVAL, "prompts": 2, "k": 2})
     (row,) = ex.outcome.extra["comparison"]["rows"]
     assert row["checkpoint"] == "policy" and row["values"]["eval/ratio/max"] == 0.0
+    assert row["values"]["eval/len_mean"] > 10  # the tail is over sampled traces, not an empty batch
 
 
 def die_on_the_second_measurement(monkeypatch) -> list[str]:
