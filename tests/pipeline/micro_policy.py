@@ -1,4 +1,4 @@
-"""A micro policy for the real distill and eval runners: 120 steps of fine-tuning make a tiny model
+"""A micro policy for the real distill and eval runners: ``SFT_STEPS`` steps of fine-tuning make a tiny model
 answer four fixed digit-sum problems with worked traces, half of them terse and half verbose.
 
 Both forms are correct, so the shortest correct sample of a prompt is its terse trace: exactly what

@@ -174,8 +174,8 @@ def models(micro_policy_store) -> tuple[Micro, str]:
     return m, uris[0]
 
 
-def run_eval(m: Micro, root, compare: dict, cfg=None, stage: dict = EVAL):
-    stage = EvalStage.model_validate(stage)
+def run_eval(m: Micro, root, compare: dict, cfg=None, stage_doc: dict = EVAL):
+    stage = EvalStage.model_validate(stage_doc)
     inputs = StageInputs(init_uri=m.policy_uri, compare=compare)
     return execute_stage(cfg or m.cfg, m.store, stage, inputs, root)  # commits the outcome: strict JSON
 
@@ -232,8 +232,9 @@ def test_the_input_is_measured_once_under_its_stage_name_and_deterministic_mode_
     patch_task(monkeypatch, evaluate)
     cfg = m.cfg.model_copy(update={"precision": m.cfg.precision.model_copy(update={"deterministic": True})})
     # Deterministic decoding runs the full forward at every step: two problems, two samples each (every
-    # sampled token's ratio must still be exactly 1) keep it to a fifth of the full eval's decoding.
-    ex = run_eval(m, tmp_path, {"policy": m.policy_uri}, cfg=cfg, stage={**EVAL, "prompts": 2, "k": 2})
+    # sampled token's ratio must still be exactly 1) are 6 decodes with the greedy ones, not the full 20.
+    small = {**EVAL, "prompts": 2, "k": 2}
+    ex = run_eval(m, tmp_path, {"policy": m.policy_uri}, cfg=cfg, stage_doc=small)
     (row,) = ex.outcome.extra["comparison"]["rows"]
     assert row["checkpoint"] == "policy" and row["values"]["eval/ratio/max"] == 0.0
     assert row["values"]["eval/len_mean"] > 10  # the tail is over sampled traces, not an empty batch
