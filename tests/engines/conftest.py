@@ -7,6 +7,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+import ringzero.engines.megatron  # noqa: F401  - imports megatron.core, its jit fuser off on CPU, before a test does
 from ringzero.parallel.launch import RankPool
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+import ringzero.engines.megatron  # noqa: F401  - megatron.core as ringzero imports it (eager_import)
 from ringzero.model.config import ModelConfig, PrecisionPolicy
 from ringzero.model.hybrid import HybridLM
 from ringzero.model.logprobs import token_logprobs

@@ -9,6 +9,7 @@ from unittest import mock
 
 import torch
 
+import ringzero.engines.megatron  # noqa: F401  - megatron.core as ringzero imports it (eager_import)
 from ringzero.config.loader import parse_config
 from ringzero.engines.builders import task_and_tokenizer
 from ringzero.metrics import MemoryMetricWriter

@@ -23,6 +23,8 @@ Genuine 0.16.1 bugs without Transformer Engine (installed on GPU too):
   only when TE imports (``NameError`` on every MoE forward). Patched: the name set to ``None``.
 
 CPU only (nothing of this is installed when CUDA is available):
+- megatron's jit fuser (``torch.compile``), for a process that imported megatron.core before ringzero did:
+  ``eager_import.eager_fused_functions()`` puts back the undecorated functions (why: ``eager_import``).
 - ``torch.cuda.current_device()``, which megatron calls to place tensors (``RotaryEmbedding`` of MLA,
   built without ``use_cpu_initialization``, and its ``get_emb`` moving ``inv_freq``; the MoE router and
   experts): on a CPU build it raises. Patched: it returns the CPU device. This is the one patch of torch
@@ -70,6 +72,8 @@ import types
 
 import torch
 
+from ringzero.engines.megatron.eager_import import eager_fused_functions
+
 _APPLIED = False
 _OPTIMIZER_APPLIED = False
 _PIPELINE_APPLIED = False
@@ -100,6 +104,7 @@ def apply() -> None:
     _fix_te_absent()
     _fix_mla_rope_key_grad()
     if not torch.cuda.is_available():
+        eager_fused_functions()
         _cpu_devices()
         _cpu_rng_tracker()
 
