@@ -3,7 +3,7 @@
 Each test runs the real command line in a subprocess (torchrun, gloo ranks over loopback) on the
 micro config next to this file: the whole pipeline at dp=2 x cp=2; a rank killed mid-stage ends the
 job within a bounded time and a rerun resumes from the last committed step; a second job on the same
-stage is refused while the first one finishes untouched.
+stage is refused while the rerun holds it, and the rerun finishes untouched.
 """
 
 from __future__ import annotations
@@ -161,8 +161,25 @@ def test_parallel_dims_that_do_not_match_the_ranks_are_refused(tmp_path):
     assert "--nproc 2: the config's parallel.dp x parallel.cp = 2 x 2 = 4 ranks" in out
 
 
+def held_mid_base(tmp_path: Path, proc: subprocess.Popen) -> Path | None:
+    """The lease of a stage that holds a committed resume point and no outcome yet (base, mid-stage), when one
+    of ``proc``'s processes holds it (not the dead rank of a killed job, whose lease a rerun takes over)."""
+    for held in (tmp_path / "store").glob("stages/*/lease.json"):
+        if not any(held.parent.glob("step-*")) or (held.parent / "outcome.json").exists():
+            continue
+        try:
+            pid = json.loads(held.read_text())["body"]["pid"]  # a checksummed ringzero.document
+        except (OSError, ValueError, KeyError):
+            continue  # replaced while read
+        if pid in (proc.pid, *descendants(proc.pid)):
+            return held
+    return None
+
+
 @pytest.mark.slow
-def test_a_killed_rank_ends_the_job_and_a_rerun_resumes(tmp_path):
+def test_a_killed_rank_ends_the_job_a_rerun_resumes_and_a_second_job_meanwhile_is_refused(tmp_path):
+    """One long base at dp 2, killed and rerun: the rerun is also the live holder a second job on the same
+    stage meets (one 150-step job saved against a test of its own)."""
     long_base = (
         "--set",
         "stages.base.steps=150",  # 140 steps after the first resume point: the kill lands mid-base
@@ -182,51 +199,30 @@ def test_a_killed_rank_ends_the_job_and_a_rerun_resumes(tmp_path):
     steps = committed_steps(tmp_path)
     assert steps, "the killed job left no committed resume point"
 
-    status, out = finish(start(tmp_path, *long_base), timeout=400)
+    rerun = start(tmp_path, *long_base)
+    # Stopped mid-base (its lease taken over from the dead job, steps still to run) while the second job
+    # starts, the rerun meets the second as a live holder however fast it would have finished (a stop that
+    # landed after the stage's outcome made the second a cache hit, exit 0).
+    wait_for(lambda: held_mid_base(tmp_path, rerun), 180, "the rerun holding the base stage's lease", rerun)
+    signal_job(rerun, signal.SIGSTOP)
+    try:
+        assert held_mid_base(tmp_path, rerun) is not None, "the rerun was not mid-base when it was stopped"
+        second = start(tmp_path, *long_base, "--set", f"run.run_dir={tmp_path}/second")
+        second_status, second_out = finish(second)
+    finally:
+        signal_job(rerun, signal.SIGCONT)
+    assert second_status == 2, second_out[-4000:]
+    assert "is being run by another job" in second_out
+
+    status, out = finish(rerun, timeout=400)
     assert status == 0, out[-4000:]
+    assert manifest(tmp_path)["status"] == "succeeded"
     resumed = [
         json.loads(line)
         for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()
         if '"pretrain.resume"' in line
     ]
     assert resumed and resumed[-1]["step"] >= 10, "the rerun started over instead of resuming"
-
-
-@pytest.mark.slow
-def test_a_second_job_on_the_same_stage_is_refused_and_the_first_finishes(tmp_path):
-    long_base = (
-        "--set",
-        "stages.base.steps=150",
-        "--set",
-        "stages.base.checkpoint_every=10",
-        "--set",
-        "parallel.dp=2",
-    )
-    first = start(tmp_path, *long_base)
-
-    def mid_base():
-        """The lease of a stage that has committed a resume point and no outcome yet (base, mid-stage)."""
-        for held in (tmp_path / "store").glob("stages/*/lease.json"):
-            if any(held.parent.glob("step-*")) and not (held.parent / "outcome.json").exists():
-                return held
-        return None
-
-    # Stopped mid-base (a resume point committed, 140 of its 150 steps still to run, its lease held) while the
-    # second job starts, the first meets the second as a live holder however fast it would have finished (a
-    # stop that landed after a stage's outcome made the second a cache hit, exit 0).
-    wait_for(mid_base, 120, "the first job mid-base", first)
-    signal_job(first, signal.SIGSTOP)
-    try:
-        assert mid_base() is not None, "the first job was not mid-base when it was stopped"
-        second = start(tmp_path, *long_base, "--set", f"run.run_dir={tmp_path}/second")
-        status, out = finish(second)
-    finally:
-        signal_job(first, signal.SIGCONT)
-    assert status == 2, out[-4000:]
-    assert "is being run by another job" in out
-    status, out = finish(first, timeout=400)
-    assert status == 0, out[-4000:]
-    assert manifest(tmp_path)["status"] == "succeeded"
     store = open_store(f"file://{tmp_path}/store")
     for uri in store.list("stages/"):
         store.verify(uri)  # every committed checkpoint is whole: nothing the refused job touched
