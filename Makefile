@@ -21,11 +21,9 @@ $(STAMP): pyproject.toml Makefile images/rollout/Dockerfile
 	# The CPU wheel first, so the torch range in pyproject.toml is already satisfied. Where the package
 	# index serves the multi-GB CUDA build under that name (PyPI does on Linux), take the CPU build from
 	# PyTorch's own index: make setup TORCH_INDEX=https://download.pytorch.org/whl/cpu
-	# --no-compile: pip would byte-compile every file it installs (a third of setup's time, most of it in
-	# modules nothing here imports); Python compiles what is imported, once, on first import instead.
-	$(BIN)/pip install --quiet --no-compile $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) torch==2.13.0
-	$(BIN)/pip install --quiet --no-compile -e '.[dev,test,kfp]'
-	$(BIN)/pip install --quiet --no-compile --no-deps sglang==$(SGLANG_VERSION)
+	$(BIN)/pip install --quiet $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) torch==2.13.0
+	$(BIN)/pip install --quiet -e '.[dev,test,kfp]'
+	$(BIN)/pip install --quiet --no-deps sglang==$(SGLANG_VERSION)
 	rm -f $(VENV)/.installed-*
 	touch $@
 

@@ -24,6 +24,6 @@ fail() {
 if ! "$ENV_DIR/bin/checkov" --version 2>/dev/null | grep -qx "$VERSION"; then
   log "installing checkov $VERSION into $ENV_DIR"
   python3 -m venv "$ENV_DIR" >&2 || fail "python3 -m venv $ENV_DIR failed"
-  "$ENV_DIR/bin/pip" install -q --no-compile "checkov==$VERSION" >&2 || fail "pip install checkov==$VERSION failed"
+  "$ENV_DIR/bin/pip" install -q "checkov==$VERSION" >&2 || fail "pip install checkov==$VERSION failed"
 fi
 printf 'export RINGZERO_CHECKOV=%q\n' "$PWD/$ENV_DIR/bin/checkov"
