@@ -413,16 +413,22 @@ def fault_points(ref: Reference, rng: random.Random) -> list[str]:
     return out
 
 
-def wait_for_resume_point(proc: subprocess.Popen, root: Path) -> bool:
-    """Until the target stage has committed a resume point (its step loop is running); False if the run
-    ended first."""
+def wait_for_resume_point(proc: subprocess.Popen, root: Path, at_least: int = 1) -> bool:
+    """Until the target stage has committed ``at_least`` resume points (its step loop is running); False if
+    the run ended first."""
     deadline = time.monotonic() + GUARD_S
     while time.monotonic() < deadline and proc.poll() is None:
         h = target_hash(events(root))
-        if h and list((root / "store" / "stages" / h[:16]).glob("step-*/COMMITTED")):
+        if h and len(list((root / "store" / "stages" / h[:16]).glob("step-*/COMMITTED"))) >= at_least:
             return True
         time.sleep(0.05)
     return False
+
+
+def resume_points(kind: str) -> int:
+    """How many resume points the target stage of ``kind`` commits before its end."""
+    target = TARGETS[kind]
+    return max(1, target["steps"] // target.get("checkpoint_every", target["steps"]) - 1)
 
 
 def sigterm_trial(
@@ -534,14 +540,9 @@ def rank_kill_trial(
     trial = Trial(ref.kind, "one-rank-killed")
     cfg = config(root, ref.kind, dp=ref.dp, sigterm_grace_s=grace_s)
     proc = start(cfg, child_env(extra_path=False), *ref.nproc())
-    lo, hi = ref.stage_s
-    deadline = time.monotonic() + GUARD_S
-    # wait until the target stage runs on both ranks
-    while time.monotonic() < deadline and proc.poll() is None:
-        if any(e.get("event") == "stage.start" and e.get("stage") == "target" for e in events(root)):
-            break
-        time.sleep(0.1)
-    time.sleep(rng.uniform(0.0, max(0.1, 0.5 * (hi - lo))))
+    # Mid-stage by the run's own progress, after a random number of its resume points: a delay drawn from
+    # the reference's window once landed after this run's faster stage had ended (the job then exits 0).
+    wait_for_resume_point(proc, root, at_least=rng.randint(1, resume_points(ref.kind)))
     ranks = _rank_pids(proc.pid)
     if proc.poll() is None and ranks:
         victim = rng.choice(ranks)
