@@ -426,9 +426,9 @@ def wait_for_resume_point(proc: subprocess.Popen, root: Path, at_least: int = 1)
 
 
 def resume_points(kind: str) -> int:
-    """How many resume points the target stage of ``kind`` commits before its end."""
+    """How many resume points the target stage of ``kind`` (one with steps) commits before its last step."""
     target = TARGETS[kind]
-    return max(1, target["steps"] // target.get("checkpoint_every", target["steps"]) - 1)
+    return max(1, (target["steps"] - 1) // target.get("checkpoint_every", target["steps"]))
 
 
 def sigterm_trial(

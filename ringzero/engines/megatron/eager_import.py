@@ -77,12 +77,20 @@ def eager_fused_functions() -> int:
         owners = [module] + [v for v in vars(module).values() if isinstance(v, type) and v.__module__ == name]
         for owner in owners:
             for attr, value in list(vars(owner).items()):
-                # functions only: megatron stands MagicMocks in for absent TE and Triton, and a mock has
-                # every attribute
-                if not inspect.isfunction(value):
-                    continue
-                original = getattr(value, "_torchdynamo_orig_callable", None)
-                if inspect.isfunction(original):
-                    setattr(owner, attr, original)
+                if _compiled(value):
+                    setattr(owner, attr, value._torchdynamo_orig_callable)
                     restored += 1
     return restored
+
+
+def _compiled(value) -> bool:
+    """A function torch.compile wrapped: not a MagicMock (megatron stands them in for absent TE and
+    Triton, and a mock has every attribute), not a ``torch.compiler.disable`` wrapper (which carries the
+    same ``_torchdynamo_orig_callable``), not a ``functools.wraps`` copy of either (whose wrapper id is
+    another object's)."""
+    return (
+        inspect.isfunction(value)
+        and inspect.isfunction(getattr(value, "_torchdynamo_orig_callable", None))
+        and getattr(value, "_torchdynamo_wrapper_id", None) == id(value)
+        and not getattr(value, "_torchdynamo_disable", False)
+    )
