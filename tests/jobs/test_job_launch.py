@@ -18,7 +18,10 @@ from pathlib import Path
 
 import pytest
 
+from ringzero.errors import IntegrityError
 from ringzero.store import open_store
+from ringzero.store.documents import decode_document
+from ringzero.store.lease import LeaseRecord
 
 pytestmark = [pytest.mark.distributed, pytest.mark.xdist_group("jobs")]
 
@@ -168,8 +171,8 @@ def held_mid_base(tmp_path: Path, proc: subprocess.Popen) -> Path | None:
         if not any(held.parent.glob("step-*")) or (held.parent / "outcome.json").exists():
             continue
         try:
-            pid = json.loads(held.read_text())["body"]["pid"]  # a checksummed ringzero.document
-        except (OSError, ValueError, KeyError):
+            pid = LeaseRecord.from_doc(decode_document(held.read_bytes(), str(held)), str(held)).pid
+        except (OSError, IntegrityError):
             continue  # replaced while read
         if pid in (proc.pid, *descendants(proc.pid)):
             return held
