@@ -65,8 +65,9 @@ STATS = ("mean", "p50", "p90", "p99", "p99.9", "max")
 def corpus_batches(batch: int, seq_len: int, seed: int):
     """Endless ``[batch, seq_len + 1]`` windows of the synthetic task's pretraining corpus."""
     from ringzero.tasks.arithmetic import SyntheticArithmetic
+    from ringzero.tasks.chatter import DOC_SEPARATOR
     from ringzero.tasks.config import ArithmeticTask
-    from ringzero.tasks.corpus import DOC_SEPARATOR, CorpusGenerator
+    from ringzero.tasks.corpus import CorpusGenerator
 
     tok = CharTokenizer()
     docs = CorpusGenerator(SyntheticArithmetic(ArithmeticTask(operation="add", digits=10))).stream(seed)

@@ -364,10 +364,24 @@ class RLStage(StageBase):
 class DistillStage(StageBase):
     """Self-distillation: keep the shortest correct of k samples per prompt and fine-tune on it."""
 
+    @model_serializer(mode="wrap")
+    def _shortest_unsaid(self, handler):
+        """``select: shortest`` stays out of the dump: stages configured before it keep their identity."""
+        data = handler(self)
+        if isinstance(data, dict) and data.get("select") == "shortest":
+            del data["select"]
+        return data
+
     kind: Literal["distill"] = "distill"
     prompts: int = Field(256, ge=1)
     samples_per_prompt: int = Field(8, ge=1)
     length_budget: int | None = Field(None, ge=1, description="drop correct samples longer than this")
+    select: Literal["shortest", "random"] = Field(
+        "shortest",
+        description="which eligible sample of a prompt becomes its target: the shortest (the reset), or a "
+        "random one (the control that tells compression by selection from fine-tuning on its own samples; "
+        "the same prompts are kept either way)",
+    )
     sampling: SamplingSettings = SamplingSettings()
     epochs: int = Field(3, ge=1)
     batch_size: int = Field(32, ge=1)

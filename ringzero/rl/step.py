@@ -31,7 +31,7 @@ from ringzero.rl.openings import Opening
 from ringzero.rl.rewards import TaskReward
 from ringzero.rl.rollout_batch import RolloutBatch, collect, sampling_params
 from ringzero.rl.seeds import derive_seed
-from ringzero.rl.tail_metrics import length_summary, reward_summary, trace_summary
+from ringzero.rl.tail_metrics import length_reward_summary, length_summary, reward_summary, trace_summary
 from ringzero.rl.tier_metrics import depth_contrast, tier_metrics
 from ringzero.rl.trainer import PolicyTrainer
 from ringzero.tasks.base import Task
@@ -197,7 +197,9 @@ def rollout_metrics(task: Task, batch: RolloutBatch, keep_N: torch.Tensor | None
     else:
         out = kept_reward_summary(batch.rewards_N.tolist(), correct, keep_N.tolist(), batch.group_size)
     out.update(length_summary(batch.lengths, batch.truncated))
+    out.update(length_reward_summary(batch.lengths, correct, batch.group_size))
     out.update(trace_summary(batch.uses_trace, correct, checks))
+    out.update(task.behaviour_metrics(batch.responses, batch.problems))
     return out
 
 

@@ -178,6 +178,32 @@ def length_summary(lengths: Sequence[int], truncated: Sequence[bool]) -> dict[st
     }
 
 
+def length_reward_summary(
+    lengths: Sequence[int], correct: Sequence[float], group_size: int
+) -> dict[str, float]:
+    """Why lengths move: ``len/correct_mean`` and ``len/wrong_mean`` (NaN when no response is correct, or
+    none wrong), and ``len/reward_corr``, the Pearson correlation of length and correctness within a
+    prompt's group, averaged over the groups where both vary (positive: the longer samples of a prompt are
+    the right ones, which is what a group-relative advantage turns into longer responses)."""
+    n = np.asarray(lengths, dtype=np.float64)
+    c = np.asarray(correct, dtype=np.float64)
+    if n.shape != c.shape:
+        raise ValueError(f"{n.size} lengths but {c.size} verdicts")
+    if n.size % group_size:
+        raise ValueError(f"group_size {group_size} must divide the number of responses {n.size}")
+    right = c > 0
+    corrs = [
+        float(np.corrcoef(gn, gc)[0, 1])
+        for gn, gc in zip(n.reshape(-1, group_size), c.reshape(-1, group_size), strict=True)
+        if gn.std() > 0 and gc.std() > 0
+    ]
+    return {
+        "len/correct_mean": float(n[right].mean()) if right.any() else float("nan"),
+        "len/wrong_mean": float(n[~right].mean()) if (~right).any() else float("nan"),
+        "len/reward_corr": float(np.mean(corrs)) if corrs else float("nan"),
+    }
+
+
 def reward_summary(rewards: Sequence[float], group_size: int | None = None) -> dict[str, float]:
     """Mean and spread of rewards; with ``group_size``, the share of groups whose rewards are all equal
     (they give zero advantage, so no policy gradient) and the share with at least one full reward."""

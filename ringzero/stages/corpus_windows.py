@@ -13,13 +13,13 @@ import random
 import torch
 
 from ringzero.engines.builders import seeded
-from ringzero.tasks.corpus import DOC_SEPARATOR, CorpusGenerator
+from ringzero.tasks.chatter import DOC_SEPARATOR
 from ringzero.tokenizer.base import Tokenizer
 
 
 class CorpusWindows:
     def __init__(self, task, tokenizer: Tokenizer, seq_len: int, seed: int):
-        self.corpus = CorpusGenerator(task)
+        self.corpus = task.corpus()
         self.tokenizer, self.seq_len, self.seed = tokenizer, seq_len, seed
         self._separator = tokenizer.encode(DOC_SEPARATOR)
 

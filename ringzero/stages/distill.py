@@ -6,7 +6,9 @@ the train/rollout gap. Distillation compresses before RL resumes:
 1. the input policy samples ``samples_per_prompt`` responses to each of ``prompts`` training prompts;
 2. per prompt, the shortest correct response that finished by itself (optionally only those within
    ``length_budget`` tokens) becomes the target, preferring worked traces whose steps all check over
-   lucky guesses (``ringzero.stages.distill_data.shortest_correct``); prompts with none are dropped;
+   lucky guesses (``ringzero.stages.distill_data.shortest_correct``); prompts with none are dropped.
+   ``select: random`` takes a random one of the same eligible samples instead, the control that shows
+   how much of the compression the selection makes;
 3. a model (the input policy, or the run's base with ``init_weights: base``) is fine-tuned on the
    targets: next-token loss on the response tokens only, ``epochs`` passes in a seeded order;
 4. the held-out prompts are measured before and after (``ringzero.stages.heldout_eval``, temperature 1):
@@ -208,7 +210,9 @@ def distill_set(ctx: StageContext, stage: DistillStage, policy_uri: str, task, t
             params=params,
             reward=TaskReward(task),
         )
-    examples = select_traces(batch, task, stage.length_budget)
+    examples = select_traces(
+        batch, task, stage.length_budget, stage.select, seeded(cfg.run.seed, "distill-select")
+    )
     kept_lengths = [len(e["output_ids"]) for e in examples]
     stats = finite_only(
         {

@@ -40,12 +40,33 @@ def shortest_correct(samples: Sequence[Sample], length_budget: int | None = None
     return min(eligible, key=lambda i: (not samples[i].verified, len(samples[i].output_ids)), default=None)
 
 
+def random_correct(
+    samples: Sequence[Sample], rng: random.Random, length_budget: int | None = None
+) -> int | None:
+    """Index of a random correct, finished sample, drawn among the verified ones when there are any: the
+    control of ``shortest_correct``, eligible exactly where it is (same prompts kept, same preference for
+    verified traces), with the choice among them left to chance instead of length."""
+    eligible = [
+        i
+        for i, s in enumerate(samples)
+        if s.correct and not s.truncated and (length_budget is None or len(s.output_ids) <= length_budget)
+    ]
+    if not eligible:
+        return None
+    verified = [i for i in eligible if samples[i].verified]
+    return rng.choice(verified or eligible)
+
+
 def verified_trace(task, problem, response: str) -> bool:
     return task.verified(response, problem)
 
 
-def select_traces(batch: RolloutBatch, task, length_budget: int | None) -> list[dict]:
-    """One ``{"prompt_ids", "output_ids", "verified"}`` example per prompt that has an eligible sample."""
+def select_traces(
+    batch: RolloutBatch, task, length_budget: int | None, select: str = "shortest", seed: int = 0
+) -> list[dict]:
+    """One ``{"prompt_ids", "output_ids", "verified"}`` example per prompt that has an eligible sample:
+    the shortest (``select: shortest``) or a random one drawn from ``seed``."""
+    rng = random.Random(seed)
     examples = []
     for start in range(0, len(batch), batch.group_size):
         group = range(start, start + batch.group_size)
@@ -58,7 +79,11 @@ def select_traces(batch: RolloutBatch, task, length_budget: int | None) -> list[
             )
             for i in group
         ]
-        pick = shortest_correct(samples, length_budget)
+        pick = (
+            shortest_correct(samples, length_budget)
+            if select == "shortest"
+            else random_correct(samples, rng, length_budget)
+        )
         if pick is not None:
             examples.append(
                 {

@@ -8,6 +8,9 @@
 - reproducibility: the chance that two different samples of one prompt reach the same final answer
   (pairwise agreement), averaged over prompts. A sample without a final answer agrees with nothing.
   Pairwise rather than "share of the majority answer", which can never fall below 1/k.
+- baseline: the task's no-reasoning heuristic (``Task.baseline_answer``, the likely candidate answered
+  without a trace) scored on the eval prompts, overall and per difficulty bucket: what a budgeted answer
+  has to beat to count as reasoned. It reads the problems only, so every checkpoint's row holds the same.
 - efficiency: correct answers per 1,000 generated tokens (accuracy divided by mean length / 1000), so a
   policy that is as accurate in half the tokens scores twice as high.
 """
@@ -19,6 +22,7 @@ from collections import Counter
 from collections.abc import Sequence
 
 from ringzero.tasks.answers import extract_answer, normalize_answer
+from ringzero.tasks.base import Problem, Task
 
 NAN = float("nan")
 
@@ -70,3 +74,18 @@ def efficiency(correct: Sequence[bool], lengths: Sequence[int]) -> float:
     """Correct answers per 1,000 generated tokens."""
     tokens = sum(lengths)
     return 1000.0 * sum(map(bool, correct)) / tokens if tokens else NAN
+
+
+def baseline_accuracy(task: Task, problems: Sequence[Problem]) -> dict[str, float]:
+    """``eval/baseline/accuracy`` and ``eval/baseline/<bucket>/accuracy``; empty when the task has no
+    baseline heuristic."""
+    hits: dict[str, list[bool]] = {}
+    for problem in problems:
+        guess = task.baseline_answer(problem)
+        if guess is None:
+            return {}
+        correct = task.reward(problem, guess) > 0
+        hits.setdefault("eval/baseline/accuracy", []).append(correct)
+        if (bucket := task.difficulty_bucket(problem)) is not None:
+            hits.setdefault(f"eval/baseline/{bucket}/accuracy", []).append(correct)
+    return {key: sum(v) / len(v) for key, v in hits.items()}

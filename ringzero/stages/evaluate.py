@@ -12,8 +12,10 @@ Per checkpoint (the stage's input and each ``compare`` stage's output, in run or
 - per tier of the run's tier-RL stages: the prompt asked with the tier's tag, accuracy, length and the
   share of responses within the tier's budget (a tier without one: no share). The untagged tier asks
   the prompt as is, which the untiered measures above already sample: it is not sampled again;
-- with a mixed-length task (``task.min_digits``): accuracy and length per difficulty bucket, untiered
-  and per tier (``rl.tier_metrics``); the report plots length and accuracy against difficulty.
+- with a task that has difficulty buckets (``Task.buckets``): accuracy and length per bucket, untiered
+  and per tier (``rl.tier_metrics``), and ``eval/baseline/<bucket>/accuracy``, the task's no-reasoning
+  heuristic (``Task.baseline_answer``: the likely candidate answered without a trace) on the same
+  prompts; the report plots length and accuracy against difficulty.
 
 Every checkpoint sees the same prompts and the same sampling seeds, so differences are the policies'.
 The result is a comparison table in ``StageOutcome.extra['comparison']`` (the report and the console
@@ -44,6 +46,7 @@ from ringzero.rollout.engine.gap import gap_stats
 from ringzero.stages.base import StageContext, StageInputs, StageOutcome
 from ringzero.stages.eval_gap import policy_gaps
 from ringzero.stages.eval_metrics import (
+    baseline_accuracy,
     comprehensibility,
     efficiency,
     final_answer,
@@ -52,7 +55,6 @@ from ringzero.stages.eval_metrics import (
 )
 from ringzero.stages.progress import step_progress
 from ringzero.stages.summary_values import finite_only
-from ringzero.tasks.base import DIFFICULTY_BUCKETS
 
 log = structlog.get_logger(__name__)
 
@@ -107,7 +109,7 @@ def run(ctx: StageContext, stage: EvalStage, inputs: StageInputs) -> StageOutcom
         summary.update(
             {f"compare/{row['checkpoint']}/{k.removeprefix('eval/')}": v for k, v in row["values"].items()}
         )
-    buckets = DIFFICULTY_BUCKETS if cfg.task.kind == "arithmetic" and cfg.task.min_digits is not None else ()
+    buckets = task.buckets()
     extra = {
         "comparison": {
             "columns": comparison_columns(stage.k, tiers, buckets),
@@ -222,6 +224,10 @@ def measure_checkpoint(
         batch = sample([task.with_tier(p, tier.tag) for p in problems], stage.k)
         values.update(tier_metrics(task, batch, [tier], tiered="eval"))
     values.update(depth_contrast(values, tiers, tiered="eval"))
+    values.update(baseline_accuracy(task, problems))
+    values.update(
+        {f"eval/{k}": v for k, v in task.behaviour_metrics(sampled.responses, sampled.problems).items()}
+    )
     return finite_only(values)
 
 

@@ -4,7 +4,8 @@ Each step samples, rewards, updates and pushes weights (``ringzero.rl.step``); i
 stage's JSONL and a live console table. A resume point is committed every ``checkpoint_every``
 steps. After ``min_steps`` the stop conditions are checked (``ringzero.stages.stop_conditions``);
 the reason the stage ended is its ``stop_reason``. The summary, which gates read, is the mean of the
-last ``SUMMARY_STEPS`` steps' key metrics plus the held-out evaluation of the final policy, and
+last ``SUMMARY_STEPS`` steps' key metrics plus the held-out evaluation of the final policy,
+``stop/stop_when`` (1 when a ``stop_when`` threshold ended the stage), and
 ``ratio/p99_median``, the median over all the stage's steps of the step's ``ratio/p99`` (how far the policy
 moves within a step, comparable across stages; the list of values travels in the resume points, whose
 history holds only the last steps).
@@ -42,6 +43,9 @@ SUMMARY_KEYS = (
     "len/p95",
     "len/max",
     "len/trunc_rate",
+    "len/correct_mean",
+    "len/wrong_mean",
+    "len/reward_corr",
     "trace/rate",
     "trace/accuracy",
     "trace/step_accuracy",
@@ -148,6 +152,9 @@ def run(ctx: StageContext, stage: RLStage, inputs: StageInputs) -> StageOutcome:
     summary = {
         **mean_of_last(history, SUMMARY_KEYS, SUMMARY_STEPS),
         **median_of(p99s, "ratio/p99_median"),
+        # 1 when a stop_when threshold ended the stage (the seed's length gate handing over), else 0:
+        # targets read the stop reason through it
+        "stop/stop_when": float(reason.startswith("stop_when")),
         **heldout(ctx.cfg, rl, stage),
         **rolled,
     }

@@ -148,6 +148,14 @@ class SyntheticArithmetic(Task):
         third = (n - lo) * len(DIFFICULTY_BUCKETS) // (hi - lo + 1)
         return DIFFICULTY_BUCKETS[third]
 
+    def buckets(self) -> tuple[str, ...]:
+        return DIFFICULTY_BUCKETS if self.cfg.min_digits is not None else ()
+
+    def corpus(self):
+        from ringzero.tasks.corpus import CorpusGenerator
+
+        return CorpusGenerator(self)
+
     def reward(self, problem: Problem, response: str) -> float:
         _, answer = split_trace(first_line(response))
         return 1.0 if answer is not None and answer.strip() == problem.answer else 0.0

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import random
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal, NamedTuple, Protocol
 
 import numpy as np
+
+from ringzero.errors import RingzeroError
 
 THINK_OPEN = "<think>"
 THINK_CLOSE = "</think>"
@@ -84,6 +86,16 @@ TIER_CONTRAST = "contrast"
 bucket may be named: their keys share the ``<head>/<tier>/`` space."""
 
 
+class Corpus(Protocol):
+    """A pretraining corpus: documents that each end with a newline, drawn from an RNG."""
+
+    def document(self, rng: random.Random) -> str: ...
+
+    def documents(self, n: int, rng: RngLike) -> list[str]: ...
+
+    def stream(self, rng: RngLike) -> Iterator[str]: ...
+
+
 class Task(ABC):
     """The interface stages use. Rewards are pure and deterministic: same inputs, same float."""
 
@@ -119,6 +131,25 @@ class Task(ABC):
         """The problem's difficulty bucket (``easy`` | ``medium`` | ``hard``); None: the task has one
         level."""
         return None
+
+    def buckets(self) -> tuple[str, ...]:
+        """The difficulty buckets this task's problems fall in, easiest first; empty: one level."""
+        return ()
+
+    def baseline_answer(self, problem: Problem) -> str | None:
+        """The answer a no-reasoning heuristic gives (the likely candidate, answered without a trace),
+        computed from the problem, not from a policy: the floor a reasoned but budgeted answer must beat.
+        None: the task has no such heuristic."""
+        return None
+
+    def behaviour_metrics(self, responses: Sequence[str], problems: Sequence[Problem]) -> dict[str, float]:
+        """What the task's traces did over a batch (shares, namespaced by the task: ``search/give_up``);
+        empty for a task without behaviours to read."""
+        return {}
+
+    def corpus(self) -> Corpus:
+        """The web-like pretraining corpus of this task."""
+        raise RingzeroError(f"task {type(self).__name__} has no pretraining corpus: start from a checkpoint")
 
     def with_tier(self, problem: Problem, tag: str) -> Problem:
         """The same problem asked at a reasoning tier: the tag opens the prompt (``[fast] q: ...``)."""

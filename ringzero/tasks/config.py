@@ -170,6 +170,136 @@ class ArithmeticTask(StrictModel):
         return self
 
 
+ROW_LABELS = 26
+"""Row search names each row with a letter a-z, so a problem has at most 26 rows."""
+
+
+class SearchTask(StrictModel):
+    """Row search with a fallible cue (``ringzero.tasks.row_search``): find the one labelled row whose digit
+    sum is the target mod 10. A try checks one row, so more tries always raise the chance of success; the
+    cue (the one row that contains the target digit) is right only ``cue_rate`` of the time.
+
+    The corpus seeds each search behaviour at a low rate (``ringzero.tasks.search_corpus``): most traces
+    give up after a miss and answer an untried row, a few search to the hit, some re-check a tried row,
+    try the cue first or confirm the hit; direct answers are the cue or a random row, never the computed
+    one."""
+
+    kind: Literal["search"] = "search"
+    rows: list[int] = Field(
+        [3, 5, 8],
+        description="rows per problem, one entry per difficulty bucket (easy, medium, hard), strictly "
+        "increasing; one entry: a single level without buckets. Each problem draws its bucket uniformly",
+    )
+    row_digits: int = Field(3, ge=1, le=6, description="digits per row")
+    cue_rate: float = Field(
+        0.5,
+        ge=0.0,
+        le=1.0,
+        description="chance that the cue (the one row containing the target digit) is the answer; else the "
+        "cue is another row and the answer does not contain the target digit",
+    )
+    trace_fraction: float = Field(
+        0.2, ge=0.0, le=1.0, description="share of corpus `a:` answers written as search traces"
+    )
+    search_fraction: float = Field(
+        0.1,
+        ge=0.0,
+        le=1.0,
+        description="share of corpus traces that search on after every miss until the hit (the full search)",
+    )
+    persist: float = Field(
+        0.3,
+        ge=0.0,
+        lt=1.0,
+        description="chance that any other corpus trace tries another row after a miss (else it gives up "
+        "and answers an untried row)",
+    )
+    cue_first: float = Field(
+        0.2, ge=0.0, le=1.0, description="share of corpus traces whose first try is the cue"
+    )
+    recheck_rate: float = Field(
+        0.1,
+        ge=0.0,
+        lt=1.0,
+        description="chance that a corpus trace re-checks a row it already missed before its next new try",
+    )
+    confirm_rate: float = Field(
+        0.15, ge=0.0, le=1.0, description="chance that a corpus trace tries its hit again before answering"
+    )
+    direct_cue: float = Field(
+        0.5,
+        ge=0.0,
+        le=1.0,
+        description="share of corpus direct answers that are the cue; the rest are a random row",
+    )
+    filler_fraction: float = Field(0.02, ge=0.0, le=1.0, description="share of corpus documents of filler")
+    drill_fraction: float = Field(
+        0.1,
+        ge=0.0,
+        le=1.0,
+        description="share of corpus documents that drill tries without labels (`find 3: 907 3447 n ...`)",
+    )
+    lookup_fraction: float = Field(
+        0.2,
+        ge=0.0,
+        le=1.0,
+        description="share of corpus documents that list a question's rows and read them back by label",
+    )
+    lookup_rows: list[int] | None = Field(
+        [2, 3],
+        description="row counts of the questions lookup documents read back, drawn uniformly: the label "
+        "lookup every try makes forms hundreds of steps sooner among two or three rows than among eight, "
+        "and then carries over to longer questions; null = the task's own rows",
+    )
+    worked_fraction: float = Field(
+        0.2,
+        ge=0.0,
+        le=1.0,
+        description="share of corpus documents that are textbook worked examples (`example:` ... "
+        "`solution:`), outside the q/a format whose answers set the base's trace usage",
+    )
+    eval_prompts: int = Field(128, ge=1, description="held-out prompts for evaluation")
+
+    @model_validator(mode="after")
+    def _solvable(self) -> SearchTask:
+        problems = []
+        if not 1 <= len(self.rows) <= 3:
+            problems.append(f"rows: one entry per difficulty bucket, 1 to 3 entries (got {self.rows})")
+        if any(n < 1 for n in self.rows) or any(
+            b <= a for a, b in zip(self.rows, self.rows[1:], strict=False)
+        ):
+            problems.append(f"rows: positive and strictly increasing (got {self.rows})")
+        if self.rows and max(self.rows) > ROW_LABELS:
+            problems.append(
+                f"rows: each row is labelled a-z, so at most {ROW_LABELS} rows (got {max(self.rows)})"
+            )
+        if self.lookup_rows is not None and (
+            not self.lookup_rows or min(self.lookup_rows) < 1 or max(self.lookup_rows) > ROW_LABELS
+        ):
+            problems.append(f"lookup_rows: row counts from 1 to {ROW_LABELS} (got {self.lookup_rows})")
+        if self.cue_rate < 1.0:
+            if self.rows and min(self.rows) < 2:
+                problems.append(
+                    f"cue_rate: below 1 the cue is sometimes another row than the answer, which a problem of "
+                    f"{min(self.rows)} row cannot have (rows: {self.rows})"
+                )
+            if self.row_digits == 1:
+                problems.append(
+                    "cue_rate: with one digit per row the answer's digit is the target, so the answer is "
+                    "always the cue and a decoy cue would be a second matching row (cue_rate must be 1, or "
+                    "row_digits at least 2)"
+                )
+        shares = (self.filler_fraction, self.drill_fraction, self.lookup_fraction, self.worked_fraction)
+        if sum(shares) >= 1.0:
+            problems.append(
+                "filler_fraction: filler_fraction + drill_fraction + lookup_fraction + worked_fraction must "
+                "leave room for question documents (got " + " + ".join(map(str, shares)) + ")"
+            )
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+
 class JsonlTask(StrictModel):
     """A user dataset of JSONL lines with ``question`` and ``answer`` (GSM8K-style)."""
 
@@ -180,4 +310,4 @@ class JsonlTask(StrictModel):
     answer_field: str = "answer"
 
 
-TaskConfig = Annotated[ArithmeticTask | JsonlTask, Field(discriminator="kind")]
+TaskConfig = Annotated[ArithmeticTask | SearchTask | JsonlTask, Field(discriminator="kind")]

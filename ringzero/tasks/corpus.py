@@ -17,7 +17,8 @@ Five kinds of documents, in the shares the task config sets:
   reason but seldom does when asked.
 - filler documents: chatter with no questions at all.
 
-Only train-split problems appear. Each document ends with a newline; join them with ``DOC_SEPARATOR``.
+Only train-split problems appear. Each document ends with a newline; join them with
+``chatter.DOC_SEPARATOR``.
 """
 
 from __future__ import annotations
@@ -27,52 +28,10 @@ from collections.abc import Iterator
 
 from ringzero.tasks.arithmetic import SyntheticArithmetic
 from ringzero.tasks.base import Problem, RngLike, as_random
+from ringzero.tasks.chatter import filler_document, question_document
 from ringzero.tasks.running_sum import WorkedPlan
 
-DOC_SEPARATOR = "\n"
-ITEMS_PER_DOCUMENT = (1, 3)
 DRILL_FACTS = (6, 14)
-FILLER_SENTENCES = (1, 4)
-CHATTER_AROUND_ITEMS = 0.4
-"""Chance that a question document opens (and, separately, closes) with a line of chatter."""
-
-_SUBJECTS = ["we", "my friend", "the club", "our teacher", "a neighbour", "the team", "nobody", "everyone"]
-_VERBS = ["talked about", "looked at", "wrote down", "forgot", "liked", "checked", "posted", "asked about"]
-_OBJECTS = [
-    "the weather",
-    "the homework",
-    "an old map",
-    "the numbers",
-    "a long list",
-    "the train times",
-    "the garden",
-    "a new game",
-    "the notes",
-    "the results",
-]
-_TAILS = ["today", "again", "last week", "after lunch", "for a while", "before the meeting", "at home", ""]
-_OPENERS = [
-    "homework thread.",
-    "notes from the math club.",
-    "quick question from a forum:",
-    "answers posted below.",
-    "page 3 of the worksheet.",
-    "copied from the board:",
-]
-_CLOSERS = [
-    "thanks!",
-    "hope that helps.",
-    "not sure about the last one.",
-    "reply if you see a mistake.",
-    "more next week.",
-    "ok.",
-]
-
-
-def _sentence(rng: random.Random) -> str:
-    tail = rng.choice(_TAILS)
-    words = [rng.choice(_SUBJECTS), rng.choice(_VERBS), rng.choice(_OBJECTS)] + ([tail] if tail else [])
-    return " ".join(words) + rng.choice([".", ".", "!", "?"])
 
 
 class CorpusGenerator:
@@ -125,13 +84,11 @@ class CorpusGenerator:
         return WorkedPlan((first, *(verbosity() for _ in range(checks))), slips)
 
     def question_document(self, rng: random.Random) -> str:
-        lines = [rng.choice(_OPENERS)] if rng.random() < CHATTER_AROUND_ITEMS else []
-        for _ in range(rng.randint(*ITEMS_PER_DOCUMENT)):
-            problem = self.task.problem(self.task.sample_instance("train", rng))
-            lines.append(problem.prompt + self.answer_text(problem, rng))
-        if rng.random() < CHATTER_AROUND_ITEMS:
-            lines.append(rng.choice(_CLOSERS))
-        return "\n".join(lines) + "\n"
+        return question_document(self.item, rng)
+
+    def item(self, rng: random.Random) -> str:
+        problem = self.task.problem(self.task.sample_instance("train", rng))
+        return problem.prompt + self.answer_text(problem, rng)
 
     def drill_document(self, rng: random.Random) -> str:
         facts = [self.task.op.drill(rng) for _ in range(rng.randint(*DRILL_FACTS))]
@@ -145,13 +102,10 @@ class CorpusGenerator:
         solution = self.worked(self.task.problem(instance), rng)
         return f"example: {self.task.op.question(instance)}\nsolution: {solution}\n"
 
-    def filler_document(self, rng: random.Random) -> str:
-        return " ".join(_sentence(rng) for _ in range(rng.randint(*FILLER_SENTENCES))) + "\n"
-
     def document(self, rng: random.Random) -> str:
         u = rng.random()
         for share, make in (
-            (self.cfg.filler_fraction, self.filler_document),
+            (self.cfg.filler_fraction, filler_document),
             (self.cfg.drill_fraction, self.drill_document),
             (self.cfg.lookup_fraction, self.lookup_document),
             (self.cfg.worked_fraction, self.worked_document),

@@ -14,7 +14,7 @@ from ringzero.config.run import stage_view
 from ringzero.errors import RingzeroError
 from ringzero.pipeline.ablate import study_data, verdict_over_seeds
 from ringzero.pipeline.identity import stage_hash
-from ringzero.pipeline.studies import CHANCE, DEPTH, DEPTH_BUDGET, LOSS, STUDIES
+from ringzero.pipeline.studies import DEPTH, DISTILL, LOSS, STUDIES
 from ringzero.stages.base import StageInputs
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -112,6 +112,7 @@ def test_the_loss_claim_needs_more_growth_and_more_drift_on_each_seed():
 
 def depth_row(fast: dict, gap_hard: float, gap_easy: float, ok_tier: float, ok_stage2: float) -> dict:
     row = {f"tier/fast/{b}/accuracy": a for b, a in fast.items()}
+    row.update({f"baseline/{b}": 0.5 for b in fast})  # the cue answered without a trace
     row.update(
         {
             "tier/gap/hard": gap_hard,
@@ -124,15 +125,54 @@ def depth_row(fast: dict, gap_hard: float, gap_easy: float, ok_tier: float, ok_s
     return row
 
 
-def test_a_fast_tier_that_guesses_is_a_failure_even_where_depth_pays():
-    arm = f"fast{DEPTH_BUDGET}"
+def test_a_fast_tier_no_better_than_the_no_search_baseline_fails_even_where_depth_pays():
     readouts = {
-        (arm, 0): depth_row({"easy": 1.0, "medium": 0.9, "hard": CHANCE}, 0.8, 0.0, 0.1, 0.0),
-        (arm, 1): depth_row({"easy": 1.0, "medium": 0.9, "hard": 0.5}, 0.4, 0.0, 0.5, 0.2),
+        ("tiers", 0): depth_row({"easy": 1.0, "medium": 0.9, "hard": 0.5}, 0.5, 0.0, 0.5, 0.375),
+        ("tiers", 1): depth_row({"easy": 1.0, "medium": 0.9, "hard": 0.51}, 0.4, 0.0, 0.5, 0.2),
     }
     guesses, pays, beats = (v["verdict"] for v in DEPTH.verdicts(readouts, [0, 1]))
-    assert guesses == "inconclusive"  # seed 0's fast tier sits at chance on hard items
+    assert guesses == "inconclusive"  # seed 0's fast tier equals the cue's pass@1 on hard items
     assert pays == "held" and beats == "held"
+    readouts[("tiers", 1)]["tier/gap/easy"] = 0.06  # depth that costs on easy items too does not pay
+    assert DEPTH.verdicts(readouts, [0, 1])[1]["verdict"] == "inconclusive"
+    readouts[("tiers", 0)]["stage2/fast/hard/correct_within_budget"] = 0.4375  # ahead by 0.0625 < 0.10
+    assert DEPTH.verdicts(readouts, [0, 1])[2]["verdict"] == "inconclusive"
+
+
+def test_a_seed_missing_from_one_arm_leaves_its_pair_out_and_names_the_right_seeds():
+    readouts = {
+        ("token_sum", 0): loss_row(1.6, 0.02),
+        ("token_sum", 1): loss_row(1.6, 0.02),
+        ("token_sum", 2): loss_row(1.0, 0.02),
+        ("sample_mean", 0): loss_row(1.0, 0.01),
+        # sample_mean's seed-1 run is missing
+        ("sample_mean", 2): loss_row(1.5, 0.01),
+    }
+    sample = LOSS.verdicts(readouts, [0, 1, 2])[0]
+    assert sample["verdict"] == "inconclusive"  # held on seed 0, not on seed 2
+    assert (
+        sample["detail"].startswith("seed 0: growth 1.60 vs 1.00")
+        and "seed 2: growth 1.00 vs 1.50" in sample["detail"]
+    )
+    assert "seed 1" not in sample["detail"]
+
+
+def distill_row(ratio_len: float, ratio_drift: float = 0.5, delta: float = 0.0) -> dict:
+    return {"ratio/len": ratio_len, "ratio/bf16_drift": ratio_drift, "delta/pass1": delta}
+
+
+def test_the_selection_claim_needs_shortest_to_beat_the_random_control_by_the_margin():
+    readouts = {
+        ("shortest", 0): distill_row(0.60),
+        ("shortest", 1): distill_row(0.60, delta=-0.05),  # pass@1 lost: this seed's reset fails
+        ("random", 0): distill_row(0.75),
+        ("random", 1): distill_row(0.69),  # within the margin on seed 1
+    }
+    shortest, random_, selection = DISTILL.verdicts(readouts, [0, 1])
+    assert shortest["verdict"] == "inconclusive" and random_["verdict"] == "held"
+    assert selection["verdict"] == "inconclusive"
+    readouts[("random", 1)] = distill_row(0.71)
+    assert DISTILL.verdicts(readouts, [0, 1])[2]["verdict"] == "held"
 
 
 def test_every_study_names_stages_of_the_shipped_config_and_each_arm_loads():

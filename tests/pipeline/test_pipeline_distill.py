@@ -10,7 +10,14 @@ from ringzero.errors import RingzeroError
 from ringzero.model.logprobs import token_logprobs
 from ringzero.stages import distill, train_state
 from ringzero.stages.base import StageInputs
-from ringzero.stages.distill_data import Sample, epoch_order, response_loss, sft_batch, shortest_correct
+from ringzero.stages.distill_data import (
+    Sample,
+    epoch_order,
+    random_correct,
+    response_loss,
+    sft_batch,
+    shortest_correct,
+)
 from ringzero.tokenizer import CharTokenizer
 
 pytestmark = pytest.mark.xdist_group("micro-policy")
@@ -44,6 +51,19 @@ def test_a_verified_trace_beats_a_shorter_lucky_answer():
     samples = [s(2), s(40, verified=True), s(30, verified=True), s(25)]  # a bare guess, two checked traces
     assert shortest_correct(samples) == 2
     assert shortest_correct(samples, length_budget=28) == 0  # no checked trace fits: the shortest correct
+
+
+def test_the_random_control_keeps_the_same_prompts_and_prefers_verified_traces():
+    import random
+
+    samples = [s(2), s(40, verified=True), s(30, verified=True), s(25), s(9, correct=False)]
+    rng = random.Random(0)
+    picks = [random_correct(samples, rng) for _ in range(400)]
+    assert set(picks) == {1, 2}  # only the verified ones, both drawn
+    assert 0.4 < picks.count(2) / len(picks) < 0.6
+    assert random_correct(samples, rng, length_budget=28) in (0, 3)  # no verified trace fits: any correct
+    for group in ([s(3, correct=False), s(2, truncated=True)], [s(4)], [s(4, verified=True), s(2)]):
+        assert (random_correct(group, rng) is None) == (shortest_correct(group) is None)
 
 
 def test_the_loss_reads_response_tokens_only():

@@ -12,6 +12,7 @@ from ringzero.rl.tail_metrics import (
     QUANTILES,
     entropy_summary,
     kl_summary,
+    length_reward_summary,
     length_summary,
     position_buckets,
     quantiles,
@@ -106,6 +107,23 @@ def test_length_reward_and_trace_summaries():
     assert math.isnan(trace_summary([False], [1.0])["trace/accuracy"])
     with pytest.raises(ValueError):
         length_summary([1, 2], [True])
+
+
+def test_length_against_reward_within_groups():
+    # group 1: the long sample is right (r = +1); group 2: the long ones are wrong (r = -1); group 3 all
+    # right (no spread in reward: left out of the correlation)
+    lengths = [10, 30, 40, 20, 5, 9]
+    correct = [0.0, 1.0, 0.0, 1.0, 1.0, 1.0]
+    out = length_reward_summary(lengths, correct, group_size=2)
+    assert out["len/reward_corr"] == pytest.approx(0.0)  # (+1 - 1) / 2
+    assert out["len/correct_mean"] == pytest.approx((30 + 20 + 5 + 9) / 4)
+    assert out["len/wrong_mean"] == pytest.approx((10 + 40) / 2)
+    out = length_reward_summary([10, 30, 12, 20], [0.0, 1.0, 0.0, 1.0], group_size=2)
+    assert out["len/reward_corr"] == pytest.approx(1.0)
+    allright = length_reward_summary([3, 4], [1.0, 1.0], group_size=2)
+    assert math.isnan(allright["len/wrong_mean"]) and math.isnan(allright["len/reward_corr"])
+    with pytest.raises(ValueError):
+        length_reward_summary([1, 2, 3], [1.0, 0.0, 1.0], group_size=2)
 
 
 def test_every_key_is_accepted_by_the_metric_writer():

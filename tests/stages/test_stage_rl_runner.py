@@ -35,6 +35,7 @@ def run_stage(tmp_path, stage_hash="a" * 16, **overrides):
 def test_outcome_summary_metrics_and_checkpoints(tmp_path):
     ctx, outcome = run_stage(tmp_path)
     assert outcome.stop_reason == "steps" and outcome.steps == 4
+    assert outcome.summary["stop/stop_when"] == 0.0  # ended on its step count, not a stop_when
     assert [r["step"] for r in ctx.metrics.records] == [1, 2, 3, 4]
     for key in (
         "reward/mean",
@@ -62,6 +63,7 @@ def test_stop_when_ends_the_stage_after_min_steps_with_the_reason(tmp_path):
         outcome.stop_reason.startswith("stop_when: len/mean = ")
         and "satisfies len/mean >= 1" in outcome.stop_reason
     )
+    assert outcome.summary["stop/stop_when"] == 1.0  # what a target on the length gate reads
 
 
 def test_resume_after_interruption_equals_an_uninterrupted_run(tmp_path, monkeypatch):
