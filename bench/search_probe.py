@@ -36,7 +36,7 @@ from ringzero.rollout.engine.embedded import EmbeddedEngine
 from ringzero.rollout.types import GenerateRequest, SamplingParams
 from ringzero.store import open_store
 from ringzero.tasks.base import THINK_OPEN
-from ringzero.tasks.row_search import LABELS
+from ringzero.tasks.search_items import LABELS
 
 ROUTE_KEYS = {
     "direct": ("accuracy", "cue_share"),

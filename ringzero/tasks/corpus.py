@@ -26,7 +26,6 @@ from __future__ import annotations
 import random
 from collections.abc import Iterator
 
-from ringzero.tasks.arithmetic import SyntheticArithmetic
 from ringzero.tasks.base import Problem, RngLike, as_random
 from ringzero.tasks.chatter import filler_document, question_document
 from ringzero.tasks.running_sum import WorkedPlan
@@ -35,7 +34,9 @@ DRILL_FACTS = (6, 14)
 
 
 class CorpusGenerator:
-    def __init__(self, task: SyntheticArithmetic):
+    def __init__(self, task):
+        # task: the SyntheticArithmetic this corpus writes for (it builds its corpus, so this module cannot
+        # import it)
         self.task = task
         self.cfg = task.cfg
 

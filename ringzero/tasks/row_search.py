@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import random
 import re
-import string
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -55,29 +54,21 @@ from ringzero.tasks.base import (
     split_trace,
 )
 from ringzero.tasks.config import SearchTask
+from ringzero.tasks.search_items import (
+    HIT,
+    LABELS,
+    MISS,
+    MODULUS,
+    SearchItem,
+    digit_sum,
+    question,
+    remainders,
+    try_text,
+)
 
-LABELS = string.ascii_lowercase
-SEP = "="
-MODULUS = 10
-HIT, MISS = "y", "n"
 MAX_ROW_DRAWS = 10_000
 """Rejection sampling of one row gives up after this many draws (the config validator rules out the
 shapes where no row fits, so this is a guard, not a limit a valid config meets)."""
-
-
-@dataclass(frozen=True)
-class SearchItem:
-    """One problem: the target digit, the rows (digit strings, in label order), the answer row and the cue
-    row (the one row that contains the target digit)."""
-
-    target: int
-    rows: tuple[str, ...]
-    answer: int
-    cue: int
-
-    @property
-    def label(self) -> str:
-        return LABELS[self.answer]
 
 
 @dataclass(frozen=True)
@@ -88,33 +79,6 @@ class Try:
     digits: str
     sums: str
     verdict: str
-
-
-def remainders(target: int, digits: str) -> str:
-    """``(3, "16")`` -> ``326``: what is left of the target as each digit is taken away, mod 10, starting
-    from the target itself. The row's digits sum to the target exactly when the last one is 0."""
-    out, left = [str(target)], target
-    for d in digits:
-        left = (left - int(d)) % MODULUS
-        out.append(str(left))
-    return "".join(out)
-
-
-def digit_sum(digits: str) -> int:
-    return sum(map(int, digits)) % MODULUS
-
-
-def try_text(item: SearchItem, row: int) -> str:
-    """A correct try of ``row``: ``b=16 326 n`` for target 3."""
-    digits = item.rows[row]
-    return (
-        f"{LABELS[row]}{SEP}{digits} {remainders(item.target, digits)} {HIT if row == item.answer else MISS}"
-    )
-
-
-def question(item: SearchItem) -> str:
-    rows = " ".join(f"{LABELS[i]}{SEP}{r}" for i, r in enumerate(item.rows))
-    return f"find {item.target}: {rows}"
 
 
 _TRY = re.compile(r"([a-z])=?(\d+)")

@@ -28,10 +28,9 @@ import random
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from ringzero.tasks import row_search
 from ringzero.tasks.base import Problem, RngLike, as_random
 from ringzero.tasks.chatter import filler_document, question_document
-from ringzero.tasks.row_search import LABELS, RowSearch, SearchItem, question, remainders
+from ringzero.tasks.search_items import LABELS, SEP, SearchItem, question, remainders
 
 DRILL_TRIES = (4, 10)
 
@@ -45,7 +44,8 @@ class SearchPlan:
 
 
 class SearchCorpus:
-    def __init__(self, task: RowSearch):
+    def __init__(self, task):
+        # task: the RowSearch this corpus writes for (it builds its corpus, so this module cannot import it)
         self.task = task
         self.cfg = task.cfg
 
@@ -108,7 +108,7 @@ class SearchCorpus:
         item = self.task.sample_instance("train", rng, self.cfg.lookup_rows)
         order = list(range(len(item.rows)))
         rng.shuffle(order)
-        back = " ".join(f"{LABELS[i]}{row_search.SEP}{item.rows[i]}" for i in order)
+        back = " ".join(f"{LABELS[i]}{SEP}{item.rows[i]}" for i in order)
         return f"{question(item)}\nread back: {back}\n"
 
     def document(self, rng: random.Random) -> str:
