@@ -118,6 +118,52 @@ def test_every_repository_path_the_docs_cite_exists():
     assert missing == {}
 
 
+BARE_FILE = re.compile(r"(?<![\w./:-])([A-Za-z_][\w-]*\.py)\b")
+PEER_FILES = {
+    # files of the projects ringzero reads or patches, cited by their own names beside the project's
+    "bailing_moe_linear.py": "SGLang's Ling 2.5 model",
+    "detokenizer_manager.py": "SGLang",
+    "io_struct.py": "SGLang",
+    "routed_experts_capturer.py": "SGLang",
+    "tokenizer_manager.py": "SGLang",
+    "modeling_bailing_moe_v2_5.py": "the Ring-V2.5 reference model",
+    "clip_grads.py": "Megatron-core",
+    "distrib_optimizer.py": "Megatron-core",
+    "p2p_communication.py": "Megatron-core",
+    "schedules.py": "Megatron-core",
+    "utils.py": "Megatron-core",
+    "rollout_corr_helper.py": "verl",
+    "NAME.py": "a placeholder",
+}
+
+
+def bare_file_names(paths) -> dict[str, set[str]]:
+    """File names cited without a folder (``server_format.py``) in ``paths``, except the peers' own files."""
+    out: dict[str, set[str]] = {}
+    for path in paths:
+        for name in BARE_FILE.findall(path.read_text()):
+            if name not in PEER_FILES:
+                out.setdefault(name, set()).add(path.name)
+    return out
+
+
+def test_the_bare_file_name_detector_sees_one_and_skips_paths_and_peers(tmp_path):
+    doc = tmp_path / "a.md"
+    doc.write_text("see server_format.py, ringzero/tasks/base.py, SGLang's io_struct.py, x.pyc, `app.py`")
+    assert bare_file_names([doc]) == {"server_format.py": {"a.md"}, "app.py": {"a.md"}}
+
+
+def test_every_bare_file_name_the_docs_cite_is_a_file_of_the_repository():
+    """A bare name must still name a file here (a renamed module leaves its old name behind otherwise)."""
+    here = {
+        p.name
+        for d in ("ringzero", "bench", "tests", "components", "pipelines")
+        for p in (ROOT / d).rglob("*.py")
+    }
+    cited = bare_file_names([*DOCS, *(p for p in SOURCES if p.is_relative_to(ROOT / "ringzero"))])
+    assert {name: sorted(w) for name, w in cited.items() if name not in here} == {}
+
+
 BENCH = ROOT / "bench"
 
 

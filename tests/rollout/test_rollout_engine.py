@@ -8,7 +8,7 @@ from rollout_kit import assert_close, policy, prompts, requests, tiny_model
 
 from ringzero.errors import RingzeroError
 from ringzero.model.logprobs import token_logprobs
-from ringzero.rollout.engine.embedded import EmbeddedEngine, InProcessClient
+from ringzero.rollout.engine.embedded import EmbeddedEngine
 from ringzero.rollout.types import GenerateRequest, RolloutClient, SamplingParams
 from ringzero.tokenizer import CharTokenizer
 
@@ -156,7 +156,7 @@ def test_engine_runs_its_own_policy_on_its_own_copy():
 
 def test_protocol_records_and_length_cap():
     model = tiny_model("float64")
-    engine: RolloutClient = InProcessClient(model, CharTokenizer(), weight_version="v3")
+    engine: RolloutClient = EmbeddedEngine(model, CharTokenizer(), weight_version="v3")
     assert engine.health() is True
     ((c,),) = engine.generate(
         [GenerateRequest(prompts([60])[0], SamplingParams(max_new_tokens=30), rid="r1")]

@@ -65,8 +65,6 @@ def _temperature(t: float) -> float:
 def decode(
     model,
     rows: Sequence[RowSpec],
-    top_ks: Sequence[int],
-    routed: Sequence[bool],
     aborted: Callable[[], Collection[int]],
     seen,
     tokenizer: Tokenizer | None,
@@ -77,7 +75,8 @@ def decode(
     device = next(model.parameters()).device
     state = DecodingRows(list(rows), tokenizer, device)
     ids_BW = torch.cat([bitwise_ids(model, r.prompt, pad_id) for r in rows])
-    track = TopKTrack(len(rows), state.steps, max(top_ks), device) if any(top_ks) else None
+    top_k = max(r.top_k for r in rows)
+    track = TopKTrack(len(rows), state.steps, top_k, device) if top_k else None
     moe = [i for i, _ in moe_layers(model)]
     experts: list[list[torch.Tensor]] = [[] for _ in rows]
     capped: set[int] = set()
@@ -86,12 +85,13 @@ def decode(
         logps = []
         for r in alive:
             column = len(rows[r].prompt) - 1 + t
-            with capture_routing(model) if routed[r] else nullcontext({}) as chosen:
+            with capture_routing(model) if rows[r].routed else nullcontext({}) as chosen:
                 hidden_1WD = bitwise_hidden(model, ids_BW[r : r + 1])
             logps.append(
                 bitwise_next_logprobs(model, hidden_1WD, column, _temperature(rows[r].params.temperature))
             )
-            if routed[r]:  # the tokens this forward fed first: the prompt's at step 0, else the last sampled
+            # the tokens this forward fed first: the prompt's at step 0, else the last sampled
+            if rows[r].routed:
                 experts_WMK = stacked(chosen, moe)[0]
                 experts[r].append(experts_WMK[: column + 1] if t == 0 else experts_WMK[column : column + 1])
         logp_BV = torch.stack(logps)
@@ -117,11 +117,11 @@ def decode(
                 track.select(keep_B)
             alive = state.alive
     out = []
-    for r, f in enumerate(state.results()):
-        top = track.pairs(r, len(f.output_ids), top_ks[r]) if track is not None and top_ks[r] else None
+    for r, (f, row) in enumerate(zip(state.results(), rows, strict=True)):
+        top = track.pairs(r, len(f.output_ids), row.top_k) if track is not None and row.top_k else None
         routing = None
-        if routed[r]:  # the last sampled token is never fed
-            routing = torch.cat(experts[r])[: len(rows[r].prompt) + len(f.output_ids) - 1]
+        if row.routed:  # the last sampled token is never fed
+            routing = torch.cat(experts[r])[: len(row.prompt) + len(f.output_ids) - 1]
         out.append(Decoded(f, top, routing, r in capped))
     return out
 

@@ -114,7 +114,9 @@ class ContinuousBatch:
     def _new_job(self, requests: list[GenerateRequest]) -> int:
         rows = self.engine._rows(requests)
         wanted = [i for i, r in enumerate(requests) if r.logprobs.prompt_from is not None]
-        scored = prompt_logprobs(self.engine.model, requests, wanted, deterministic=False, pad_id=self._pad)
+        scored = prompt_logprobs(
+            self.engine.model, requests, wanted, deterministic=False, pad_id=self.engine.pad_id
+        )
         job = _Job(
             requests,
             rows,
@@ -168,10 +170,6 @@ class ContinuousBatch:
             del self._where[key], self._prompt_len[key]
 
     # -- internals -----------------------------------------------------------------------------
-
-    @property
-    def _pad(self) -> int:
-        return self.engine.tokenizer.pad_id if self.engine.tokenizer is not None else 0
 
     def _where_job(self, key: int) -> int:
         return self._where[key][0]

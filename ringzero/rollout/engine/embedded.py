@@ -156,8 +156,6 @@ class EmbeddedEngine:
     ) -> list[list[Completion]]:
         """``n`` completions per request, in request order (``abort``: see the module docstring)."""
         rows = self._rows(requests)
-        top_ks = [requests[r.request].logprobs.top_k for r in rows]
-        routed = [requests[r.request].return_routed_experts for r in rows]
         done: list[Done | None] = [None] * len(rows)
         decoded = []
         for j, row in enumerate(rows):
@@ -168,16 +166,11 @@ class EmbeddedEngine:
         with torch.inference_mode():
             for start in range(0, len(decoded), self.max_batch):
                 group = decoded[start : start + self.max_batch]
-                results = self._run_group(
-                    [rows[j] for j in group],
-                    [top_ks[j] for j in group],
-                    [routed[j] for j in group],
-                    abort or _never,
-                )
+                results = self._run_group([rows[j] for j in group], abort or _never)
                 for j, d in zip(group, results, strict=True):
                     done[j] = d
-            if any(routed):
-                self._route_prompts(rows, done, routed)
+            if any(r.routed for r in rows):
+                self._route_prompts(rows, done)
             queued = {
                 r.request
                 for r, d in zip(rows, done, strict=True)
@@ -188,12 +181,11 @@ class EmbeddedEngine:
                 for i, req in enumerate(requests)
                 if req.logprobs.prompt_from is not None and i not in queued
             ]
-            pad = self.tokenizer.pad_id if self.tokenizer is not None else 0
             prompts = prompt_logprobs(
-                self.model, requests, wanted, deterministic=self.deterministic, pad_id=pad
+                self.model, requests, wanted, deterministic=self.deterministic, pad_id=self.pad_id
             )
         experts = to_host(
-            [d.routing if want else None for d, want in zip(done, routed, strict=True)],
+            [d.routing if r.routed else None for d, r in zip(done, rows, strict=True)],
             [i for i, _ in moe_layers(self.model)],
             self.model.cfg.num_hidden_layers,
         )
@@ -251,7 +243,17 @@ class EmbeddedEngine:
             room = self.model.cfg.max_position_embeddings - len(prompt)
             stop_ids = () if p.ignore_eos else tuple(sorted(set(p.stop_token_ids) | eos))
             rows += [
-                RowSpec(i, prompt, p, sample_seed(base, k), min(p.max_new_tokens, room), stop_ids, req.rid)
+                RowSpec(
+                    i,
+                    prompt,
+                    p,
+                    sample_seed(base, k),
+                    min(p.max_new_tokens, room),
+                    stop_ids,
+                    req.rid,
+                    top_k=req.logprobs.top_k,
+                    routed=req.return_routed_experts,
+                )
                 for k in range(p.n)
             ]
         return rows
@@ -299,14 +301,18 @@ class EmbeddedEngine:
         return routing_shape(self.model)
 
     @property
+    def pad_id(self) -> int:
+        """What prompts are left-padded with: the tokenizer's pad id, 0 without a tokenizer."""
+        return self.tokenizer.pad_id if self.tokenizer is not None else 0
+
+    @property
     def device(self) -> torch.device:
         """Where the engine's weights live, and with them every tensor of its decoding loop."""
         return next(self.model.parameters()).device
 
     def _prefill(self, prompts: list[list[int]], capacity: int):
         """Last-position logits ``[P, V]`` of each prompt and the cache holding them."""
-        pad = self.tokenizer.pad_id if self.tokenizer is not None else 0
-        ids_PT, pos_PT = left_padded(prompts, pad, self.device)
+        ids_PT, pos_PT = left_padded(prompts, self.pad_id, self.device)
         cache = self.model.new_cache(len(prompts), capacity=capacity)
         chunk = self.prefill_chunk or ids_PT.shape[1]
         for s in range(0, ids_PT.shape[1], chunk):
@@ -314,13 +320,7 @@ class EmbeddedEngine:
         # Only the last column's logits are needed: skip the LM head on the rest of the prompt.
         return self.model.logits(hidden_PSD[:, -1:])[:, 0], cache
 
-    def _run_group(
-        self,
-        rows: list[RowSpec],
-        top_ks: list[int],
-        routed: list[bool],
-        aborted: AbortCheck,
-    ) -> list[Done]:
+    def _run_group(self, rows: list[RowSpec], aborted: AbortCheck) -> list[Done]:
         """Decode a group; rows whose request is aborted already finish without a prefill."""
         seen = aborted()
         live = [b for b, r in enumerate(rows) if r.request not in seen]
@@ -330,25 +330,17 @@ class EmbeddedEngine:
             if r.request in seen
         }
         if live and self.deterministic:
-            pad = self.tokenizer.pad_id if self.tokenizer is not None else 0
             decoded = [
                 Done(
                     d.result,
                     d.top,
                     ABORTED if d.capped and cut(d.result, rows[b]) else None,
-                    d.routing if routed[b] else None,
+                    d.routing if rows[b].routed else None,
                 )
                 for b, d in zip(
                     live,
                     bitwise.decode(
-                        self.model,
-                        [rows[b] for b in live],
-                        [top_ks[b] for b in live],
-                        [routed[b] for b in live],
-                        aborted,
-                        seen,
-                        self.tokenizer,
-                        pad,
+                        self.model, [rows[b] for b in live], aborted, seen, self.tokenizer, self.pad_id
                     ),
                     strict=True,
                 )
@@ -356,21 +348,12 @@ class EmbeddedEngine:
             for b, d in zip(live, decoded, strict=True):
                 done[b] = d
         elif live:
-            decoded = self._decode(
-                [rows[b] for b in live], [top_ks[b] for b in live], [routed[b] for b in live], aborted, seen
-            )
+            decoded = self._decode([rows[b] for b in live], aborted, seen)
             for b, d in zip(live, decoded, strict=True):
                 done[b] = d
         return [done[b] for b in range(len(rows))]
 
-    def _decode(
-        self,
-        rows: list[RowSpec],
-        top_ks: list[int],
-        routed: list[bool],
-        aborted: AbortCheck,
-        seen,
-    ) -> list[Done]:
+    def _decode(self, rows: list[RowSpec], aborted: AbortCheck, seen) -> list[Done]:
         """Prefill each distinct prompt once, fan out to the rows, decode until every row finished.
 
         Everything stays on the engine's device; per step at most one small read comes back to the
@@ -382,8 +365,9 @@ class EmbeddedEngine:
             first_row_of.setdefault(r.request, len(first_row_of))
         prompts = list({r.request: r.prompt for r in rows}.values())
         state = DecodingRows(rows, self.tokenizer, self.device)
-        track = TopKTrack(len(rows), state.steps, max(top_ks), self.device) if any(top_ks) else None
-        routing = GroupRouting(self.model, len(rows), self.device, enabled=any(routed))
+        top_k = max(r.top_k for r in rows)
+        track = TopKTrack(len(rows), state.steps, top_k, self.device) if top_k else None
+        routing = GroupRouting(self.model, len(rows), self.device, enabled=any(r.routed for r in rows))
         with routing.prefill([len(p) for p in prompts]):
             logits_BV, cache = self._prefill(prompts, max(len(p) for p in prompts) + state.steps)
         fan_out_B = torch.tensor(
@@ -428,23 +412,21 @@ class EmbeddedEngine:
                 [first_row_of[r.request] for r in rows], [len(f.output_ids) - 1 for f in results]
             )
         out = []
-        for b, (f, routes) in enumerate(zip(results, experts, strict=True)):
-            d = Done(
-                f, track.pairs(b, len(f.output_ids), top_ks[b]) if track is not None and top_ks[b] else None
-            )
-            if b in capped and cut(f, rows[b]):
+        for b, (f, routes, row) in enumerate(zip(results, experts, rows, strict=True)):
+            top = track.pairs(b, len(f.output_ids), row.top_k) if track is not None and row.top_k else None
+            d = Done(f, top)
+            if b in capped and cut(f, row):
                 d.abort_message = ABORTED
-            d.routing = routes if routed[b] else None
+            d.routing = routes if row.routed else None
             out.append(d)
         return out
 
-    def _route_prompts(self, rows: list[RowSpec], done: list[Done], routed: list[bool]) -> None:
+    def _route_prompts(self, rows: list[RowSpec], done: list[Done]) -> None:
         """Prefill-only rows that ask: the experts of their prompts' tokens but the last, from a prefill."""
-        todo = [j for j, r in enumerate(rows) if routed[j] and r.max_new == 0]
+        todo = [j for j, r in enumerate(rows) if r.routed and r.max_new == 0]
         if self.deterministic:
-            pad = self.tokenizer.pad_id if self.tokenizer is not None else 0
             for j in todo:
-                done[j].routing = bitwise.route_prompt(self.model, rows[j].prompt, pad)
+                done[j].routing = bitwise.route_prompt(self.model, rows[j].prompt, self.pad_id)
             return
         for start in range(0, len(todo), self.max_batch):
             group = todo[start : start + self.max_batch]
@@ -454,7 +436,3 @@ class EmbeddedEngine:
                 self._prefill(prompts, max(len(p) for p in prompts))
             for j, experts in zip(group, routing.rows(range(len(group)), [0] * len(group)), strict=True):
                 done[j].routing = experts[:-1]
-
-
-InProcessClient = EmbeddedEngine
-"""The embedded engine is the in-process ``RolloutClient``."""

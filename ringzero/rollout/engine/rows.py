@@ -27,7 +27,9 @@ from ringzero.tokenizer.base import Tokenizer
 
 @dataclass
 class RowSpec:
-    """One sample to generate: its request, prompt, settings, generator seed, cap and stop ids."""
+    """One sample to generate: its request, prompt, settings, generator seed, cap and stop ids, and what its
+    request asks back beyond the tokens: ``top_k`` alternatives per step (0 = none) and, for MoE models,
+    the ``routed`` experts of every fed token."""
 
     request: int
     prompt: list[int]
@@ -36,6 +38,8 @@ class RowSpec:
     max_new: int
     stop_ids: tuple[int, ...]
     rid: str | None = None
+    top_k: int = 0
+    routed: bool = False
 
 
 @dataclass

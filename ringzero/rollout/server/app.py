@@ -5,14 +5,15 @@ Native endpoints (SGLang's names and shapes, so a real SGLang server is a drop-i
 * ``POST /generate`` - ``text`` or ``input_ids`` (one prompt or a list), ``sampling_params`` (one
   object or one per prompt; ``max_new_tokens: 0`` scores the prompt only, ``ignore_eos``),
   ``return_logprob``, ``logprob_start_len``, ``top_logprobs_num``, ``return_text_in_logprobs``, ``rid``,
-  ``return_routed_experts`` (MoE models; ``meta_info.routed_experts``, see ``server_format.py``) and
+  ``return_routed_experts`` (MoE models; ``meta_info.routed_experts``, see
+  ``ringzero.rollout.server.format``) and
   ``routed_experts_start_len``.
   Answers ``{"text", "output_ids", "meta_info"}`` for one prompt with ``n == 1``, else a list of those,
   prompt-major (prompt ``i``'s ``n`` samples at ``i * n + j``), as SGLang expands ``n``.
 * ``POST /update_weights_from_disk`` - ``{model_path, load_format?, weight_version?, flush_cache?,
   abort_all_requests?}`` -> ``{success, message, num_paused_requests}``, 400 when the load fails.
 * ``POST /pause_generation``, ``/continue_generation``, ``/abort_request``, ``GET /get_server_info``
-  (and ``/server_info``): see ``server_control.py``.
+  (and ``/server_info``): see ``ringzero.rollout.server.control``.
 * ``GET /health`` (and ``/health_generate``), ``GET /get_model_info``, ``GET /get_weight_version``,
   ``GET|POST /flush_cache``.
 * ``POST /v1/completions`` - OpenAI legacy completions with ``logprobs`` (top-k dicts) and ``echo``.
@@ -28,15 +29,15 @@ never handed a prompt that is not the client's. Anything that fails unexpectedly
 naming the exception (``ValueError: ...``), logged with its frames (never their local variables, see
 ``ringzero/logs.py``); the server serves on.
 
-Limits (``ServerLimits`` in ``server_schema.py``; ``ringzero serve`` flags of the same names):
+Limits (``ServerLimits`` in ``ringzero.rollout.server.schema``; ``ringzero serve`` flags of the same names):
 ``max_body_bytes`` (default 64 MiB) refuses a larger body with HTTP 413 from its Content-Length, or as
 soon as a chunked body grows past it, before parsing; a body nested deeper than 32 levels is a 400.
 ``max_request_sequences`` (4096 prompts x ``n``), ``max_request_tokens`` (2**24 prompt tokens plus
 ``max_new_tokens`` over those sequences) and ``max_new_tokens`` (2**20, per prompt) refuse a
 ``/generate`` or ``/v1/completions`` request with a 400 naming the field; the server serves on. Concurrent
-requests are batched by ``EngineScheduler`` (see ``server_scheduler.py``), the only thread that touches the
-engine: by default continuously (requests join the running batch between decoding steps), or statically with
-``batching="static"`` (``ringzero serve --batching static``).
+requests are batched by ``EngineScheduler`` (see ``ringzero.rollout.server.scheduler``), the only thread
+that touches the engine: by default continuously (requests join the running batch between decoding
+steps), or statically with ``batching="static"`` (``ringzero serve --batching static``).
 """
 
 from __future__ import annotations
@@ -177,7 +178,7 @@ class RolloutServer:
         the engine's ``routing_shape``; without one ``return_routed_experts`` is refused (a dense model).
         ``limits``: what one request may ask (``ServerLimits()``'s generous defaults when None).
         ``batching``: ``continuous`` (requests join the running batch) or ``static`` (see
-        ``server_scheduler.py``)."""
+        ``ringzero.rollout.server.scheduler``)."""
         if batching not in BATCHING:
             raise ValueError(f"batching must be one of {BATCHING} (got {batching!r})")
         self.limits = limits or ServerLimits()

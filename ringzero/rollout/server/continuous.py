@@ -1,4 +1,4 @@
-"""The scheduler thread's loop under continuous batching (see ``server_scheduler.py`` for the policy).
+"""The scheduler thread's loop under continuous batching (``ringzero.rollout.server.scheduler``: the policy).
 
 Per turn: take every job queued so far, up to the first one that must run alone (a control call, a stop,
 a generate job the running batch cannot take); admit waiting generate jobs while the batch has room;

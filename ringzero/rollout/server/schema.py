@@ -1,8 +1,9 @@
 """Request bodies of the rollout server, checked field by field into ``GenerateRequest`` records.
 
 Names and shapes follow SGLang's native ``/generate`` (``GenerateReqInput`` with a ``sampling_params``
-dict); ``/v1/completions`` bodies are read in ``server_openai.py`` and the control endpoints' in
-``server_control.py``, with the checks defined here. Every refusal is a ``BadRequest`` naming the field,
+dict); ``/v1/completions`` bodies are read in ``ringzero.rollout.server.openai`` and the control
+endpoints' in ``ringzero.rollout.server.control``, with the checks defined here. Every refusal is a
+``BadRequest`` naming the field,
 e.g. ``sampling_params[1].top_p: must be in (0, 1] (got 0)``. SGLang fields this server cannot honour
 are accepted only at their neutral value, so a client written for SGLang that sends defaults still works,
 while one that relies on a feature we lack hears so instead of getting silently different samples.
