@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ringzero.pipeline.ablate import ArmRun, verdict_over_seeds
+from ringzero.stages.summary_values import median_of
 
 GROWTH_MARGIN = 0.05
 """How much more token_sum's length must grow (last five steps over step 5) than another arm's to count."""
@@ -383,7 +384,8 @@ PAPER_PAIR = ("stages.stage1.precision={train: fp32-islands, rollout: bf16}",)
 def islands_readout(run: ArmRun) -> dict:
     rec = run.records["stage1"]
     out = {
-        "train/gap_p99_median": _median([_finite(r.get("gap/ratio/p99")) for r in rec]),
+        # the same median as a stage summary's ratio/p99_median: the mean of the middle two of an even count
+        "train/gap_p99_median": median_of([r.get("gap/ratio/p99") for r in rec], "m").get("m", math.nan),
         "train/gap_max": max((_finite(r.get("gap/ratio/max")) for r in rec), default=float("nan")),
         "stage1_wall_s": run.wall_s.get("stage1", float("nan")),
         "stage1_s_per_step": run.wall_s.get("stage1", float("nan")) / max(1, len(rec)),
@@ -393,11 +395,6 @@ def islands_readout(run: ArmRun) -> dict:
         b, i = out[f"{label}/bf16_p99"], out[f"{label}/islands_p99"]
         out[f"{label}/islands_over_bf16"] = i / b if b else float("nan")
     return out
-
-
-def _median(vals: list[float]) -> float:
-    vals = sorted(v for v in vals if math.isfinite(v))
-    return vals[len(vals) // 2] if vals else float("nan")
 
 
 def islands_verdicts(readouts: dict, seeds: list[int]) -> list[dict]:

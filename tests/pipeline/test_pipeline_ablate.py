@@ -12,9 +12,9 @@ import yaml
 from ringzero.config.loader import parse_config
 from ringzero.config.run import stage_view
 from ringzero.errors import RingzeroError
-from ringzero.pipeline.ablate import study_data, verdict_over_seeds
+from ringzero.pipeline.ablate import ArmRun, study_data, verdict_over_seeds
 from ringzero.pipeline.identity import stage_hash
-from ringzero.pipeline.studies import DEPTH, DISTILL, LOSS, STUDIES
+from ringzero.pipeline.studies import DEPTH, DISTILL, ISLANDS, LOSS, STUDIES
 from ringzero.stages.base import StageInputs
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -237,3 +237,19 @@ def test_an_ablation_runs_its_arms_over_seeds_from_one_shared_base(tmp_path):
     assert all("stage1/pass1" in r for r in result["readouts"])
     page = (study / "report.html").read_text()
     assert "<table" in page and "token_mean" in page
+
+
+def test_the_islands_readout_takes_a_stage_summary_s_median_of_the_gap_and_its_own_ratios():
+    """Readouts from a hand-built run: an even count of steps gives the mean of the middle two p99s (the
+    stage summary's ``ratio/p99_median``), the max over steps, and islands / bf16 per checkpoint."""
+    steps = [
+        {"step": k + 1, "gap/ratio/p99": p, "gap/ratio/max": m}
+        for k, (p, m) in enumerate([(0.4, 1.0), (0.1, 3.0), (0.3, 2.0), (float("nan"), 9.0), (0.2, 0.5)])
+    ]
+    row = {"eval/accuracy": 0.5, "eval/gap/bf16/ratio/p99": 0.03, "eval/gap/fp32-islands/ratio/p99": 0.01}
+    run = ArmRun("fp32", 0, {"stage1": steps}, {}, {"stage1": 50.0}, {"base": row, "stage1": dict(row)})
+    out = ISLANDS.readout(run)
+    assert out["train/gap_p99_median"] == pytest.approx(0.25)  # finite p99s 0.1 0.2 0.3 0.4
+    assert out["train/gap_max"] == 9.0
+    assert out["stage1_s_per_step"] == 10.0
+    assert out["base/islands_over_bf16"] == pytest.approx(1 / 3)
