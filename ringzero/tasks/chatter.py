@@ -4,7 +4,9 @@ the lines that open and close a question document."""
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+
+from ringzero.tasks.base import RngLike, as_random
 
 DOC_SEPARATOR = "\n"
 ITEMS_PER_DOCUMENT = (1, 3)
@@ -63,3 +65,33 @@ def question_document(item: Callable[[random.Random], str], rng: random.Random) 
     if rng.random() < CHATTER_AROUND_ITEMS:
         lines.append(rng.choice(CLOSERS))
     return "\n".join(lines) + "\n"
+
+
+class DocumentMix:
+    """The document mix both synthetic corpora draw from: with the config's ``filler_fraction``,
+    ``drill_fraction``, ``lookup_fraction`` and ``worked_fraction`` a document of that kind, else a
+    question document of ``item``s. A corpus sets ``cfg`` and defines the four kinds' documents and
+    ``item``."""
+
+    def document(self, rng: random.Random) -> str:
+        u = rng.random()
+        for share, make in (
+            (self.cfg.filler_fraction, filler_document),
+            (self.cfg.drill_fraction, self.drill_document),
+            (self.cfg.lookup_fraction, self.lookup_document),
+            (self.cfg.worked_fraction, self.worked_document),
+        ):
+            if u < share:
+                return make(rng)
+            u -= share
+        return question_document(self.item, rng)
+
+    def documents(self, n: int, rng: RngLike) -> list[str]:
+        r = as_random(rng)
+        return [self.document(r) for _ in range(n)]
+
+    def stream(self, rng: RngLike) -> Iterator[str]:
+        """Documents without end, for a pretraining loader that packs them into windows."""
+        r = as_random(rng)
+        while True:
+            yield self.document(r)

@@ -24,16 +24,15 @@ Only train-split problems appear. Each document ends with a newline; join them w
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
 
-from ringzero.tasks.base import Problem, RngLike, as_random
-from ringzero.tasks.chatter import filler_document, question_document
+from ringzero.tasks.base import Problem
+from ringzero.tasks.chatter import DocumentMix
 from ringzero.tasks.running_sum import WorkedPlan
 
 DRILL_FACTS = (6, 14)
 
 
-class CorpusGenerator:
+class CorpusGenerator(DocumentMix):
     def __init__(self, task):
         # task: the SyntheticArithmetic this corpus writes for (it builds its corpus, so this module cannot
         # import it)
@@ -84,9 +83,6 @@ class CorpusGenerator:
             return WorkedPlan((first, *((True,) * steps for _ in range(checks))), slips)
         return WorkedPlan((first, *(verbosity() for _ in range(checks))), slips)
 
-    def question_document(self, rng: random.Random) -> str:
-        return question_document(self.item, rng)
-
     def item(self, rng: random.Random) -> str:
         problem = self.task.problem(self.task.sample_instance("train", rng))
         return problem.prompt + self.answer_text(problem, rng)
@@ -102,26 +98,3 @@ class CorpusGenerator:
         instance = self.task.sample_instance("train", rng)
         solution = self.worked(self.task.problem(instance), rng)
         return f"example: {self.task.op.question(instance)}\nsolution: {solution}\n"
-
-    def document(self, rng: random.Random) -> str:
-        u = rng.random()
-        for share, make in (
-            (self.cfg.filler_fraction, filler_document),
-            (self.cfg.drill_fraction, self.drill_document),
-            (self.cfg.lookup_fraction, self.lookup_document),
-            (self.cfg.worked_fraction, self.worked_document),
-        ):
-            if u < share:
-                return make(rng)
-            u -= share
-        return self.question_document(rng)
-
-    def documents(self, n: int, rng: RngLike) -> list[str]:
-        r = as_random(rng)
-        return [self.document(r) for _ in range(n)]
-
-    def stream(self, rng: RngLike) -> Iterator[str]:
-        """Documents without end, for a pretraining loader that packs them into windows."""
-        r = as_random(rng)
-        while True:
-            yield self.document(r)

@@ -25,11 +25,10 @@ correctly: what varies is how long the search goes on, not whether its steps hol
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
 from dataclasses import dataclass
 
-from ringzero.tasks.base import Problem, RngLike, as_random
-from ringzero.tasks.chatter import filler_document, question_document
+from ringzero.tasks.base import Problem
+from ringzero.tasks.chatter import DocumentMix
 from ringzero.tasks.search_items import LABELS, SEP, SearchItem, question, remainders
 
 DRILL_TRIES = (4, 10)
@@ -43,7 +42,7 @@ class SearchPlan:
     answer: int
 
 
-class SearchCorpus:
+class SearchCorpus(DocumentMix):
     def __init__(self, task):
         # task: the RowSearch this corpus writes for (it builds its corpus, so this module cannot import it)
         self.task = task
@@ -86,7 +85,7 @@ class SearchCorpus:
         row = item.cue if rng.random() < self.cfg.direct_cue else rng.randrange(len(item.rows))
         return LABELS[row]
 
-    def item_text(self, rng: random.Random) -> str:
+    def item(self, rng: random.Random) -> str:
         problem = self.task.problem(self.task.sample_instance("train", rng))
         return problem.prompt + self.answer_text(problem, rng)
 
@@ -110,25 +109,3 @@ class SearchCorpus:
         rng.shuffle(order)
         back = " ".join(f"{LABELS[i]}{SEP}{item.rows[i]}" for i in order)
         return f"{question(item)}\nread back: {back}\n"
-
-    def document(self, rng: random.Random) -> str:
-        u = rng.random()
-        for share, make in (
-            (self.cfg.filler_fraction, filler_document),
-            (self.cfg.drill_fraction, self.drill_document),
-            (self.cfg.lookup_fraction, self.lookup_document),
-            (self.cfg.worked_fraction, self.worked_document),
-        ):
-            if u < share:
-                return make(rng)
-            u -= share
-        return question_document(self.item_text, rng)
-
-    def documents(self, n: int, rng: RngLike) -> list[str]:
-        r = as_random(rng)
-        return [self.document(r) for _ in range(n)]
-
-    def stream(self, rng: RngLike) -> Iterator[str]:
-        r = as_random(rng)
-        while True:
-            yield self.document(r)
