@@ -29,7 +29,7 @@ from ringzero.engines.optimizer import TrainOptimizer
 from ringzero.model.config import PrecisionPolicy
 from ringzero.model.hybrid import HybridLM
 from ringzero.rl.rewards import TaskReward
-from ringzero.rl.step import RLStep, StepShape
+from ringzero.rl.step import PushingRollout, RLStep, StepShape
 from ringzero.rl.trainer import PolicyTrainer
 from ringzero.rollout.deployment.weight_push import WeightPusher
 from ringzero.rollout.engine.embedded import EmbeddedEngine
@@ -84,9 +84,13 @@ def time_ringzero(cfg, args) -> dict:
         max_new_tokens=args.max_new_tokens,
         temperature=1.0,
         pad_id=tokenizer.pad_id,
+        micro_batch=16,
     )
     step = RLStep(
-        client=engine,
+        rollout=PushingRollout(
+            engine,
+            lambda s: WeightPusher("in_process").push(engine, optimizer.master_state_dict(), f"step-{s + 1}"),
+        ),
         trainer=trainer,
         task=task,
         tokenizer=tokenizer,
@@ -94,9 +98,6 @@ def time_ringzero(cfg, args) -> dict:
         sampling=SamplingSettings(max_new_tokens=args.max_new_tokens),
         shape=StepShape(args.prompts, args.samples),
         seed=0,
-        push=lambda s: WeightPusher("in_process").push(
-            engine, optimizer.master_state_dict(), f"step-{s + 1}"
-        ),
     )
     times, parts, tokens = [], [], []
     for s in range(args.steps + 1):

@@ -100,7 +100,13 @@ def routing_mismatch(model: HybridLM, completions) -> float:
 
 def ratio_tail(model: HybridLM, batch: RolloutBatch, T: int, replay: bool) -> dict[str, float]:
     trainer = PolicyTrainer(
-        model, None, LossSettings(routing_replay=replay), minibatches=1, max_new_tokens=T, temperature=1.0
+        model,
+        None,
+        LossSettings(routing_replay=replay),
+        minibatches=1,
+        max_new_tokens=T,
+        temperature=1.0,
+        micro_batch=16,
     )
     with torch.no_grad():
         logp = trainer.score(model, batch, list(range(len(batch))), T)[0].double()

@@ -245,7 +245,7 @@ def rl_phase(cfg, rt, args) -> dict:
         session = build_session(sctx, rl_stage, StageInputs())
         # Every response runs to max_new_tokens: no stop string, no eos (the same lengths in every case).
         session.stepper.task.stop = ()
-        session.client.tokenizer = NoEos(session.client.tokenizer)
+        session.rollout.client.tokenizer = NoEos(session.rollout.client.tokenizer)
         steps = []
         for s in range(args.rl_warmup + args.rl_steps):
             _sync(rt.device)

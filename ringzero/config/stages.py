@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field, field_validator, model_serializer, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from ringzero.config.corrections import Correction
 from ringzero.config.gates import ThresholdExpr
@@ -180,17 +180,6 @@ class ForcedOpening(StrictModel):
         "prompt",
     )
 
-    @model_serializer(mode="wrap")
-    def _policy_unsaid(self, handler):
-        """``answer: policy`` and ``tiers: null`` stay out of the dump: openings configured before them keep
-        their identity."""
-        data = handler(self)
-        if isinstance(data, dict) and data.get("answer") == "policy":
-            del data["answer"]
-        if isinstance(data, dict) and data.get("tiers", ...) is None:
-            del data["tiers"]
-        return data
-
     def samples(self, n: int) -> int:
         return round(self.fraction * n)
 
@@ -294,16 +283,6 @@ class RLStage(StageBase):
         "mean",
     )
 
-    @model_serializer(mode="wrap")
-    def _rollback_off_unsaid(self, handler):
-        """Off, ``rollback``, ``forced_opening`` and ``anchor`` stay out of the dump, so stages without them
-        keep the identity they had before them."""
-        data = handler(self)
-        for key in ("rollback", "forced_opening", "tier_penalty", "anchor"):
-            if isinstance(data, dict) and data.get(key, ...) is None:
-                del data[key]
-        return data
-
     @model_validator(mode="after")
     def _penalty_with_its_mode(self) -> RLStage:
         if (self.tier_reward == "penalty") != (self.tier_penalty is not None):
@@ -363,14 +342,6 @@ class RLStage(StageBase):
 
 class DistillStage(StageBase):
     """Self-distillation: keep the shortest correct of k samples per prompt and fine-tune on it."""
-
-    @model_serializer(mode="wrap")
-    def _shortest_unsaid(self, handler):
-        """``select: shortest`` stays out of the dump: stages configured before it keep their identity."""
-        data = handler(self)
-        if isinstance(data, dict) and data.get("select") == "shortest":
-            del data["select"]
-        return data
 
     kind: Literal["distill"] = "distill"
     prompts: int = Field(256, ge=1)

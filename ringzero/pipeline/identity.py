@@ -13,27 +13,30 @@ from ringzero.stages.base import StageInputs
 
 IDENTITY_VERSION = 1  # bump when a stage's semantics change in a way the config cannot show
 
-ADDED_TASK_FIELDS = {
-    "min_digits": None,
-    "short_fraction": 0.0,
-    "verbosity": "trace",
-    "check_weights": None,
-    "slip_rate": 0.0,
-    "slip_from": 1,
-    "check_order": "forward",
-    "check_verbosity": "drawn",
-    "terse_form": "restated",
+UNSAID = {
+    "task": {
+        "min_digits": None,
+        "short_fraction": 0.0,
+        "verbosity": "trace",
+        "check_weights": None,
+        "slip_rate": 0.0,
+        "slip_from": 1,
+        "check_order": "forward",
+        "check_verbosity": "drawn",
+        "terse_form": "restated",
+    },
+    "stage/rl": {"rollback": None, "forced_opening": None, "tier_penalty": None, "anchor": None},
+    "stage/rl/forced_opening": {"answer": "policy", "tiers": None},
+    "stage/distill": {"select": "shortest"},
 }
-"""Task knobs added after identity version 1, with the values that reproduce the earlier behaviour: they
-enter the hash only when set otherwise, so a store's committed stages (the one-time base) stay valid."""
+"""Fields added after identity version 1, with the values that reproduce the earlier behaviour: they enter
+the hash only when set otherwise, so a store's committed stages (the one-time base) keep their identity.
+Add a field here with its old behaviour's value whenever a field is added to a task or a stage."""
 
 
-def _task_fields(cfg: RunConfig) -> dict:
-    fields = cfg.task.model_dump(mode="json")
-    for key, default in ADDED_TASK_FIELDS.items():
-        if key in fields and fields[key] == default:
-            del fields[key]
-    return fields
+def said(fields: dict, where: str) -> dict:
+    unsaid = UNSAID.get(where, {})
+    return {k: v for k, v in fields.items() if not (k in unsaid and v == unsaid[k])}
 
 
 def stage_hash(cfg: RunConfig, stage, inputs: StageInputs) -> str:
@@ -42,10 +45,10 @@ def stage_hash(cfg: RunConfig, stage, inputs: StageInputs) -> str:
     pipeline step alike. A stage's own ``seed`` and ``precision`` enter as the run's would
     (``stage_view``): only what the stage runs under counts, not where it was said."""
     cfg = stage_view(cfg, stage)
-    stage_fields = stage.model_dump(mode="json", exclude={"name", "gate", "seed", "precision"})
-    for key in ("init", "reference"):
-        stage_fields.pop(key, None)
-    stage_fields.pop("compare", None)
+    exclude = {"name", "gate", "seed", "precision", "init", "reference", "compare"}
+    stage_fields = said(stage.model_dump(mode="json", exclude=exclude), f"stage/{stage.kind}")
+    if isinstance(stage_fields.get("forced_opening"), dict):
+        stage_fields["forced_opening"] = said(stage_fields["forced_opening"], "stage/rl/forced_opening")
 
     return config_hash(
         {
@@ -53,7 +56,7 @@ def stage_hash(cfg: RunConfig, stage, inputs: StageInputs) -> str:
             "seed": cfg.run.seed,
             "model": cfg.model.model_dump(mode="json"),
             "tokenizer": cfg.tokenizer.model_dump(mode="json"),
-            "task": _task_fields(cfg),
+            "task": said(cfg.task.model_dump(mode="json"), "task"),
             "precision": cfg.precision.model_dump(mode="json"),
             "engines": {"training": cfg.engines.training.kind, "rollout": cfg.engines.rollout.kind},
             "stage": stage_fields,

@@ -20,20 +20,19 @@ from ringzero.rl.losses.sg_clip_is import sg_clip_is_loss
 POLICY_LOSSES = {"sg_clip_is": sg_clip_is_loss, "ppo_clip": ppo_clip_loss}
 
 
-def make_normalization(
-    settings: LossSettings, num_sequences: int, max_new_tokens: int, tokens: int | None = None
-) -> Normalization:
-    """``token_sum`` divides by ``token_sum_denominator``, or by sequences x max_new_tokens when unset:
-    a constant per minibatch size, never the number of tokens actually generated. ``token_mean`` (DAPO,
-    verl's ``token-mean``) divides the same token sum by ``tokens``, the minibatch's loss tokens, so a
-    batch of longer responses no longer weighs more in total."""
+def make_normalization(settings: LossSettings, lengths_M: torch.Tensor, max_new_tokens: int) -> Normalization:
+    """The minibatch's one denominator, from each row's loss tokens ``lengths_M`` (its response tokens less
+    those a correction dropped). ``token_sum`` divides by ``token_sum_denominator``, or by sequences x
+    max_new_tokens when unset: a constant per minibatch size, never the number of tokens actually generated.
+    ``token_mean`` (DAPO, verl's ``token-mean``) divides the same token sum by the minibatch's loss tokens,
+    so a batch of longer responses no longer weighs more in total. ``sample_mean`` divides each row by its
+    own length and averages over the M rows."""
+    M = int(lengths_M.shape[0])
     if settings.normalization == "sample_mean":
-        return Normalization("sample_mean")
+        return Normalization("sample_mean", lengths_N=lengths_M, num_sequences=M)
     if settings.normalization == "token_mean":
-        if tokens is None:
-            raise ValueError("token_mean divides by the minibatch's loss tokens: pass tokens=")
-        return Normalization("token_sum", float(max(1, tokens)))
-    return Normalization("token_sum", float(settings.token_sum_denominator or num_sequences * max_new_tokens))
+        return Normalization("token_sum", float(max(1, int(lengths_M.sum()))))
+    return Normalization("token_sum", float(settings.token_sum_denominator or M * max_new_tokens))
 
 
 class _Weighted:
@@ -80,5 +79,6 @@ def objective(
         metrics["loss/nonfinite"] = max(policy.metrics["loss/nonfinite"], kl.metrics["loss/nonfinite"])
         total = total + settings.kl_coef * kl.loss
     finite = metrics["loss/nonfinite"] == 0.0
+    metrics["loss/tokens"] = float(mask_NT.sum())
     metrics["loss/total"] = float(total.detach()) if finite else float("nan")
     return LossOutput(total if finite else torch.zeros((), dtype=total.dtype, device=total.device), metrics)

@@ -21,6 +21,7 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -34,8 +35,26 @@ from ringzero.rl.seeds import derive_seed
 from ringzero.rl.tail_metrics import length_reward_summary, length_summary, reward_summary, trace_summary
 from ringzero.rl.tier_metrics import depth_contrast, tier_metrics
 from ringzero.rl.trainer import PolicyTrainer
+from ringzero.rollout.types import RolloutClient
 from ringzero.tasks.base import Task
 from ringzero.tokenizer.base import Tokenizer
+
+
+class Rollout(Protocol):
+    """The engine a step samples from, and the push that serves it the trainer's weights after 0-based
+    ``step``'s update."""
+
+    client: RolloutClient
+
+    def push(self, step: int) -> object: ...
+
+
+@dataclass
+class PushingRollout:
+    """A ``Rollout`` over a fixed client and a push function."""
+
+    client: RolloutClient
+    push: Callable[[int], object]
 
 
 @dataclass
@@ -46,7 +65,9 @@ class StepShape:
 
 
 class RLStep:
-    """``run(step) -> metrics``. ``push(step)`` sends the trainer's weights to ``client`` after the update.
+    """``run(step, seed) -> metrics``: ``seed`` (the run's unless a rollback reseeded the step) draws the
+    prompts, sampling seeds and minibatch shuffle; after the update ``rollout.push(step)`` serves the new
+    weights.
 
     ``seeded_sampling``: give each prompt its own sampling seed derived from (seed, step). Leave it off
     for a real SGLang server, which gives the n copies of a seeded request the same stream.
@@ -55,7 +76,7 @@ class RLStep:
     def __init__(
         self,
         *,
-        client,
+        rollout: Rollout,
         trainer: PolicyTrainer,
         task: Task,
         tokenizer: Tokenizer,
@@ -63,27 +84,27 @@ class RLStep:
         sampling,
         shape: StepShape,
         seed: int,
-        push: Callable[[int], object],
         seeded_sampling: bool = True,
         opening: Opening | None = None,
         anchor: Anchor | None = None,
     ):
-        self.client, self.trainer, self.task, self.tokenizer = client, trainer, task, tokenizer
+        self.rollout, self.trainer, self.task, self.tokenizer = rollout, trainer, task, tokenizer
         self.reward, self.sampling, self.shape, self.seed = reward, sampling, shape, seed
-        self.push, self.seeded_sampling, self.opening, self.anchor = push, seeded_sampling, opening, anchor
+        self.seeded_sampling, self.opening, self.anchor = seeded_sampling, opening, anchor
         self.last_batch: RolloutBatch | None = None
 
-    def generate(self, step: int) -> RolloutBatch:
-        rng = random.Random(derive_seed(self.seed, "rl-prompts", step))
+    def generate(self, step: int, seed: int | None = None) -> RolloutBatch:
+        seed = self.seed if seed is None else seed
+        rng = random.Random(derive_seed(seed, "rl-prompts", step))
         problems = self.reward.assign_tiers(self.task.prompts("train", self.shape.prompts, rng), rng)
         params = sampling_params(self.sampling, self.task, self.tokenizer, self.shape.samples, seed=None)
         seeds = (
-            [derive_seed(self.seed, "rl-sample", step, i) for i in range(len(problems))]
+            [derive_seed(seed, "rl-sample", step, i) for i in range(len(problems))]
             if self.seeded_sampling
             else None
         )
         return collect(
-            self.client,
+            self.rollout.client,
             self.task,
             self.tokenizer,
             problems,
@@ -96,9 +117,10 @@ class RLStep:
             opening=self.opening,
         )
 
-    def run(self, step: int) -> dict[str, float]:
+    def run(self, step: int, seed: int | None = None) -> dict[str, float]:
+        seed = self.seed if seed is None else seed  # a rollback's retry of a skipped batch: another
         t0 = time.perf_counter()
-        batch = self.last_batch = self.generate(step)
+        batch = self.last_batch = self.generate(step, seed)
         t1 = time.perf_counter()
         anchored = (
             None
@@ -108,7 +130,7 @@ class RLStep:
                 task=self.task,
                 tokenizer=self.tokenizer,
                 reward=self.reward,
-                seed=self.seed,
+                seed=seed,
                 step=step,
                 params=sampling_params(
                     self.sampling, self.task, self.tokenizer, self.anchor.samples, seed=None
@@ -131,10 +153,10 @@ class RLStep:
                 keep_N=keep_N,
             )
         metrics = self.trainer.train(
-            batch, advantages_N, seed=derive_seed(self.seed, "rl-minibatches", step), correction=correction
+            batch, advantages_N, seed=derive_seed(seed, "rl-minibatches", step), correction=correction
         )
         t2 = time.perf_counter()
-        self.push(step)
+        self.rollout.push(step)
         t3 = time.perf_counter()
         metrics.update(rollout_metrics(self.task, batch, keep_N))
         tiered = tier_metrics(self.task, batch, self.reward.tiers, rows=own_rows(batch))
@@ -145,10 +167,8 @@ class RLStep:
             metrics.update({**anchored.metrics, "time/anchor": t_anchor - t1})
         if correction is not None:
             metrics.update(correction.metrics)
-        if hasattr(
-            self.client, "pop_metrics"
-        ):  # e.g. rollout/stale_samples of remote servers (every rank calls it)
-            metrics.update(self.client.pop_metrics())
+        if hasattr(self.rollout.client, "pop_metrics"):  # e.g. rollout/stale_samples of remote servers
+            metrics.update(self.rollout.client.pop_metrics())
         metrics.update(
             {
                 "time/generate": t1 - t0,

@@ -18,6 +18,7 @@ events reach the metrics, the summary (``rollback/count``) and the outcome's ``e
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 
 import structlog
 
@@ -79,66 +80,79 @@ SUMMARY_KEYS = (
 EVAL_SAMPLES = 4
 
 
+@dataclass
+class LoopState:
+    """What the loop carries from step to step and what a resume point or a rollback snapshot keeps of it."""
+
+    step: int
+    stop: StopConditions
+    history: list[dict[str, float]] = field(default_factory=list)  # the last SUMMARY_STEPS steps' keys
+    p99s: list[float] = field(default_factory=list)  # every step's ratio/p99, for ratio/p99_median
+    wall_before: float = 0.0  # seconds spent in earlier attempts of the stage
+
+    @classmethod
+    def resumed(cls, stage: RLStage, step: int, meta: dict) -> LoopState:
+        return cls(
+            step,
+            StopConditions(stage, meta.get("stop")),
+            list(meta.get("history", [])),
+            list(meta.get("ratio_p99", [])),  # a resume point of before: none
+            float(meta.get("wall_s", 0.0)),
+        )
+
+    def copy(self) -> LoopState:
+        return LoopState.resumed(self.stop.stage, self.step, self.meta(self.wall_before))
+
+    def meta(self, wall_s: float) -> dict:
+        return {"stop": self.stop.state(), "history": self.history, "wall_s": wall_s, "ratio_p99": self.p99s}
+
+    def record(self, metrics: dict[str, float]) -> None:
+        self.step += 1
+        self.history = (self.history + [finite_only({k: metrics[k] for k in SUMMARY_KEYS if k in metrics})])[
+            -SUMMARY_STEPS:
+        ]
+        self.p99s += list(finite_only({"ratio/p99": metrics.get("ratio/p99")}).values())
+
+
 def run(ctx: StageContext, stage: RLStage, inputs: StageInputs) -> StageOutcome:
     started = time.time()
     rl = build_session(ctx, stage, inputs)
     guard = guard_for(stage.rollback, rl)  # None: rollback off
-    stop = StopConditions(stage, rl.resumed.get("stop"))
-    history, wall_before = list(rl.resumed.get("history", [])), float(rl.resumed.get("wall_s", 0.0))
-    p99s = list(rl.resumed.get("ratio_p99", []))  # every step's ratio/p99 (a resume point of before: none)
-    table, step, reason = LiveTable(f"rl {stage.name}"), rl.first_step, "steps"
+    loop = LoopState.resumed(stage, rl.first_step, rl.resumed)
+    table, reason = LiveTable(f"rl {stage.name}"), "steps"
     with (
-        step_progress(f"rl {stage.name}", stage.steps, step, metric="reward") as advance,
+        step_progress(f"rl {stage.name}", stage.steps, loop.step, metric="reward") as advance,
         preemption.preemptible(),
     ):
-        while step < stage.steps:
-            if guard is not None:
-                if guard.due(step, stage.checkpoint_every):
-                    guard.snapshot(
-                        step,
-                        rl.optimizer,
-                        {"stop": stop.state(), "history": history, "ratio_p99": list(p99s)},
-                    )
-                rl.stepper.seed = guard.step_seed(step)
-            metrics = rl.stepper.run(step)
-            if guard is not None and (triggered := guard.check(step, metrics, rl.runtime)):
-                snap = guard.roll_back(step, triggered, rl)
-                ctx.metrics.log(step + 1, guard.metrics())
-                step, stop, history = (
-                    snap.step,
-                    StopConditions(stage, snap.loop["stop"]),
-                    list(snap.loop["history"]),
-                )
-                p99s = list(snap.loop["ratio_p99"])  # the undone steps' tails leave the median
+        while loop.step < stage.steps:
+            if guard is not None and guard.due(loop.step, stage.checkpoint_every):
+                guard.snapshot(loop.step, rl.optimizer, loop.copy())
+            seed = ctx.cfg.run.seed if guard is None else guard.step_seed(loop.step)
+            metrics = rl.stepper.run(loop.step, seed)
+            if guard is not None and (triggered := guard.check(loop.step, metrics, rl.runtime)):
+                snap = guard.roll_back(loop.step, triggered, rl)
+                ctx.metrics.log(loop.step + 1, guard.metrics())
+                loop = snap.loop.copy()  # the undone steps leave the history and the p99 median
                 continue
-            step += 1
-            ctx.metrics.log(step, metrics)
-            table.add(step - 1, metrics)
+            loop.record(metrics)
+            ctx.metrics.log(loop.step, metrics)
+            table.add(loop.step - 1, metrics)
             advance(metrics["reward/mean"], tokens=sum(rl.stepper.last_batch.lengths))
-            history = (history + [finite_only({k: metrics[k] for k in SUMMARY_KEYS if k in metrics})])[
-                -SUMMARY_STEPS:
-            ]
-            p99s += list(finite_only({"ratio/p99": metrics.get("ratio/p99")}).values())
-            wall_s = wall_before + time.time() - started
-            why = stop.check(step, metrics, wall_s / 60)
-            if why is not None:
+            wall_s = loop.wall_before + time.time() - started
+            if (why := loop.stop.check(loop.step, metrics, wall_s / 60)) is not None:
                 reason = why
                 break
+            meta = {**loop.meta(wall_s), **({} if guard is None else {"rollback": guard.state()})}
+            checkpoint = loop.step % stage.checkpoint_every == 0 and loop.step < stage.steps
             end_of_step(
                 ctx,
                 stage.name,
-                step,
+                loop.step,
                 rl.model,
                 rl.optimizer,
                 rl.runtime,
-                checkpoint=step % stage.checkpoint_every == 0 and step < stage.steps,
-                meta={
-                    "stop": stop.state(),
-                    "history": history,
-                    "wall_s": wall_s,
-                    "ratio_p99": p99s,
-                    **({} if guard is None else {"rollback": guard.state()}),
-                },
+                checkpoint=checkpoint,
+                meta=meta,
             )
     rolled = {} if guard is None else {"rollback/count": float(guard.count)}
     uri = save_final(
@@ -146,12 +160,12 @@ def run(ctx: StageContext, stage: RLStage, inputs: StageInputs) -> StageOutcome:
         ctx.checkpoint_prefix,
         rl.model,
         weights_to_write(ctx.store, rl.optimizer),
-        {"stage": stage.name, "steps": step, "stop_reason": reason, **rolled},
+        {"stage": stage.name, "steps": loop.step, "stop_reason": reason, **rolled},
         tokenizer=rl.tokenizer,
     )
     summary = {
-        **mean_of_last(history, SUMMARY_KEYS, SUMMARY_STEPS),
-        **median_of(p99s, "ratio/p99_median"),
+        **mean_of_last(loop.history, SUMMARY_KEYS, SUMMARY_STEPS),
+        **median_of(loop.p99s, "ratio/p99_median"),
         # 1 when a stop_when threshold ended the stage (the seed's length gate handing over), else 0:
         # targets read the stop reason through it
         "stop/stop_when": float(reason.startswith("stop_when")),
@@ -159,14 +173,16 @@ def run(ctx: StageContext, stage: RLStage, inputs: StageInputs) -> StageOutcome:
         **rolled,
     }
     extra = {} if guard is None else {"rollbacks": guard.events}
-    return StageOutcome(uri, finite_only(summary), reason, step, wall_s=time.time() - started, extra=extra)
+    return StageOutcome(
+        uri, finite_only(summary), reason, loop.step, wall_s=time.time() - started, extra=extra
+    )
 
 
 def heldout(cfg, rl, stage: RLStage) -> dict[str, float]:
     """The final policy, as the rollout engine serves it, on the task's held-out prompts (per tier too)."""
     with step_progress(f"rl {stage.name}", phase="heldout"):
         return evaluate_heldout(
-            rl.client,
+            rl.rollout.client,
             rl.task,
             rl.tokenizer,
             prompts=getattr(cfg.task, "eval_prompts", 128),

@@ -9,11 +9,14 @@ accuracy anchor (``stage.anchor``) samples the same weights with an embedded eng
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import structlog
+import torch
 
+from ringzero.config.run import RunConfig
+from ringzero.config.stages import RLStage
 from ringzero.engines.builders import apply_threads, start_model, task_and_tokenizer
 from ringzero.engines.training import EngineOptimizer, TrainingSetup
 from ringzero.errors import RingzeroError
@@ -30,8 +33,10 @@ from ringzero.rl.step import RLStep, StepShape
 from ringzero.rl.trainer import PolicyTrainer
 from ringzero.rollout.deployment.connect import rollout_client as build_rollout_client
 from ringzero.rollout.deployment.weight_push import WeightPusher, weight_version
-from ringzero.stages.train_state import load_resume_point
+from ringzero.rollout.types import RolloutClient
+from ringzero.stages.train_state import ResumePoint, load_resume_point
 from ringzero.stages.training_engine import training_engine
+from ringzero.tasks.base import Task
 from ringzero.tokenizer.base import Tokenizer
 
 log = structlog.get_logger(__name__)
@@ -41,32 +46,67 @@ ROLLOUT_MAX_BATCH = 256
 
 
 @dataclass
+class RolloutSide:
+    """The engine the stage samples from, the precision it runs under and how it receives the trainer's
+    weights: one object, so an engine rebuilt by a rollback is the one the step, the held-out evaluation and
+    every push see."""
+
+    client: RolloutClient
+    policy: PrecisionPolicy
+    pusher: WeightPusher
+    weights: Callable[[], dict[str, torch.Tensor]]  # the trainer's master weights, read at each push
+
+    def push(self, step: int) -> object:
+        """Serve the trainer's weights after 0-based ``step`` (version ``step + 1``)."""
+        return self.pusher.push(
+            self.client, self.weights(), weight_version(step + 1), dtype=body_dtype(self.policy)
+        )
+
+
+@dataclass
 class RLSession:
-    model: Any
-    optimizer: EngineOptimizer
-    client: Any
-    task: Any
-    tokenizer: Any
+    cfg: RunConfig
+    stage: RLStage
+    runtime: Runtime
+    setup: TrainingSetup
+    task: Task
+    tokenizer: Tokenizer
+    rollout: RolloutSide
     stepper: RLStep
-    first_step: int = 0
-    resumed: dict = field(default_factory=dict)
-    cfg: Any = None
-    runtime: Runtime | None = None
-    base_lr: float = 0.0  # the stage's peak lr, before any lower_lr rollback remedy
-    rollout_policy: PrecisionPolicy | None = None  # what the rollout engine runs under now
-    setup: TrainingSetup | None = None
+    resume: ResumePoint | None
+
+    @property
+    def model(self) -> torch.nn.Module:
+        return self.setup.model
+
+    @property
+    def optimizer(self) -> EngineOptimizer:
+        return self.setup.optimizer
+
+    @property
+    def first_step(self) -> int:
+        return 0 if self.resume is None else self.resume.step
+
+    @property
+    def resumed(self) -> dict:
+        """The resume point's loop state (empty for a fresh stage)."""
+        return {} if self.resume is None else self.resume.meta
+
+    @property
+    def base_lr(self) -> float:
+        """The stage's peak lr, before any lower_lr rollback remedy."""
+        return self.stage.optim.lr
 
     def push(self, step: int) -> None:
-        self.stepper.push(step)
+        self.rollout.push(step)
 
     def rebuild_rollout(self, policy: str) -> None:
         """Serve from a new rollout engine under precision ``policy`` (a preset name), holding the trainer's
         current weights; the stage samples and evaluates with it from then on."""
-        self.rollout_policy = PrecisionPolicy.preset(policy)
-        cfg = self.cfg.model_copy(
-            update={"precision": self.cfg.precision.model_copy(update={"rollout": self.rollout_policy})}
-        )
-        self.client = self.stepper.client = rollout_client(
+        self.rollout.policy = PrecisionPolicy.preset(policy)
+        precision = self.cfg.precision.model_copy(update={"rollout": self.rollout.policy})
+        cfg = self.cfg.model_copy(update={"precision": precision})
+        self.rollout.client = rollout_client(
             cfg, self.setup.sampler_model(cfg.engines), self.tokenizer, self.runtime
         )
         log.info("rl.rollout_rebuilt", precision=policy)
@@ -86,8 +126,8 @@ def rollout_client(cfg, model, tokenizer, runtime: Runtime | None = None):
     )
 
 
-def build_session(ctx, stage, inputs) -> RLSession:
-    cfg = ctx.cfg
+def build_session(ctx, stage: RLStage, inputs) -> RLSession:
+    cfg, rt = ctx.cfg, ctx.runtime
     if cfg.precision.deterministic and cfg.precision.train != cfg.precision.rollout:
         raise RingzeroError(
             "precision.deterministic: train and rollout must use the same policy "
@@ -96,69 +136,37 @@ def build_session(ctx, stage, inputs) -> RLSession:
     _check_rollback(cfg, stage)
     apply_threads(cfg)
     task, tokenizer = task_and_tokenizer(cfg)
-    rt = ctx.runtime
     engine = training_engine(cfg)
     setup = engine.build(
-        cfg,
-        ctx.store,
-        inputs.init_uri,
-        cfg.precision.train,
-        rt,
-        optim=stage.optim,
-        total_steps=stage.steps,
-        schedule="constant",
-    )
-    model, optimizer = setup.model, setup.optimizer
-    first, resumed = 0, {}
-    if resume := ctx.resume_uri():
-        point = load_resume_point(ctx.store, resume, optimizer)
-        first, resumed = point.step, point.meta
-        log.info("rl.resume", uri=resume, step=first)
+        cfg, ctx.store, inputs.init_uri, cfg.precision.train, rt,
+        optim=stage.optim, total_steps=stage.steps, schedule="constant",
+    )  # fmt: skip
+    resume = None
+    if uri := ctx.resume_uri():
+        resume = load_resume_point(ctx.store, uri, setup.optimizer)
+        log.info("rl.resume", uri=uri, step=resume.step)
     reference, reference_uri = None, inputs.reference_uri or inputs.init_uri
     if stage.loss.kl_coef > 0:
         reference = engine.frozen(cfg, ctx.store, reference_uri, cfg.precision.train, rt)
-    client = rollout_client(cfg, setup.sampler_model(cfg.engines), tokenizer, rt)
-
-    remote = cfg.engines.rollout
-    pusher = WeightPusher.for_rollout(
-        remote,
-        model_cfg=cfg.model,
-        store=ctx.store,
-        prefix=ctx.checkpoint_prefix,
-        runtime=rt,
-        tokenizer=tokenizer,
-    )
-    session = RLSession(
-        model,
-        optimizer,
-        client,
-        task,
-        tokenizer,
-        None,
-        first,
-        resumed,
-        cfg,
-        rt,
-        base_lr=stage.optim.lr,
-        rollout_policy=cfg.precision.rollout,
-        setup=setup,
-    )
-
     # Rollout servers take a push from rank 0 alone (the tensors, a folder, or a checkpoint rank 0 writes):
     # only it gathers the full weights. An embedded engine on every rank needs them on every rank.
-    everywhere = remote.kind == "embedded" or not writes_on_rank0(ctx.store)
-
-    def push(step: int):  # to the session's engine of the moment (a raise_precision rollback rebuilds it)
-        return pusher.push(
-            session.client,
-            optimizer.master_state_dict(everywhere),
-            weight_version(step + 1),
-            dtype=body_dtype(session.rollout_policy),
-        )
-
+    everywhere = cfg.engines.rollout.kind == "embedded" or not writes_on_rank0(ctx.store)
+    rollout = RolloutSide(
+        client=rollout_client(cfg, setup.sampler_model(cfg.engines), tokenizer, rt),
+        policy=cfg.precision.rollout,
+        pusher=WeightPusher.for_rollout(
+            cfg.engines.rollout,
+            model_cfg=cfg.model,
+            store=ctx.store,
+            prefix=ctx.checkpoint_prefix,
+            runtime=rt,
+            tokenizer=tokenizer,
+        ),  # fmt: skip
+        weights=lambda: setup.optimizer.master_state_dict(everywhere),
+    )
     trainer = PolicyTrainer(
-        model,
-        optimizer,
+        setup.model,
+        setup.optimizer,
         stage.loss,
         minibatches=stage.minibatches,
         max_new_tokens=stage.sampling.max_new_tokens,
@@ -171,7 +179,7 @@ def build_session(ctx, stage, inputs) -> RLSession:
         micro_batch=stage.micro_batch,
     )
     stepper = RLStep(
-        client=client,
+        rollout=rollout,
         trainer=trainer,
         task=task,
         tokenizer=tokenizer,
@@ -179,13 +187,12 @@ def build_session(ctx, stage, inputs) -> RLSession:
         sampling=stage.sampling,
         shape=StepShape(stage.prompts_per_step, stage.samples_per_prompt, stage.loss.advantage_std),
         seed=cfg.run.seed,
-        push=push,
         seeded_sampling=cfg.engines.rollout.kind == "embedded",
         opening=_opening(stage, task, tokenizer),
         anchor=_anchor(cfg, ctx.store, stage, reference_uri, reference, tokenizer, rt),
     )
-    session.stepper = stepper
-    push(first - 1)  # the engine serves the start (or resumed) weights, as the trainer holds them
+    session = RLSession(cfg, stage, rt, setup, task, tokenizer, rollout, stepper, resume)
+    session.push(session.first_step - 1)  # the engine serves the start (or resumed) weights, as trained
     return session
 
 

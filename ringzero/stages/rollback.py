@@ -79,7 +79,7 @@ class Snapshot:
     weights: dict[str, torch.Tensor]
     optim_tensors: dict[str, torch.Tensor]
     optim_meta: dict
-    loop: dict
+    loop: Any  # the stage loop's own state, a copy
     rng: torch.Tensor
     local: dict | None = (
         None  # a sharding optimizer's own shards (``local_snapshot``): weights etc. stay empty
@@ -139,14 +139,12 @@ class Rollback:
             return False
         return step - self.last.step >= self.settings.every or step % checkpoint_every == 0
 
-    def snapshot(self, step: int, optimizer, loop: dict) -> Snapshot:
+    def snapshot(self, step: int, optimizer, loop: Any) -> Snapshot:
         """Copy the good state after ``step`` steps (weights, optimizer, loop counters, RNG) to the host. An
         optimizer that shards the model (the megatron engine's) copies its own shards (``local_snapshot``):
         no rank ever holds the full model for a snapshot."""
         if hasattr(optimizer, "local_snapshot"):
-            self.last = Snapshot(
-                step, {}, {}, {}, dict(loop), torch.get_rng_state(), optimizer.local_snapshot()
-            )
+            self.last = Snapshot(step, {}, {}, {}, loop, torch.get_rng_state(), optimizer.local_snapshot())
             return self.last
         tensors, meta = optimizer.state()
         self.last = Snapshot(
@@ -154,7 +152,7 @@ class Rollback:
             {k: _host(v) for k, v in optimizer.master_state_dict().items()},
             {k: v.to("cpu") for k, v in tensors.items()},
             dict(meta),
-            dict(loop),
+            loop,
             torch.get_rng_state(),
         )
         return self.last
@@ -217,7 +215,7 @@ class Rollback:
             self.lr_scale *= self.settings.lr_factor
             apply_lr_scale(rl.optimizer, rl.base_lr, self.lr_scale)
             return f"peak lr {rl.base_lr * self.lr_scale:.6g} (x{self.lr_scale:g})"
-        current, trainer = rl.rollout_policy.name(), rl.cfg.precision.train.name()
+        current, trainer = rl.rollout.policy.name(), rl.cfg.precision.train.name()
         order = ["bf16", *PRECISION_LADDER.values()]
         if current in order and trainer in order and order.index(current) >= order.index(trainer):
             # A rollout above the trainer's policy widens the gap (its numbers move away from the trainer's);
@@ -257,7 +255,7 @@ def guard_for(settings: RollbackSettings | None, rl) -> Rollback | None:
     """The stage's guard (None when ``settings`` is), with the remedies of a resumed attempt applied again."""
     if settings is None:
         return None
-    guard = Rollback.from_state(settings, rl.stepper.seed, rl.resumed.get("rollback"))
+    guard = Rollback.from_state(settings, rl.cfg.run.seed, rl.resumed.get("rollback"))
     if guard.lr_scale != 1.0:
         apply_lr_scale(rl.optimizer, rl.base_lr, guard.lr_scale)
     if guard.precision is not None:

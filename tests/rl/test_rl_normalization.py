@@ -56,22 +56,28 @@ def test_bad_settings_are_refused():
 
 
 def test_make_normalization_follows_loss_settings():
-    assert make_normalization(LossSettings(), 32, 128) == Normalization("token_sum", 32 * 128.0)
-    assert make_normalization(LossSettings(token_sum_denominator=1000), 32, 128) == Normalization(
+    lengths = torch.tensor([5, 0, 7] + [1] * 29)
+    assert make_normalization(LossSettings(), lengths, 128) == Normalization("token_sum", 32 * 128.0)
+    assert make_normalization(LossSettings(token_sum_denominator=1000), lengths, 128) == Normalization(
         "token_sum", 1000.0
     )
-    assert make_normalization(LossSettings(normalization="sample_mean"), 32, 128) == Normalization(
-        "sample_mean"
-    )
+    norm = make_normalization(LossSettings(normalization="sample_mean"), lengths, 128)
+    assert norm.kind == "sample_mean" and norm.num_sequences == 32 and torch.equal(norm.lengths_N, lengths)
+
+
+def test_a_shard_of_rows_keeps_the_whole_batchs_denominator():
+    lengths = MASK.sum(dim=1)
+    for settings in (LossSettings(), LossSettings(normalization="sample_mean")):
+        whole = make_normalization(settings, lengths, 6)
+        parts = sum(whole.rows(torch.tensor([i]))(PER_TOKEN[i : i + 1], MASK[i : i + 1]) for i in range(3))
+        assert parts.item() == pytest.approx(whole(PER_TOKEN, MASK).item())
 
 
 def test_token_mean_divides_the_token_sum_by_the_minibatchs_loss_tokens():
     # verl's token-mean (agg_loss, loss_agg_mode="token-mean"): masked sum over masked count, by hand.
     settings = LossSettings(normalization="token_mean")
-    norm = make_normalization(settings, 3, 128, tokens=int(MASK.sum()))
+    norm = make_normalization(settings, MASK.sum(dim=1), 128)
     assert norm(PER_TOKEN, MASK).item() == pytest.approx((10 + 30) / 6)
-    with pytest.raises(ValueError, match="tokens="):
-        make_normalization(settings, 3, 128)
     # every token weighs the same, as under token_sum: a 6-token response gets 3x a 2-token one's gradient
     mask = torch.tensor([[1] * 2 + [0] * 4, [1] * 6], dtype=torch.bool)
     lt = torch.full((2, 6), -1.0, requires_grad=True)
@@ -80,7 +86,7 @@ def test_token_mean_divides_the_token_sum_by_the_minibatchs_loss_tokens():
         lt.detach(),
         torch.tensor([1.0, 1.0]),
         mask,
-        make_normalization(settings, 2, 6, tokens=8),
+        make_normalization(settings, mask.sum(dim=1), 6),
         eps_high=0.2,
     ).loss.backward()
     per_response = lt.grad.abs().sum(dim=1)

@@ -145,11 +145,9 @@ def test_the_forced_share_must_leave_both_kinds_of_sample(fraction, samples, ok)
             RLStage.model_validate(stage)
 
 
-def test_a_stage_without_an_opening_dumps_as_before():
-    stage = RLStage.model_validate(dict(name="s", kind="rl"))
-    assert "forced_opening" not in stage.model_dump()
+def test_an_opening_said_without_settings_takes_the_defaults():
     opened = RLStage.model_validate(dict(name="s", kind="rl", forced_opening={}))
-    assert opened.model_dump()["forced_opening"] == {"text": "<think> </think>", "fraction": 0.25}
+    assert opened.forced_opening.text == "<think> </think>" and opened.forced_opening.fraction == 0.25
 
 
 def test_guessed_samples_are_whole_answers_scored_by_the_engine_and_never_truncated():

@@ -75,7 +75,13 @@ def _batch(model, experts_of=None):
 
 def _trainer(model, replay: bool, T: int):
     return PolicyTrainer(
-        model, None, LossSettings(routing_replay=replay), minibatches=1, max_new_tokens=T, temperature=1.0
+        model,
+        None,
+        LossSettings(routing_replay=replay),
+        minibatches=1,
+        max_new_tokens=T,
+        temperature=1.0,
+        micro_batch=16,
     )
 
 
@@ -110,25 +116,12 @@ def test_replay_forces_the_reported_experts_for_every_token():
         assert not torch.allclose(got[i, : len(o)], plain[i, : len(o)])
 
 
-def test_replay_needs_moe_layers_and_is_refused_with_deterministic(tmp_path):
-    with pytest.raises(ValueError, match="routing_replay needs a model with MoE layers"):
-        PolicyTrainer(
-            HybridLM(ModelConfig(), PrecisionPolicy.preset("fp32")),
-            None,
-            LossSettings(routing_replay=True),
-            minibatches=1,
-            max_new_tokens=4,
-            temperature=1.0,
-        )
-    with pytest.raises(ValueError, match="already routes every token"):
-        PolicyTrainer(
-            _model(),
-            None,
-            LossSettings(routing_replay=True),
-            minibatches=1,
-            max_new_tokens=4,
-            temperature=1.0,
-            batch_invariant=True,
+def test_replay_needs_moe_layers_and_is_refused_with_deterministic():
+    """The run config refuses both at load; the trainer trusts it."""
+    with pytest.raises(Exception, match=r"routing_replay: precision.deterministic already makes"):
+        load_config(
+            "configs/tiny-cpu.yaml",
+            ["stages.stage1.loss.routing_replay=true", "precision.deterministic=true"],
         )
     with pytest.raises(Exception, match=r"loss.routing_replay: the model has no MoE layers"):
         load_config("configs/tiny-cpu.yaml", ["stages.stage1.loss.routing_replay=true"])

@@ -7,6 +7,7 @@ from types import SimpleNamespace
 
 import torch
 
+from ringzero.config.stages import LossSettings
 from ringzero.model.config import ModelConfig, PrecisionPolicy
 from ringzero.model.hybrid import HybridLM
 from ringzero.model.logprobs import entropy
@@ -40,11 +41,12 @@ def _parts():
     trainer = PolicyTrainer(
         model,
         None,
-        SimpleNamespace(kl_coef=0.0),
+        LossSettings(),
         minibatches=1,
         max_new_tokens=T,
         temperature=0.7,
         batch_invariant=True,
+        micro_batch=16,
     )
     return model, trainer, batch, seqs, plens
 
@@ -60,7 +62,7 @@ def test_entropy_comes_from_the_scoring_forward_and_leaves_the_logprobs_alone(mo
     assert torch.equal(logp, plain) and owned.all()
     monkeypatch.undo()
     padded_forward = PolicyTrainer(
-        model, None, SimpleNamespace(kl_coef=0.0), minibatches=1, max_new_tokens=T, temperature=0.7
+        model, None, LossSettings(), minibatches=1, max_new_tokens=T, temperature=0.7, micro_batch=16
     )
     with torch.no_grad():
         for i, (seq, plen) in enumerate(zip(seqs, plens, strict=True)):

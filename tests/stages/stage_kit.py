@@ -115,7 +115,7 @@ def rl_parts(
     from ringzero.config.stages import LossSettings, OptimSettings, SamplingSettings
     from ringzero.engines.optimizer import TrainOptimizer
     from ringzero.rl.rewards import TaskReward
-    from ringzero.rl.step import RLStep, StepShape
+    from ringzero.rl.step import PushingRollout, RLStep, StepShape
     from ringzero.rl.trainer import PolicyTrainer
     from ringzero.rollout.deployment.weight_push import WeightPusher, weight_version
     from ringzero.rollout.engine.embedded import EmbeddedEngine
@@ -148,9 +148,15 @@ def rl_parts(
         reference=reference,
         batch_invariant=deterministic,
         pad_id=tokenizer.pad_id,
+        micro_batch=16,
     )
     step = RLStep(
-        client=engine,
+        rollout=PushingRollout(
+            engine,
+            lambda s: WeightPusher("in_process").push(
+                engine, optimizer.master_state_dict(), weight_version(s + 1)
+            ),
+        ),
         trainer=trainer,
         task=task,
         tokenizer=tokenizer,
@@ -158,9 +164,6 @@ def rl_parts(
         sampling=sampling,
         shape=StepShape(prompts, samples),
         seed=seed,
-        push=lambda s: WeightPusher("in_process").push(
-            engine, optimizer.master_state_dict(), weight_version(s + 1)
-        ),
     )
     return SimpleNamespace(
         model=model,

@@ -13,14 +13,14 @@ import pytest
 import torch
 from device_trap import device_trap
 
-import ringzero.rl.trainer as trainer_module
+import ringzero.rl.policy_scores as scores_module
 from ringzero.config.loader import parse_config
 from ringzero.engines.builders import task_and_tokenizer
 from ringzero.engines.optimizer import StepReport
 from ringzero.model.hybrid import HybridLM
 from ringzero.parallel.runtime import single
 from ringzero.rl.rewards import TaskReward
-from ringzero.rl.step import RLStep, StepShape
+from ringzero.rl.step import PushingRollout, RLStep, StepShape
 from ringzero.rl.trainer import PolicyTrainer
 from ringzero.rollout.engine.embedded import EmbeddedEngine
 
@@ -96,7 +96,9 @@ def _step_on_meta(kl_coef: float = 0.0):
     )
     pushed = []
     stepper = RLStep(
-        client=engine,
+        rollout=PushingRollout(
+            engine, lambda step: pushed.append(engine.update_weights(model.state_dict(), "v1"))
+        ),
         trainer=trainer,
         task=task,
         tokenizer=tokenizer,
@@ -104,7 +106,6 @@ def _step_on_meta(kl_coef: float = 0.0):
         sampling=stage.sampling,
         shape=StepShape(stage.prompts_per_step, stage.samples_per_prompt),
         seed=0,
-        push=lambda step: pushed.append(engine.update_weights(model.state_dict(), "v1")),
     )
     return stepper, optimizer, pushed
 
@@ -123,11 +124,11 @@ def test_one_rl_step_makes_no_host_tensor(kl_coef):
 
 def test_the_trap_sees_a_host_tensor_in_the_training_step(monkeypatch):
     stepper, _, _ = _step_on_meta()
-    real = trainer_module.response_view
+    real = scores_module.response_view
 
     def leaky(grid_mW, prompt_lens_m, T):
         return real(grid_mW, prompt_lens_m, T) + torch.zeros(T)  # a host tensor joins the device path
 
-    monkeypatch.setattr(trainer_module, "response_view", leaky)
+    monkeypatch.setattr(scores_module, "response_view", leaky)
     with pytest.raises(AssertionError, match="cpu"), device_trap(META):
         stepper.run(0)

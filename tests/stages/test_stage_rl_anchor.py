@@ -142,8 +142,8 @@ def known_p99(monkeypatch, spike_at=None):
     """Every step reports ``ratio/p99`` = SEQ[step]; the first try of ``spike_at`` reports 1000."""
     original, tries = RLStep.run, {}
 
-    def run(self, step):
-        metrics = original(self, step)
+    def run(self, step, seed=None):
+        metrics = original(self, step, seed)
         tries[step] = tries.get(step, 0) + 1
         metrics["ratio/p99"] = 1000.0 if step == spike_at and tries[step] == 1 else SEQ[step]
         return metrics
@@ -177,10 +177,10 @@ def test_the_summary_holds_the_median_of_every_steps_ratio_tail_through_a_resume
     assert whole.summary["ratio/p99_median"] == 4.0
     assert whole.summary["ratio/p99"] == pytest.approx(5.8)  # the last five steps' mean, as before
 
-    def dies(self, step):
+    def dies(self, step, seed=None):
         if step == 4:  # after the resume point of step 3
             raise KeyboardInterrupt("preempted")
-        metrics = original(self, step)
+        metrics = original(self, step, seed)
         metrics["ratio/p99"] = SEQ[step]
         return metrics
 

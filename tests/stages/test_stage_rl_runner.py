@@ -70,10 +70,10 @@ def test_resume_after_interruption_equals_an_uninterrupted_run(tmp_path, monkeyp
     _, whole = run_stage(tmp_path / "whole")
     original = RLStep.run
 
-    def dies_at_step_3(self, step):
+    def dies_at_step_3(self, step, seed=None):
         if step == 2:  # 0-based: the third step, after the resume point of step 2 was committed
             raise KeyboardInterrupt("preempted")
-        return original(self, step)
+        return original(self, step, seed)
 
     monkeypatch.setattr(RLStep, "run", dies_at_step_3)
     with pytest.raises(KeyboardInterrupt):

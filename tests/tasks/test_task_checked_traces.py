@@ -188,16 +188,22 @@ def test_any_plan_with_reverse_checks_renders_a_trace_the_checker_accounts_for(i
 
 
 def test_reverse_checked_corpus_traces_are_right_and_the_order_enters_the_identity_only_when_set():
-    from ringzero.pipeline.identity import _task_fields
+    from ringzero.pipeline.identity import said
 
     t = task(check_order="reverse")
     checked = [(p, text) for p, text in corpus_traces(t, 1500, seed=2) if " check " in text]
     assert checked and all(t.reward(p, text) == 1.0 and t.verified(text, p) for p, text in checked)
     assert any(text.split(" check ")[1].split()[0] != "a=" + text.split("a=")[1][0] for _, text in checked)
     base = {"run": {"name": "r"}, "stages": [{"name": "base", "kind": "pretrain", "steps": 1}]}
-    fields = _task_fields(parse_config({**base, "task": {"kind": "arithmetic", "check_order": "forward"}}))
+    fields = said(
+        parse_config({**base, "task": {"kind": "arithmetic", "check_order": "forward"}}).task.model_dump(),
+        "task",
+    )
     assert "check_order" not in fields
-    fields = _task_fields(parse_config({**base, "task": {"kind": "arithmetic", "check_order": "reverse"}}))
+    fields = said(
+        parse_config({**base, "task": {"kind": "arithmetic", "check_order": "reverse"}}).task.model_dump(),
+        "task",
+    )
     assert fields["check_order"] == "reverse"
 
 

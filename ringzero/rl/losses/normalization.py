@@ -62,6 +62,15 @@ class Normalization:
         if self.kind not in ("token_sum", "sample_mean"):
             raise ValueError(f"normalization must be token_sum or sample_mean (got {self.kind!r})")
 
+    def rows(self, index: torch.Tensor) -> Normalization:
+        """The same denominator for some of the rows (a shard): ``token_sum``'s constant is the whole batch's;
+        ``sample_mean`` keeps each row's whole length and the whole batch's sequence count."""
+        if self.kind == "token_sum":
+            return self
+        if self.lengths_N is None or self.num_sequences is None:
+            raise ValueError("sample_mean over a shard needs the whole batch's lengths_N and num_sequences")
+        return Normalization("sample_mean", lengths_N=self.lengths_N[index], num_sequences=self.num_sequences)
+
     def __call__(self, per_token_NT: torch.Tensor, mask_NT: torch.Tensor) -> torch.Tensor:
         mask_NT = mask_NT.bool()
         if self.kind == "token_sum":
