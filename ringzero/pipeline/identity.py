@@ -39,16 +39,22 @@ def said(fields: dict, where: str) -> dict:
     return {k: v for k, v in fields.items() if not (k in unsaid and v == unsaid[k])}
 
 
+def stage_fields(stage) -> dict:
+    """The stage's settings as its identity reads them: not its name, gate, seed, precision or inputs (they
+    enter otherwise or not at all), and no added field at its old behaviour's value."""
+    exclude = {"name", "gate", "seed", "precision", "init", "reference", "compare"}
+    fields = said(stage.model_dump(mode="json", exclude=exclude), f"stage/{stage.kind}")
+    if isinstance(fields.get("forced_opening"), dict):
+        fields["forced_opening"] = said(fields["forced_opening"], "stage/rl/forced_opening")
+    return fields
+
+
 def stage_hash(cfg: RunConfig, stage, inputs: StageInputs) -> str:
     """Input checkpoints enter by URI: stage outputs live under their producer's identity
     (``stages/<hash>/final``), so a URI already names everything upstream, for the local runner and a
     pipeline step alike. A stage's own ``seed`` and ``precision`` enter as the run's would
     (``stage_view``): only what the stage runs under counts, not where it was said."""
     cfg = stage_view(cfg, stage)
-    exclude = {"name", "gate", "seed", "precision", "init", "reference", "compare"}
-    stage_fields = said(stage.model_dump(mode="json", exclude=exclude), f"stage/{stage.kind}")
-    if isinstance(stage_fields.get("forced_opening"), dict):
-        stage_fields["forced_opening"] = said(stage_fields["forced_opening"], "stage/rl/forced_opening")
 
     return config_hash(
         {
@@ -59,7 +65,7 @@ def stage_hash(cfg: RunConfig, stage, inputs: StageInputs) -> str:
             "task": said(cfg.task.model_dump(mode="json"), "task"),
             "precision": cfg.precision.model_dump(mode="json"),
             "engines": {"training": cfg.engines.training.kind, "rollout": cfg.engines.rollout.kind},
-            "stage": stage_fields,
+            "stage": stage_fields(stage),
             "init": inputs.init_uri,
             "reference": inputs.reference_uri,
             "base": inputs.base_uri,

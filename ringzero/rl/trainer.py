@@ -1,44 +1,33 @@
 """Minibatch policy updates over one rollout batch: the numerator, the objective, guarded optimizer steps.
 
-Per minibatch (the paper's 512 / 32 shape, ``minibatches`` updates per rollout batch):
-
-1. ``logp_train``: the TRAINING model's log-probs of the sampled tokens under its current weights,
-   from ``score_sequences`` (the one scoring function; with ``batch_invariant`` it is bitwise the one
-   a deterministic rollout engine reported). Never a cached inference value;
-2. ``objective``: the stage's policy loss against the rollout log-probs (the denominator) plus k3 KL
-   to the frozen reference, reduced by the stage's normalization;
-3. backward and one optimizer step; a non-finite loss or gradient norm never reaches the weights
-   (the step is skipped and counted in ``loss/skipped``).
+Per minibatch (``Minibatch``: the paper's 512 / 32 shape, ``minibatches`` updates per rollout batch), one
+forward and backward of this rank's rows (``policy_scores``), one objective call per micro-batch against the
+rollout log-probs, divided by the whole minibatch's one denominator, and one optimizer step; a non-finite
+loss or gradient norm never reaches the weights (the step is skipped and counted in ``loss/skipped``). The
+log-probs are always the TRAINING model's under its current weights, never a cached inference value; with
+``batch_invariant`` they are bitwise the ones a deterministic rollout engine reported.
 
 With ``loss.corrections`` (``ringzero.rl.corrections``), ``correct(batch)`` first scores the whole batch
-once without gradient under the sampling weights (logp_old); the corrections' weights and masks come from
-logp_old vs the rollout log-probs, and ``train(..., correction=...)`` hands each minibatch its rows: the
-policy ratio's denominator becomes logp_old, weights multiply the per-token loss, dropped tokens leave it.
+once without gradient under the sampling weights (logp_old): the policy ratio's denominator becomes
+logp_old, correction weights multiply the per-token loss, dropped tokens leave it.
 
-The first minibatch sees the weights the rollout engine sampled with, so its ratio shows the engine
-gap alone (exactly 1 with identical numerics in deterministic mode); later minibatches add staleness,
-which is where the clip starts to act. The ratio-tail (``ratio/*``, ``logratio/*``, ``drift/*``) and
-``mismatch/*`` metrics are taken over the whole batch, each token at the moment its minibatch was scored;
-the same statistics of the first minibatch alone, the engine gap without staleness, go under ``gap/*``
-(from that minibatch's own forward: no extra one). Gates and stop conditions read ``gap/*``.
+The first minibatch sees the weights the rollout engine sampled with, so its ratio shows the engine gap
+alone (exactly 1 with identical numerics in deterministic mode), under ``gap/*``, which gates and stop
+conditions read; later minibatches add staleness, where the clip starts to act. ``ratio/*``, ``logratio/*``,
+``drift/*`` and ``mismatch/*`` are over the whole batch, each token scored when its minibatch was.
 
-Across ranks (``runtime``): every rank holds the whole rollout batch; each minibatch's rows are split
-over the data-parallel replicas, and each row's tokens over the context-parallel ranks of a replica
-(``ringzero.parallel.token_shards``, global positions). The loss of a shard is divided by the global
-denominator (token-level: the constant; sample-level: each sequence's full length and the minibatch's
-full sequence count), so the gradients summed over ``dp x cp`` are those of one process. Each
-micro-batch of ``micro_batch`` rows runs forward and backward on its own, so no graph outlives it.
-Per-token values (log-probs, reference log-probs, entropy) are summed into the global ``[N, T]`` grid
-on every rank, so the ratio tail and every metric are taken over the whole token population, never
-averaged over ranks.
+Across ranks (``runtime``) every rank holds the whole rollout batch; a minibatch's rows split over the
+data-parallel replicas and each row's tokens over the context-parallel ranks. Per-token values are summed
+into the global grid on every rank and the objective's metrics over every shard (``LossSums``), so every
+metric is over the whole token population, never an average over ranks.
 
-Letter legend: N responses in the rollout batch, M responses in a minibatch, m in a micro-batch,
-T response positions, W input columns.
+Letter legend: N responses in the rollout batch, M in a minibatch, T response positions.
 """
 
 from __future__ import annotations
 
 import random
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -137,23 +126,23 @@ class PolicyTrainer:
                 "advantages so that dropped responses stay out of the group baselines"
             )
         mask_NT, logp_rollout_NT = batch.mask_NT, batch.logp_rollout_NT  # made on this device by collect()
-        values = TokenValues.zeros(*mask_NT.shape, device=self.device, with_ref=self.reference is not None)
+        values = TokenValues.zeros(*mask_NT.shape, device=self.device)
         per_mb, out, skipped = [], {}, 0
         self.model.train()
         for k, rows in enumerate(self.minibatch_rows(len(batch), seed)):
             mb = Minibatch.cut(batch, rows, advantages_N, correction, self.loss, self.max_new_tokens)
-            metrics, mb_values = self._update(batch, mb, with_entropy=k == 0)
-            values.put(rows, mb_values)
+            metrics, got = self._update(batch, mb, with_entropy=k == 0)
+            values.put(rows, torch.ones_like(got.logp_NT), *got.grids())
             if k == 0:  # before any update of this step: the engines' difference alone
-                out.update(entropy_summary(mb_values.entropy_NT, mb.mask_MT))
-                out.update(engine_gap(mb_values.logp_NT, mb.logp_rollout_MT, mb.mask_MT, self.loss.eps_high))
+                out.update(entropy_summary(got.entropy_NT, mb.mask_MT))
+                out.update(engine_gap(got.logp_NT, mb.logp_rollout_MT, mb.mask_MT, self.loss.eps_high))
             skipped += int(metrics.pop("optim/skipped"))
             per_mb.append(metrics)
         out.update(_mean_metrics(per_mb))
         logp_NT = values.logp_NT
         out.update(ratio_tail(logp_NT, logp_rollout_NT, mask_NT, eps_high=self.loss.eps_high))
         out.update(mismatch_metrics(logp_NT, logp_rollout_NT, mask_NT))
-        if values.ref_NT is not None:
+        if self.reference is not None:
             out.update(kl_summary(logp_NT, values.ref_NT, mask_NT))
         out["loss/skipped"] = float(skipped)
         return out
@@ -172,14 +161,15 @@ class PolicyTrainer:
                     for r in self.scorer.scores(self.reference, batch, groups, T)
                 ]
         sums = LossSums(self.metric_keys, self.device)
-        values = TokenValues.zeros(len(mb.rows), T, device=self.device, with_ref=self.reference is not None)
+        values = TokenValues.zeros(len(mb.rows), T, device=self.device)
 
         def loss_of(i: int, scores: Scores):
             part = mb.rows_at(local[i])
             out = part.loss(self.loss, scores.logp_mT, scores.owned_mT, refs[i])
             sums.add(out.metrics)
-            kept_mT = (part.mask_MT & scores.owned_mT).float()
-            values.put(local[i], TokenValues.of(scores, refs[i], kept_mT))
+            values.put(
+                local[i], (part.mask_MT & scores.owned_mT).float(), scores.logp_mT, refs[i], scores.entropy_mT
+            )
             # A non-finite loss skips the step on every rank, but every CP rank (and pipeline stage) must
             # still run the backward its peers' collectives wait in.
             return out.loss if out.finite else 0.0 * scores.logp_mT.sum(), None
@@ -217,39 +207,33 @@ class PolicyTrainer:
         return [mine[start : start + self.micro_batch] for start in range(0, len(mine), self.micro_batch)]
 
 
+@dataclass
 class TokenValues:
     """Per-token values of some rows, each rank's own tokens (zeros elsewhere) until ``sum_``: the trainer's
-    log-probs, the reference's and the entropy; dropped tokens included (the ratio tail is over every one)."""
+    log-probs, the reference's (zeros without one) and the entropy; dropped tokens included (the ratio tail
+    is over every token)."""
 
-    def __init__(self, logp_NT: torch.Tensor, ref_NT: torch.Tensor | None, entropy_NT: torch.Tensor):
-        self.logp_NT, self.ref_NT, self.entropy_NT = logp_NT, ref_NT, entropy_NT
-
-    @classmethod
-    def zeros(cls, n: int, T: int, *, device, with_ref: bool) -> TokenValues:
-        z = lambda: torch.zeros((n, T), dtype=torch.float32, device=device)  # noqa: E731
-        return cls(z(), z() if with_ref else None, z())
+    logp_NT: torch.Tensor
+    ref_NT: torch.Tensor
+    entropy_NT: torch.Tensor
 
     @classmethod
-    def of(cls, scores: Scores, ref_mT: torch.Tensor | None, keep_mT: torch.Tensor) -> TokenValues:
-        entropy = scores.entropy_mT
-        return cls(
-            scores.logp_mT.detach().float() * keep_mT,
-            None if ref_mT is None else ref_mT.float() * keep_mT,
-            torch.zeros_like(keep_mT) if entropy is None else entropy.detach().float() * keep_mT,
-        )
+    def zeros(cls, n: int, T: int, device) -> TokenValues:
+        return cls(*torch.zeros((3, n, T), dtype=torch.float32, device=device))
 
-    def put(self, rows: list[int], part: TokenValues) -> None:
+    def put(self, rows: list[int], keep_mT: torch.Tensor, *values_mT: torch.Tensor | None) -> None:
+        """``values_mT`` (log-probs, reference, entropy; None: zeros) of ``rows``, 0 outside ``keep_mT``."""
         at = torch.tensor(rows, device=self.logp_NT.device)
-        self.logp_NT[at] = part.logp_NT
-        self.entropy_NT[at] = part.entropy_NT
-        if self.ref_NT is not None and part.ref_NT is not None:
-            self.ref_NT[at] = part.ref_NT
+        for grid, v in zip(self.grids(), values_mT, strict=True):
+            if v is not None:
+                grid[at] = v.detach().float() * keep_mT
 
-    def sum_(self, runtime: Runtime) -> None:
-        parts = [self.logp_NT, self.entropy_NT] + ([] if self.ref_NT is None else [self.ref_NT])
-        stacked = runtime.sum_(torch.stack(parts))
-        self.logp_NT, self.entropy_NT = stacked[0], stacked[1]
-        self.ref_NT = None if self.ref_NT is None else stacked[2]
+    def grids(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return self.logp_NT, self.ref_NT, self.entropy_NT
+
+    def sum_(self, runtime: Runtime) -> TokenValues:
+        self.logp_NT, self.ref_NT, self.entropy_NT = runtime.sum_(torch.stack(self.grids())).unbind(0)
+        return self
 
 
 def engine_gap(
