@@ -358,7 +358,7 @@ def test_a_sample_spanning_two_versions_is_stale(fakes):
 def test_endpoints_come_from_the_environment_the_list_dns_or_the_endpoint():
     from ringzero.config.run import RolloutEngine
     from ringzero.errors import RingzeroError
-    from ringzero.rollout.replicas.replica_set import resolve_endpoints
+    from ringzero.rollout.replicas.endpoints import resolve_endpoints
 
     engine = RolloutEngine(
         kind="sglang", endpoint="http://svc:30000", replica_dns="r-pods.ml.svc:30000", replicas=2

@@ -22,7 +22,8 @@ from ringzero.rollout.clients.http_client import HttpRolloutClient
 from ringzero.rollout.clients.spread import spread
 from ringzero.rollout.deployment.weight_push import WeightPusher
 from ringzero.rollout.replicas.distributed_set import DistributedReplicaSet
-from ringzero.rollout.replicas.replica_set import ReplicaSet, resolve_endpoints
+from ringzero.rollout.replicas.endpoints import resolve_endpoints
+from ringzero.rollout.replicas.replica_set import ReplicaSet
 
 _REMOTE: dict[str, ReplicaSet] = {}
 _SERVING: dict[int, str | None] = {}  # id(replica set) -> checkpoint its servers hold, when known

@@ -11,14 +11,14 @@ replica can be sent them again.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 
 import structlog
 import torch
 
 from ringzero.errors import RingzeroError
+from ringzero.rollout.replicas.fan_out import Pool, named, results, wait_all
+from ringzero.rollout.replicas.push_phases import OneBroadcast, push_phases
 from ringzero.rollout.replicas.replica_set import ReplicaSet
 from ringzero.rollout.replicas.weight_group import (
     WeightGroup,
@@ -32,7 +32,6 @@ from ringzero.rollout.replicas.weight_group import (
 from ringzero.rollout.types import ServerClient
 
 log = structlog.get_logger(__name__)
-_POLL_S = 0.02
 
 
 class DistributedReplicaSet(ReplicaSet):
@@ -101,12 +100,8 @@ class DistributedReplicaSet(ReplicaSet):
             weight_version,
         )
         try:
-            self._push_to(
-                clients,
-                weight_version,
-                lambda: self._send(group, clients, body, tensors),
-                session=True,
-                fan_out=False,
+            push_phases(
+                clients, weight_version, OneBroadcast(lambda: self._send(group, clients, body, tensors))
             )
         except Exception as exc:
             # A broadcast may still be in flight on some ranks: the group's next collective would not line up,
@@ -138,10 +133,10 @@ class DistributedReplicaSet(ReplicaSet):
         """Post the update to every replica and broadcast while the posts wait; fail as soon as one
         refuses."""
         what = f"weight push {body['weight_version']!r}"
-        with _Pool(len(clients)) as pool:
+        with Pool(len(clients)) as pool:
             posts = [
                 pool.submit(
-                    self._named,
+                    named,
                     lambda c: c.update_weights_from_distributed(body, timeout_s=self.sync_timeout_s),
                     (c,),
                     what,
@@ -149,8 +144,8 @@ class DistributedReplicaSet(ReplicaSet):
                 for c in clients
             ]
             works = group.broadcast(tensors)
-            _wait(works, posts, self.sync_timeout_s, f"broadcast of {len(tensors)} tensors")
-            _results(posts)
+            wait_all(works, posts, self.sync_timeout_s, f"broadcast of {len(tensors)} tensors")
+            results(posts)
 
     def _reopen_group(self, clients: list[ServerClient]) -> None:
         """Leave the old group (its members that still answer are told to destroy it) and open a new one,
@@ -184,10 +179,10 @@ class DistributedReplicaSet(ReplicaSet):
             init_group_body(address, port, offset, world, name, self.backend)
             for offset in rank_offsets(len(clients), self.tp_size)
         ]
-        with _Pool(len(clients) + 1) as pool:
+        with Pool(len(clients) + 1) as pool:
             joins = [
                 pool.submit(
-                    self._named,
+                    named,
                     lambda c, b: c.init_weights_update_group(b, timeout_s=self.sync_timeout_s),
                     (c, b),
                     "weight group join",
@@ -195,8 +190,8 @@ class DistributedReplicaSet(ReplicaSet):
                 for c, b in zip(clients, bodies, strict=True)
             ]
             opened = pool.submit(open_group, address, port, world, name, self.backend, self.sync_timeout_s)
-            _wait([], [*joins, opened], self.sync_timeout_s, f"weight group {name!r} at {address}:{port}")
-            _results(joins)
+            wait_all([], [*joins, opened], self.sync_timeout_s, f"weight group {name!r} at {address}:{port}")
+            results(joins)
             group = opened.result()
         log.info(
             "rollout.weight_group",
@@ -213,35 +208,3 @@ class DistributedReplicaSet(ReplicaSet):
         if self.backend == "nccl" and t.device.type != "cuda":
             t = t.to(torch.device("cuda", torch.cuda.current_device()))
         return t.contiguous()
-
-
-def _wait(works: list, futures: list[Future], timeout_s: float, what: str) -> None:
-    """Until every work and future is done; the first failed future is raised at once, not after the rest."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        for f in futures:
-            if f.done() and f.exception() is not None:
-                raise f.exception()
-        if all(w.is_completed() for w in works) and all(f.done() for f in futures):
-            return
-        if time.monotonic() > deadline:
-            raise RingzeroError(f"{what}: not done after {timeout_s:.0f}s")
-        time.sleep(_POLL_S)
-
-
-class _Pool(ThreadPoolExecutor):
-    """A thread pool that, left by an error, does not wait for calls still blocked on the other side (they end
-    at their own timeouts)."""
-
-    def __exit__(self, exc_type, exc, tb):
-        self.shutdown(wait=exc_type is None, cancel_futures=exc_type is not None)
-        return False
-
-
-def _results(futures: list[Future]) -> list:
-    problems = [f.exception() for f in futures if f.exception() is not None]
-    if len(problems) == 1:
-        raise problems[0]
-    if problems:
-        raise RingzeroError("; ".join(str(p) for p in problems))
-    return [f.result() for f in futures]

@@ -30,6 +30,7 @@ from torch.distributed.distributed_c10d import (
 )
 
 from ringzero.errors import RingzeroError
+from ringzero.rollout.replicas.endpoints import url_host
 
 
 def init_group_body(
@@ -92,7 +93,7 @@ def open_group(
 ) -> WeightGroup:
     """Rank 0 of the group: serve its store and wait until every other rank joined (``timeout_s``)."""
     timeout = timedelta(seconds=timeout_s)
-    url = f"tcp://{_url_host(master_address)}:{master_port}"
+    url = f"tcp://{url_host(master_address)}:{master_port}"
     store, rank, size = next(rendezvous(url, 0, world_size, timeout=timeout))
     store.set_timeout(timeout)
     group_store = PrefixStore(f"{group_name}/", PrefixStore(group_name, store))
@@ -151,7 +152,3 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("", 0))
         return s.getsockname()[1]
-
-
-def _url_host(address: str) -> str:
-    return f"[{address}]" if ":" in address and not address.startswith("[") else address
