@@ -23,7 +23,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-import numpy as np
 import torch
 
 from ringzero.rl.advantage import anchored_advantages, group_advantages
@@ -211,34 +210,12 @@ def rollout_metrics(task: Task, batch: RolloutBatch, keep_N: torch.Tensor | None
         task.step_check(text, p) if traced else (0, 0)
         for text, p, traced in zip(batch.responses, batch.problems, batch.uses_trace, strict=True)
     ]
-    if keep_N is None:
-        out = reward_summary(batch.rewards_N.tolist(), batch.group_size)
-        out["reward/accuracy"] = sum(correct) / len(correct) if correct else float("nan")
-    else:
-        out = kept_reward_summary(batch.rewards_N.tolist(), correct, keep_N.tolist(), batch.group_size)
+    keep = None if keep_N is None else keep_N.tolist()
+    out = reward_summary(batch.rewards_N.tolist(), batch.group_size, keep)
+    kept = [c for c, k in zip(correct, keep or [True] * len(correct), strict=True) if k]
+    out["reward/accuracy"] = sum(kept) / len(kept) if kept else float("nan")
     out.update(length_summary(batch.lengths, batch.truncated))
     out.update(length_reward_summary(batch.lengths, correct, batch.group_size))
     out.update(trace_summary(batch.uses_trace, correct, checks))
     out.update(task.behaviour_metrics(batch.responses, batch.problems))
-    return out
-
-
-def kept_reward_summary(
-    rewards: list[float], correct: list[float], keep: list[bool], group_size: int
-) -> dict[str, float]:
-    """``reward_summary`` and accuracy over the kept responses only; a group's shares are taken over its kept
-    members, and a group with none kept is left out."""
-    kept = np.asarray(keep, dtype=bool)
-    out = reward_summary(np.asarray(rewards, dtype=np.float64)[kept].tolist())
-    acc = np.asarray(correct, dtype=np.float64)[kept]
-    out["reward/accuracy"] = float(acc.mean()) if acc.size else float("nan")
-    groups = [
-        np.asarray(rewards[i : i + group_size], dtype=np.float64)[kept[i : i + group_size]]
-        for i in range(0, len(rewards), group_size)
-    ]
-    groups = [g for g in groups if g.size]
-    out["reward/zero_std_groups"] = (
-        float(np.mean([g.max() == g.min() for g in groups])) if groups else float("nan")
-    )
-    out["reward/solved_groups"] = float(np.mean([g.max() >= 1.0 for g in groups])) if groups else float("nan")
     return out

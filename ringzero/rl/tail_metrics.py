@@ -204,20 +204,26 @@ def length_reward_summary(
     }
 
 
-def reward_summary(rewards: Sequence[float], group_size: int | None = None) -> dict[str, float]:
+def reward_summary(
+    rewards: Sequence[float], group_size: int | None = None, keep: Sequence[bool] | None = None
+) -> dict[str, float]:
     """Mean and spread of rewards; with ``group_size``, the share of groups whose rewards are all equal
-    (they give zero advantage, so no policy gradient) and the share with at least one full reward."""
+    (they give zero advantage, so no policy gradient) and the share with at least one full reward. With
+    ``keep`` (the responses a mismatch correction kept), over the kept responses only: a group's shares over
+    its kept members, a group with none kept left out."""
     arr = np.asarray(rewards, dtype=np.float64)
+    kept = np.ones(arr.size, dtype=bool) if keep is None else np.asarray(keep, dtype=bool)
     out = {
-        "reward/mean": float(arr.mean()) if arr.size else float("nan"),
-        "reward/std": float(arr.std()) if arr.size else float("nan"),
+        "reward/mean": float(arr[kept].mean()) if kept.any() else float("nan"),
+        "reward/std": float(arr[kept].std()) if kept.any() else float("nan"),
     }
     if group_size is not None and arr.size:
         if arr.size % group_size:
             raise ValueError(f"group_size {group_size} must divide the number of rewards {arr.size}")
-        groups = arr.reshape(-1, group_size)
-        out["reward/zero_std_groups"] = float(np.mean(groups.max(axis=1) == groups.min(axis=1)))
-        out["reward/solved_groups"] = float(np.mean(groups.max(axis=1) >= 1.0))
+        pairs = zip(arr.reshape(-1, group_size), kept.reshape(-1, group_size), strict=True)
+        groups = [g[k] for g, k in pairs if k.any()]
+        out["reward/zero_std_groups"] = float(np.mean([g.min() == g.max() for g in groups] or math.nan))
+        out["reward/solved_groups"] = float(np.mean([g.max() >= 1.0 for g in groups] or math.nan))
     return out
 
 

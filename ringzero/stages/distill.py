@@ -41,8 +41,8 @@ from ringzero.stages.heldout_eval import evaluate_heldout
 from ringzero.stages.lm_step import lm_step
 from ringzero.stages.progress import step_progress
 from ringzero.stages.summary_values import finite_only
-from ringzero.stages.train_state import end_of_step, load_resume_point, save_final, weights_to_write
-from ringzero.stages.training_engine import training_engine
+from ringzero.stages.train_state import end_of_step, save_final, weights_to_write
+from ringzero.stages.training_engine import start_training
 
 log = structlog.get_logger(__name__)
 
@@ -87,21 +87,8 @@ def run(ctx: StageContext, stage: DistillStage, inputs: StageInputs) -> StageOut
     rt = ctx.runtime
     steps_per_epoch = math.ceil(len(examples) / stage.batch_size)
     total = stage.epochs * steps_per_epoch
-    setup = training_engine(cfg).build(
-        cfg,
-        ctx.store,
-        start_uri,
-        cfg.precision.train,
-        rt,
-        optim=stage.optim,
-        total_steps=total,
-        schedule="cosine",
-    )
-    model, optimizer = setup.model, setup.optimizer
-    first = 0
-    if resume := ctx.resume_uri():
-        first = load_resume_point(ctx.store, resume, optimizer).step
-        log.info("distill.resume", uri=resume, step=first)
+    setup, resume = start_training(ctx, stage, start_uri, total_steps=total, schedule="cosine")
+    model, optimizer, first = setup.model, setup.optimizer, 0 if resume is None else resume.step
     order_seed = seeded(cfg.run.seed, "distill-order")
     losses = []
     with step_progress("distill", total, first) as advance, preemption.preemptible():
@@ -251,7 +238,7 @@ def heldout(
         engine,
         task,
         tokenizer,
-        prompts=getattr(cfg.task, "eval_prompts", 128),
+        prompts=cfg.task.eval_prompts,
         samples=EVAL_SAMPLES,
         max_new_tokens=stage.sampling.max_new_tokens,
         forced_trace=False,

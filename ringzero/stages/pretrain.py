@@ -26,8 +26,8 @@ from ringzero.stages.heldout_eval import evaluate_heldout
 from ringzero.stages.lm_step import lm_step
 from ringzero.stages.progress import step_progress
 from ringzero.stages.summary_values import finite_only
-from ringzero.stages.train_state import end_of_step, load_resume_point, save_final, weights_to_write
-from ringzero.stages.training_engine import training_engine
+from ringzero.stages.train_state import end_of_step, save_final, weights_to_write
+from ringzero.stages.training_engine import start_training
 
 log = structlog.get_logger(__name__)
 
@@ -46,21 +46,8 @@ def run(ctx: StageContext, stage: PretrainStage, inputs: StageInputs) -> StageOu
     task, tokenizer = task_and_tokenizer(cfg)
     torch.manual_seed(cfg.run.seed)
     rt = ctx.runtime
-    setup = training_engine(cfg).build(
-        cfg,
-        ctx.store,
-        inputs.init_uri,
-        cfg.precision.train,
-        rt,
-        optim=stage.optim,
-        total_steps=stage.steps,
-        schedule="cosine",
-    )
-    model, optimizer = setup.model, setup.optimizer
-    first = 0
-    if resume := ctx.resume_uri():
-        first = load_resume_point(ctx.store, resume, optimizer).step
-        log.info("pretrain.resume", uri=resume, step=first)
+    setup, resume = start_training(ctx, stage, inputs.init_uri, total_steps=stage.steps, schedule="cosine")
+    model, optimizer, first = setup.model, setup.optimizer, 0 if resume is None else resume.step
     windows = CorpusWindows(task, tokenizer, stage.seq_len, cfg.run.seed)
 
     losses, tokens, window_start = [], 0, time.time()
@@ -130,7 +117,7 @@ def measure_base(cfg, model, task, tokenizer, runtime=None) -> dict[str, float]:
     """Held-out behaviour of the base under the rollout engine's precision (what RL will sample)."""
     # Pretrain jobs get no rollout servers (ringzero.cluster.step.SAMPLING_KINDS): always the embedded engine.
     engine = rollout_client(cfg, model, tokenizer, runtime, max_batch=256, seed=cfg.run.seed, local=True)
-    prompts = getattr(cfg.task, "eval_prompts", 128)
+    prompts = cfg.task.eval_prompts
     max_new = min(EVAL_MAX_NEW_TOKENS, cfg.model.max_position_embeddings // 2)
     out = evaluate_heldout(
         engine, task, tokenizer, prompts=prompts, samples=EVAL_SAMPLES, max_new_tokens=max_new

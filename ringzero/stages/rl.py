@@ -185,7 +185,7 @@ def heldout(cfg, rl, stage: RLStage) -> dict[str, float]:
             rl.rollout.client,
             rl.task,
             rl.tokenizer,
-            prompts=getattr(cfg.task, "eval_prompts", 128),
+            prompts=cfg.task.eval_prompts,
             samples=EVAL_SAMPLES,
             max_new_tokens=stage.sampling.max_new_tokens,
             tiers=stage.tiers,

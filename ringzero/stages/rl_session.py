@@ -34,8 +34,8 @@ from ringzero.rl.trainer import PolicyTrainer
 from ringzero.rollout.deployment.connect import rollout_client as build_rollout_client
 from ringzero.rollout.deployment.weight_push import WeightPusher, weight_version
 from ringzero.rollout.types import RolloutClient
-from ringzero.stages.train_state import ResumePoint, load_resume_point
-from ringzero.stages.training_engine import training_engine
+from ringzero.stages.train_state import ResumePoint
+from ringzero.stages.training_engine import start_training, training_engine
 from ringzero.tasks.base import Task
 from ringzero.tokenizer.base import Tokenizer
 
@@ -136,18 +136,10 @@ def build_session(ctx, stage: RLStage, inputs) -> RLSession:
     _check_rollback(cfg, stage)
     apply_threads(cfg)
     task, tokenizer = task_and_tokenizer(cfg)
-    engine = training_engine(cfg)
-    setup = engine.build(
-        cfg, ctx.store, inputs.init_uri, cfg.precision.train, rt,
-        optim=stage.optim, total_steps=stage.steps, schedule="constant",
-    )  # fmt: skip
-    resume = None
-    if uri := ctx.resume_uri():
-        resume = load_resume_point(ctx.store, uri, setup.optimizer)
-        log.info("rl.resume", uri=uri, step=resume.step)
+    setup, resume = start_training(ctx, stage, inputs.init_uri, total_steps=stage.steps, schedule="constant")
     reference, reference_uri = None, inputs.reference_uri or inputs.init_uri
     if stage.loss.kl_coef > 0:
-        reference = engine.frozen(cfg, ctx.store, reference_uri, cfg.precision.train, rt)
+        reference = training_engine(cfg).frozen(cfg, ctx.store, reference_uri, cfg.precision.train, rt)
     # Rollout servers take a push from rank 0 alone (the tensors, a folder, or a checkpoint rank 0 writes):
     # only it gathers the full weights. An embedded engine on every rank needs them on every rank.
     everywhere = cfg.engines.rollout.kind == "embedded" or not writes_on_rank0(ctx.store)

@@ -12,7 +12,13 @@ MAX_LABELLED_DIGITS = 26
 """digitsum and parity name each input digit with a letter a-z, so they take at most 26 digits."""
 
 
-class ArithmeticTask(StrictModel):
+class TaskSettings(StrictModel):
+    """What every task kind has."""
+
+    eval_prompts: int = Field(128, ge=1, description="held-out prompts for evaluation")
+
+
+class ArithmeticTask(TaskSettings):
     """Synthetic arithmetic with difficulty knobs, a worked-trace format and a web-like pretraining corpus.
 
     ``digitsum`` (sum of the digits mod 10) is the default because no shortcut reaches it: see
@@ -113,7 +119,6 @@ class ArithmeticTask(StrictModel):
         "`solution:`), "
         "outside the q/a format whose answers set the base's trace usage",
     )
-    eval_prompts: int = Field(128, ge=1, description="held-out prompts for evaluation")
 
     @model_validator(mode="after")
     def _knobs_fit_operation(self) -> ArithmeticTask:
@@ -174,7 +179,7 @@ ROW_LABELS = 26
 """Row search names each row with a letter a-z, so a problem has at most 26 rows."""
 
 
-class SearchTask(StrictModel):
+class SearchTask(TaskSettings):
     """Row search with a fallible cue (``ringzero.tasks.row_search``): find the one labelled row whose digit
     sum is the target mod 10. A try checks one row, so more tries always raise the chance of success; the
     cue (the one row that contains the target digit) is right only ``cue_rate`` of the time.
@@ -258,7 +263,6 @@ class SearchTask(StrictModel):
         description="share of corpus documents that are textbook worked examples (`example:` ... "
         "`solution:`), outside the q/a format whose answers set the base's trace usage",
     )
-    eval_prompts: int = Field(128, ge=1, description="held-out prompts for evaluation")
 
     @model_validator(mode="after")
     def _solvable(self) -> SearchTask:
@@ -300,7 +304,7 @@ class SearchTask(StrictModel):
         return self
 
 
-class JsonlTask(StrictModel):
+class JsonlTask(TaskSettings):
     """A user dataset of JSONL lines with ``question`` and ``answer`` (GSM8K-style)."""
 
     kind: Literal["jsonl"] = "jsonl"

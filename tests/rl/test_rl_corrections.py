@@ -26,7 +26,7 @@ from ringzero.rl.corrections.compose import apply_corrections
 from ringzero.rl.losses import Normalization
 from ringzero.rl.objective import objective
 from ringzero.rl.rollout_batch import RolloutBatch
-from ringzero.rl.step import kept_reward_summary
+from ringzero.rl.tail_metrics import reward_summary
 from ringzero.rl.trainer import PolicyTrainer
 
 # Ratios r = old / rollout: three responses, the second one two tokens long (its third column is padding,
@@ -236,11 +236,10 @@ def test_a_dropped_sequence_changes_neither_its_groups_baseline_nor_the_reward_s
         torch.testing.assert_close(adv[:3], group_advantages([1.0, 0.0, 0.0], 3))
         assert adv[3] == 0.0
         torch.testing.assert_close(adv[4:], group_advantages([1.0, 1.0, 0.0, 0.0], 4))
-        stats = kept_reward_summary(rewards.tolist(), [r >= 1 for r in rewards.tolist()], keep.tolist(), 4)
+        stats = reward_summary(rewards.tolist(), 4, keep.tolist())
         kept = [1.0, 0.0, 0.0, 1.0, 1.0, 0.0, 0.0]
         assert stats["reward/mean"] == pytest.approx(sum(kept) / 7)
         assert stats["reward/std"] == pytest.approx(float(torch.tensor(kept).std(unbiased=False)))
-        assert stats["reward/accuracy"] == pytest.approx(3 / 7)
         assert stats["reward/zero_std_groups"] == 0.0 and stats["reward/solved_groups"] == 1.0
     # With centering only, and a group left with one member (its own baseline: zero advantage).
     adv = group_advantages(
