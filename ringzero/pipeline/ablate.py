@@ -15,7 +15,7 @@ seed, on none, or on some (inconclusive); ``run_study`` prints the table and wri
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import structlog
@@ -28,6 +28,62 @@ from ringzero.pipeline.local import run_pipeline
 log = structlog.get_logger(__name__)
 
 EVAL_STAGE = "eval"
+ROLES = ("base", "stage1", "distill", "stage2", "tier")
+
+
+def stage_roles(data: dict) -> dict[str, str]:
+    """The stages a study speaks of, by role, named as the config names them: ``base`` the first pretrain
+    stage, ``stage1`` the first RL stage, ``distill`` the first distill stage, ``stage2`` the first RL stage
+    after it, ``tier`` the first RL stage with two tiers or more. A role the config lacks is absent."""
+    stages = data.get("stages") or []
+    roles: dict[str, str] = {}
+
+    def first(role: str, start: int, holds) -> None:
+        found = next((i for i, s in enumerate(stages) if i >= start and holds(s)), None)
+        if found is not None:
+            roles[role] = stages[found]["name"]
+
+    first("base", 0, lambda s: s.get("kind") == "pretrain")
+    first("stage1", 0, lambda s: s.get("kind") == "rl")
+    first("distill", 0, lambda s: s.get("kind") == "distill")
+    if "distill" in roles:
+        first("stage2", [s["name"] for s in stages].index(roles["distill"]), lambda s: s.get("kind") == "rl")
+    first("tier", 0, lambda s: s.get("kind") == "rl" and len(s.get("tiers") or []) >= 2)
+    return roles
+
+
+def cast(study, data: dict):
+    """The study with its roles replaced by the config's stage names: in ``through``, ``measure`` (each a role
+    or a stage name) and every override (``{stage1}`` in ``stages.{stage1}.steps=25``); and, per stage name,
+    the label the study reads it under (its role or its own name). Refuses a study whose roles the config
+    lacks."""
+    roles, names = stage_roles(data), [s.get("name") for s in data.get("stages") or []]
+    labels = (study.through, *study.measure)
+    placeholders = {
+        r for sets in (study.common, *study.arms.values()) for o in sets for r in ROLES if f"{{{r}}}" in o
+    }
+    missing = sorted({x for x in labels if x not in roles and x not in names} | (placeholders - set(roles)))
+    if missing:
+        raise RingzeroError(
+            f"ablate: study {study.name!r} needs stage role(s) {missing}; the config's roles are {roles}"
+        )
+
+    def fill(sets: tuple[str, ...]) -> tuple[str, ...]:
+        out = []
+        for o in sets:
+            for role, name in roles.items():
+                o = o.replace(f"{{{role}}}", name)
+            out.append(o)
+        return tuple(out)
+
+    cast_study = replace(
+        study,
+        through=roles.get(study.through, study.through),
+        measure=tuple(roles.get(m, m) for m in study.measure),
+        common=fill(study.common),
+        arms={arm: fill(sets) for arm, sets in study.arms.items()},
+    )
+    return cast_study, {roles.get(x, x): x for x in labels}
 
 
 @dataclass
@@ -71,7 +127,11 @@ def load_arm(config: str | Path, overrides: list[str], through: str, measure: li
     return parse_config(study_data(data, through, measure, seed), f"{path} (ablation arm)")
 
 
-def run_arm(cfg, store, run_dir: Path, arm: str, seed: int, runtime=None) -> ArmRun:
+def run_arm(
+    cfg, store, run_dir: Path, arm: str, seed: int, runtime=None, role_of: dict[str, str] | None = None
+) -> ArmRun:
+    """The arm's run, its stages keyed by their role (``role_of``: stage name -> role) where they have one."""
+    role = (role_of or {}).get
     result = run_pipeline(cfg, store, run_dir, runtime=runtime)
     if result.status != "succeeded":
         raise RingzeroError(f"ablate: arm {arm!r} seed {seed} ended {result.status}")
@@ -79,10 +139,13 @@ def run_arm(cfg, store, run_dir: Path, arm: str, seed: int, runtime=None) -> Arm
     return ArmRun(
         arm=arm,
         seed=seed,
-        records={ex.name: ex.metrics for ex in result.stages},
-        summaries={ex.name: ex.outcome.summary for ex in result.stages},
-        wall_s={ex.name: (0.0 if ex.skipped else ex.outcome.wall_s) for ex in result.stages},
-        rows={r["checkpoint"]: r["values"] for r in ev.outcome.extra["comparison"]["rows"]},
+        records={role(ex.name, ex.name): ex.metrics for ex in result.stages},
+        summaries={role(ex.name, ex.name): ex.outcome.summary for ex in result.stages},
+        wall_s={role(ex.name, ex.name): (0.0 if ex.skipped else ex.outcome.wall_s) for ex in result.stages},
+        rows={
+            role(r["checkpoint"], r["checkpoint"]): r["values"]
+            for r in ev.outcome.extra["comparison"]["rows"]
+        },
     )
 
 
@@ -108,15 +171,21 @@ def run_study(study, config: str | Path, overrides: list[str], seeds: list[int],
 
     if len(seeds) < 2:
         log.warning("ablate.one_seed", note="one seed gives no run-to-run spread: verdicts need two")
+    path = Path(config)
+    if not path.is_file():
+        raise RingzeroError(f"ablate: no such config file {path}")
+    cast_study, role_of = cast(
+        study, apply_overrides(read_yaml(path.read_text(), str(path)), list(overrides))
+    )
     runs: list[ArmRun] = []
-    for arm, arm_sets in study.arms.items():
+    for arm, arm_sets in cast_study.arms.items():
         for seed in seeds:
-            sets = [*overrides, *study.common, *arm_sets]
-            cfg = load_arm(config, sets, study.through, list(study.measure), seed)
+            sets = [*overrides, *cast_study.common, *arm_sets]
+            cfg = load_arm(config, sets, cast_study.through, list(cast_study.measure), seed)
             run_dir = out / study.name / arm / f"seed{seed}"
             log.info("ablate.arm", study=study.name, arm=arm, seed=seed, run_dir=str(run_dir))
             store = open_store(cfg.storage.root, cfg.storage.s3)
-            runs.append(run_arm(cfg, store, run_dir, arm, seed, runtime=single()))
+            runs.append(run_arm(cfg, store, run_dir, arm, seed, runtime=single(), role_of=role_of))
     readouts = {(r.arm, r.seed): {**study.readout(r), **curves(study, r)} for r in runs}
     verdicts = study.verdicts(readouts, seeds)
     result = {
@@ -125,8 +194,8 @@ def run_study(study, config: str | Path, overrides: list[str], seeds: list[int],
         "config": str(config),
         "overrides": list(overrides),
         "seeds": list(seeds),
-        "arms": {arm: list(sets) for arm, sets in study.arms.items()},
-        "common": list(study.common),
+        "arms": {arm: list(sets) for arm, sets in cast_study.arms.items()},
+        "common": list(cast_study.common),
         "readouts": [{"arm": a, "seed": s, **v} for (a, s), v in readouts.items()],
         "verdicts": verdicts,
         "wall_s": {f"{r.arm}/seed{r.seed}": r.wall_s for r in runs},

@@ -5,8 +5,9 @@ overrides), how a run becomes numbers (``readout``) and how the numbers become v
 computed per seed, on that seed's arms (they share the base and every sampling seed), and reported as
 held (every seed), did not hold (no seed) or inconclusive: the rule is fixed here, before any run.
 
-Stage names are the shipped config's (``stage1``, ``distill``, ``stage2``, ``tier``); a config with other
-names runs the generic ``--vary`` form instead.
+Studies speak of stages by role (``ringzero.pipeline.ablate.stage_roles``: ``base``, ``stage1``,
+``distill``, ``stage2``, ``tier``), and overrides name them as ``{stage1}``: a config names its stages as it
+likes. Readouts see each run's stages under their roles.
 """
 
 from __future__ import annotations
@@ -138,15 +139,15 @@ LOSS = Study(
     measure=("stage1",),
     arms={
         "token_sum": (),
-        "sample_mean": ("stages.stage1.loss.normalization=sample_mean",),
-        "token_mean": ("stages.stage1.loss.normalization=token_mean",),
+        "sample_mean": ("stages.{stage1}.loss.normalization=sample_mean",),
+        "token_mean": ("stages.{stage1}.loss.normalization=token_mean",),
     },
     readout=loss_readout,
     verdicts=loss_verdicts,
     # Every arm runs the same 25 steps, the length gate off: the gate would end each arm near the same
     # length, and growth is compared at one horizon. The shipped stage 1 reaches its gate at about step 20;
     # 25 steps show where each arm goes past it, and three arms x two seeds fit the study's 15 minutes.
-    common=("stages.stage1.stop_when=[]", "stages.stage1.steps=25"),
+    common=("stages.{stage1}.stop_when=[]", "stages.{stage1}.steps=25"),
     columns=(
         ("len_step5", "len @5"),
         ("len_last5", "len last 5"),
@@ -236,7 +237,7 @@ DISTILL = Study(
     arms={
         "shortest": (),
         # the control: the same prompts kept, a random verified sample of each instead of the shortest
-        "random": ("stages.distill.select=random",),
+        "random": ("stages.{distill}.select=random",),
     },
     readout=distill_readout,
     verdicts=distill_verdicts,
@@ -378,7 +379,7 @@ DEPTH = Study(
 
 # --- 4. islands where they pay -----------------------------------------------------------------------------
 
-PAPER_PAIR = ("stages.stage1.precision={train: fp32-islands, rollout: bf16}",)
+PAPER_PAIR = ("stages.{stage1}.precision={train: fp32-islands, rollout: bf16}",)
 
 
 def islands_readout(run: ArmRun) -> dict:
@@ -439,7 +440,7 @@ ISLANDS = Study(
     ),
     # Ten steps: a bf16 trainer body's forward + backward runs ~8x fp32's time on a CPU without bf16 units
     # (bench/bf16_cost.py), and the study must fit 15 minutes on two cores.
-    common=("stages.stage1.steps=10",),
+    common=("stages.{stage1}.steps=10",),
     curves=("gap/ratio/p99",),
     plots=tuple(
         (

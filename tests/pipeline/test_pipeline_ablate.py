@@ -175,18 +175,51 @@ def test_the_selection_claim_needs_shortest_to_beat_the_random_control_by_the_ma
     assert DISTILL.verdicts(readouts, [0, 1])[2]["verdict"] == "held"
 
 
-def test_every_study_names_stages_of_the_shipped_config_and_each_arm_loads():
+def renamed() -> dict:
+    """The shipped config with every stage renamed: a study finds its stages by role, not by name."""
     data = tiny()
-    for study in STUDIES.values():
-        for arm, sets in study.arms.items():
-            from ringzero.config.loader import apply_overrides
+    names = {s["name"]: f"my-{s['name']}" for s in data["stages"]}
+    for s in data["stages"]:
+        s["name"] = names[s["name"]]
+        for key in ("init", "reference", "compare"):
+            if isinstance(s.get(key), str):
+                s[key] = names.get(s[key], s[key])
+            elif isinstance(s.get(key), list):
+                s[key] = [names.get(v, v) for v in s[key]]
+    return data
 
+
+@pytest.mark.parametrize("config", [tiny, renamed], ids=["shipped", "renamed"])
+def test_every_study_finds_its_stages_by_role_and_each_arm_loads(config):
+    from ringzero.config.loader import apply_overrides
+    from ringzero.pipeline.ablate import cast
+
+    data = config()
+    for study in STUDIES.values():
+        cast_study, role_of = cast(study, data)
+        assert set(role_of.values()) == {study.through, *study.measure}
+        for arm, sets in cast_study.arms.items():
             cut = study_data(
-                apply_overrides(tiny(), [*study.common, *sets]), study.through, list(study.measure), 1
+                apply_overrides(config(), [*cast_study.common, *sets]),
+                cast_study.through,
+                list(cast_study.measure),
+                1,
             )
             cfg = parse_config(cut)
-            assert cfg.stages[-1].compare == list(study.measure), (study.name, arm)
-    assert data == tiny()
+            assert cfg.stages[-1].compare == list(cast_study.measure), (study.name, arm)
+            assert all("{" + r + "}" not in o for o in sets for r in role_of.values())
+    assert data == config()
+    loss, _ = cast(STUDIES["loss"], renamed())
+    assert loss.arms["sample_mean"] == ("stages.my-stage1.loss.normalization=sample_mean",)
+
+
+def test_a_study_whose_roles_the_config_lacks_is_refused_by_role():
+    from ringzero.pipeline.ablate import cast
+
+    data = tiny()
+    data["stages"] = [s for s in data["stages"] if s["kind"] != "distill"]
+    with pytest.raises(RingzeroError, match=r"study 'distill' needs stage role\(s\) \['distill'\]"):
+        cast(STUDIES["distill"], data)
 
 
 def test_an_ablation_runs_its_arms_over_seeds_from_one_shared_base(tmp_path):
