@@ -178,6 +178,7 @@ def run_study(study, config: str | Path, overrides: list[str], seeds: list[int],
         study, apply_overrides(read_yaml(path.read_text(), str(path)), list(overrides))
     )
     runs: list[ArmRun] = []
+    failed: list[dict] = []
     for arm, arm_sets in cast_study.arms.items():
         for seed in seeds:
             sets = [*overrides, *cast_study.common, *arm_sets]
@@ -185,7 +186,11 @@ def run_study(study, config: str | Path, overrides: list[str], seeds: list[int],
             run_dir = out / study.name / arm / f"seed{seed}"
             log.info("ablate.arm", study=study.name, arm=arm, seed=seed, run_dir=str(run_dir))
             store = open_store(cfg.storage.root, cfg.storage.s3)
-            runs.append(run_arm(cfg, store, run_dir, arm, seed, runtime=single(), role_of=role_of))
+            try:
+                runs.append(run_arm(cfg, store, run_dir, arm, seed, runtime=single(), role_of=role_of))
+            except RingzeroError as exc:  # e.g. a rollback arm spending its budget: a result, not a crash
+                log.warning("ablate.arm_failed", study=study.name, arm=arm, seed=seed, error=str(exc)[:300])
+                failed.append({"arm": arm, "seed": seed, "error": str(exc)})
     readouts = {(r.arm, r.seed): {**study.readout(r), **curves(study, r)} for r in runs}
     verdicts = study.verdicts(readouts, seeds)
     result = {
@@ -198,6 +203,7 @@ def run_study(study, config: str | Path, overrides: list[str], seeds: list[int],
         "common": list(cast_study.common),
         "readouts": [{"arm": a, "seed": s, **v} for (a, s), v in readouts.items()],
         "verdicts": verdicts,
+        "failed": failed,
         "wall_s": {f"{r.arm}/seed{r.seed}": r.wall_s for r in runs},
     }
     (out / study.name).mkdir(parents=True, exist_ok=True)
@@ -219,3 +225,5 @@ def print_study(study, result: dict) -> None:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)))
     for v in result["verdicts"]:
         print(f"- {v['claim']}: {v['verdict'].upper()} ({v['detail']})")
+    for f in result.get("failed", []):
+        print(f"- arm {f['arm']} seed {f['seed']} failed: {f['error']}")

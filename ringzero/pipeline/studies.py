@@ -12,6 +12,7 @@ likes. Readouts see each run's stages under their roles.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -461,7 +462,135 @@ ISLANDS = Study(
     ),
 )
 
-STUDIES = {s.name: s for s in (LOSS, DISTILL, DEPTH, ISLANDS)}
+
+# --- 5. train/rollout mismatch corrections -----------------------------------------------------------------
+
+CORRECTED = "ppo_clip"
+MISMATCH_ARMS = {
+    "sg_clip_is": ("sg_clip_is", []),
+    "ppo_clip": ("ppo_clip", []),
+    "tis": (CORRECTED, [{"kind": "tis", "cap": 2.0}]),
+    "seq_is": (CORRECTED, [{"kind": "seq_is", "cap": 2.0, "form": "product"}]),
+    "seq_is_geo": (CORRECTED, [{"kind": "seq_is", "cap": 2.0, "form": "geometric"}]),
+    "masked_is": (CORRECTED, [{"kind": "masked_is", "lower": 0.5, "upper": 2.0}]),
+    "icepop": (CORRECTED, [{"kind": "icepop", "lower": 0.5, "upper": 5.0}]),
+}
+"""Arm -> (policy loss, corrections). Bounds are the peers' defaults (verl's TIS cap 2, IcePop [0.5, 5])."""
+ROLLBACK_LIMIT = 0.02
+"""``gap/ratio/max`` that triggers the rollback arm's raise_precision remedy."""
+
+
+def _mismatch_arms() -> dict[str, tuple[str, ...]]:
+    """Each objective under a bf16 rollout (a real engine gap: the islands differ) and an fp32-islands one
+    (the gap left is kernel order), the trainer under fp32-islands; then the automatic rollback in a real
+    run: bf16 rollout, ``sg_clip_is``, the first step over ``ROLLBACK_LIMIT`` retried on fp32 islands."""
+    arms = {}
+    for rollout in ("bf16", "fp32-islands"):
+        for arm, (kind, corrections) in MISMATCH_ARMS.items():
+            arms[f"{arm} | {rollout}"] = (
+                f"stages.{{stage1}}.precision={{train: fp32-islands, rollout: {rollout}}}",
+                f"stages.{{stage1}}.loss.kind={kind}",
+                f"stages.{{stage1}}.loss.corrections={json.dumps(corrections)}",
+            )
+    arms["rollback | bf16"] = (
+        "stages.{stage1}.precision={train: fp32-islands, rollout: bf16}",
+        "stages.{stage1}.loss.kind=sg_clip_is",
+        "stages.{stage1}.loss.corrections=[]",
+        f'stages.{{stage1}}.rollback={{on: ["gap/ratio/max > {ROLLBACK_LIMIT:g}"], remedy: raise_precision, '
+        "max_rollbacks: 2}",
+    )
+    return arms
+
+
+def mismatch_readout(run: ArmRun) -> dict:
+    """What an arm did in stage 1 (its metrics and its held-out summary, under its own rollout engine) and
+    whether it collapsed: a non-finite loss, the last five steps' reward below half its best five-step
+    mean, or held-out accuracy below the base's."""
+    records, summary = run.records["stage1"], run.summaries["stage1"]
+    rewards = [_finite(r.get("reward/mean")) for r in records]
+    windows = [_mean_finite(rewards[i : i + 5]) for i in range(max(1, len(rewards) - 4))]
+    coverage = [
+        r["grad/coverage"] * (1.0 - r.get("correction/token_masked_frac", 0.0))
+        for r in records
+        if r.get("grad/coverage") is not None
+    ]
+    nonfinite = any(r.get("loss/nonfinite", 0) > 0 for r in records)
+    accuracy = _finite(summary.get("eval/accuracy"))
+    base = _finite(run.summaries.get("base", {}).get("eval/accuracy"))
+    return {
+        "accuracy": accuracy,
+        "trace_rate": _finite(summary.get("eval/trace_rate")),
+        "len_mean": _finite(summary.get("eval/len_mean")),
+        "gap_p99": _mean_finite(r.get("gap/ratio/p99") for r in records),
+        "gap_max": max((_finite(r.get("gap/ratio/max")) for r in records), default=math.nan),
+        "coverage": _mean_finite(coverage),
+        "adv_nonzero": _mean_finite(r.get("grad/adv_nonzero") for r in records),
+        "masked": _mean_finite(r.get("correction/token_masked_frac", 0.0) for r in records),
+        "reward_last5": windows[-1],
+        "collapsed": float(nonfinite or windows[-1] < 0.5 * max(windows) or accuracy < base),
+        "nonfinite": float(nonfinite),
+        "rollbacks": float(sum("rollback/reason" in r for r in records)),
+        "stage1_minutes": run.wall_s.get("stage1", math.nan) / 60,
+    }
+
+
+def mismatch_verdicts(readouts: dict, seeds: list[int]) -> list[dict]:
+    out = []
+    for arm in MISMATCH.arms:
+        mine = [(s, readouts[(arm, s)]) for s in seeds if (arm, s) in readouts]
+        out.append(
+            {
+                "claim": f"{arm}: no collapse",
+                "verdict": verdict_over_seeds([not r["collapsed"] for _, r in mine]),
+                "detail": "; ".join(
+                    f"seed {s}: pass@1 {r['accuracy']:.3f}, last-5 reward {r['reward_last5']:.3f}"
+                    + (", non-finite loss" if r["nonfinite"] else "")
+                    for s, r in mine
+                ),
+            }
+        )
+    return out
+
+
+def _mean_finite(values) -> float:
+    vals = [_finite(v) for v in values]
+    vals = [v for v in vals if math.isfinite(v)]
+    return sum(vals) / len(vals) if vals else math.nan
+
+
+MISMATCH = Study(
+    name="mismatch",
+    claim="the paper's stop-gradient clipped loss trains through a bf16 engine gap without a correction",
+    through="stage1",
+    measure=("stage1",),
+    arms=_mismatch_arms(),
+    readout=mismatch_readout,
+    verdicts=mismatch_verdicts,
+    common=(
+        "stages.{stage1}.steps=10",
+        "stages.{stage1}.min_steps=10",
+        "stages.{stage1}.reward_plateau_steps=null",
+        "stages.{stage1}.max_wall_minutes=null",
+        "stages.{stage1}.stop_when=[]",
+        "stages.{stage1}.prompts_per_step=8",
+    ),
+    columns=(
+        ("accuracy", "held-out acc"),
+        ("trace_rate", "trace rate"),
+        ("len_mean", "len"),
+        ("gap_p99", "gap p99 (mean)"),
+        ("gap_max", "gap max"),
+        ("coverage", "grad coverage"),
+        ("adv_nonzero", "adv != 0"),
+        ("masked", "dropped"),
+        ("collapsed", "collapsed"),
+        ("rollbacks", "rollbacks"),
+        ("stage1_minutes", "minutes"),
+    ),
+    curves=("gap/ratio/p99", "reward/mean"),
+)
+
+STUDIES = {s.name: s for s in (LOSS, DISTILL, DEPTH, ISLANDS, MISMATCH)}
 
 
 def generic_readout(measure: tuple[str, ...]) -> Callable[[ArmRun], dict]:
