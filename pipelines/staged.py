@@ -19,12 +19,11 @@ from kfp import dsl
 from components import Components, make_components
 from pipelines.pod import apply_pod_settings
 from ringzero.config.kfp import KfpSettings
-from ringzero.config.run import RunConfig
+from ringzero.config.run import MAKES_CHECKPOINT, RunConfig, stage_input_refs
 from ringzero.errors import RingzeroError
 from ringzero.kfp.tasks import config_text
 
 # Stage kinds whose step outputs a checkpoint (eval only reads them).
-MAKES_CHECKPOINT = frozenset({"pretrain", "rl", "distill"})
 
 
 def build_pipeline(cfg: RunConfig, settings: KfpSettings):
@@ -46,8 +45,7 @@ def build_pipeline(cfg: RunConfig, settings: KfpSettings):
 
 
 def _add_stages(cfg: RunConfig, settings: KfpSettings, comps: Components, run_config, run_id) -> None:
-    checkpoints: dict[str, object] = {}  # stage name -> its checkpoint_uri output
-    latest, base = "", ""
+    made: list[tuple[str, str, object]] = []  # (name, kind, checkpoint_uri output) of earlier stages
     with contextlib.ExitStack() as gates_passed:
         for i, stage in enumerate(cfg.stages):
             args = {
@@ -56,22 +54,18 @@ def _add_stages(cfg: RunConfig, settings: KfpSettings, comps: Components, run_co
                 "mode": settings.mode,
                 "run_id": run_id,
             }
-            init = _ref(stage, "init", stage.init, checkpoints) if stage.init else latest
-            args.update(init_uri=init, base_uri=base)
+            refs = stage_input_refs(stage, made)
+            args.update(init_uri=refs.init or "", base_uri=refs.base or "")
             if stage.kind in ("pretrain", "distill"):
                 args["stage_kind"] = stage.kind  # one component runs both (components.stages.lm_stage)
             if stage.kind == "rl":
-                args["reference_uri"] = _ref(stage, "reference", stage.reference, checkpoints) or init
+                args["reference_uri"] = refs.reference
             if stage.kind == "eval":
-                args["compare_uris"] = {
-                    name: _ref(stage, "compare", name, checkpoints) for name in stage.compare
-                }
+                args["compare_uris"] = refs.compare
             task = comps.stages[stage.kind](**args).set_display_name(stage.name)
             apply_pod_settings(task, settings, runs_stage=True, uses_store=True)
             if stage.kind in MAKES_CHECKPOINT:
-                checkpoints[stage.name] = latest = task.outputs["checkpoint_uri"]
-                if stage.kind == "pretrain" and not base:
-                    base = latest
+                made.append((stage.name, stage.kind, task.outputs["checkpoint_uri"]))
             if stage.gate:
                 verdict = comps.gate(
                     run_config=run_config, stage_name=stage.name, summary_json=task.outputs["summary_json"]
@@ -82,14 +76,3 @@ def _add_stages(cfg: RunConfig, settings: KfpSettings, comps: Components, run_co
                     # downstream.
                     passed = verdict.outputs["Output"] == True  # noqa: E712 - a KFP condition, not a bool
                     gates_passed.enter_context(dsl.If(passed, name=f"{stage.name}-passed"))
-
-
-def _ref(stage, field: str, ref: str | None, checkpoints: dict):
-    """A stage name or URI as a step input: an earlier step's checkpoint output, or the URI itself."""
-    if ref is None or "://" in ref:
-        return ref
-    if ref not in checkpoints:
-        raise RingzeroError(
-            f"stage {stage.name!r}: {field} {ref!r} is not an earlier stage that makes a checkpoint"
-        )
-    return checkpoints[ref]

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from dataclasses import dataclass
+from typing import Annotated, Generic, Literal, TypeVar
 
 from pydantic import Field, model_validator
 
@@ -15,6 +16,8 @@ from ringzero.parallel.config import ParallelConfig
 from ringzero.store.config import StorageConfig
 from ringzero.strict_model import RunName, StrictModel
 from ringzero.tasks.config import ArithmeticTask, TaskConfig
+
+T = TypeVar("T")
 
 
 class RunSettings(StrictModel):
@@ -401,12 +404,18 @@ def megatron_problems(cfg: RunConfig) -> list[str]:
     return problems
 
 
+MAKES_CHECKPOINT = frozenset({"pretrain", "rl", "distill"})
+"""The stage kinds whose output is a checkpoint a later stage can start from."""
+
+
 def stage_graph_problems(stages: list) -> list[str]:
-    """Names unique; every ``init``/``reference``/``compare`` names an earlier stage or is a URI.
+    """Names unique; every ``init``/``reference``/``compare`` is a URI or names an earlier stage that makes a
+    checkpoint (``MAKES_CHECKPOINT``).
 
     Works on plain dicts so the loader can report these alongside field errors in one pass.
     """
     seen: list[str] = []
+    made: list[str] = []
     problems = []
     for i, stage in enumerate(stages):
         if not isinstance(stage, dict):
@@ -425,9 +434,45 @@ def stage_graph_problems(stages: list) -> list[str]:
                 problems.append(
                     f"stages[{i}].{field}: {ref!r} is neither a URI nor an earlier stage (earlier: {seen})"
                 )
+            elif ref not in made:
+                problems.append(
+                    f"stages[{i}].{field}: stage {ref!r} makes no checkpoint (stages that do: {made})"
+                )
         if isinstance(name, str) and name not in seen:
             seen.append(name)
+            if stage.get("kind") in MAKES_CHECKPOINT:
+                made.append(name)
     return problems
+
+
+@dataclass(frozen=True)
+class InputRefs(Generic[T]):
+    """A stage's inputs as whatever stands for a checkpoint where it runs: a URI (the local runner) or an
+    earlier step's output (a Kubeflow pipeline)."""
+
+    init: T | None
+    reference: T | None  # RL stages only
+    base: T | None
+    compare: dict[str, T]
+
+
+def stage_input_refs(stage, made: list[tuple[str, str, T]]) -> InputRefs[T]:
+    """The one rule for a stage's inputs, from ``made``: (name, kind, checkpoint) of the earlier stages that
+    made one, in order. ``init`` is the named stage (or URI) or else the latest checkpoint; an RL stage's
+    ``reference`` the named one or else its init; ``base`` the first pretrain stage's; ``compare`` by name.
+    The names are valid: the config was checked at load (``stage_graph_problems``)."""
+    by_name = {name: out for name, _, out in made}
+
+    def ref(value):
+        return None if value is None else (value if "://" in value else by_name[value])
+
+    init = ref(stage.init) if stage.init else (made[-1][2] if made else None)
+    return InputRefs(
+        init=init,
+        reference=(ref(stage.reference) or init) if stage.kind == "rl" else None,
+        base=next((out for _, kind, out in made if kind == "pretrain"), None),
+        compare={name: ref(name) for name in getattr(stage, "compare", [])},
+    )
 
 
 def stage_view(cfg: RunConfig, stage) -> RunConfig:

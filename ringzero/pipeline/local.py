@@ -7,8 +7,7 @@ from pathlib import Path
 
 import structlog
 
-from ringzero.config.run import RunConfig
-from ringzero.errors import RingzeroError
+from ringzero.config.run import RunConfig, stage_input_refs
 from ringzero.parallel.one_writer import one_writer
 from ringzero.parallel.runtime import Runtime, single
 from ringzero.pipeline.execute import ExecutedStage, execute_stage
@@ -28,28 +27,11 @@ class PipelineResult:
 
 
 def resolve_inputs(stage, done: dict[str, ExecutedStage]) -> StageInputs:
-    """Turn a stage's references (earlier stage names, URIs, or null = previous output) into URIs."""
-
-    def uri_of(ref: str | None, what: str) -> str | None:
-        if ref is None or "://" in ref:
-            return ref
-        out = done[ref].outcome.output_uri
-        if out is None:
-            raise RingzeroError(f"stage {stage.name!r}: {what} {ref!r} produced no checkpoint")
-        return out
-
-    produced = [ex for ex in done.values() if ex.outcome.output_uri]
-    init = (
-        uri_of(stage.init, "init") if stage.init else (produced[-1].outcome.output_uri if produced else None)
-    )
-    reference = uri_of(getattr(stage, "reference", None), "reference") or init
-    bases = [ex.outcome.output_uri for ex in done.values() if ex.kind == "pretrain" and ex.outcome.output_uri]
-    compare = {name: uri_of(name, "compare") for name in getattr(stage, "compare", [])}
+    """A stage's inputs as URIs, by the one rule (``config.run.stage_input_refs``) over the stages done."""
+    made = [(name, ex.kind, ex.outcome.output_uri) for name, ex in done.items() if ex.outcome.output_uri]
+    refs = stage_input_refs(stage, made)
     return StageInputs(
-        init_uri=init,
-        reference_uri=reference if stage.kind == "rl" else None,
-        base_uri=bases[0] if bases else None,
-        compare=compare,
+        init_uri=refs.init, reference_uri=refs.reference, base_uri=refs.base, compare=refs.compare
     )
 
 

@@ -39,5 +39,5 @@ def start_training(
     resume = None
     if uri := ctx.resume_uri():
         resume = load_resume_point(ctx.store, uri, setup.optimizer)
-        log.info("stage.resume", stage=stage.name, uri=uri, step=resume.step)
+        log.info(f"{stage.kind}.resume", uri=uri, step=resume.step)  # pretrain.resume, rl.resume, ...
     return setup, resume

@@ -109,6 +109,12 @@ def test_three_mistakes_are_all_reported_with_paths():
             "stages[2].init: 'nowhere' is neither a URI nor an earlier",
         ),
         (
+            lambda d: d["stages"].append(
+                {"name": "e2", "kind": "eval", "compare": [d["stages"][-1]["name"]]}
+            ),
+            "compare[0]: stage 'eval' makes no checkpoint",
+        ),
+        (
             lambda d: d["stages"][3].update(name="stage1"),
             "stages[3].name: 'stage1' is used by an earlier stage",
         ),

@@ -166,8 +166,7 @@ def test_no_kfp_section_means_no_platform_settings(tmp_path):
 
 
 def test_init_naming_a_stage_without_checkpoint_is_refused(tmp_path):
+    """Refused at load, by the config's one rule, before a pipeline is built."""
     config = micro_config(tmp_path, gate=[], extra_stages=[{"name": "after", "kind": "rl", "init": "eval"}])
-    with pytest.raises(
-        RingzeroError, match="'after': init 'eval' is not an earlier stage that makes a checkpoint"
-    ):
+    with pytest.raises(RingzeroError, match=r"init: stage 'eval' makes no checkpoint"):
         compile_docs(config, tmp_path / "p.yaml")
