@@ -59,7 +59,7 @@ def _add_stages(cfg: RunConfig, settings: KfpSettings, comps: Components, run_co
             if stage.kind in ("pretrain", "distill"):
                 args["stage_kind"] = stage.kind  # one component runs both (components.stages.lm_stage)
             if stage.kind == "rl":
-                args["reference_uri"] = refs.reference
+                args["reference_uri"] = refs.reference or ""
             if stage.kind == "eval":
                 args["compare_uris"] = refs.compare
             task = comps.stages[stage.kind](**args).set_display_name(stage.name)

@@ -33,10 +33,58 @@ def register(sub) -> None:
         help="allocatable memory of each node (quantity, e.g. 2000Gi; default unchecked)",
     )
     plan.add_argument("--json", action="store_true", help="print the plan as JSON")
+    cost = plan.add_argument_group(
+        "cost", "with --gpu: what the run costs on --nodes x --gpus-per-node GPUs (memory, time, rollout)"
+    )
+    cost.add_argument("--gpu", default=None, help="GPU kind of the nodes (h100, h200, b200)")
+    cost.add_argument("--layout", default=None, help="price one layout: tp=N,pp=N,ep=N,cp=N (dp: the rest)")
+    cost.add_argument("--search", action="store_true", help="every layout that fits, fastest first")
+    cost.add_argument("--mfu", type=float, default=0.25, help="share of the bf16 peak a step reaches")
+    cost.add_argument("--recompute", default="selective", help="none, selective or full (search: at least)")
+    cost.add_argument(
+        "--rollout-gpus", type=int, default=None, help="GPUs a rollout replica (default: fewest)"
+    )
     plan.set_defaults(handler=_plan)
 
 
+def _cost(args) -> int:
+    from ringzero.config import load_config
+    from ringzero.cost.gpus import gpu
+    from ringzero.cost.plan import Assumptions, as_text, parse_layout, plan_layout, search, summary
+
+    if args.nodes is None or args.gpus_per_node is None or args.nodes < 1 or args.gpus_per_node < 1:
+        raise RingzeroError("--gpu needs --nodes and --gpus-per-node, each at least 1")
+    if args.search == (args.layout is not None):
+        raise RingzeroError("--gpu needs one of --layout tp=N,pp=N,ep=N,cp=N or --search")
+    cfg = load_config(args.config, args.overrides)
+    kind = gpu(args.gpu)
+    assume = Assumptions(mfu=args.mfu, recompute=args.recompute, rollout_gpus=args.rollout_gpus)
+    gpus = args.nodes * args.gpus_per_node
+    if args.search:
+        plans, refused = search(cfg, kind, args.nodes, args.gpus_per_node, assume)
+    else:
+        one = plan_layout(cfg, parse_layout(args.layout, gpus, cfg), kind, args.gpus_per_node, assume)
+        plans, refused = [one], []
+    head = summary(cfg, kind, args.nodes, args.gpus_per_node)
+    if args.json:
+        body = {
+            **head,
+            "layouts": [p.as_dict(kind) for p in plans],
+            "refused": [{"layout": p.layout.label(), "problems": p.problems} for p in refused],
+        }
+        print(json.dumps(body, indent=2))
+    else:
+        print(as_text(head, plans, refused, kind))
+    if not any(p.fits for p in plans):
+        raise RingzeroError(f"no layout of {gpus} x {kind.key} fits the run (reasons above)")
+    return 0
+
+
 def _plan(args) -> int:
+    if args.gpu is not None:
+        return _cost(args)
+    if args.layout is not None or args.search:
+        raise RingzeroError("--layout and --search price a run on GPUs: give --gpu (h100, h200, b200) too")
     from ringzero.cluster.capacity import Node, quantity
     from ringzero.cluster.plan import as_json, as_text, plan_run
     from ringzero.cluster.values import load_values, pipeline_overrides, settings_from_values

@@ -214,7 +214,8 @@ def test_each_shipped_config_compiles_to_its_stage_graph_image_and_pods(config, 
     from ringzero.kfp.settings import load_kfp_config
 
     base = load_config(config)
-    ranks = base.parallel.dp * base.parallel.cp * base.engines.training.tp
+    training = base.engines.training
+    ranks = base.parallel.dp * base.parallel.cp * training.tp * training.pp
     overrides = [
         "kfp.base_image=registry.example/ringzero:9.9",
         "kfp.stage_pod.cpu=6500m",
