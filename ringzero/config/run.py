@@ -9,6 +9,7 @@ from pydantic import Field, model_validator
 
 from ringzero.config.cluster import ClusterSettings
 from ringzero.config.kfp import KfpSettings
+from ringzero.config.megatron_split import split_problems
 from ringzero.config.stages import StageConfig
 from ringzero.config.targets import TargetExpr, target_problems
 from ringzero.model.config import ModelConfig, PrecisionPolicy
@@ -72,7 +73,7 @@ class TrainingEngine(StrictModel):
         1,
         ge=1,
         description="megatron: expert-parallel degree (each MoE layer's routed experts split "
-        "over ep of the parallel.dp ranks; must divide dp and model.num_experts)",
+        "over ep of the parallel.dp x parallel.cp ranks; must divide dp x cp and model.num_experts)",
     )
     distributed_optimizer: bool = Field(
         False, description="megatron: shard optimizer state over the data-parallel ranks (megatron-core's)"
@@ -268,43 +269,19 @@ class RunConfig(StrictModel):
         raise KeyError(name)
 
 
-def _megatron_moe_problems(cfg: RunConfig) -> list[str]:
-    """What megatron's MoELayer cannot express of ringzero's MoE (the model refuses the same at build)."""
-    tp, m, problems = cfg.engines.training.tp, cfg.model, []
-    if not m.norm_topk_prob and m.num_experts_per_tok > 1:
-        problems.append(
-            "engines.training.kind megatron: model.norm_topk_prob is false; megatron's sigmoid router "
-            "always renormalizes the weights of the chosen experts"
-        )
-    if m.n_group > 1 and m.num_experts_per_tok // m.topk_group != 2:
-        problems.append(
-            f"engines.training.kind megatron: model.num_experts_per_tok // model.topk_group is "
-            f"{m.num_experts_per_tok // m.topk_group}; megatron scores an expert group by its top "
-            "num_experts_per_tok // topk_group experts, ringzero by its top 2, so it must be 2"
-        )
-    shared = (m.num_shared_experts or 0) * m.moe_intermediate_size
-    for name, width in (
-        ("model.moe_intermediate_size", m.moe_intermediate_size),
-        ("model.num_shared_experts x moe_intermediate_size", shared),
-    ):
-        if width % tp:
-            problems.append(
-                f"engines.training.tp: {tp} does not divide {name} ({width}): each rank holds an "
-                "equal share of every expert's columns"
-            )
-    for i, st in enumerate(cfg.stages):
-        if getattr(getattr(st, "loss", None), "routing_replay", False):
-            problems.append(
-                f"stages[{i}].loss.routing_replay: the megatron engine's MoE layers do not replay the "
-                "rollout's routing yet; use kind: torch for routing replay"
-            )
-    return problems
+def _routing_replay_problems(cfg: RunConfig) -> list[str]:
+    return [
+        f"stages[{i}].loss.routing_replay: the megatron engine's MoE layers do not replay the rollout's "
+        "routing yet; use kind: torch for routing replay"
+        for i, st in enumerate(cfg.stages)
+        if getattr(getattr(st, "loss", None), "routing_replay", False)
+    ]
 
 
 def _megatron_cp_problems(cfg: RunConfig) -> list[str]:
     """Context parallelism in megatron layers: MLA all-to-all over heads, Lightning all-gather of states,
     on the zigzag shards megatron's MLA ropes."""
-    p, m, tp, problems = cfg.parallel, cfg.model, cfg.engines.training.tp, []
+    p, problems = cfg.parallel, []
     if p.sharding != "zigzag":
         problems.append(
             f"engines.training.kind megatron: parallel.cp = {p.cp} needs parallel.sharding: zigzag "
@@ -315,12 +292,6 @@ def _megatron_cp_problems(cfg: RunConfig) -> list[str]:
             f"engines.training.kind megatron: parallel.cp_plan must be mla: a2a, lightning: allgather "
             f"(got mla: {p.cp_plan.mla}, lightning: {p.cp_plan.lightning}): those are the strategies "
             "the megatron layers implement"
-        )
-    if m.num_attention_heads % tp == 0 and (m.num_attention_heads // tp) % p.cp:
-        problems.append(
-            f"parallel.cp: {p.cp} does not divide the {m.num_attention_heads // tp} heads of each "
-            f"tensor-parallel rank (model.num_attention_heads / engines.training.tp): MLA's "
-            "all-to-all gives each CP rank whole heads"
         )
     return problems
 
@@ -342,65 +313,20 @@ def _megatron_ep_share_problems(cfg: RunConfig) -> list[str]:
 
 
 def megatron_problems(cfg: RunConfig) -> list[str]:
-    """What the megatron engine cannot train yet, or cannot split as asked."""
-    tp, m, problems = cfg.engines.training.tp, cfg.model, []
-    cp = cfg.parallel.cp
-    if cp > 1:
-        problems += _megatron_cp_problems(cfg)
+    """What the megatron engine cannot train yet, or cannot split as asked (the split: one rule set,
+    ``config.megatron_split``)."""
+    t, p = cfg.engines.training, cfg.parallel
+    problems = _megatron_cp_problems(cfg) if p.cp > 1 else []
     if cfg.precision.deterministic:
         problems.append(
             "engines.training.kind megatron: precision.deterministic decodes with the torch engine's "
             "batch-invariant forward, which megatron's kernels do not reproduce bit for bit"
         )
-    if m.num_experts is not None:
-        problems += _megatron_moe_problems(cfg)
-    pp = cfg.engines.training.pp
-    if pp > 1 and m.num_hidden_layers % pp:
-        problems.append(
-            f"engines.training.pp: {pp} does not divide model.num_hidden_layers ({m.num_hidden_layers}): "
-            "each pipeline stage holds an equal run of layers"
-        )
-    if pp > 1 and m.tie_word_embeddings:
-        problems.append(
-            f"engines.training.pp: {pp} with model.tie_word_embeddings: the LM head would sit on the last "
-            "stage and its weight, the embedding, on the first; use untied embeddings (Ling 2.5's)"
-        )
-    ep = cfg.engines.training.ep
-    if ep > 1:
-        if m.num_experts is None:
-            problems.append(
-                f"engines.training.ep: {ep}: the model has no MoE layers (model.num_experts is null), "
-                "so there are no experts to split; use ep: 1"
-            )
-        elif m.num_experts % ep:
-            problems.append(
-                f"engines.training.ep: {ep} does not divide model.num_experts ({m.num_experts}): each "
-                "expert-parallel rank holds an equal share of the routed experts"
-            )
-        if (cfg.parallel.dp * cfg.parallel.cp) % ep:
-            problems.append(
-                f"engines.training.ep: {ep} does not divide parallel.dp x parallel.cp "
-                f"({cfg.parallel.dp * cfg.parallel.cp}): expert-parallel ranks are carved out of the "
-                "data- and context-parallel ranks (megatron-core's layout), they do not add to the "
-                "world size"
-            )
-    if ep > 1 and cfg.parallel.dp > 1:
+    problems += split_problems(cfg.model, tp=t.tp, pp=t.pp, ep=t.ep, cp=p.cp, dp=p.dp)
+    if cfg.model.num_experts is not None:
+        problems += _routing_replay_problems(cfg)
+    if t.ep > 1 and p.dp > 1:
         problems += _megatron_ep_share_problems(cfg)
-    if m.num_attention_heads % tp:
-        problems.append(
-            f"engines.training.tp: {tp} does not divide model.num_attention_heads "
-            f"({m.num_attention_heads}): each rank holds whole heads"
-        )
-    if m.vocab_size % tp:
-        problems.append(
-            f"engines.training.tp: {tp} does not divide model.vocab_size ({m.vocab_size}): the "
-            "embedding and LM head split the vocabulary rows evenly"
-        )
-    if m.group_norm_size % tp:
-        problems.append(
-            f"engines.training.tp: {tp} does not divide model.group_norm_size ({m.group_norm_size}): "
-            "each rank normalizes whole groups of the Lightning output"
-        )
     return problems
 
 

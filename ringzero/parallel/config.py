@@ -35,3 +35,15 @@ def world_product(dp: int, cp: int, tp: int = 1, pp: int = 1) -> tuple[str, str,
     degrees = [("parallel.dp", dp), ("parallel.cp", cp)]
     degrees += [(f"engines.training.{n}", v) for n, v in (("tp", tp), ("pp", pp)) if v > 1]
     return " x ".join(n for n, _ in degrees), " x ".join(str(v) for _, v in degrees), dp * cp * tp * pp
+
+
+def ep_problem(ep: int, dp: int, cp: int) -> str | None:
+    """Expert-parallel ranks are carved out of the data- and context-parallel ranks: ``ep`` divides
+    ``dp x cp`` (each group of ep of them holds one copy of the experts), and adds nothing to the world."""
+    if ep > 1 and (dp * cp) % ep:
+        return (
+            f"{ep} does not divide dp x cp ({dp} x {cp} = {dp * cp}): expert-parallel ranks are carved "
+            "out of the data- and context-parallel ranks (megatron-core's layout), they do not add to "
+            "the world size"
+        )
+    return None

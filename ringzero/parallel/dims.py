@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch.distributed as dist
 
 from ringzero.errors import RingzeroError
+from ringzero.parallel.config import ep_problem
 
 
 @dataclass(frozen=True)
@@ -42,18 +43,8 @@ class ParallelDims:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 problems.append(f"{name} must be an integer >= 1 (got {value!r})")
-        if (
-            isinstance(self.ep, int)
-            and isinstance(self.dp, int)
-            and isinstance(self.cp, int)
-            and self.ep > 1
-            and (self.dp * self.cp) % self.ep
-        ):
-            problems.append(
-                f"ep={self.ep} must divide dp*cp={self.dp * self.cp}: expert-parallel ranks are carved "
-                "out of the data- and context-parallel ranks (each group of ep of them holds one copy "
-                "of the experts)"
-            )
+        if not problems and (problem := ep_problem(self.ep, self.dp, self.cp)):
+            problems.append(problem)
         if not problems and self.dp * self.cp * self.tp * self.pp != self.world_size:
             problems.append(
                 f"dp*cp*tp*pp = {self.dp}*{self.cp}*{self.tp}*{self.pp} = "

@@ -140,7 +140,7 @@ def test_megatron_splits_experts_over_ep_ranks_of_dp(distributed_optimizer):
         (
             {"kind": "megatron", "ep": 2},
             3,
-            "engines.training.ep: 2 does not divide parallel.dp x parallel.cp (3)",
+            "engines.training.ep: 2 does not divide dp x cp (3 x 1 = 3)",
         ),
         ({"kind": "megatron", "ep": 3}, 3, "engines.training.ep: 3 does not divide model.num_experts (4)"),
         ({"kind": "torch", "ep": 2}, 2, "ep: 2 is a megatron degree"),

@@ -244,3 +244,13 @@ def test_the_command_refuses_bad_input_with_status_2():
     assert uneven.returncode == 2 and "does not divide the 320 GPUs" in uneven.stderr
     refused = _cli("--gpu", "h200", "--nodes", "1", "--gpus-per-node", "8", "--layout", "tp=8")
     assert refused.returncode == 2 and "no layout of 8 x h200 fits" in refused.stderr
+
+
+def test_the_planner_and_config_validation_refuse_a_layout_in_the_same_words():
+    from ringzero.config.loader import ConfigError
+
+    layout = ["engines.training.tp=3", "engines.training.pp=7", "engines.training.ep=5", "parallel.dp=1"]
+    with pytest.raises(ConfigError) as refused_at_load:
+        load_config(ONE_T, [*layout, "parallel.cp=1"])
+    plan = plan_layout(load_config(ONE_T), Layout(tp=3, pp=7, ep=5, cp=1, dp=1), gpu("h200"), 8)
+    assert plan.problems and all(p in str(refused_at_load.value) for p in plan.problems)

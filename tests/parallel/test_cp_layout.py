@@ -87,7 +87,7 @@ def test_parallel_dims_checked_against_world_size():
     assert [ep.ep_index(r) for r in range(8)] == [0, 0, 1, 1, 0, 0, 1, 1]
     assert ep.expert_dp_ranks(3) == [3, 7] and ep.expert_dp_ranks(4) == [0, 4]
     assert ParallelDims(dp=2, cp=1, world_size=2, ep=2).expert_dp_ranks(1) == [1]
-    with pytest.raises(RingzeroError, match=r"ep=2 must divide dp\*cp=3"):
+    with pytest.raises(RingzeroError, match=r"2 does not divide dp x cp \(3 x 1 = 3\)"):
         ParallelDims(dp=3, cp=1, world_size=3, ep=2)
     # under CP megatron folds the CP ranks in: a sequence's two CP ranks hold two expert shards
     folded = ParallelDims(dp=2, cp=2, world_size=4, ep=2)

@@ -37,15 +37,6 @@ from ringzero.parallel.comm import CommLedger, HeadsToSeq, SeqToHeads, all_gathe
 from ringzero.parallel.mla_cp import full_sequence_attention
 
 
-def heads_problem(heads_per_tp_rank: int, cp: int) -> str | None:
-    if cp > 1 and heads_per_tp_rank % cp:
-        return (
-            f"the MLA core splits the {heads_per_tp_rank} heads of each tensor-parallel rank over {cp} "
-            f"context-parallel ranks (all-to-all), which needs num_attention_heads / tp % cp == 0"
-        )
-    return None
-
-
 class MLACoreAttention(MegatronModule):
     """Build through a ``ModuleSpec`` with ``params={"impl": ..., "softmax_fp32": ..., "ledger": ...}``;
     megatron passes the rest (``k_channels``/``v_channels`` size the output, ``softmax_scale`` scales)."""
@@ -75,10 +66,8 @@ class MLACoreAttention(MegatronModule):
         self.cp = parallel_state.get_context_parallel_world_size()
         self.cp_group = parallel_state.get_context_parallel_group() if self.cp > 1 else None
         self.ledger = ledger if ledger is not None else CommLedger()
-        heads = config.num_attention_heads // config.tensor_model_parallel_size
-        problem = heads_problem(heads, self.cp)
-        if problem:
-            raise RingzeroError(problem)
+        # the model refused a split that leaves a CP rank part of a head (config.megatron_split)
+        assert config.num_attention_heads // config.tensor_model_parallel_size % self.cp == 0
 
     def extra_repr(self) -> str:
         return f"impl={self.impl}, cp={self.cp}, softmax_fp32={self.softmax_fp32}"

@@ -45,7 +45,6 @@ from megatron.core.tensor_parallel.layers import (
 from megatron.core.transformer.module import MegatronModule
 
 from ringzero.engines.megatron.cpu_shim import AllReduceGrad
-from ringzero.errors import RingzeroError
 from ringzero.model.config import ModelConfig, PrecisionPolicy
 from ringzero.model.lightning import decay_slopes, lightning_blocks
 from ringzero.model.norms import GroupRMSNorm, RMSNorm, rms_norm
@@ -75,20 +74,8 @@ class LightningSelfAttention(MegatronModule):
         self.tp_group = parallel_state.get_tensor_model_parallel_group() if self.tp_size > 1 else None
         rank = parallel_state.get_tensor_model_parallel_rank()
         H, d, G = cfg.num_attention_heads, cfg.head_dim, cfg.group_norm_size
-        problems = []
-        if H % self.tp_size:
-            problems.append(
-                f"num_attention_heads ({H}) must be a multiple of the tensor-parallel size "
-                f"({self.tp_size}): each rank holds whole heads"
-            )
-        elif G % self.tp_size:
-            problems.append(
-                f"group_norm_size ({G}) must be a multiple of the tensor-parallel size "
-                f"({self.tp_size}): g_norm's groups span {H * d // G} channels and each rank's "
-                f"{H // self.tp_size} heads must hold whole groups"
-            )
-        if problems:
-            raise RingzeroError("Lightning layer under megatron: " + "; ".join(problems))
+        # the model refused a split leaving a rank part of a head or a norm group (config.megatron_split)
+        assert H % self.tp_size == 0 and G % self.tp_size == 0
         self.heads = H // self.tp_size
         self.head_dim, self.block_size = d, cfg.lightning_block_size
         self.rope_dim, self.rope_theta = cfg.linear_rope_dim, cfg.rope_theta

@@ -88,8 +88,9 @@ from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.transformer_block import TransformerBlock, TransformerBlockSubmodules
 from megatron.core.transformer.transformer_config import MLATransformerConfig
 
+from ringzero.config.megatron_split import split_problems
 from ringzero.engines.megatron import cpu_shim
-from ringzero.engines.megatron.attention import MLACoreAttention, heads_problem
+from ringzero.engines.megatron.attention import MLACoreAttention
 from ringzero.engines.megatron.convert import SPLITS, StageLayers
 from ringzero.engines.megatron.lightning import LightningSelfAttention
 from ringzero.errors import RingzeroError
@@ -276,72 +277,16 @@ def layer_specs(cfg: ModelConfig, policy: PrecisionPolicy, ledger: CommLedger) -
     return specs
 
 
-def _moe_refusals(cfg: ModelConfig, tp_size: int, ep_size: int = 1) -> list[str]:
-    problems = []
-    if not cfg.norm_topk_prob and cfg.num_experts_per_tok > 1:
+def _refusals(cfg: ModelConfig, tp: int, ep: int, pp: int, cp: int) -> list[str]:
+    """The split rules config validation applies too (``config.megatron_split``), and the one this engine's
+    megatron state must meet: experts split over TP like dense MLPs."""
+    problems = split_problems(cfg, tp=tp, pp=pp, ep=ep, cp=cp)
+    expert_tp = parallel_state.get_expert_tensor_parallel_world_size()
+    if cfg.num_experts is not None and expert_tp != tp:
         problems.append(
-            "norm_topk_prob is false: megatron's sigmoid router always renormalizes the weights of "
-            "the chosen experts when more than one is chosen"
+            f"expert tensor parallel size ({expert_tp}) must equal the tensor-parallel size ({tp}): "
+            "experts split like dense MLPs"
         )
-    if cfg.n_group > 1 and cfg.num_experts_per_tok // cfg.topk_group != 2:
-        problems.append(
-            f"n_group > 1 with num_experts_per_tok // topk_group = {cfg.num_experts_per_tok} // "
-            f"{cfg.topk_group} != 2: megatron scores a group by its top num_experts_per_tok // "
-            f"topk_group experts, ringzero by its top 2"
-        )
-    for name in ("moe_intermediate_size", "num_shared_experts"):
-        width = cfg.moe_intermediate_size * (
-            1 if name == "moe_intermediate_size" else cfg.num_shared_experts or 0
-        )
-        if width % tp_size:
-            problems.append(
-                f"{name}: the MLP width {width} must be a multiple of the tensor-parallel size "
-                f"({tp_size}): each rank holds an equal share of its columns"
-            )
-    if cfg.num_experts % ep_size:
-        problems.append(
-            f"num_experts ({cfg.num_experts}) must be a multiple of the expert-parallel size "
-            f"({ep_size}): each EP rank holds an equal share of the routed experts"
-        )
-    if parallel_state.get_expert_tensor_parallel_world_size() != tp_size:
-        problems.append(
-            f"expert tensor parallel size ({parallel_state.get_expert_tensor_parallel_world_size()}) "
-            f"must equal the tensor-parallel size ({tp_size}): experts split like dense MLPs"
-        )
-    return problems
-
-
-def _refusals(cfg: ModelConfig, tp_size: int, ep_size: int = 1, pp_size: int = 1) -> list[str]:
-    problems = _moe_refusals(cfg, tp_size, ep_size) if cfg.num_experts is not None else []
-    if cfg.num_hidden_layers % pp_size:
-        problems.append(
-            f"num_hidden_layers ({cfg.num_hidden_layers}) must be a multiple of the pipeline-parallel "
-            f"size ({pp_size}): each stage holds an equal run of layers"
-        )
-    if pp_size > 1 and cfg.tie_word_embeddings:
-        problems.append(
-            "tie_word_embeddings with pipeline parallelism: the head would sit on the last stage and "
-            "its weight, the embedding, on the first"
-        )
-    if cfg.num_experts is None and ep_size > 1:
-        problems.append(
-            f"expert parallelism ({ep_size}) without MoE layers (num_experts is null): nothing to split"
-        )
-    if cfg.vocab_size % tp_size:
-        problems.append(
-            f"vocab_size ({cfg.vocab_size}) must be a multiple of the tensor-parallel size "
-            f"({tp_size}): the embedding and head split the vocabulary evenly"
-        )
-    if cfg.num_attention_heads % tp_size:
-        problems.append(
-            f"num_attention_heads ({cfg.num_attention_heads}) must be a multiple of the "
-            f"tensor-parallel size ({tp_size})"
-        )
-    cp = parallel_state.get_context_parallel_world_size()
-    if cp > 1 and "mla" in cfg.layer_types() and cfg.num_attention_heads % tp_size == 0:
-        problem = heads_problem(cfg.num_attention_heads // tp_size, cp)
-        if problem:
-            problems.append(problem)
     return problems
 
 
@@ -367,7 +312,7 @@ class MegatronLM(torch.nn.Module):
         self.cp_rank = parallel_state.get_context_parallel_rank()
         self.pp_size = parallel_state.get_pipeline_model_parallel_world_size()
         self.pp_rank = parallel_state.get_pipeline_model_parallel_rank()
-        problems = _refusals(cfg, self.tp_size, self.ep_size, self.pp_size)
+        problems = _refusals(cfg, self.tp_size, self.ep_size, self.pp_size, self.cp_size)
         if problems:
             raise RingzeroError("cannot build MegatronLM: " + "; ".join(problems))
         self.cfg, self.policy = cfg, policy
