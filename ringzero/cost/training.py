@@ -1,19 +1,18 @@
 """A training step's activations, communication and time, per rank, from the model, the layout and the
 stage's shape (``micro`` sequences of ``seq`` tokens a micro-batch, ``tokens`` a step).
 
-**Activations** (bytes a micro-batch keeps for its backward, per layer, in the body dtype ``a``): a
-layer's input and both norm outputs (``3 D``), then per layer type the inputs its linears save and what the
-attention keeps: MLA ``q`` ``H (dn + dr)``, latent ``r + dr``, up-projected ``H (dn + dv)``, output ``H dv``
-(and, without a fused attention, the ``H S`` fp32 scores and probabilities a query keeps: the ``explicit``
-core); Lightning ``q, k, v, gate, output, normed`` ``6 H d`` and one fp32 ``H d^2`` chunk state per
-``lightning_block_size`` tokens; a dense MLP ``3 I``; MoE the router's fp32 scores ``4 E / a``, ``k``
-dispatched copies of the token and of its output, and ``3 Im`` per copy (each TP rank routes its slice of
-the tokens), plus the shared expert's ``3 Im s``. Head-sized terms split over TP (no sequence parallelism
-outside MoE, as the megatron engine runs), tokens over CP. ``recompute``: ``full`` keeps the layer
-input only; ``selective`` drops the attention scores; ``none`` keeps all. Under 1F1B pipeline stage
-``i`` holds ``min(pp - i, micro-batches)`` micro-batches at once; the last stage adds the chunked
-scorer's ``chunk x V / tp`` fp32 logits. Stated as an estimate: it is not yet checked against the bytes
-autograd saves.
+**Activations** (bytes a token of a micro-batch keeps for its backward, per layer, ``a`` the body dtype's
+bytes), as ringzero's layers save them (``tests/cost`` counts what autograd saves): both norms' fp32 input and
+output and the linears' inputs ``16 D + 3 a D``; MLA the latent norm and rope key ``8 r + a r + 2 a dr`` and,
+through a fused attention (``sdpa``), q, k, v and the output in fp32 ``16 H (dn + dr)``, or with the
+``explicit`` core q, k, v in fp32 plus the fp32 scores and probabilities against the whole sequence and the
+mask ``8 H S + S``; Lightning ``2 a D`` more, q, k, v, gate and their views in fp32 ``44 H d``, the block
+scores ``4 H B`` and the chunk states ``4 H d^2 / B``; a dense MLP ``4 a I``; MoE per routed copy ``2 a D +
+4 a Im + 4 D``, the router's fp32 input ``4 D`` and the shared expert ``4 a Im s``. Head-sized terms split
+over TP, MoE's routed tokens too (each TP rank routes its slice), tokens over CP. ``recompute``: ``full``
+keeps the layer input only; ``selective`` drops the explicit core's scores; ``none`` keeps all. Under 1F1B
+pipeline stage ``i`` holds ``min(pp - i, micro-batches)`` micro-batches at once; the last stage adds the
+chunked scorer's ``chunk x V / tp`` fp32 logits.
 
 **Communication** (bytes one rank sends in a step; ring collectives move ``2 (n-1)/n`` of the buffer for an
 all-reduce, ``(n-1)/n`` for a gather or reduce-scatter): TP two all-reduces of the ``D``-wide activations
@@ -55,39 +54,48 @@ class StepShape:
     recompute: str = "selective"  # none | selective | full
 
 
+def layer_activation_bytes(
+    cfg: ModelConfig, policy: PrecisionPolicy, layer: int, tp: int, seq: int, recompute: str
+) -> float:
+    """Bytes one token of a micro-batch keeps for layer ``layer``'s backward on one rank (``seq``: the whole
+    sequence's tokens, which an explicit attention core's scores span), as ringzero's layers save them."""
+    a, D, H = DTYPE_BYTES[policy.body], cfg.hidden_size, cfg.num_attention_heads // tp
+    if recompute == "full":
+        return D * a  # the layer's input; the rest is recomputed in the backward
+    v = 4 * D * 4 + 3 * D * a  # both norms' fp32 input and output, the linears' inputs
+    if cfg.layer_types()[layer] == "mla":
+        dn, dr, dv, r = cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim, cfg.kv_lora_rank
+        v += 2 * r * 4 + r * a + 2 * dr * a  # the latent's norm (fp32) and the rope key
+        if cfg.mla_attention_impl == "sdpa":
+            v += 4 * H * (dn + dr) * 4  # q, k, v (padded to the q/k width) and output, fp32 (the island)
+        else:
+            v += 2 * H * (dn + dr) * 4 + H * dv * 4  # q, k, v in fp32
+            if recompute == "none":  # the scores and probabilities against the whole sequence, and the mask
+                v += 2 * H * seq * 4 + seq
+    else:
+        d, B = cfg.head_dim, cfg.lightning_block_size
+        v += (
+            2 * D * a + (11 * H * d + H * B) * 4 + H * d * d * 4 / B
+        )  # q, k, v, gate in fp32, block scores, states
+    if cfg.is_moe_layer(layer):  # each TP rank routes its slice of the tokens
+        k, Im, shared = cfg.num_experts_per_tok, cfg.moe_intermediate_size, cfg.num_shared_experts or 0
+        v += (k * (2 * D * a + 4 * Im * a + D * 4) + D * 4) / tp + 4 * Im * shared // tp * a
+    else:
+        v += 4 * cfg.intermediate_size // tp * a
+    return v
+
+
 def activation_bytes(
     cfg: ModelConfig, policy: PrecisionPolicy, layout: Layout, shape: StepShape, stage: int = 0
 ) -> int:
-    a = DTYPE_BYTES[policy.body]
-    t, S = layout.tp, shape.seq / layout.cp
-    D, H = cfg.hidden_size, cfg.num_attention_heads
-    pc = count(cfg)
-    tokens = shape.micro * S
-    per_layer = []
-    for i, layer in enumerate(pc.layers):
-        if shape.recompute == "full":
-            per_layer.append(D * a)
-            continue
-        v = 3 * D * a
-        if layer.kind == "mla":
-            dn, dr, dv, r = cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim, cfg.kv_lora_rank
-            v += (H * (dn + dr) + H * (dn + dv) + H * dv) // t * a + (r + dr) * a
-            if shape.recompute == "none" and cfg.mla_attention_impl == "explicit":
-                v += 2 * 4 * (H // t) * shape.seq  # fp32 scores and probabilities against the whole sequence
-        else:
-            inner = H * cfg.head_dim // t
-            v += 6 * inner * a + 4 * inner * cfg.head_dim / cfg.lightning_block_size
-        if cfg.is_moe_layer(i):  # each TP rank routes its slice of the tokens (the engine's MoE)
-            k, Im = pc.top_k, cfg.moe_intermediate_size
-            v += (4 * cfg.num_experts + 2 * k * D * a + 3 * k * Im * a) / t
-            v += 3 * Im * (cfg.num_shared_experts or 0) // t * a
-        else:
-            v += 3 * cfg.intermediate_size // t * a
-        per_layer.append(v)
-    layers = len(pc.layers) // layout.pp
+    """What one rank of pipeline stage ``stage`` keeps for its backward at the peak of a step."""
+    tokens = shape.micro * shape.seq / layout.cp
+    per = cfg.num_hidden_layers // layout.pp
+    layers = range(stage * per, (stage + 1) * per)
+    one = sum(layer_activation_bytes(cfg, policy, i, layout.tp, shape.seq, shape.recompute) for i in layers)
     in_flight = min(layout.pp - stage, max(1, shape.sequences // (shape.micro * layout.dp)))
-    logits = SCORER_CHUNK_TOKENS * cfg.vocab_size // t * 4 if stage == layout.pp - 1 else 0
-    return int(max(per_layer) * layers * tokens * in_flight + logits)
+    logits = SCORER_CHUNK_TOKENS * cfg.vocab_size // layout.tp * 4 if stage == layout.pp - 1 else 0
+    return int(one * tokens * in_flight + logits)
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from ringzero.cost.memory import Layout, state_bytes
 from ringzero.cost.params import count
 from ringzero.cost.plan import Assumptions, parse_layout, plan_layout, search
 from ringzero.cost.rollout import cache_per_token, state_per_sequence
+from ringzero.cost.training import SCORER_CHUNK_TOKENS, StepShape, activation_bytes
 from ringzero.errors import RingzeroError
 from ringzero.model.config import ModelConfig, PrecisionPolicy
 from ringzero.model.hybrid import HybridLM
@@ -223,7 +224,17 @@ def _cli(*args) -> subprocess.CompletedProcess:
 
 def test_the_command_prints_the_plan_as_json_with_its_keys():
     out = _cli(
-        "--gpu", "h200", "--nodes", "40", "--gpus-per-node", "8", "--layout", "tp=8,pp=10,ep=2,cp=4", "--json"
+        "--gpu",
+        "h200",
+        "--nodes",
+        "40",
+        "--gpus-per-node",
+        "8",
+        "--layout",
+        "tp=8,pp=5,ep=2,cp=8",
+        "--recompute",
+        "full",
+        "--json",
     )
     assert out.returncode == 0, out.stderr
     body = json.loads(out.stdout)
@@ -305,3 +316,66 @@ def test_on_a_moe_model_megatron_lms_formula_misses_expert_parallelism():
     # Megatron-LM keeps every routed expert on every rank of a stage: ep (8) times the experts' weights and
     # gradients; ringzero's engine holds E / ep of them. Routed experts are 97% of Ring-2.5-1T.
     assert theirs > 4 * (ours.weights + ours.grads + ours.optimizer)
+
+
+def saved_activation_bytes(model: HybridLM, ids: torch.Tensor) -> int:
+    """Bytes of every distinct storage autograd saves in a forward, parameters left out."""
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    seen: dict[int, int] = {}
+
+    def pack(t):
+        s = t.untyped_storage()
+        if s.data_ptr() not in params:
+            seen[s.data_ptr()] = s.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model.hidden(ids)
+    return sum(seen.values())
+
+
+@pytest.mark.parametrize(
+    ("layout", "impl", "moe"),
+    [
+        ("L", "sdpa", False),
+        ("M", "sdpa", False),
+        ("M", "explicit", False),
+        ("L", "sdpa", True),
+        ("M", "sdpa", True),
+    ],
+)
+@pytest.mark.parametrize("seq", [256, 512])
+def test_the_activation_estimate_is_within_a_tenth_of_what_autograd_saves(layout, impl, moe, seq):
+    fields = dict(
+        vocab_size=64,
+        hidden_size=128,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        layout=layout,
+        head_dim=32,
+        kv_lora_rank=32,
+        qk_nope_head_dim=32,
+        qk_rope_head_dim=16,
+        v_head_dim=32,
+        intermediate_size=352,
+        lightning_block_size=64,
+        max_position_embeddings=1024,
+        group_norm_size=4,
+        mla_attention_impl=impl,
+    )
+    if moe:
+        fields.update(
+            num_experts=8,
+            num_experts_per_tok=2,
+            moe_intermediate_size=64,
+            num_shared_experts=1,
+            moe_router_enable_expert_bias=True,
+        )
+    cfg, policy = ModelConfig(**fields), PrecisionPolicy.preset("fp32-islands")
+    model = HybridLM(cfg, policy).train()
+    saved = saved_activation_bytes(
+        model, torch.randint(0, 64, (2, seq), generator=torch.Generator().manual_seed(0))
+    )
+    shape = StepShape(seq=seq, micro=2, sequences=2, recompute="none")
+    predicted = activation_bytes(cfg, policy, Layout(), shape) - SCORER_CHUNK_TOKENS * cfg.vocab_size * 4
+    assert predicted == pytest.approx(saved, rel=0.10), (predicted, saved)
