@@ -10,7 +10,8 @@
   optimizer accumulates into one fp32 buffer (``grad_reduce_in_fp32``);
 - **optimizer**: fp32 master copy, Adam first and second moments (12 bytes a parameter); with the
   distributed optimizer sharded over the data-parallel ranks that hold the same parameter (dp x cp for dense
-  ones, dp x cp / ep for routed experts: the expert-data-parallel group);
+  ones, dp x cp / ep for routed experts: the expert-data-parallel group), an fp32 parameter being its own
+  master there (8 bytes); megatron's gradient buffer also pads each parameter's start (under 1% here);
 - **activations**: ``training.activation_bytes``.
 
 A stage's ranks differ (first stage: embedding, last: head); the plan reports the heaviest. Letter legend as
@@ -54,6 +55,7 @@ class Tensors:
     dense_bytes: int
     expert_numel: int
     expert_bytes: int
+    fp32_numel: int = 0  # of the dense ones, those held in fp32 (norm gains, the head under its island)
 
     @property
     def numel(self) -> int:
@@ -70,11 +72,12 @@ def stage_tensors(cfg: ModelConfig, policy: PrecisionPolicy, layout: Layout, sta
     head_bytes = 4 if policy.lm_head_fp32 else body
     pc = count(cfg)
     per = len(pc.layers) // layout.pp
-    dense_n = dense_b = expert_n = expert_b = 0
+    dense_n = dense_b = expert_n = expert_b = fp32_n = 0
 
     def add(numel: int, nbytes: int) -> None:
-        nonlocal dense_n, dense_b
+        nonlocal dense_n, dense_b, fp32_n
         dense_n, dense_b = dense_n + numel, dense_b + numel * nbytes
+        fp32_n += numel if nbytes == 4 and body != 4 else 0
 
     if stage == 0:
         add(pc.embedding // t, body)
@@ -98,7 +101,7 @@ def stage_tensors(cfg: ModelConfig, policy: PrecisionPolicy, layout: Layout, sta
         add(layer.shared // t, body)
         n = layer.experts // layout.ep * layer.expert // t
         expert_n, expert_b = expert_n + n, expert_b + n * body
-    return Tensors(dense_n, dense_b, expert_n, expert_b)
+    return Tensors(dense_n, dense_b, expert_n, expert_b, fp32_n)
 
 
 def _replicated_attention(cfg: ModelConfig, kind: str) -> int:

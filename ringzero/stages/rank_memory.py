@@ -46,26 +46,30 @@ def config(tp: int, hidden: int, layers: int, heads: int, optimizer: str, pp: in
     )
 
 
-def tensors_in(obj, seen: set[int], depth: int = 0):
+def tensors_in(obj, seen: set[int], depth: int = 0, limit: int = 6):
     """Every tensor reachable from ``obj`` through attributes, dicts, lists and tuples (not into modules'
     submodules twice, nor into other objects' internals past a few levels)."""
-    if depth > 6 or id(obj) in seen:
+    if depth > limit or id(obj) in seen:
         return
     seen.add(id(obj))
     if isinstance(obj, torch.Tensor):
         yield obj
     elif isinstance(obj, dict):
         for v in obj.values():
-            yield from tensors_in(v, seen, depth + 1)
+            yield from tensors_in(v, seen, depth + 1, limit)
     elif isinstance(obj, (list, tuple, set)):
         for v in obj:
-            yield from tensors_in(v, seen, depth + 1)
+            yield from tensors_in(v, seen, depth + 1, limit)
     elif isinstance(obj, torch.nn.Module):
-        yield from obj.parameters()
-        yield from obj.buffers()
+        # nn.Module's methods: a wrapper may shadow them (megatron's DDP keeps a list named ``buffers``, its
+        # parameter and gradient buffers, which only a walk of its attributes reaches)
+        yield from torch.nn.Module.parameters(obj)
+        yield from torch.nn.Module.buffers(obj)
+        if not callable(getattr(obj, "buffers", None)):
+            yield from tensors_in(obj.buffers, seen, depth + 1, limit)
     elif hasattr(obj, "__dict__") and type(obj).__module__.split(".")[0] in ("ringzero", "megatron", "torch"):
         for v in vars(obj).values():
-            yield from tensors_in(v, seen, depth + 1)
+            yield from tensors_in(v, seen, depth + 1, limit)
 
 
 def storage_bytes(tensors) -> int:

@@ -93,7 +93,7 @@ def held_bytes(
     grads = [g for p in params for g in (getattr(p, "main_grad", None), p.grad) if g is not None]
     grad_bytes = storage_bytes(grads) if grads else 0  # what stays allocated after the step
     buffers = storage_bytes(list(setup.model.buffers()))
-    everything = storage_bytes(tensors_in(setup, set()))
+    everything = storage_bytes(tensors_in(setup, set(), limit=12))  # down to megatron's Adam moments
     out = {
         "stage": getattr(getattr(setup.model, "stage", None), "index", 0),
         "numel": sum(p.numel() for p in params),

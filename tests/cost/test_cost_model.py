@@ -101,8 +101,12 @@ LAYOUTS = [  # (tp, ep, pp, dp): every axis the engine shards parameters over, o
 @pytest.mark.distributed
 @pytest.mark.slow
 @pytest.mark.xdist_group("megatron-stage")
+@pytest.mark.parametrize("distributed_optimizer", [False, True], ids=["ringzero-adam", "megatron-dist-opt"])
 @pytest.mark.parametrize(("tp", "ep", "pp", "dp"), LAYOUTS)
-def test_bytes_per_rank_are_what_the_megatron_engine_holds(tp, ep, pp, dp):
+def test_bytes_per_rank_are_what_the_megatron_engine_holds(tp, ep, pp, dp, distributed_optimizer):
+    """Weights exactly; ringzero's optimizer: gradients exactly, its state within 1%; megatron's distributed
+    optimizer (bf16 body, fp32 norms and head: the islands policy): gradients within 1% (its buffer pads each
+    parameter's start), its state within 2%."""
     pytest.importorskip("megatron.core")
     sys.path.insert(0, str(Path(__file__).parent))
     from cost_rank_jobs import MODEL, held_bytes
@@ -110,14 +114,18 @@ def test_bytes_per_rank_are_what_the_megatron_engine_holds(tp, ep, pp, dp):
     from ringzero.parallel.launch import RankPool
 
     with RankPool(tp * pp * dp, timeout_s=300) as pool:
-        ranks = pool.run(held_bytes, tp, ep, pp, dp, False)
+        ranks = pool.run(held_bytes, tp, ep, pp, dp, distributed_optimizer)
     cfg, policy = ModelConfig(**MODEL), PrecisionPolicy.preset("fp32-islands")
-    layout = Layout(tp=tp, pp=pp, ep=ep, dp=dp)
+    layout = Layout(tp=tp, pp=pp, ep=ep, dp=dp, distributed_optimizer=distributed_optimizer)
     for got in ranks:
         want = state_bytes(cfg, policy, layout, got["stage"])
         assert got["weights"] == want.weights, got
-        assert got["grads"] == want.grads, got
-        assert got["optimizer"] == pytest.approx(want.optimizer, rel=0.01), got
+        if distributed_optimizer:
+            assert got["grads"] == pytest.approx(want.grads, rel=0.01), got
+            assert got["optimizer"] == pytest.approx(want.optimizer, rel=0.02), got
+        else:
+            assert got["grads"] == want.grads, got
+            assert got["optimizer"] == pytest.approx(want.optimizer, rel=0.01), got
 
 
 def test_the_distributed_optimizer_shards_its_state_over_the_data_parallel_ranks():

@@ -97,11 +97,20 @@ class MegatronDistributedOptimizer:
         )
         self.parts = list(getattr(self.opt, "chained_optimizers", [self.opt]))
         self.params = [p for p in model.parameters() if p.requires_grad]
-        # which megatron optimizer holds a shard of each parameter on this rank (none: no shard here)
-        self.owner = {}
+        # which megatron optimizer holds a shard of each parameter on this rank (none: no shard here), and
+        # that shard's fp32 main copy. Not through ``model_param_group_index_map``: megatron reorders each
+        # optimizer group by dtype (fp32 parameters first, then the mains of the 16-bit ones), so with a
+        # bf16 body and fp32 norms a group's n-th parameter is not its n-th main.
+        self.owner, self.mains = {}, {}
         for part in self.parts:
-            for p in part.model_param_group_index_map:
-                self.owner[p] = part
+            pairs = (
+                (part.model_float16_groups, part.shard_fp32_from_float16_groups),
+                (part.model_fp32_groups, part.shard_fp32_groups),
+            )
+            for models, mains in pairs:
+                for model_group, main_group in zip(models, mains, strict=True):
+                    for p, main in zip(model_group, main_group, strict=True):
+                        self.owner[p], self.mains[p] = part, main
         self._reduced = False
 
     # -- the step ----------------------------------------------------------------------------------
@@ -196,9 +205,7 @@ class MegatronDistributedOptimizer:
         return out
 
     def _main(self, p):
-        part = self.owner[p]
-        group_index, order = part.model_param_group_index_map[p]
-        return part.optimizer.param_groups[group_index]["params"][order]
+        return self.mains[p]
 
     def _scatter(self, full: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         m = self.model
