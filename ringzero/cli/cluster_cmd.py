@@ -42,6 +42,9 @@ def register(sub) -> None:
     cost.add_argument("--mfu", type=float, default=0.25, help="share of the bf16 peak a step reaches")
     cost.add_argument("--recompute", default="selective", help="none, selective or full (search: at least)")
     cost.add_argument(
+        "--mem-fraction", type=float, default=0.9, help="share of a GPU's memory a training rank may use"
+    )
+    cost.add_argument(
         "--rollout-gpus", type=int, default=None, help="GPUs a rollout replica (default: fewest)"
     )
     plan.set_defaults(handler=_plan)
@@ -58,18 +61,20 @@ def _cost(args) -> int:
         raise RingzeroError("--gpu needs one of --layout tp=N,pp=N,ep=N,cp=N or --search")
     cfg = load_config(args.config, args.overrides)
     kind = gpu(args.gpu)
-    assume = Assumptions(mfu=args.mfu, recompute=args.recompute, rollout_gpus=args.rollout_gpus)
+    assume = Assumptions(
+        mfu=args.mfu, recompute=args.recompute, mem_fraction=args.mem_fraction, rollout_gpus=args.rollout_gpus
+    )
     gpus = args.nodes * args.gpus_per_node
     if args.search:
         plans, refused = search(cfg, kind, args.nodes, args.gpus_per_node, assume)
     else:
-        one = plan_layout(cfg, parse_layout(args.layout, gpus, cfg), kind, args.gpus_per_node, assume)
+        one = plan_layout(cfg, parse_layout(args.layout, gpus), kind, args.gpus_per_node, assume)
         plans, refused = [one], []
     head = summary(cfg, kind, args.nodes, args.gpus_per_node)
     if args.json:
         body = {
             **head,
-            "layouts": [p.as_dict(kind) for p in plans],
+            "layouts": [p.as_dict() for p in plans],
             "refused": [{"layout": p.layout.label(), "problems": p.problems} for p in refused],
         }
         print(json.dumps(body, indent=2))

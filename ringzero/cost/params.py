@@ -113,3 +113,14 @@ def count(cfg: ModelConfig) -> ParamCount:
         layers=tuple(layers),
         top_k=cfg.num_experts_per_tok if cfg.num_experts else 0,
     )
+
+
+def attention_flops(cfg: ModelConfig, context: float) -> float:
+    """Forward FLOPs of one token's attention against ``context`` earlier ones: MLA ``2 H (dn + dr + dv)``
+    a context token, Lightning ``4 H d^2`` whatever the context (its state)."""
+    kinds = cfg.layer_types()
+    H = cfg.num_attention_heads
+    mla = (
+        kinds.count("mla") * 2 * H * (cfg.qk_nope_head_dim + cfg.qk_rope_head_dim + cfg.v_head_dim) * context
+    )
+    return mla + kinds.count("lightning") * 4 * H * cfg.head_dim * cfg.head_dim

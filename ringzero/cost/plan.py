@@ -68,7 +68,7 @@ class LayoutPlan:
     def step_s(self) -> float:
         return max((s.step_time_s["overlapped"] for s in self.stages), default=0.0)
 
-    def as_dict(self, gpu: Gpu) -> dict:
+    def as_dict(self) -> dict:
         return {
             "layout": self.layout.label(),
             "recompute": self.stages[0].shape.recompute if self.stages else None,
@@ -233,7 +233,7 @@ def search(
     return fits, refused
 
 
-def parse_layout(text: str, gpus: int, cfg: RunConfig) -> Layout:
+def parse_layout(text: str, gpus: int) -> Layout:
     """``tp=1,pp=10,ep=32,cp=1`` (dp: the GPUs left; ``dist-opt=0`` for ringzero's own optimizer)."""
     values = {"tp": 1, "pp": 1, "ep": 1, "cp": 1, "dist-opt": 1}
     for part in filter(None, (p.strip() for p in text.split(","))):

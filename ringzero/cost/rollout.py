@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from ringzero.cost.gpus import Gpu
 from ringzero.cost.memory import DTYPE_BYTES
-from ringzero.cost.params import count
+from ringzero.cost.params import attention_flops, count
 from ringzero.model.config import ModelConfig, PrecisionPolicy
 
 
@@ -97,17 +97,6 @@ def plan_rollout(
     # a decoding step passes through the pp stages one after the other: each reads its share
     read = (dense + touched) * body / (tp * pp) + B * (context / 2 * per_token + per_seq)
     decode = B / (pp * read / (gpu.hbm_tbs * 1e12)) if sequences else 0.0
-    flops_per_token = 2 * pc.active + _attention_flops(cfg, context / 2)
+    flops_per_token = 2 * pc.active + attention_flops(cfg, context / 2)
     prefill = tp * pp * gpu.flops("bf16") * mfu / flops_per_token
     return RolloutPlan(tp, pp, int(weights), per_token, per_seq, context, sequences, decode, prefill)
-
-
-def _attention_flops(cfg: ModelConfig, context: float) -> float:
-    """Attention FLOPs of one token (forward) against ``context`` earlier ones."""
-    kinds = cfg.layer_types()
-    H = cfg.num_attention_heads
-    mla = (
-        kinds.count("mla") * 2 * H * (cfg.qk_nope_head_dim + cfg.qk_rope_head_dim + cfg.v_head_dim) * context
-    )
-    lightning = kinds.count("lightning") * 4 * H * cfg.head_dim * cfg.head_dim
-    return mla + lightning

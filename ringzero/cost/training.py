@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 from ringzero.cost.gpus import Gpu
 from ringzero.cost.memory import DTYPE_BYTES, Layout
-from ringzero.cost.params import count
+from ringzero.cost.params import attention_flops, count
 from ringzero.model.config import ModelConfig, PrecisionPolicy
 
 SCORER_CHUNK_TOKENS = 4096
@@ -147,22 +147,8 @@ def comm_bytes(
 
 def step_flops(cfg: ModelConfig, shape: StepShape) -> float:
     """FLOPs of one optimizer step over its ``sequences`` (forward and backward, plus scoring passes)."""
-    pc = count(cfg)
-    kinds = cfg.layer_types()
-    H = cfg.num_attention_heads
-    mla = (
-        kinds.count("mla")
-        * 2
-        * H
-        * (cfg.qk_nope_head_dim + cfg.qk_rope_head_dim + cfg.v_head_dim)
-        * shape.seq
-        / 2
-    )
-    lightning = kinds.count("lightning") * 4 * H * cfg.head_dim**2
-    tokens = shape.sequences * shape.seq
-    return tokens * (
-        3 * (2 * pc.active + mla + lightning) + shape.scoring_passes * (2 * pc.active + mla + lightning)
-    )
+    forward = 2 * count(cfg).active + attention_flops(cfg, shape.seq / 2)  # a token, mean context
+    return shape.sequences * shape.seq * (3 + shape.scoring_passes) * forward
 
 
 def step_time(

@@ -3,8 +3,6 @@ from the tensors themselves (``stages.rank_memory``), by what the cost model cal
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 MODEL = dict(
@@ -111,7 +109,3 @@ def held_bytes(
     except ImportError:
         pass
     return out
-
-
-def numel(shape) -> int:
-    return math.prod(shape)
